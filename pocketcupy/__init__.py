@@ -1,0 +1,17 @@
+"""pocketcupy: an LLM inference engine on NumPy (CPU) and CuPy (GPU), without torch."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .args import EngineArgs
+from .outputs import CompletionOutput, RequestOutput
+from .sampling import SamplingParams
+
+__all__ = ["Engine", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+
+
+def __getattr__(name):  # the engine pulls in the loaders and backends: import it on first use
+    if name == "Engine":
+        from .engine import Engine
+        return Engine
+    raise AttributeError(name)

@@ -1,0 +1,35 @@
+"""Model files -> (ModelConfig, tensors by GGUF name, tokenizer source)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+from ..quant.qtensor import QTensor
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: str
+    format: str                    # "gguf" | "safetensors"
+    config: ModelConfig
+    tensors: dict[str, QTensor]
+    gguf_metadata: dict | None     # the tokenizer is built from this (GGUF) or from the folder
+
+
+def load_checkpoint(path: str) -> LoadedCheckpoint:
+    if not isinstance(path, str) or not path:
+        raise ValueError("model: must be a path to a .gguf file or a Hugging Face checkpoint folder")
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(path):
+        from .safetensors_loader import read_safetensors_folder
+
+        config, tensors = read_safetensors_folder(path)
+        return LoadedCheckpoint(path, "safetensors", config, tensors, None)
+    if not os.path.exists(path):
+        raise ValueError(f"model: {path} does not exist")
+    from .gguf import read_gguf
+    from .gguf_config import config_from_gguf
+
+    meta, tensors = read_gguf(path)
+    return LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors), tensors, meta)

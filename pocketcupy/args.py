@@ -1,0 +1,80 @@
+"""EngineArgs: every engine setting in one validated dataclass, with CLI and environment bridges."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, fields
+
+ENV_PREFIX = "POCKETCUPY_"
+
+
+@dataclass
+class EngineArgs:
+    model: str | None = None               # .gguf file or HF folder; None = SmolLM2-135M-Instruct
+    device: str = "auto"                   # "auto" | "cpu" | "cuda"
+    max_model_len: int | None = None       # default: the model's context length
+    block_size: int = 16                   # tokens per KV block
+    num_kv_blocks: int | None = None       # explicit KV pool size (overrides kv_cache_memory)
+    kv_cache_memory: int | None = None     # bytes for the KV pool (default: 512 MiB on the CPU)
+    max_num_seqs: int = 64                 # requests running at once
+    max_num_batched_tokens: int = 2048     # tokens per step (longer prompts are prefilled in chunks)
+    seed: int | None = None                # engine-wide seed for requests without their own
+    cache_dir: str | None = None           # where the default model is downloaded
+    progress: bool = True                  # progress bar while loading
+
+    def __post_init__(self):
+        def positive(name, allow_none=False):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: must be a positive integer, got {v!r}")
+
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise ValueError(f"model: must be a path string, got {self.model!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            positive(name)
+        for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
+            positive(name, allow_none=True)
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+
+    # --- bridges -------------------------------------------------------------------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            if f.type == "bool":
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+            else:
+                kind = int if "int" in f.type else str
+                parser.add_argument(flag, type=kind, default=None)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
+        """CLI values override POCKETCUPY_* environment values, which override the defaults."""
+        base = cls.from_env()
+        given = {f.name: getattr(ns, f.name) for f in fields(cls) if getattr(ns, f.name, None) is not None}
+        return dataclasses.replace(base, **given)
+
+    @classmethod
+    def from_env(cls, environ=None) -> "EngineArgs":
+        environ = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            if f.type == "bool":
+                values[f.name] = raw.lower() in ("1", "true", "yes", "on")
+            elif "int" in f.type:
+                try:
+                    values[f.name] = int(raw)
+                except ValueError:
+                    raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={raw!r} is not an integer") from None
+            else:
+                values[f.name] = raw
+        return cls(**values)

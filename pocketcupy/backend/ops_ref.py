@@ -1,0 +1,97 @@
+"""The NumPy reference backend: float32 math, paged KV cache, every op the models use.
+Each CUDA op is checked against the op of the same name here."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..quant.qtensor import QTensor
+from .attention_meta import AttentionMetadata
+
+
+class NumpyOps:
+    name = "cpu"
+    xp = np
+
+    # --- data movement -------------------------------------------------------------------
+    def weight(self, t: QTensor) -> np.ndarray:
+        """A stored weight in the form `linear`/`embedding` consume: float32 here."""
+        return t.dequantize()
+
+    def asarray(self, a, dtype=None):
+        return np.asarray(a, dtype=dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+
+    # --- elementwise / normalisation -----------------------------------------------------
+    def embedding(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return table[ids]
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        var = np.mean(x * x, axis=-1, keepdims=True)
+        return (x / np.sqrt(var + eps)) * w
+
+    def add_rms_norm(self, x, residual, w, eps):
+        """residual += x; return (rms_norm(residual), residual)."""
+        residual = x + residual
+        return self.rms_norm(residual, w, eps), residual
+
+    def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return gate / (1.0 + np.exp(-gate)) * up
+
+    def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+        y = x @ w.T
+        return y + bias if bias is not None else y
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, interleaved: bool) -> np.ndarray:
+        """x [N, H, head_dim]; rotates the first 2*len(inv_freq) dims of each head."""
+        rot = 2 * len(inv_freq)
+        ang = positions.astype(np.float32)[:, None] * inv_freq[None, :]          # [N, rot/2]
+        cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        out = x.copy()
+        if interleaved:
+            a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+            out[..., 0:rot:2] = a * cos - b * sin
+            out[..., 1:rot:2] = b * cos + a * sin
+        else:
+            half = rot // 2
+            a, b = x[..., :half], x[..., half:rot]
+            out[..., :half] = a * cos - b * sin
+            out[..., half:rot] = b * cos + a * sin
+        return out
+
+    # --- attention -----------------------------------------------------------------------
+    def store_kv(self, k_cache, v_cache, k, v, slot_mapping):
+        nkv, hd = k_cache.shape[2:]
+        k_cache.reshape(-1, nkv, hd)[slot_mapping] = k
+        v_cache.reshape(-1, nkv, hd)[slot_mapping] = v
+
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> np.ndarray:
+        """Writes k, v of the new tokens into the paged cache, then causal attention of every
+        query row over its sequence's cached context. q [N, Hq, D], k/v [N, Hkv, D]."""
+        self.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        n_tok, hq, d = q.shape
+        hkv = k_cache.shape[2]
+        g = hq // hkv
+        bs = meta.block_size
+        kflat, vflat = k_cache.reshape(-1, hkv, d), v_cache.reshape(-1, hkv, d)
+        out = np.empty_like(q)
+        for b in range(meta.num_seqs):
+            q0, q1 = int(meta.query_start[b]), int(meta.query_start[b + 1])
+            ctx, nq = int(meta.seq_lens[b]), q1 - q0
+            nblk = (ctx + bs - 1) // bs
+            slots = (meta.block_tables[b, :nblk, None].astype(np.int64) * bs + np.arange(bs)).reshape(-1)[:ctx]
+            kk, vv = kflat[slots], vflat[slots]                                   # [ctx, Hkv, D]
+            qq = q[q0:q1].reshape(nq, hkv, g, d)
+            s = np.einsum("qhgd,chd->hgqc", qq, kk) * scale                       # [Hkv, g, nq, ctx]
+            qpos = ctx - nq + np.arange(nq)
+            s = np.where(np.arange(ctx)[None, :] <= qpos[:, None], s, -np.inf)
+            s = s - s.max(axis=-1, keepdims=True)
+            p = np.exp(s)
+            p /= p.sum(axis=-1, keepdims=True)
+            out[q0:q1] = np.einsum("hgqc,chd->qhgd", p, vv).reshape(nq, hq, d)
+        return out

@@ -1,0 +1,92 @@
+"""`python -m pocketcupy generate "..."` and `python -m pocketcupy chat`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from .args import EngineArgs
+from .sampling import SamplingParams
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+
+
+def _params(ns) -> SamplingParams:
+    return SamplingParams(max_tokens=ns.max_tokens, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k,
+                          min_p=ns.min_p, repetition_penalty=ns.repetition_penalty, seed=ns.sampling_seed)
+
+
+def _stream(engine, prompt, params) -> str:
+    """Print the reply as it is produced, then time to first token and decode speed."""
+    rid = f"cli-{time.monotonic_ns()}"
+    if isinstance(prompt, list):  # chat messages
+        prompt = engine.tokenizer.encode(engine.render_chat(prompt), add_special_tokens=False)
+    engine.add_request(rid, prompt, params)
+    t0, first, text, n = time.monotonic(), None, [], 0
+    done = False
+    while not done:
+        for out in engine.step():
+            if out.request_id != rid:
+                continue
+            o = out.outputs[0]
+            if first is None and o.delta_token_ids:
+                first = time.monotonic()
+            n += len(o.delta_token_ids)
+            text.append(o.delta_text)
+            sys.stdout.write(o.delta_text)
+            sys.stdout.flush()
+            done = out.finished
+    end = time.monotonic()
+    first = first or end
+    rate = (n - 1) / (end - first) if n > 1 and end > first else 0.0
+    sys.stdout.write("\n")
+    print(f"[{n} tokens; first token after {(first - t0) * 1e3:.0f} ms; {rate:.1f} tok/s]", file=sys.stderr)
+    return "".join(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pocketcupy")
+    sub = ap.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="complete a prompt")
+    g.add_argument("prompt")
+    c = sub.add_parser("chat", help="chat interactively (or answer --message once)")
+    c.add_argument("--message", "-m", default=None, help="one user message; omit for an interactive chat")
+    c.add_argument("--system", default=None)
+    for p in (g, c):
+        EngineArgs.add_cli_args(p)
+        _sampling_args(p)
+    ns = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        from .engine import Engine
+
+        engine = Engine.from_args(EngineArgs.from_cli(ns))
+        params = _params(ns)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if ns.command == "generate":
+        _stream(engine, ns.prompt, params)
+        return 0
+    history = [{"role": "system", "content": ns.system}] if ns.system else []
+    while True:
+        if ns.message is not None:
+            text = ns.message
+        else:
+            try:
+                text = input("> ")
+            except EOFError:
+                return 0
+        history.append({"role": "user", "content": text})
+        history.append({"role": "assistant", "content": _stream(engine, history, params)})
+        if ns.message is not None:
+            return 0

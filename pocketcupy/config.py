@@ -1,0 +1,40 @@
+"""ModelConfig: the architecture numbers every loader produces and every model reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RopeScaling:
+    kind: str = "none"                 # "none" | "linear" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclass
+class ModelConfig:
+    architecture: str                  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_dim: int = 0                  # rotary dims per head (0 = head_dim)
+    rope_interleaved: bool = False     # True: rotate adjacent pairs (GGUF llama); False: halves (HF)
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    max_position: int = 4096
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False              # Qwen3: RMSNorm over each head of q and k
+    qkv_bias: bool = False             # Qwen2
+
+    def __post_init__(self):
+        if self.rope_dim == 0:
+            self.rope_dim = self.head_dim
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")

@@ -1,0 +1,389 @@
+"""The engine: requests in, step loop (schedule -> run -> sample -> update), outputs out."""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .args import EngineArgs
+from .outputs import CompletionOutput, RequestOutput
+from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
+from .sampling import SamplingParams
+from .sched.request import Request, RequestStatus
+from .sched.scheduler import Scheduler
+from .stop import StopStringMatcher
+
+log = logging.getLogger("pocketcupy")
+CPU_KV_BYTES = 512 << 20
+
+
+@dataclass
+class _Sequence:
+    """Engine-side state of one sampled sequence (a request has n of them)."""
+    group: "_Group"
+    index: int
+    req: Request
+    row: SamplingRow
+    detok: object
+    stop: StopStringMatcher | None
+    output: CompletionOutput
+    prompt_chunks: list = field(default_factory=list)
+
+
+@dataclass
+class _Group:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[_Sequence] = field(default_factory=list)
+    prompt_logprobs: list | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.output.finished for s in self.seqs)
+
+
+class Engine:
+    def __init__(self, model: str | None = None, device: str = "auto", **engine_args):
+        self._setup(EngineArgs(model=model, device=device, **engine_args))
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> "Engine":
+        if not isinstance(args, EngineArgs):
+            raise ValueError(f"args: expected EngineArgs, got {type(args).__name__}")
+        self = cls.__new__(cls)
+        self._setup(args)
+        return self
+
+    # --- construction --------------------------------------------------------------------
+    def _setup(self, args: EngineArgs) -> None:
+        from .backend import resolve_device
+        from .loader import load_checkpoint
+        from .model_cache import default_model_path
+        from .models.registry import build_model
+        from .runner import ModelRunner
+        from .tokenizer import Tokenizer
+
+        self.args = args
+        self.device = resolve_device(args.device)
+        t0 = time.monotonic()
+        path = args.model or default_model_path(args.cache_dir)
+        ckpt = load_checkpoint(path)
+        self.model_path, self.config = ckpt.path, ckpt.config
+        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.gguf_metadata) if ckpt.format == "gguf"
+                          else Tokenizer.from_hf_dir(ckpt.path))
+        self.ops = self._make_ops()
+        self.model = build_model(ckpt.config, _ProgressTensors(ckpt.tensors, args.progress), self.ops)
+        self.max_model_len = args.max_model_len or ckpt.config.max_position
+        if self.max_model_len > ckpt.config.max_position:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
+                             f"{ckpt.config.max_position}")
+        num_blocks = self._num_kv_blocks()
+        self.runner = ModelRunner(self.model, self.ops, num_blocks, args.block_size)
+        self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        self._groups: dict[str, _Group] = {}
+        self._seqs: dict[str, _Sequence] = {}
+        self._lock = threading.RLock()
+        self._ids = itertools.count()
+        self._rng = make_generator(args.seed)
+        self.load_time_s = time.monotonic() - t0
+        log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)", path, self.device,
+                 self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20)
+
+    def _make_ops(self):
+        if self.device == "cpu":
+            from .backend.ops_ref import NumpyOps
+            return NumpyOps()
+        raise ValueError("device: the CUDA backend is not built yet; use device='cpu'")
+
+    def _kv_block_bytes(self) -> int:
+        c = self.config
+        return 2 * c.num_layers * self.args.block_size * c.num_kv_heads * c.head_dim * 4
+
+    def _num_kv_blocks(self) -> int:
+        a = self.args
+        if a.num_kv_blocks is not None:
+            return a.num_kv_blocks
+        blocks = (a.kv_cache_memory or CPU_KV_BYTES) // self._kv_block_bytes()
+        need = -(-self.max_model_len // a.block_size)
+        if blocks < need:
+            raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="
+                             f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory "
+                             "or lower max_model_len")
+        return int(blocks)
+
+    # --- requests ------------------------------------------------------------------------
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+            text = prompt
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
+                                                       for t in prompt):
+            ids, text = [int(t) for t in prompt], None
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+        else:
+            raise ValueError("prompt: must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt: must not be empty")
+        return text, ids
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
+                    prompt_token_ids: list[int] | None = None) -> None:
+        """Queue a request. `prompt` is text or token ids; `prompt_token_ids` overrides the tokenization
+        of a text prompt (the text is then only echoed back)."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id: must be a non-empty string")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority: must be an integer, got {priority!r}")
+        text, ids = self._prompt_ids(prompt if prompt_token_ids is None else prompt_token_ids)
+        if prompt_token_ids is not None and isinstance(prompt, str):
+            text = prompt
+        max_tokens = self._max_tokens(len(ids), params)
+        with self._lock:
+            if request_id in self._groups:
+                raise ValueError(f"request_id: {request_id!r} is already in use")
+            group = _Group(request_id, text, ids, params)
+            for i in range(params.n):
+                seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+                req = Request(seq_id, list(ids), max_tokens, priority=priority,
+                              want_prompt_logits=(params.prompt_logprobs is not None and i == 0))
+                self.scheduler.add(req)
+                group.seqs.append(self._new_sequence(group, i, req))
+            self._groups[request_id] = group
+            for s in group.seqs:
+                self._seqs[s.req.request_id] = s
+
+    def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
+        room = self.max_model_len - prompt_len
+        if room <= 0:
+            raise ValueError(f"prompt: {prompt_len} tokens do not fit the context of {self.max_model_len} tokens")
+        if params.max_tokens is None:
+            return room
+        if params.max_tokens > room:
+            raise ValueError(f"max_tokens: prompt ({prompt_len} tokens) plus max_tokens ({params.max_tokens}) "
+                             f"exceeds the context of {self.max_model_len} tokens")
+        return params.max_tokens
+
+    def _new_sequence(self, group: _Group, index: int, req: Request) -> _Sequence:
+        from .tokenizer import IncrementalDetokenizer
+
+        p = group.params
+        if p.seed is not None:
+            gen = make_generator(p.seed + index)
+        else:
+            gen = make_generator(int(self._rng.integers(2**63)))
+        row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen)
+        stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
+        out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
+        return _Sequence(group, index, req, row, detok, stop, out)
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            group = self._groups.get(request_id)
+            if group is None:
+                return
+            for s in group.seqs:
+                if not s.output.finished:
+                    self._finish(s, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_unfinished()
+
+    # --- the step loop -------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """One scheduling step: returns an output for every request that progressed or finished."""
+        with self._lock:
+            touched: dict[str, _Group] = {}
+            for gid in [g for g, grp in self._groups.items() if grp.finished]:  # aborted since the last step
+                touched[gid] = self._groups[gid]
+            sched_out = self.scheduler.schedule()
+            for seq_id in sched_out.preempted_ids:
+                self._seqs[seq_id].prompt_chunks.clear()
+            if sched_out.scheduled:
+                run_out = self.runner.execute(sched_out)
+                self.scheduler.on_step_done(sched_out)
+                for seq_id, chunk in run_out.prompt_logits.items():
+                    self._collect_prompt_logits(self._seqs[seq_id], chunk)
+                if run_out.sample_ids:
+                    seqs = [self._seqs[i] for i in run_out.sample_ids]
+                    result = self.sampler(self.ops.to_host(run_out.logits), [s.row for s in seqs])
+                    for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):
+                        self._append(s, int(tok), lp)
+                        touched[s.group.request_id] = s.group
+            outputs = [self._request_output(g) for g in touched.values()]
+            for g in touched.values():
+                if g.finished:
+                    self._groups.pop(g.request_id, None)
+                    for s in g.seqs:
+                        self._seqs.pop(s.req.request_id, None)
+            return outputs
+
+    def _collect_prompt_logits(self, s: _Sequence, chunk: np.ndarray) -> None:
+        s.prompt_chunks.append(chunk)
+        if not s.req.want_prompt_logits:
+            logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
+            s.prompt_chunks.clear()
+            s.group.prompt_logprobs = self._decorate(
+                prompt_logprobs(logits, s.group.prompt_ids, s.group.params.prompt_logprobs))
+
+    def _decorate(self, positions):
+        for pos in positions:
+            for tid, lp in (pos or {}).items():
+                lp.decoded_token = self.tokenizer.decode([tid])
+        return positions
+
+    def _append(self, s: _Sequence, tok: int, logprobs) -> None:
+        p, out = s.group.params, s.output
+        self.scheduler.append_token(s.req.request_id, tok)
+        out.token_ids.append(tok)
+        out.delta_token_ids.append(tok)
+        if out.logprobs is not None:
+            out.logprobs.extend(self._decorate([logprobs]))
+        stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
+        if not stop_token or p.include_stop_str_in_output:
+            self._emit(s, s.detok.push(tok))
+            if out.finished:  # a stop string was hit
+                return
+        if stop_token:
+            out.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
+            self._finish(s, RequestStatus.FINISHED_STOPPED)
+        elif len(out.token_ids) >= s.req.max_tokens or s.req.num_tokens >= self.max_model_len:
+            self._finish(s, RequestStatus.FINISHED_LENGTH)
+
+    def _emit(self, s: _Sequence, delta: str) -> None:
+        if s.stop is None:
+            s.output.text += delta
+            s.output.delta_text += delta
+            return
+        safe, hit = s.stop.push(delta)
+        s.output.text += safe
+        s.output.delta_text += safe
+        if hit:
+            s.output.stop_reason = s.stop.matched
+            self._finish(s, RequestStatus.FINISHED_STOPPED, flush=False)
+
+    def _finish(self, s: _Sequence, status: RequestStatus, flush: bool = True) -> None:
+        if flush and s.stop is not None:
+            tail = s.stop.flush()
+            s.output.text += tail
+            s.output.delta_text += tail
+        s.output.finish_reason = status.value
+        self.scheduler.finish(s.req.request_id, status)
+
+    def _request_output(self, g: _Group) -> RequestOutput:
+        outs = []
+        for s in g.seqs:
+            o = s.output
+            outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
+                                         None if o.logprobs is None else list(o.logprobs),
+                                         o.finish_reason, o.stop_reason, o.delta_text, list(o.delta_token_ids)))
+            o.delta_text, o.delta_token_ids = "", []
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished)
+
+    # --- convenience APIs ----------------------------------------------------------------
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run many prompts concurrently to completion; outputs in the order of the prompts."""
+        prompts = _as_prompt_list(prompts)
+        if isinstance(params, (list, tuple)):
+            if len(params) != len(prompts):
+                raise ValueError(f"params: {len(params)} SamplingParams for {len(prompts)} prompts")
+            plist = list(params)
+        else:
+            plist = [params] * len(prompts)
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        try:
+            for rid, prompt, p in zip(ids, prompts, plist):
+                self.add_request(rid, prompt, p)
+            final = self._run_until_done(set(ids))
+        except BaseException:
+            for rid in ids:
+                self.abort_request(rid)
+            raise
+        return [final[rid] for rid in ids]
+
+    def _run_until_done(self, ids: set[str]) -> dict[str, RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while len(final) < len(ids):
+            for out in self.step():
+                if out.finished and out.request_id in ids:
+                    final[out.request_id] = out
+        return final
+
+    def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """One conversation (a list of message dicts) or several (a list of such lists)."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.render_chat(c, tools, add_generation_prompt, chat_template_kwargs) for c in convs]
+        token_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(token_ids, params)
+
+    def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None) -> str:
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                  tools=tools, **(chat_template_kwargs or {}))
+
+    def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
+        """Yields text deltas of one request (n must be 1) as they are produced."""
+        params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams) and params.n != 1:
+            raise ValueError("n: stream() yields one sequence; use n=1")
+        if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
+            prompt = self.tokenizer.encode(self.render_chat(prompt_or_messages), add_special_tokens=False)
+        else:
+            prompt = prompt_or_messages
+        rid = f"stream-{next(self._ids)}"
+        self.add_request(rid, prompt, params)
+        try:
+            done = False
+            while not done:
+                for out in self.step():
+                    if out.request_id == rid:
+                        if out.outputs[0].delta_text:
+                            yield out.outputs[0].delta_text
+                        done = out.finished
+        finally:
+            self.abort_request(rid)
+
+
+class _ProgressTensors(dict):
+    """The tensor dict, ticking a progress bar as the model builds its layers from it."""
+
+    def __init__(self, tensors: dict, enabled: bool):
+        super().__init__(tensors)
+        from .progress import Progress
+
+        self._bar = Progress(len(tensors), "loading", enabled)
+        self._seen: set[str] = set()
+
+    def get(self, key, default=None):
+        if key in self and key not in self._seen:
+            self._seen.add(key)
+            self._bar.update()
+            if len(self._seen) == len(self):
+                self._bar.close()
+        return super().get(key, default)
+
+
+def _as_prompt_list(prompts) -> list:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if not prompts:
+            raise ValueError("prompts: must not be empty")
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
+            return [list(prompts)]
+        return list(prompts)
+    raise ValueError("prompts: must be a string, a list of token ids, or a list of those")

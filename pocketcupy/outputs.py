@@ -1,0 +1,32 @@
+"""What the engine returns, with vLLM's names."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None           # one {token_id: Logprob} dict per generated token
+    finish_reason: str | None = None       # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None   # the stop string or stop token id that ended it
+    # what this step added (for streaming)
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    prompt_logprobs: list | None = None     # vLLM semantics: [None, {id: Logprob}, ...]
+    finished: bool = False
+    num_cached_tokens: int = 0
