@@ -1,0 +1,137 @@
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from pocketcupy.loader import load_checkpoint
+from pocketcupy.loader.gguf import GGML_TYPES, SUPPORTED_TYPES, read_gguf, read_metadata
+from pocketcupy.quant.qtensor import QTensor
+
+QT = gguf.GGMLQuantizationType
+
+
+def _write(path, arch="llama", tensors=(), kv=None):
+    w = gguf.GGUFWriter(str(path), arch)
+    for k, v in (kv or {}).items():
+        if isinstance(v, int):
+            w.add_uint32(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        else:
+            w.add_string(k, v)
+    for name, arr, qtype in tensors:
+        if qtype is None:
+            w.add_tensor(name, arr)
+        else:
+            w.add_tensor(name, arr, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_smollm2_config(smollm2_gguf):
+    ck = load_checkpoint(smollm2_gguf)
+    c = ck.config
+    assert (c.architecture, c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads) == ("llama", 30, 576, 9, 3)
+    assert (c.head_dim, c.intermediate_size, c.vocab_size) == (64, 1536, 49152)
+    assert c.rope_theta == 100000.0 and c.rope_interleaved and c.tie_word_embeddings
+    assert c.max_position == 8192 and abs(c.rms_eps - 1e-5) < 1e-9
+    emb = ck.tensors["token_embd.weight"]
+    assert emb.qtype == "Q8_0" and emb.shape == (49152, 576) and emb.data.shape == (49152, 612)
+    assert ck.tensors["blk.0.ffn_down.weight"].qtype == "Q4_1"
+
+
+def test_metadata_values(smollm2_gguf):
+    meta = read_metadata(smollm2_gguf)
+    assert meta["tokenizer.ggml.model"] == "gpt2"
+    assert len(meta["tokenizer.ggml.tokens"]) == 49152
+    assert meta["tokenizer.ggml.tokens"][1] == "<|im_start|>"
+    assert "im_start" in meta["tokenizer.chat_template"]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_quantized_round_trip(tmp_path, qtype):
+    """Our reader plus dequantizer recovers weights quantized by the gguf package."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    q = gguf.quants.quantize(w, QT[qtype])
+    path = tmp_path / "m.gguf"
+    _write(path, tensors=[("w", q, QT[qtype]), ("f", w, None)])
+    _, tensors = read_gguf(str(path))
+    assert tensors["w"].qtype == qtype and tensors["w"].shape == (8, 64)
+    np.testing.assert_array_equal(tensors["f"].dequantize(), w)
+    err = np.abs(tensors["w"].dequantize() - w).max()
+    assert err < {"Q8_0": 0.03, "Q5_0": 0.15, "Q5_1": 0.15}.get(qtype, 0.35)
+
+
+@pytest.mark.parametrize("qtype", sorted(SUPPORTED_TYPES - {"F32", "F16", "BF16"}))
+def test_every_block_type_reads_and_dequantizes(tmp_path, qtype):
+    type_id = next(i for i, (n, _, _) in GGML_TYPES.items() if n == qtype)
+    _, block, nbytes = GGML_TYPES[type_id]
+    rows, cols = 3, 512
+    raw = np.random.default_rng(1).integers(0, 256, (rows, cols // block * nbytes), dtype=np.uint8)
+    path = tmp_path / "m.gguf"
+    _write(path, tensors=[("w", raw, QT[qtype])])
+    _, tensors = read_gguf(str(path))
+    t = tensors["w"]
+    assert t.shape == (rows, cols) and t.data.shape == raw.shape
+    np.testing.assert_array_equal(t.data, raw)
+    with np.errstate(all="ignore"):  # random bytes make some fp16 scales inf/nan
+        assert t.dequantize().shape == (rows, cols)
+
+
+def test_bf16_and_f16(tmp_path):
+    w = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
+    bits = (w.view(np.uint32) >> 16).astype(np.uint16)
+    path = tmp_path / "m.gguf"
+    _write(path, tensors=[("b", bits, QT.BF16), ("h", w.astype(np.float16), None)])
+    _, t = read_gguf(str(path))
+    assert t["b"].qtype == "BF16" and t["h"].qtype == "F16"
+    np.testing.assert_array_equal(t["b"].dequantize(), (bits.astype(np.uint32) << 16).view(np.float32))
+    np.testing.assert_array_equal(t["h"].dequantize(), w.astype(np.float16).astype(np.float32))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="model"):
+        load_checkpoint(str(tmp_path / "nope.gguf"))
+
+
+def test_not_gguf(tmp_path):
+    p = tmp_path / "x.gguf"
+    p.write_bytes(b"NOPE" + b"\0" * 100)
+    with pytest.raises(ValueError, match="not a GGUF"):
+        read_gguf(str(p))
+
+
+@pytest.mark.parametrize("keep", [30, 2000, 0.999])
+def test_truncated(tmp_path, smollm2_gguf, keep):
+    size = os.path.getsize(smollm2_gguf)
+    n = int(size * keep) if isinstance(keep, float) else keep
+    p = tmp_path / "cut.gguf"
+    with open(smollm2_gguf, "rb") as f:
+        p.write_bytes(f.read(n))
+    with pytest.raises(ValueError, match="truncated"):
+        load_checkpoint(str(p))
+
+
+def test_unsupported_architecture(tmp_path):
+    p = tmp_path / "m.gguf"
+    _write(p, arch="mamba", tensors=[("w", np.zeros((2, 32), np.float32), None)])
+    with pytest.raises(ValueError, match="mamba"):
+        load_checkpoint(str(p))
+
+
+def test_unsupported_tensor_type(tmp_path):
+    p = tmp_path / "m.gguf"
+    raw = np.zeros((2, 50), np.uint8)  # IQ1_S: 256 values in 50 bytes
+    _write(p, tensors=[("w", raw, QT.IQ1_S)])
+    with pytest.raises(ValueError, match="IQ1_S"):
+        read_gguf(str(p))
+
+
+def test_qtensor_dense_flag():
+    assert QTensor("F32", (2,), np.zeros(2, np.float32)).is_dense
+    assert not QTensor("Q8_0", (1, 32), np.zeros((1, 34), np.uint8)).is_dense
