@@ -1,0 +1,118 @@
+"""Per-request sampling parameters (vLLM's names and defaults)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from dataclasses import dataclass
+
+GREEDY_EPS = 1e-5  # temperature below this means greedy (argmax)
+MAX_LOGPROBS = 20
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _fail(name: str, what: str, value) -> None:
+    raise ValueError(f"{name}: {what}, got {value!r}")
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None  # normalised to list[str]
+    stop_token_ids: list[int] | None = None  # normalised to list[int]
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to the context limit
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.n) or self.n < 1:
+            _fail("n", "must be an int >= 1", self.n)
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of != self.n):
+            _fail("best_of", f"only None or equal to n ({self.n}) is supported", self.best_of)
+
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_real(v) or not -2.0 <= v <= 2.0:
+                _fail(name, "must be in [-2, 2]", v)
+        rp = self.repetition_penalty
+        if not _is_real(rp) or not math.isfinite(rp) or rp <= 0:
+            _fail("repetition_penalty", "must be a finite number > 0", rp)
+        t = self.temperature
+        if not _is_real(t) or not math.isfinite(t) or t < 0:
+            _fail("temperature", "must be a finite number >= 0", t)
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            _fail("top_p", "must be in (0, 1]", self.top_p)
+        if not _is_int(self.top_k) or self.top_k < -1:
+            _fail("top_k", "must be an int >= -1 (0 or -1 disables)", self.top_k)
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            _fail("min_p", "must be in [0, 1]", self.min_p)
+        if self.seed is not None and not _is_int(self.seed):
+            _fail("seed", "must be an int or None", self.seed)
+
+        stop = self.stop
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        elif isinstance(stop, (list, tuple)):
+            stop = list(stop)
+        else:
+            _fail("stop", "must be a str, a list of str or None", stop)
+        for s in stop:
+            if not isinstance(s, str) or not s:
+                _fail("stop", "stop strings must be non-empty strings", s)
+        self.stop = stop
+
+        ids = [] if self.stop_token_ids is None else self.stop_token_ids
+        if not isinstance(ids, (list, tuple)):
+            _fail("stop_token_ids", "must be a list of int or None", ids)
+        for i in ids:
+            if not _is_int(i) or i < 0:
+                _fail("stop_token_ids", "token ids must be ints >= 0", i)
+        self.stop_token_ids = [int(i) for i in ids]
+
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, "must be a bool", getattr(self, name))
+
+        mt = self.max_tokens
+        if mt is not None and (not _is_int(mt) or mt < 1):
+            _fail("max_tokens", "must be an int >= 1 or None", mt)
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            _fail("min_tokens", "must be an int >= 0", self.min_tokens)
+        if mt is not None and self.min_tokens > mt:
+            _fail("min_tokens", f"must be <= max_tokens ({mt})", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    def clone(self, **overrides) -> "SamplingParams":
+        base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}
+        base.update(overrides)
+        return dataclasses.replace(self, **base)
