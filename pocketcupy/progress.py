@@ -1,4 +1,4 @@
-"""A dependency-free progress bar on stderr."""
+"""A dependency-free progress bar on stderr (redrawn in place on a terminal, one line otherwise)."""
 from __future__ import annotations
 
 import sys
@@ -6,20 +6,25 @@ import time
 
 
 class Progress:
+    WIDTH = 30
+
     def __init__(self, total: int, label: str, enabled: bool = True, stream=None):
         self.total, self.label, self.enabled = max(total, 1), label, enabled
         self.stream = stream or sys.stderr
-        self.n, self.t0 = 0, time.monotonic()
+        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.n, self.drawn, self.t0 = 0, -1, time.monotonic()
 
     def update(self, k: int = 1) -> None:
         self.n += k
-        if self.enabled:
-            frac = min(self.n / self.total, 1.0)
-            bar = "#" * int(frac * 30)
-            self.stream.write(f"\r{self.label} [{bar:<30}] {self.n}/{self.total} {time.monotonic() - self.t0:.1f}s")
+        filled = min(self.n * self.WIDTH // self.total, self.WIDTH)
+        if self.enabled and self.tty and filled != self.drawn:
+            self.drawn = filled
+            self.stream.write(f"\r{self.label} [{'#' * filled:<{self.WIDTH}}] {self.n}/{self.total} "
+                              f"{time.monotonic() - self.t0:.1f}s")
             self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self.stream.write("\n")
+            end = "\n" if self.tty else f"{self.label}: {self.n}/{self.total} in {time.monotonic() - self.t0:.1f}s\n"
+            self.stream.write(end)
             self.stream.flush()

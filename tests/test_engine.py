@@ -1,0 +1,283 @@
+"""The Engine API end to end on the CPU with the real SmolLM2-135M-Instruct."""
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, EngineArgs, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf):
+    return Engine(smollm2_gguf, device="cpu", progress=False)
+
+
+def text_of(engine, prompt, params):
+    return engine.generate(prompt, params)[0].outputs[0]
+
+
+def test_capital_of_france(engine):
+    out = engine.chat([{"role": "user", "content": "What is the capital of France?"}],
+                      SamplingParams(temperature=0, max_tokens=24))[0]
+    assert "Paris" in out.outputs[0].text
+    assert out.outputs[0].finish_reason == "stop"
+    assert out.finished and out.prompt_token_ids[0] == 1  # <|im_start|>
+
+
+def test_request_output_fields(engine):
+    out = engine.generate("The sky is", GREEDY)[0]
+    assert out.prompt == "The sky is" and out.prompt_token_ids == engine.tokenizer.encode("The sky is")
+    c = out.outputs[0]
+    assert c.index == 0 and len(c.token_ids) == 12 and c.finish_reason == "length"
+    assert c.text == engine.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert c.logprobs is None and out.prompt_logprobs is None
+
+
+def test_token_id_prompt_equals_text_prompt(engine):
+    ids = engine.tokenizer.encode("Water boils at")
+    a = text_of(engine, "Water boils at", GREEDY)
+    b = engine.generate(ids, GREEDY)[0]
+    assert b.prompt is None and a.token_ids == b.outputs[0].token_ids
+
+
+def test_batch_equals_alone(engine):
+    prompts = ["One, two, three,", "The best way to learn Python is", "def fibonacci(n):", "Roses are red"]
+    alone = [text_of(engine, p, GREEDY).token_ids for p in prompts]
+    together = engine.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in together] == alone
+    assert [o.prompt for o in together] == prompts
+
+
+def test_params_per_prompt(engine):
+    outs = engine.generate(["a", "b"], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5)])
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5]
+    with pytest.raises(ValueError, match="params"):
+        engine.generate(["a", "b"], [SamplingParams()])
+
+
+def test_seed_reproducible(engine):
+    p = SamplingParams(temperature=1.0, max_tokens=12, seed=1234)
+    a = text_of(engine, "My favourite animal is", p)
+    b = text_of(engine, "My favourite animal is", p)
+    c = text_of(engine, "My favourite animal is", p.clone(seed=99))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_n_samples(engine):
+    out = engine.generate("Tell me a colour:", SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    again = engine.generate("Tell me a colour:", SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7))[0]
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=1.0, top_k=1, max_tokens=10, seed=3),
+    SamplingParams(temperature=1.0, top_p=1e-6, max_tokens=10, seed=3),
+    SamplingParams(temperature=1.0, min_p=1.0, max_tokens=10, seed=3),
+], ids=["top_k=1", "top_p~0", "min_p=1"])
+def test_truncation_to_one_token_is_greedy(engine, params):
+    greedy = text_of(engine, "The capital of Italy is", SamplingParams(temperature=0, max_tokens=10))
+    assert text_of(engine, "The capital of Italy is", params).token_ids == greedy.token_ids
+
+
+def test_top_k_limits_choices(engine):
+    """With top_k=2 every sampled token is one of the two most likely (checked with logprobs)."""
+    out = text_of(engine, "I like", SamplingParams(temperature=1.5, top_k=2, max_tokens=10, seed=5, logprobs=2))
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert lp[tok].rank <= 2
+
+
+def test_penalties_change_repetition(engine):
+    def repeats(ids):
+        return len(ids) - len(set(ids))
+
+    prompt = "apple apple apple apple apple apple"
+    base = text_of(engine, prompt, SamplingParams(temperature=0, max_tokens=12))
+    rep = text_of(engine, prompt, SamplingParams(temperature=0, max_tokens=12, repetition_penalty=1.8))
+    freq = text_of(engine, prompt, SamplingParams(temperature=0, max_tokens=12, frequency_penalty=2.0))
+    pres = text_of(engine, prompt, SamplingParams(temperature=0, max_tokens=12, presence_penalty=2.0))
+    assert repeats(base.token_ids) > repeats(rep.token_ids)
+    assert repeats(base.token_ids) > repeats(freq.token_ids)
+    assert pres.token_ids != base.token_ids
+
+
+def test_max_tokens_and_ignore_eos(engine):
+    msgs = [{"role": "user", "content": "Say hi."}]
+    short = engine.chat(msgs, SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
+    assert short.finish_reason == "stop" and short.token_ids[-1] in engine.tokenizer.eos_token_ids
+    long = engine.chat(msgs, SamplingParams(temperature=0, max_tokens=len(short.token_ids) + 4,
+                                            ignore_eos=True))[0].outputs[0]
+    assert long.finish_reason == "length" and len(long.token_ids) == len(short.token_ids) + 4
+    assert long.token_ids[: len(short.token_ids)] == short.token_ids
+
+
+def test_stop_token_ids(engine):
+    base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=10))
+    stop_id = base.token_ids[3]
+    out = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop_id]))
+    first = base.token_ids.index(stop_id)
+    assert out.token_ids == base.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+
+
+def test_stop_strings_never_emitted(engine):
+    base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
+    stop = base.text[5:8]
+    params = SamplingParams(temperature=0, max_tokens=16, stop=[stop, "zzz"])
+    out = text_of(engine, "Count: 1, 2, 3,", params)
+    assert out.text == base.text[: base.text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    deltas = list(engine.stream("Count: 1, 2, 3,", params))
+    assert "".join(deltas) == out.text
+    inc = text_of(engine, "Count: 1, 2, 3,", params.clone(include_stop_str_in_output=True))
+    assert inc.text == base.text[: base.text.index(stop) + len(stop)]
+
+
+def test_min_tokens(engine):
+    msgs = [{"role": "user", "content": "Say hi."}]
+    short = engine.chat(msgs, SamplingParams(temperature=0, max_tokens=64))[0].outputs[0]
+    n = len(short.token_ids) + 3
+    out = engine.chat(msgs, SamplingParams(temperature=0, max_tokens=n + 20, min_tokens=n))[0].outputs[0]
+    assert len(out.token_ids) >= n
+    assert not set(out.token_ids[: n]) & set(engine.tokenizer.eos_token_ids)
+
+
+def test_logprobs(engine):
+    out = text_of(engine, "The cat sat on the", SamplingParams(temperature=0, max_tokens=6, logprobs=3))
+    assert len(out.logprobs) == 6
+    for tok, lp in zip(out.token_ids, out.logprobs):
+        assert tok in lp and lp[tok].rank == 1  # greedy picks the top token
+        assert len(lp) == 3
+        vals = [v.logprob for v in lp.values()]
+        assert vals == sorted(vals, reverse=True) and all(v <= 0 for v in vals)
+        assert lp[tok].decoded_token == engine.tokenizer.decode([tok])
+
+
+def test_prompt_logprobs(engine):
+    ids = engine.tokenizer.encode("The cat sat on the mat")
+    out = engine.generate("The cat sat on the mat", SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
+    pl = out.prompt_logprobs
+    assert len(pl) == len(ids) and pl[0] is None
+    for tok, pos in zip(ids[1:], pl[1:]):
+        assert tok in pos and pos[tok].rank >= 1
+        assert 2 <= len(pos) <= 3
+    # the prompt logprob of a token equals its logprob when it was generated after the same text
+    gen = text_of(engine, ids, SamplingParams(temperature=0, max_tokens=1, logprobs=1))
+    tok = gen.token_ids[0]
+    again = engine.generate(ids + [tok], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs
+    assert abs(again[-1][tok].logprob - gen.logprobs[0][tok].logprob) < 1e-4 and again[-1][tok].rank == 1
+
+
+def test_prompt_logprobs_match_chunked_prefill(smollm2_gguf, engine):
+    """Chunked prefill (8 tokens a step) gives the same prompt logprobs and tokens."""
+    small = Engine(smollm2_gguf, device="cpu", progress=False, max_num_batched_tokens=8)
+    prompt = "In a hole in the ground there lived a hobbit, not a nasty dirty wet hole"
+    p = SamplingParams(temperature=0, max_tokens=8, prompt_logprobs=1)
+    a, b = engine.generate(prompt, p)[0], small.generate(prompt, p)[0]
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]):
+        assert x.keys() == y.keys()
+        assert all(abs(x[k].logprob - y[k].logprob) < 1e-4 for k in x)
+
+
+def test_preemption_keeps_tokens(smollm2_gguf, engine):
+    """A KV pool too small for all requests at once forces preemption; tokens stay the same."""
+    prompts = ["The history of Rome", "Photosynthesis is", "A haiku about snow:", "The GPU is", "Dear diary,"]
+    p = SamplingParams(temperature=0, max_tokens=20)
+    alone = [text_of(engine, x, p).token_ids for x in prompts]
+    tiny = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=6, block_size=8, max_model_len=40)
+    outs = tiny.generate(prompts, p)
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    assert tiny.scheduler.num_preemptions > 0
+
+
+def test_stream_matches_generate(engine):
+    msgs = [{"role": "user", "content": "Name three fruits."}]
+    p = SamplingParams(temperature=0, max_tokens=20)
+    deltas = list(engine.stream(msgs, p))
+    assert len(deltas) > 3
+    assert "".join(deltas) == engine.chat(msgs, p)[0].outputs[0].text
+
+
+def test_abort(engine):
+    engine.add_request("abort-me", "Once upon a time", SamplingParams(max_tokens=50))
+    engine.step()
+    engine.abort_request("abort-me")
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["abort-me"].finished and outs["abort-me"].outputs[0].finish_reason == "abort"
+    assert not engine.has_unfinished_requests()
+    assert engine.scheduler.num_blocks_used == 0
+
+
+def test_many_chats(engine):
+    convs = [[{"role": "user", "content": q}] for q in ("Hi!", "What is 2+2?")]
+    outs = engine.chat(convs, SamplingParams(temperature=0, max_tokens=8))
+    assert len(outs) == 2 and all(o.outputs[0].text for o in outs)
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda e: e.generate("", SamplingParams()), "prompt"),
+    (lambda e: e.generate([10**6], SamplingParams()), "prompt"),
+    (lambda e: e.generate([], SamplingParams()), "prompts"),
+    (lambda e: e.generate(3.5, SamplingParams()), "prompts"),
+    (lambda e: e.generate("hi", SamplingParams(max_tokens=10**6)), "max_tokens"),
+    (lambda e: e.generate([1] * 9000, SamplingParams()), "prompt"),
+    (lambda e: e.generate("hi", {"max_tokens": 3}), "params"),
+    (lambda e: e.add_request("", "hi"), "request_id"),
+    (lambda e: e.add_request("x", "hi", priority="high"), "priority"),
+    (lambda e: e.stream("hi", SamplingParams(n=2)).__next__(), "n"),
+    (lambda e: e.chat([{"role": 3, "content": "x"}]), "role"),
+])
+def test_bad_requests(engine, call, field):
+    with pytest.raises(ValueError, match=field):
+        call(engine)
+    assert not engine.has_unfinished_requests()
+
+
+def test_duplicate_request_id(engine):
+    engine.add_request("dup", "hello", SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="request_id"):
+        engine.add_request("dup", "hello", SamplingParams(max_tokens=2))
+    engine.abort_request("dup")
+    engine.step()
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(device="tpu"), "device"),
+    (dict(model="/nonexistent/model.gguf"), "model"),
+    (dict(block_size=0), "block_size"),
+    (dict(max_num_seqs=-1), "max_num_seqs"),
+    (dict(max_model_len=10**6), "max_model_len"),
+    (dict(kv_cache_memory=1000), "kv_cache_memory"),
+])
+def test_bad_engine_args(smollm2_gguf, kwargs, field):
+    kwargs.setdefault("model", smollm2_gguf)
+    with pytest.raises(ValueError, match=field):
+        Engine(device=kwargs.pop("device", "cpu"), progress=False, **kwargs)
+
+
+def test_corrupt_model_file(tmp_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + b"\x03\0\0\0" + b"\xff" * 40)
+    with pytest.raises(ValueError, match="model"):
+        Engine(str(p), device="cpu", progress=False)
+
+
+def test_engine_args_bridges(smollm2_gguf):
+    args = EngineArgs.from_env({"POCKETCUPY_MAX_NUM_SEQS": "7", "POCKETCUPY_DEVICE": "cpu"})
+    assert args.max_num_seqs == 7 and args.device == "cpu"
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineArgs.from_env({"POCKETCUPY_MAX_NUM_SEQS": "many"})
+    e = Engine.from_args(EngineArgs(model=smollm2_gguf, device="cpu", progress=False, max_model_len=256))
+    assert e.max_model_len == 256
+    with pytest.raises(ValueError, match="args"):
+        Engine.from_args({"model": smollm2_gguf})
+
+
+def test_tokenizer_via_engine(engine):
+    ids = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>")
+    assert ids[0] == 1 and ids[-1] == 2
+    assert engine.tokenizer.decode(ids) == "<|im_start|>user\nhi<|im_end|>"
+    assert np.all(np.asarray(ids) < engine.config.vocab_size)
