@@ -1,0 +1,100 @@
+"""Chat templates: Jinja2 rendering set up like Hugging Face transformers' chat template renderer."""
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + (message['content'] or '') + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class _GenerationTag(Extension):
+    """Accepts transformers' {% generation %}...{% endgeneration %} (assistant-mask markers) and
+    renders the body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _raise_exception(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+@functools.lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationTag, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(template)
+
+
+def _content_text(content, where: str) -> str | None:
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where}.content[{j}]: only {{'type': 'text', 'text': str}} parts are supported")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise ValueError(f"{where}.content: must be a string, null or a list of text parts, "
+                     f"got {type(content).__name__}")
+
+
+def validate_messages(messages) -> list[dict]:
+    """Checked copies of the messages with list-of-parts content flattened to text."""
+    if not isinstance(messages, list):
+        raise ValueError(f"messages: must be a list, got {type(messages).__name__}")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ValueError(f"{where}: must be an object, got {type(m).__name__}")
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise ValueError(f"{where}.role: must be a non-empty string")
+        m = dict(m)
+        m["content"] = _content_text(m.get("content"), where)
+        if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):
+            raise ValueError(f"{where}.tool_calls: must be a list")
+        out.append(m)
+    return out
+
+
+def render_chat(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
+                tools: list | None = None, bos_token: str = "", eos_token: str = "", **extra) -> str:
+    msgs = validate_messages(messages)
+    if tools is not None and not isinstance(tools, list):
+        raise ValueError(f"tools: must be a list, got {type(tools).__name__}")
+    try:
+        return _compile(template if template is not None else CHATML_TEMPLATE).render(
+            messages=msgs, tools=tools, add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token, eos_token=eos_token, **extra)
+    except jinja2.TemplateError as e:
+        raise ValueError(f"chat template: {e.message or e}") from e
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, ZeroDivisionError) as e:
+        raise ValueError(f"chat template: {type(e).__name__}: {e}") from e

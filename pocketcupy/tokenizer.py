@@ -1,0 +1,149 @@
+"""Text <-> token ids for GGUF and Hugging Face models, plus streaming detokenization.
+
+Decoding works on each token's raw bytes (byte-level BPE bytes, SentencePiece byte fallback),
+so partial UTF-8 sequences spread over tokens decode the same whether streamed or not.
+"""
+from __future__ import annotations
+
+import codecs
+from typing import Callable, Iterable
+
+from .tokenizer_gguf import CONTROL, UNKNOWN, USER_DEFINED, build_from_gguf
+
+
+class Tokenizer:
+    def __init__(self, *, tokens: list[str], token_types: list[int], piece_bytes: list[bytes],
+                 encode_text: Callable[[str], list[int]], bos_token_id: int | None,
+                 eos_token_id: int | None, eos_token_ids: Iterable[int], add_bos: bool,
+                 chat_template: str | None, strip_leading_space: bool = False):
+        self._tokens = tokens
+        self._types = token_types
+        self._pieces = piece_bytes
+        self._encode_text = encode_text
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.add_bos = bool(add_bos) and bos_token_id is not None
+        self.chat_template = chat_template
+        # SentencePiece adds a space before the text; decoding drops it again at sequence start
+        self.strip_leading_space = strip_leading_space
+        self.special_token_ids = frozenset(
+            i for i, t in enumerate(token_types) if t in (CONTROL, USER_DEFINED, UNKNOWN))
+        # what skip_special_tokens drops (as llama.cpp's token_to_piece with special=False)
+        self._hidden = frozenset(i for i, t in enumerate(token_types) if t in (CONTROL, UNKNOWN))
+        # eos, eot/eom ids, generation_config eos ids and llama.cpp's end-of-turn token texts
+        self.eos_token_ids = frozenset(i for i in eos_token_ids if i is not None)
+
+    # --- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict) -> "Tokenizer":
+        return cls(**build_from_gguf(meta))
+
+    @classmethod
+    def from_gguf(cls, path: str) -> "Tokenizer":
+        from .loader.gguf import read_metadata
+        return cls.from_gguf_metadata(read_metadata(path))
+
+    @classmethod
+    def from_hf_dir(cls, path: str) -> "Tokenizer":
+        from .tokenizer_hf import build_from_hf_dir
+        return cls(**build_from_hf_dir(path))
+
+    # --- properties ---------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def token_type(self, token_id: int) -> int:
+        return self._types[token_id]
+
+    # --- encode / decode ----------------------------------------------------------------------
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"tokenizer: encode() needs a str, got {type(text).__name__}")
+        try:
+            ids = self._encode_text(text) if text else []
+        except (TypeError, UnicodeEncodeError) as e:  # lone surrogates, e.g. from JSON "\ud83d"
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as bad:
+                raise ValueError(f"tokenizer: text has an invalid character at index {bad.start} "
+                                 f"(lone surrogate)") from None
+            raise e
+        if add_special_tokens and self.add_bos:
+            ids = [self.bos_token_id] + ids
+        return ids
+
+    def _check(self, token_id: int) -> int:
+        if not 0 <= token_id < len(self._tokens):
+            raise ValueError(f"tokenizer: token id {token_id} out of range (vocab size {len(self._tokens)})")
+        return token_id
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return self._pieces[self._check(int(token_id))]
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def id_to_token(self, token_id: int) -> str:
+        """The vocabulary entry itself (e.g. 'Ġhello', '▁hello', '<0x0A>')."""
+        return self._tokens[self._check(int(token_id))]
+
+    def _render(self, token_id: int, skip_special_tokens: bool) -> bytes:
+        token_id = self._check(int(token_id))
+        if skip_special_tokens and token_id in self._hidden:
+            return b""
+        return self._pieces[token_id]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        parts = []
+        at_start = self.strip_leading_space
+        for i in ids:
+            b = self._render(i, skip_special_tokens)
+            if at_start and b:
+                at_start = False
+                if b[:1] == b" ":
+                    b = b[1:]
+            parts.append(b)
+        return b"".join(parts).decode("utf-8", errors="replace")
+
+    # --- chat ---------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list | None = None, **extra) -> str:
+        from .chat_template import render_chat
+        bos = self._tokens[self.bos_token_id] if self.bos_token_id is not None else ""
+        eos = self._tokens[self.eos_token_id] if self.eos_token_id is not None else ""
+        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                           tools=tools, bos_token=bos, eos_token=eos, **extra)
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of generated token ids into text deltas.
+
+    Bytes that do not yet form a whole UTF-8 character are held back; a byte that can never
+    complete one becomes U+FFFD at once (Python's incremental UTF-8 decoder, which gives the
+    same text as decoding everything at the end). Call flush() after the last token to get a
+    still-incomplete tail as U+FFFD.
+
+    With prompt_ids (non-empty), the first generated token continues a sequence, so a
+    SentencePiece leading '▁' stays a space; without them the stream equals decode(ids).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None,
+                 skip_special_tokens: bool = True):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._strip = tokenizer.strip_leading_space and not prompt_ids
+
+    def push(self, token_id: int) -> str:
+        b = self.tokenizer._render(token_id, self.skip_special_tokens)
+        if not b:
+            return ""
+        if self._strip:
+            self._strip = False
+            if b[:1] == b" ":
+                b = b[1:]
+        return self._decoder.decode(b)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)

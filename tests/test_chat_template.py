@@ -1,0 +1,101 @@
+import re
+
+import pytest
+
+from pocketcupy.chat_template import CHATML_TEMPLATE, render_chat
+from pocketcupy.tokenizer import Tokenizer
+
+SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf):
+    return Tokenizer.from_gguf(smollm2_gguf)
+
+
+def test_smollm2_template(smol):
+    out = smol.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert out == SMOL_SYSTEM + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"}]
+    out = smol.apply_chat_template(msgs, add_generation_prompt=False)
+    assert out == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+                   "<|im_start|>assistant\n4<|im_end|>\n")
+    ids = smol.encode(out, add_special_tokens=False)
+    assert ids[0] == 1 and ids.count(1) == 3 and ids.count(2) == 3
+    assert smol.decode(ids) == out
+
+
+def test_chatml_fallback():
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
+    assert render_chat(None, msgs, add_generation_prompt=False) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n")
+    assert render_chat(None, [], add_generation_prompt=True) == "<|im_start|>assistant\n"
+    assert render_chat(CHATML_TEMPLATE, msgs) == render_chat(None, msgs)
+
+
+def test_content_parts_flattened():
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert render_chat("{{ messages[0].content }}", msgs) == "a\nb"
+
+
+def test_helpers_and_variables():
+    tpl = ("{{ bos_token }}{% for m in messages %}{{ m.role }}{% endfor %}|{{ tools | tojson }}"
+           "|{{ eos_token }}|{{ custom }}|{{ {'k': 'é'} | tojson }}|{{ strftime_now('%Y') | length }}"
+           "{% for i in range(5) %}{% if i == 2 %}{% break %}{% endif %}{{ i }}{% endfor %}"
+           "{% generation %}G{% endgeneration %}")
+    out = render_chat(tpl, [{"role": "user", "content": "x"}], tools=[{"type": "function"}],
+                      bos_token="<s>", eos_token="</s>", custom=7)
+    assert out == '<s>user|[{"type": "function"}]|</s>|7|{"k": "é"}|401G'
+
+
+def test_trim_and_lstrip_blocks():
+    tpl = "{% for m in messages %}\n    {% if m.role == 'user' %}\nU:{{ m.content }}\n    {% endif %}\n{% endfor %}"
+    assert render_chat(tpl, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]) == "U:a\nU:b\n"
+
+
+def test_tokenizer_passes_special_tokens(tmp_path):
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1],
+            "tokenizer.chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert tok.apply_chat_template([{"role": "user", "content": "a"}]) == "<s>a</s>"
+
+
+@pytest.mark.parametrize("messages,field", [
+    (None, "messages"),
+    ({"role": "user"}, "messages"),
+    ([{"role": "user", "content": "a"}, "hi"], "messages[1]"),
+    ([{"content": "a"}], "messages[0].role"),
+    ([{"role": 3, "content": "a"}], "messages[0].role"),
+    ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0]"),
+    ([{"role": "assistant", "content": "", "tool_calls": "x"}], "messages[0].tool_calls"),
+])
+def test_invalid_messages(messages, field):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        render_chat(None, messages)
+
+
+def test_invalid_tools():
+    with pytest.raises(ValueError, match="tools"):
+        render_chat(None, [{"role": "user", "content": "a"}], tools="nope")
+
+
+@pytest.mark.parametrize("tpl,msg", [
+    ("{% if %}", "chat template"),
+    ("{{ raise_exception('only user and assistant roles') }}", "only user and assistant roles"),
+    ("{{ messages[0].content + 1 }}", "chat template"),
+    ("{{ messages.append(1) }}", "unsafe"),
+    ("{% for m in messages %}{{ m.nope.deeper }}{% endfor %}", "chat template"),
+])
+def test_template_errors(tpl, msg):
+    with pytest.raises(ValueError, match=msg):
+        render_chat(tpl, [{"role": "user", "content": "a"}])
+
+
+def test_messages_not_mutated():
+    msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    render_chat(None, msgs)
+    assert msgs == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
