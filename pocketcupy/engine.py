@@ -203,6 +203,11 @@ class Engine:
         with self._lock:
             return self.scheduler.has_unfinished()
 
+    def has_pending_outputs(self) -> bool:
+        """True when an aborted request still owes its final output to the next step()."""
+        with self._lock:
+            return any(g.finished for g in self._groups.values())
+
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduling step: returns an output for every request that progressed or finished."""

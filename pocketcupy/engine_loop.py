@@ -1,0 +1,118 @@
+"""A background step loop over an Engine, for servers: submit from any thread, read each
+request's outputs from its own queue, abort at any time."""
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from typing import Iterator
+
+from .outputs import RequestOutput
+from .sampling import SamplingParams
+
+log = logging.getLogger("pocketcupy")
+
+
+class RequestStream:
+    """The outputs of one request as the loop produces them (each carries the step's deltas)."""
+
+    def __init__(self, loop: "EngineLoop", request_id: str):
+        self.loop, self.request_id = loop, request_id
+        self._queue: queue.Queue = queue.Queue()
+        self.finished = False
+
+    def _put(self, item) -> None:
+        self._queue.put(item)
+
+    def get(self, timeout: float | None = None) -> RequestOutput:
+        """The next output; raises the engine's error if the step loop failed."""
+        item = self._queue.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while not self.finished:
+            yield self.get()
+
+    def result(self) -> RequestOutput:
+        last = None
+        for last in self:
+            pass
+        return last
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.loop.abort(self.request_id)
+
+
+class EngineLoop:
+    def __init__(self, engine):
+        self.engine = engine
+        self._streams: dict[str, RequestStream] = {}
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._ids = itertools.count()
+        self._thread = threading.Thread(target=self._run, name="pocketcupy-step-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+               priority: int = 0, prompt_token_ids: list[int] | None = None) -> RequestStream:
+        if self._stopping:
+            raise RuntimeError("the engine loop is shutting down")
+        request_id = request_id or f"req-{next(self._ids)}"
+        stream = RequestStream(self, request_id)
+        with self._wake:
+            self._streams[request_id] = stream
+            try:
+                self.engine.add_request(request_id, prompt, params, priority, prompt_token_ids=prompt_token_ids)
+            except BaseException:
+                self._streams.pop(request_id, None)
+                raise
+            self._wake.notify()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort_request(request_id)
+        with self._wake:
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stopping and not self.engine.has_unfinished_requests() \
+                        and not self.engine.has_pending_outputs():
+                    self._wake.wait()
+                if self._stopping and not self.engine.has_unfinished_requests():
+                    return
+            try:
+                outputs = self.engine.step()
+            except BaseException as e:  # fail every waiting request instead of hanging it
+                log.exception("engine step failed")
+                with self._wake:
+                    streams, self._streams = list(self._streams.values()), {}
+                for s in streams:
+                    s._put(e)
+                    self.engine.abort_request(s.request_id)
+                continue
+            with self._wake:
+                for out in outputs:
+                    stream = self._streams.get(out.request_id)
+                    if stream is not None:
+                        stream._put(out)
+                        if out.finished:
+                            del self._streams[out.request_id]
+
+    @property
+    def num_open_streams(self) -> int:
+        return len(self._streams)
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Let running requests finish, then stop the loop thread."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout)
