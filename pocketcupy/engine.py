@@ -282,8 +282,14 @@ class Engine:
             self._finish(s, RequestStatus.FINISHED_STOPPED, flush=False)
 
     def _finish(self, s: _Sequence, status: RequestStatus, flush: bool = True) -> None:
-        if flush and s.stop is not None:
-            tail = s.stop.flush()
+        """flush=False when a stop string ended the text: nothing held back is emitted then."""
+        if flush:
+            tail = s.detok.flush()  # bytes of an unfinished UTF-8 character
+            if s.stop is not None:
+                safe, hit = s.stop.push(tail)
+                tail = safe if hit else safe + s.stop.flush()
+                if hit:
+                    s.output.stop_reason, status = s.stop.matched, RequestStatus.FINISHED_STOPPED
             s.output.text += tail
             s.output.delta_text += tail
         s.output.finish_reason = status.value
