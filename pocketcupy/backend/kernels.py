@@ -1,0 +1,53 @@
+"""Loading our CUDA kernels: reads cuda_src/*.cu, prefixes a #line directive so compiler errors
+name the real file and line, compiles with NVRTC through cupy.RawModule for the current device's
+architecture, and caches the modules (CuPy also caches the binaries on disk).
+
+Launchers register the op names they implement with @cuda_op; the kernel test table fails for
+any registered op without a row."""
+from __future__ import annotations
+
+import functools
+import os
+
+CUDA_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "cuda_src")
+REGISTERED_OPS: set[str] = set()
+
+
+def cuda_op(name: str):
+    """Mark a launcher as implementing the CUDA op `name` (one row per op in tests/test_kernels.py)."""
+    def wrap(fn):
+        REGISTERED_OPS.add(name)
+        fn.cuda_op_name = name
+        return fn
+    return wrap
+
+
+@functools.lru_cache(maxsize=None)
+def device_arch() -> str:
+    import cupy
+
+    return f"sm_{cupy.cuda.Device().compute_capability}"
+
+
+def read_source(filename: str) -> str:
+    path = os.path.join(CUDA_SRC, filename)
+    with open(path) as f:
+        return f'#line 1 "{path}"\n' + f.read()
+
+
+@functools.lru_cache(maxsize=None)
+def module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
+    """The compiled RawModule of cuda_src/<filename> (templates instantiated by name_expressions)."""
+    import cupy
+
+    options = ("-std=c++17", f"-I{CUDA_SRC}", f"--gpu-architecture={device_arch()}") + \
+        tuple(f"-D{d}" for d in defines)
+    mod = cupy.RawModule(code=read_source(filename), options=options,
+                         name_expressions=list(name_expressions) or None)
+    mod.compile()
+    return mod
+
+
+def kernel(filename: str, name: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
+    """One kernel function; `name` may be a template instantiation listed in name_expressions."""
+    return module(filename, name_expressions, defines).get_function(name)
