@@ -208,6 +208,18 @@ class Engine:
         with self._lock:
             return any(g.finished for g in self._groups.values())
 
+    def stats(self) -> dict:
+        """Counters a server exports (see server/metrics.py)."""
+        with self._lock:
+            sch = self.scheduler
+            return {
+                "num_running": len(sch.running),
+                "num_waiting": len(sch.waiting),
+                "kv_blocks_used": sch.num_blocks_used,
+                "kv_blocks_total": sch.pool.num_blocks,
+                "num_preemptions": sch.num_preemptions,
+            }
+
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """One scheduling step: returns an output for every request that progressed or finished."""
