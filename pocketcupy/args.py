@@ -22,6 +22,8 @@ class EngineArgs:
     seed: int | None = None                # engine-wide seed for requests without their own
     cache_dir: str | None = None           # where the default model is downloaded
     progress: bool = True                  # progress bar while loading
+    gpu_memory_utilization: float = 0.9    # CUDA: fraction of GPU memory for weights + KV + activations
+    cuda_graphs: bool = True               # CUDA: replay decode steps as graphs (False = eager)
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -39,6 +41,8 @@ class EngineArgs:
             positive(name)
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             positive(name, allow_none=True)
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 
@@ -50,7 +54,7 @@ class EngineArgs:
             if f.type == "bool":
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
             else:
-                kind = int if "int" in f.type else str
+                kind = int if "int" in f.type else float if "float" in f.type else str
                 parser.add_argument(flag, type=kind, default=None)
 
     @classmethod
@@ -70,11 +74,12 @@ class EngineArgs:
                 continue
             if f.type == "bool":
                 values[f.name] = raw.lower() in ("1", "true", "yes", "on")
-            elif "int" in f.type:
+            elif "int" in f.type or "float" in f.type:
+                kind = int if "int" in f.type else float
                 try:
-                    values[f.name] = int(raw)
+                    values[f.name] = kind(raw)
                 except ValueError:
-                    raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={raw!r} is not an integer") from None
+                    raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={raw!r} is not a number") from None
             else:
                 values[f.name] = raw
         return cls(**values)

@@ -13,6 +13,7 @@ class AttentionMetadata:
     block_tables: np.ndarray   # [B, max_blocks] int32 (padded with 0)
     slot_mapping: np.ndarray   # [N] int64: cache slot (block * block_size + offset) of each new token
     block_size: int
+    decode_only: bool = False  # every sequence has exactly one query row (the decode kernels apply)
 
     @property
     def num_seqs(self) -> int:
