@@ -85,9 +85,14 @@ class Engine:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
                              f"{ckpt.config.max_position}")
         num_blocks = self._num_kv_blocks()
-        self.runner = ModelRunner(self.model, self.ops, num_blocks, args.block_size)
+        self.runner = ModelRunner(self.model, self.ops, num_blocks, args.block_size, self.max_model_len,
+                                  args.max_num_seqs, cuda_graphs=self.device == "cuda" and args.cuda_graphs)
         self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
-        self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        if self.device == "cuda":
+            from .backend.sampler_cuda import CudaSampler
+            self.sampler = CudaSampler(self.tokenizer.eos_token_ids)
+        else:
+            self.sampler = Sampler(self.tokenizer.eos_token_ids)
         self._groups: dict[str, _Group] = {}
         self._seqs: dict[str, _Sequence] = {}
         self._lock = threading.RLock()
@@ -101,17 +106,31 @@ class Engine:
         if self.device == "cpu":
             from .backend.ops_ref import NumpyOps
             return NumpyOps()
-        raise ValueError("device: the CUDA backend is not built yet; use device='cpu'")
+        from .backend.ops_cuda import CudaOps
+        return CudaOps()
 
     def _kv_block_bytes(self) -> int:
         c = self.config
-        return 2 * c.num_layers * self.args.block_size * c.num_kv_heads * c.head_dim * 4
+        return 2 * c.num_layers * self.args.block_size * c.num_kv_heads * c.head_dim * self.ops.kv_dtype_bytes
+
+    def _default_kv_bytes(self) -> int:
+        """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus
+        room for activations and CUDA graphs."""
+        if self.device == "cpu":
+            return CPU_KV_BYTES
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        c = self.config
+        activations = 64 * self.args.max_num_batched_tokens * max(c.hidden_size, c.intermediate_size, c.vocab_size // 8)
+        return int(free - (1 - self.args.gpu_memory_utilization) * total - activations)
 
     def _num_kv_blocks(self) -> int:
         a = self.args
         if a.num_kv_blocks is not None:
             return a.num_kv_blocks
-        blocks = (a.kv_cache_memory or CPU_KV_BYTES) // self._kv_block_bytes()
+        blocks = max(a.kv_cache_memory or self._default_kv_bytes(), 0) // self._kv_block_bytes()
         need = -(-self.max_model_len // a.block_size)
         if blocks < need:
             raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="

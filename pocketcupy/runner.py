@@ -17,11 +17,19 @@ class RunnerOutput:
 
 
 class ModelRunner:
-    def __init__(self, model, ops, num_blocks: int, block_size: int):
+    def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
+                 max_num_seqs: int = 1, cuda_graphs: bool = False):
         c = model.config
         self.model, self.ops, self.block_size = model, ops, block_size
-        self.kv_caches = [ops.empty_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        # one block past the pool: a scratch block where padded graph rows write their K/V
+        self.kv_caches = [ops.empty_kv_cache(num_blocks + 1, block_size, c.num_kv_heads, c.head_dim)
                           for _ in range(c.num_layers)]
+        self.graphs = None
+        if cuda_graphs:
+            from .backend.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, ops, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
+                                       block_size, scratch_slot=num_blocks * block_size)
 
     def build_batch(self, out: SchedulerOutput):
         bs = self.block_size
@@ -45,7 +53,15 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         ops = self.ops
         ids, pos, meta = self.build_batch(out)
-        hidden = self.model.forward(ops.asarray(ids), ops.asarray(pos), meta, self.kv_caches)
+        meta.decode_only = len(ids) == meta.num_seqs
+        if (self.graphs is not None and meta.decode_only and self.graphs.bucket_for(len(ids))
+                and not any(s.prompt_logits for s in out.scheduled)):
+            logits = self.graphs.run(ids, pos, meta)
+            rows = [i for i, s in enumerate(out.scheduled) if s.sample]
+            if len(rows) < len(ids):  # a prompt chunk of one token that does not end the prompt
+                logits = logits[ops.asarray(np.asarray(rows, np.int64))]
+            return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {})
+        hidden = self.model.forward(ops.asarray(ids), ops.asarray(pos), ops.upload_meta(meta), self.kv_caches)
         sample_rows, sample_ids, prompt_logits = [], [], {}
         for i, s in enumerate(out.scheduled):
             q0, q1 = int(meta.query_start[i]), int(meta.query_start[i + 1])

@@ -11,6 +11,7 @@ from .attention_meta import AttentionMetadata
 class NumpyOps:
     name = "cpu"
     xp = np
+    kv_dtype_bytes = 4  # float32 KV cache
 
     # --- data movement -------------------------------------------------------------------
     def weight(self, t: QTensor) -> np.ndarray:
@@ -22,6 +23,10 @@ class NumpyOps:
 
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
+
+    def upload_meta(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """Attention metadata where the attention op reads it (host memory here)."""
+        return meta
 
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
