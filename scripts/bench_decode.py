@@ -1,0 +1,129 @@
+"""Single-stream speed of model files: load time, prefill tok/s (512 and 2048-token prompts),
+batch-1 decode tok/s at 512 and 4096 context, achieved GB/s and the fraction of the measured
+copy bandwidth (the roofline). Prints one JSON object.
+
+    python scripts/bench_decode.py MODEL [MODEL ...] [--device cuda] [--decode-tokens 128]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from pocketcupy import Engine, SamplingParams  # noqa: E402
+
+# llama.cpp on the same H200 (CUDA graphs on), Llama-3-8B shape, vocab 49152 (shared/GPU.md)
+LLAMA_CPP_H200 = {"decode_f16": 198, "decode_q8_0": 224, "decode_q4_k_m": 228,
+                  "prefill2048_f16": 19000, "prefill2048_q4_k_m": 8800, "decode_smollm2_q4_1": 677}
+
+
+def copy_bandwidth(device: str) -> float | None:
+    """Device-to-device copy, bytes read + written per second."""
+    if device != "cuda":
+        return None
+    import cupy as cp
+
+    a = cp.empty(1 << 30, cp.uint8)
+    b = cp.empty_like(a)
+    for _ in range(3):
+        b[...] = a
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for _ in range(20):
+        start.record()
+        cp.copyto(b, a)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * a.nbytes / float(np.median(times))
+
+
+def weight_bytes(engine) -> int:
+    from pocketcupy.loader import load_checkpoint
+
+    ck = load_checkpoint(engine.model_path)
+    total = sum(t.data.nbytes for name, t in ck.tensors.items() if name != "token_embd.weight")
+    if engine.config.tie_word_embeddings:
+        total += ck.tensors["token_embd.weight"].data.nbytes
+    return total
+
+
+def kv_bytes_per_token(engine) -> int:
+    return engine._kv_block_bytes() // engine.args.block_size
+
+
+def random_prompt(engine, n: int, rng) -> list[int]:
+    return rng.integers(100, engine.config.vocab_size - 100, n).tolist()
+
+
+def time_prefill(engine, n: int, rng, repeats: int = 3) -> float:
+    p = SamplingParams(temperature=0, max_tokens=1)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first run compiles kernels
+        t0 = time.perf_counter()
+        engine.generate(random_prompt(engine, n, rng), p)
+        best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def time_decode(engine, context: int, tokens: int, rng) -> float:
+    p = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    engine.add_request("bench", random_prompt(engine, context, rng), p)
+    stamps = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.outputs[0].delta_token_ids:
+                stamps.append(time.perf_counter())
+    return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+
+def bench_model(path: str, args, bandwidth) -> dict:
+    t0 = time.perf_counter()
+    engine = Engine(path, device=args.device, progress=False, max_num_batched_tokens=max(2048, args.prefill[-1]),
+                    max_num_seqs=8)
+    load_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    res = {"model": path, "load_s": round(load_s, 2), "device": engine.device}
+    wbytes = weight_bytes(engine)
+    res["weight_gb"] = round(wbytes / 1e9, 3)
+    for n in args.prefill:
+        res[f"prefill{n}_tok_s"] = round(time_prefill(engine, n, rng), 1)
+    time_decode(engine, 16, 8, rng)  # warm-up: graphs captured, kernels compiled
+    for ctx in args.context:
+        tps = time_decode(engine, ctx, args.decode_tokens, rng)
+        gbs = tps * (wbytes + kv_bytes_per_token(engine) * (ctx + args.decode_tokens // 2)) / 1e9
+        res[f"decode_ctx{ctx}_tok_s"] = round(tps, 1)
+        res[f"decode_ctx{ctx}_GB_s"] = round(gbs, 1)
+        if bandwidth:
+            res[f"decode_ctx{ctx}_roofline_frac"] = round(gbs * 1e9 / bandwidth, 3)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
+    ap.add_argument("--context", type=int, nargs="+", default=[512, 4096])
+    ap.add_argument("--decode-tokens", type=int, default=128)
+    args = ap.parse_args()
+    device = "cuda" if args.device == "auto" and _has_cuda() else args.device
+    bw = copy_bandwidth(device)
+    out = {"copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None, "models": [],
+           "llama_cpp_h200_reference_tok_s": LLAMA_CPP_H200}
+    for m in args.models:
+        out["models"].append(bench_model(m, args, bw))
+    print(json.dumps(out))
+
+
+def _has_cuda() -> bool:
+    from pocketcupy.backend import cuda_available
+
+    return cuda_available()
+
+
+if __name__ == "__main__":
+    main()

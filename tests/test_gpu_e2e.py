@@ -1,0 +1,66 @@
+"""The CUDA backend end to end (gpu marker: skipped without a GPU)."""
+import os
+
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+
+from .conftest import FIXTURES
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = ["The history of the Roman Empire", "def quicksort(arr):", "My favourite recipe for pancakes is"]
+GREEDY64 = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def cpu_tokens(smollm2_gguf):
+    cpu = Engine(smollm2_gguf, device="cpu", progress=False)
+    return [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, GREEDY64)]
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_smollm2_greedy_matches_cpu(smollm2_gguf, cpu_tokens, graphs):
+    gpu = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
+    alone = [gpu.generate(p, GREEDY64)[0].outputs[0].token_ids for p in PROMPTS]
+    assert alone == cpu_tokens
+    together = [o.outputs[0].token_ids for o in gpu.generate(PROMPTS, GREEDY64)]
+    assert together == cpu_tokens
+
+
+def test_chat_paris_on_gpu(smollm2_gguf):
+    gpu = Engine(smollm2_gguf, device="cuda", progress=False)
+    out = gpu.chat([{"role": "user", "content": "What is the capital of France?"}],
+                   SamplingParams(temperature=0, max_tokens=24))[0]
+    assert "Paris" in out.outputs[0].text
+
+
+def test_seeded_sampling_reproducible_on_gpu(smollm2_gguf):
+    gpu = Engine(smollm2_gguf, device="cuda", progress=False)
+    p = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, max_tokens=32, seed=11, logprobs=2)
+    a, b = (gpu.generate("Once upon a time", p)[0].outputs[0] for _ in range(2))
+    assert a.token_ids == b.token_ids
+    for tok, lp in zip(a.token_ids, a.logprobs):
+        assert tok in lp and lp[tok].logprob <= 0
+
+
+def test_tiny_qwen3_matches_transformers_on_gpu():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = os.path.join(FIXTURES, "tiny_qwen3")
+    ref = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    ids = np.load(os.path.join(FIXTURES, "hf_logits.npz"))["tiny_qwen3__ids2"]
+    with torch.no_grad():
+        want = ref(torch.tensor(ids[None]).cuda()).logits[0].float().cpu().numpy()
+    gpu = Engine(path, device="cuda", progress=False)
+    out = gpu.generate(ids.tolist(), SamplingParams(max_tokens=1, prompt_logprobs=5))[0]
+    # prompt log-probs of every actual next token, from transformers' logits on the same GPU
+    lsm = want - np.log(np.exp(want - want.max(-1, keepdims=True)).sum(-1, keepdims=True)) - want.max(-1, keepdims=True)
+    for i in range(1, len(ids)):
+        assert abs(out.prompt_logprobs[i][int(ids[i])].logprob - lsm[i - 1, ids[i]]) < 2e-3
+    greedy = gpu.generate(ids[:8].tolist(), SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))[0]
+    with torch.no_grad():
+        hf = ref.generate(torch.tensor(ids[None, :8]).cuda(), max_new_tokens=16, do_sample=False,
+                          eos_token_id=None)[0, 8:].cpu().tolist()
+    assert greedy.outputs[0].token_ids == hf
