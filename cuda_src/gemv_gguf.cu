@@ -1,0 +1,102 @@
+// GEMV over raw GGUF blocks for batch 1-8 (llama.cpp's MMVQ scheme): the fp32 activations
+// are first quantized to int8 blocks of 32 (quantize_q8_x), then each weight unit of 32
+// values (gguf_units.cuh) is dotted with them by __dp4a.
+//
+// gemv_gguf<QT, NB, R>: block of 128 threads owns R rows; its threads stride over the
+// (block, unit) pairs of those rows, each unit's weights read once and used for all NB
+// activation rows.  Grid: ceil(rows / R).
+#include "gguf_units.cuh"
+#include "gemv_reduce.cuh"
+
+using namespace pq;
+
+// x [n] float32 (n a multiple of 32) -> xq [n] int8, xds [n/32] float4 (d, d*sum32,
+// d*sum of first 16, d*sum of last 16).  One thread per 4 values, 8 lanes per block of 32.
+extern "C" __global__ void quantize_q8_x(const float* __restrict__ x, long long n,
+                                         i8* __restrict__ xq, float4* __restrict__ xds) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const bool ok = i * 4 < n;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (ok) v = ((const float4*)x)[i];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id);
+    const int q2 = __float2int_rn(v.z * id), q3 = __float2int_rn(v.w * id);
+    int s16 = q0 + q1 + q2 + q3;
+    s16 += __shfl_xor_sync(0xffffffffu, s16, 1);
+    s16 += __shfl_xor_sync(0xffffffffu, s16, 2);
+    const int s16_other = __shfl_xor_sync(0xffffffffu, s16, 4);
+    if (!ok) return;
+    ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((unsigned)(q3 & 0xff) << 24);
+    if ((threadIdx.x & 7) == 0)
+        xds[i >> 3] = make_float4(d, d * (float)(s16 + s16_other), d * (float)s16, d * (float)s16_other);
+}
+
+template <int QT, int NB, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
+          const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = nullptr;
+    if constexpr (TAB > 0) {
+        const u32* src = table_src<QT>();
+        for (int i = threadIdx.x; i < TAB; i += GEMV_THREADS) tab_s[i] = src[i];
+        __syncthreads();
+        tab = tab_s;
+    }
+    const int row0 = blockIdx.x * R;
+    const u8* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+
+    float acc[R][NB];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int n = 0; n < NB; ++n) acc[r][n] = 0.0f;
+
+    const int nunits = (K / QK) * NSUB;
+    const long long ldx = K, ldd = K / 32;
+    for (int t = threadIdx.x; t < nunits; t += GEMV_THREADS) {
+        const int blk = t / NSUB, sub = t % NSUB;
+        Unit u[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+        int p0, p1;
+        unit_pos<QT>(sub, p0, p1);
+        const i8* xb = xq + (long long)blk * QK;
+        const float4* db = xds + (long long)blk * (QK / 32);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            const int4 x0 = *(const int4*)(xb + n * ldx + p0);
+            const int4 x1 = *(const int4*)(xb + n * ldx + p1);
+            const float4 d0 = db[n * ldd + (p0 >> 5)];
+            const float4 d1 = db[n * ldd + (p1 >> 5)];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float s0 = (float)dot16(u[r].w, x0), s1 = (float)dot16(u[r].w + 4, x1);
+                float v = u[r].a0 * d0.x * s0 + u[r].a1 * d1.x * s1;
+                if constexpr (QTraits<QT>::MIN)
+                    v += u[r].b0 * ((p0 & 16) ? d0.w : d0.z) + u[r].b1 * ((p1 & 16) ? d1.w : d1.z);
+                acc[r][n] += v;
+            }
+        }
+    }
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+}
+
+#ifndef __CUDACC_RTC__
+// nvcc (the CI compile test) sees every type's code; NVRTC instantiates via name_expressions
+#define PQ_INST(T)                                                                             \
+    template __global__ void gemv_gguf<T, 1, 2>(const u8*, long long, int, int, const i8*,     \
+                                                const float4*, const float*, float*);          \
+    template __global__ void gemv_gguf<T, 8, 4>(const u8*, long long, int, int, const i8*,     \
+                                                const float4*, const float*, float*);
+PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
+PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
+#undef PQ_INST
+#endif

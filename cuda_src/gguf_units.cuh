@@ -1,0 +1,268 @@
+// GGUF block decoding in 32-value units, shared by the GEMV (gemv_gguf.cu) and the
+// dequantizers (dequant.cu).  Block layouts follow ggml-common.h / gguf/quants.py.
+//
+// Every type is cut into QK/32 units of 32 values.  A unit is two 16-value segments at
+// element offsets p0, p1 inside the block; value t of segment s is
+//     a_s * (int8) byte t of w[4s .. 4s+3]  +  b_s
+// so one dp4a loop against int8 activations (plus b_s times the activation sum) serves
+// every type, and dequantization is the same formula in floats.
+#pragma once
+
+#include "gguf_prims.cuh"
+#include "gguf_tables.cuh"
+
+namespace pq {
+
+// ggml type ids (gguf GGMLQuantizationType)
+enum {
+    Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
+    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ3_XXS = 18, IQ4_XS = 23
+};
+
+template <int QT> struct QTraits;
+// QK values per block, TS bytes per block, MIN: segments have an additive b, TAB: words of
+// lookup table the decoder reads through its `tab` pointer (kernels stage it in shared memory)
+#define PQ_TRAITS(T, qk, ts, mn, tab) \
+    template <> struct QTraits<T> { enum { QK = qk, TS = ts, MIN = mn, TAB = tab }; };
+PQ_TRAITS(Q4_0, 32, 18, 0, 0)
+PQ_TRAITS(Q4_1, 32, 20, 1, 0)
+PQ_TRAITS(Q5_0, 32, 22, 0, 0)
+PQ_TRAITS(Q5_1, 32, 24, 1, 0)
+PQ_TRAITS(Q8_0, 32, 34, 0, 0)
+PQ_TRAITS(Q2_K, 256, 84, 1, 0)
+PQ_TRAITS(Q3_K, 256, 110, 0, 0)
+PQ_TRAITS(Q4_K, 256, 144, 1, 0)
+PQ_TRAITS(Q5_K, 256, 176, 1, 0)
+PQ_TRAITS(Q6_K, 256, 210, 0, 0)
+PQ_TRAITS(IQ2_XXS, 256, 66, 0, 512)
+PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
+PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
+#undef PQ_TRAITS
+
+template <int QT>
+PQ_DEV const u32* table_src() {
+    if constexpr (QT == IQ2_XXS) return IQ2XXS_GRID;
+    else if constexpr (QT == IQ3_XXS) return IQ3XXS_GRID;
+    else return nullptr;
+}
+
+struct Unit {
+    u32 w[8];
+    float a0, a1, b0, b1;
+};
+
+// element offsets of unit `sub`'s two segments inside its block
+template <int QT>
+PQ_DEV void unit_pos(int sub, int& p0, int& p1) {
+    if constexpr (QT == Q4_K || QT == Q5_K) {   // group j: low nibbles then high nibbles
+        const int j = sub >> 1, h = sub & 1;
+        p0 = 64 * j + 16 * h;
+        p1 = p0 + 32;
+    } else {
+        p0 = 32 * sub;
+        p1 = p0 + 16;
+    }
+}
+
+PQ_DEV u32 byte_of(u32 w0, u32 w1, u32 w2, int b) {   // byte b (0..11) of three words
+    const u32 w = b < 4 ? w0 : (b < 8 ? w1 : w2);
+    return (w >> (8 * (b & 3))) & 0xffu;
+}
+
+// 6-bit scale and min of sub-block b (0..7) of Q4_K / Q5_K (get_scale_min_k4)
+PQ_DEV void scale_min_k4(u32 w0, u32 w1, u32 w2, int b, float& sc, float& mn) {
+    u32 s, m;
+    if (b < 4) {
+        s = byte_of(w0, w1, w2, b) & 63u;
+        m = byte_of(w0, w1, w2, b + 4) & 63u;
+    } else {
+        const u32 x = byte_of(w0, w1, w2, b + 4);
+        s = (x & 0xfu) | ((byte_of(w0, w1, w2, b - 4) >> 6) << 4);
+        m = (x >> 4) | ((byte_of(w0, w1, w2, b) >> 6) << 4);
+    }
+    sc = (float)s;
+    mn = (float)m;
+}
+
+// signed 6-bit scale s (0..15) of Q3_K
+PQ_DEV float scale_q3k(u32 w0, u32 w1, u32 w2, int s) {
+    const u32 lo = (byte_of(w0, w1, w2, s & 7) >> (4 * (s >> 3))) & 0xfu;
+    const u32 hi = (byte_of(w0, w1, w2, 8 + (s & 3)) >> (2 * (s >> 2))) & 3u;
+    return (float)((int)(lo | (hi << 4)) - 32);
+}
+
+template <int QT>
+PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ tab, Unit& u) {
+    u.b0 = u.b1 = 0.0f;
+    if constexpr (QT == Q4_0 || QT == Q4_1 || QT == Q5_1) {
+        u32 q[4], qh = 0;
+        float d, m = 0.0f;
+        if constexpr (QT == Q4_0) {
+            ldu<4>(blk + 2, q);
+            d = h2f(ld16(blk));
+        } else {
+            const int off = QT == Q4_1 ? 4 : 8;
+            for (int i = 0; i < 4; ++i) q[i] = ld32(blk + off + 4 * i);
+            d = h2f(ld16(blk));
+            m = h2f(ld16(blk + 2));
+            if constexpr (QT == Q5_1) qh = ld32(blk + 4);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 lo = q[i] & 0x0f0f0f0fu, hi = (q[i] >> 4) & 0x0f0f0f0fu;
+            if constexpr (QT == Q5_1) {
+                lo |= bits_to_b4(qh >> (4 * i));
+                hi |= bits_to_b4(qh >> (16 + 4 * i));
+            }
+            if constexpr (QT == Q4_0) {
+                lo = vsub4(lo, 0x08080808u);
+                hi = vsub4(hi, 0x08080808u);
+            }
+            u.w[i] = lo;
+            u.w[4 + i] = hi;
+        }
+        u.a0 = u.a1 = d;
+        u.b0 = u.b1 = m;
+    } else if constexpr (QT == Q5_0) {
+        u32 r[5];
+        ldu<5>(blk + 2, r);              // qh, then qs[16]
+        const float d = h2f(ld16(blk));
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 lo = (r[1 + i] & 0x0f0f0f0fu) | bits_to_b4(r[0] >> (4 * i));
+            const u32 hi = ((r[1 + i] >> 4) & 0x0f0f0f0fu) | bits_to_b4(r[0] >> (16 + 4 * i));
+            u.w[i] = vsub4(lo, 0x10101010u);
+            u.w[4 + i] = vsub4(hi, 0x10101010u);
+        }
+        u.a0 = u.a1 = d;
+    } else if constexpr (QT == Q8_0) {
+        ldu<8>(blk + 2, u.w);
+        u.a0 = u.a1 = h2f(ld16(blk));
+    } else if constexpr (QT == Q2_K) {
+        const int H = sub >> 2, k = sub & 3;
+        const u8* qs = blk + 16 + 32 * H;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) u.w[i] = (ld32(qs + 4 * i) >> (2 * k)) & 0x03030303u;
+        const u32 sc = ld16(blk + 2 * sub);
+        const float d = h2f(ld16(blk + 80)), dmin = h2f(ld16(blk + 82));
+        u.a0 = d * (float)(sc & 0xfu);
+        u.b0 = -(dmin * (float)((sc >> 4) & 0xfu));
+        u.a1 = d * (float)((sc >> 8) & 0xfu);
+        u.b1 = -(dmin * (float)((sc >> 12) & 0xfu));
+    } else if constexpr (QT == Q3_K) {
+        const int H = sub >> 2, k = sub & 3;
+        u32 hm[8], ql[8], sc[3];
+        ldu<8>(blk, hm);
+        ldu<8>(blk + 32 + 32 * H, ql);
+        ldu<3>(blk + 96, sc);
+        const float d = h2f(ld16(blk + 108));
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 q = (ql[i] >> (2 * k)) & 0x03030303u;
+            const u32 off = ((~(hm[i] >> sub)) & 0x01010101u) << 2;   // -4 where the hmask bit is 0
+            u.w[i] = vsub4(q, off);
+        }
+        u.a0 = d * scale_q3k(sc[0], sc[1], sc[2], 2 * sub);
+        u.a1 = d * scale_q3k(sc[0], sc[1], sc[2], 2 * sub + 1);
+    } else if constexpr (QT == Q4_K || QT == Q5_K) {
+        const int j = sub >> 1, h = sub & 1;
+        const int qs_off = QT == Q4_K ? 16 : 48;
+        const uint4 q = *(const uint4*)(blk + qs_off + 32 * j + 16 * h);
+        const u32 qv[4] = {q.x, q.y, q.z, q.w};
+        u32 hv[4] = {0u, 0u, 0u, 0u};
+        if constexpr (QT == Q5_K) {
+            const uint4 qh = *(const uint4*)(blk + 16 + 16 * h);
+            hv[0] = qh.x; hv[1] = qh.y; hv[2] = qh.z; hv[3] = qh.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u32 lo = qv[i] & 0x0f0f0f0fu, hi = (qv[i] >> 4) & 0x0f0f0f0fu;
+            if constexpr (QT == Q5_K) {
+                lo |= ((hv[i] >> (2 * j)) & 0x01010101u) << 4;
+                hi |= ((hv[i] >> (2 * j + 1)) & 0x01010101u) << 4;
+            }
+            u.w[i] = lo;
+            u.w[4 + i] = hi;
+        }
+        const float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
+        const u32 s0 = ld32(blk + 4), s1 = ld32(blk + 8), s2 = ld32(blk + 12);
+        float sc, mn;
+        scale_min_k4(s0, s1, s2, 2 * j, sc, mn);
+        u.a0 = d * sc;
+        u.b0 = -(dmin * mn);
+        scale_min_k4(s0, s1, s2, 2 * j + 1, sc, mn);
+        u.a1 = d * sc;
+        u.b1 = -(dmin * mn);
+    } else if constexpr (QT == Q6_K) {
+        const int H = sub >> 2, k = sub & 3;
+        u32 ql[8], qh[8];
+        ldu<8>(blk + 64 * H + 32 * (k & 1), ql);
+        ldu<8>(blk + 128 + 32 * H, qh);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const u32 q = ((ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
+            u.w[i] = vsub4(q, 0x20202020u);
+        }
+        const u32 sc = ld16(blk + 192 + 2 * sub);
+        const float d = h2f(ld16(blk + 208));
+        u.a0 = d * (float)(int)(i8)(sc & 0xffu);
+        u.a1 = d * (float)(int)(i8)(sc >> 8);
+    } else if constexpr (QT == IQ2_XXS) {
+        u32 aux[2];
+        ldu<2>(blk + 2 + 8 * sub, aux);
+        const float db = h2f(ld16(blk)) * (0.5f + (float)(aux[1] >> 28)) * 0.25f;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 gi = (aux[0] >> (8 * l)) & 0xffu;
+            const u32 s = ksign((aux[1] >> (7 * l)) & 127u);
+            u.w[2 * l] = apply_signs(tab[2 * gi], s & 0xfu);
+            u.w[2 * l + 1] = apply_signs(tab[2 * gi + 1], s >> 4);
+        }
+        u.a0 = u.a1 = db;
+    } else if constexpr (QT == IQ3_XXS) {
+        u32 g[2], aux;
+        ldu<2>(blk + 2 + 8 * sub, g);
+        ldu<1>(blk + 66 + 4 * sub, &aux);
+        const float db = h2f(ld16(blk)) * (0.5f + (float)(aux >> 28)) * 0.5f;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 gw = g[l >> 1] >> (16 * (l & 1));
+            const u32 s = ksign((aux >> (7 * l)) & 127u);
+            u.w[2 * l] = apply_signs(tab[gw & 0xffu], s & 0xfu);
+            u.w[2 * l + 1] = apply_signs(tab[(gw >> 8) & 0xffu], s >> 4);
+        }
+        u.a0 = u.a1 = db;
+    } else if constexpr (QT == IQ4_XS) {
+        const u32 sh = ld16(blk + 2), sl = ld32(blk + 4);
+        const u32 ls = ((sl >> (4 * sub)) & 0xfu) | (((sh >> (2 * sub)) & 3u) << 4);
+        const float dl = h2f(ld16(blk)) * (float)((int)ls - 32);
+        const uint2 qa = *(const uint2*)(blk + 8 + 16 * sub);
+        const uint2 qb = *(const uint2*)(blk + 16 + 16 * sub);
+        const u32 qv[4] = {qa.x, qa.y, qb.x, qb.y};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u.w[i] = lut16(qv[i] & 0x0f0f0f0fu, PQ_KVALUES_IQ4NL_0, PQ_KVALUES_IQ4NL_1,
+                           PQ_KVALUES_IQ4NL_2, PQ_KVALUES_IQ4NL_3);
+            u.w[4 + i] = lut16((qv[i] >> 4) & 0x0f0f0f0fu, PQ_KVALUES_IQ4NL_0, PQ_KVALUES_IQ4NL_1,
+                               PQ_KVALUES_IQ4NL_2, PQ_KVALUES_IQ4NL_3);
+        }
+        u.a0 = u.a1 = dl;
+    }
+}
+
+// value t (0..15) of segment s as a float (dequantization)
+PQ_DEV float unit_value(const Unit& u, int s, int t) {
+    const int q = (int)(i8)((u.w[4 * s + (t >> 2)] >> (8 * (t & 3))) & 0xffu);
+    return s == 0 ? u.a0 * (float)q + u.b0 : u.a1 * (float)q + u.b1;
+}
+
+// activation blocks (quantize_q8_x in gemv_gguf.cu): 32 int8 per block and a float4
+// (d, d*sum q[0:32], d*sum q[0:16], d*sum q[16:32])
+PQ_DEV int dot16(const u32* w, int4 x) {
+    int s = dp4a((int)w[0], x.x, 0);
+    s = dp4a((int)w[1], x.y, s);
+    s = dp4a((int)w[2], x.z, s);
+    return dp4a((int)w[3], x.w, s);
+}
+
+}  // namespace pq

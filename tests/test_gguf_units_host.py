@@ -1,0 +1,50 @@
+"""The GGUF block decoders of cuda_src/gguf_units.cuh, compiled for the CPU (plain C++, CUDA
+intrinsics emulated), against the gguf package's dequantizers and a float64 dot product."""
+import os
+import shutil
+import struct
+import subprocess
+
+import numpy as np
+import pytest
+
+from pocketcupy.backend.kernels import CUDA_SRC
+from tests.gguf_blocks import QTYPES, dequantize_blocks, dequantize_q8_x, quantize_q8_x, random_blocks
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def host_bin(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    out = tmp_path_factory.mktemp("gguf_host") / "gguf_units_host"
+    src = os.path.join(HERE, "host", "gguf_units_host.cpp")
+    r = subprocess.run([cxx, "-std=c++17", "-O1", "-Wno-unknown-pragmas", f"-I{CUDA_SRC}", "-o", str(out), src],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return str(out)
+
+
+@pytest.mark.parametrize("align", [0, 2])
+@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_units_match_gguf(host_bin, qtype, align):
+    rng = np.random.default_rng(QTYPES[qtype][0] * 10 + align)
+    tid, qk, ts = QTYPES[qtype]
+    nblk = 6 if qk == 256 else 40
+    cols = nblk * qk
+    for use_quantizer in (True, False):
+        blocks = random_blocks(rng, qtype, 1, cols, use_quantizer)
+        x = rng.standard_normal((1, cols)).astype(np.float32)
+        xq, ds = quantize_q8_x(x)
+        payload = struct.pack("<iii", tid, nblk, align) + blocks.tobytes() + xq.tobytes() + ds.tobytes()
+        r = subprocess.run([host_bin], input=payload, capture_output=True)
+        assert r.returncode == 0, r.returncode
+        deq = np.frombuffer(r.stdout[:cols * 4], np.float32)
+        dot = np.frombuffer(r.stdout[cols * 4:], np.float64)[0]
+        ref = dequantize_blocks(qtype, blocks, 1, cols)[0]
+        np.testing.assert_allclose(deq, ref, rtol=1e-6, atol=1e-7)
+        ref_dot = float(ref.astype(np.float64) @ dequantize_q8_x(xq, ds)[0])
+        scale = float(np.abs(ref).astype(np.float64) @ np.abs(dequantize_q8_x(xq, ds)[0]))
+        assert abs(dot - ref_dot) <= 1e-5 * scale, (dot, ref_dot)
