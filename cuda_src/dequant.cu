@@ -1,0 +1,82 @@
+// GGUF blocks -> float (get_rows: embedding lookup) or fp16 (weights for the cuBLAS prefill
+// GEMM), and the gather of dense fp16 / bf16 rows.  One thread per 32-value unit.
+#include "gguf_units.cuh"
+
+using namespace pq;
+
+// out[i, :] = dequantized row ids[i] of W (row i when ids is null); OUT 0: float32, 1: fp16.
+// Ids are clamped into [0, wrows).  Grid-stride, 256 threads.
+template <int QT, int OUT, typename IdxT>
+__global__ void __launch_bounds__(256)
+dequant_rows(const u8* __restrict__ W, long long bpr, int wrows, const IdxT* __restrict__ ids,
+             int nrows, int K, void* __restrict__ out) {
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = nullptr;
+    if constexpr (TAB > 0) {
+        const u32* src = table_src<QT>();
+        for (int i = threadIdx.x; i < TAB; i += blockDim.x) tab_s[i] = src[i];
+        __syncthreads();
+        tab = tab_s;
+    }
+    const long long upr = (long long)(K / QK) * NSUB;
+    const long long total = (long long)nrows * upr;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / upr;
+        const int t = (int)(i - row * upr), blk = t / NSUB, sub = t % NSUB;
+        long long src = ids ? (long long)ids[row] : row;
+        src = src < 0 ? 0 : (src >= wrows ? wrows - 1 : src);
+        Unit u;
+        decode<QT>(W + src * bpr + (long long)blk * TS, sub, tab, u);
+        int p[2];
+        unit_pos<QT>(sub, p[0], p[1]);
+        const long long base = row * K + (long long)blk * QK;
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+            float v[16];
+#pragma unroll
+            for (int j = 0; j < 16; ++j) v[j] = unit_value(u, s, j);
+            if constexpr (OUT == 0) {
+                float4* o = (float4*)((float*)out + base + p[s]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) o[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+            } else {
+                uint4* o = (uint4*)((u16*)out + base + p[s]);
+                u32 h[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) h[j] = (u32)f2h(v[2 * j]) | ((u32)f2h(v[2 * j + 1]) << 16);
+                o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+                o[1] = make_uint4(h[4], h[5], h[6], h[7]);
+            }
+        }
+    }
+}
+
+// out[i, :] = float32 of row ids[i] of a dense fp16 (WT 0) or bf16 (WT 1) matrix [wrows, K]
+template <int WT, typename IdxT>
+__global__ void __launch_bounds__(256)
+get_rows_dense(const u16* __restrict__ W, int wrows, int K, const IdxT* __restrict__ ids, int nrows,
+               float* __restrict__ out) {
+    const long long total = (long long)nrows * K;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long row = i / K, col = i - row * K;
+        long long src = (long long)ids[row];
+        src = src < 0 ? 0 : (src >= wrows ? wrows - 1 : src);
+        const u16 b = W[src * K + col];
+        out[i] = WT == 0 ? h2f(b) : bf2f(b);
+    }
+}
+
+#ifndef __CUDACC_RTC__
+#define PQ_INST(T)                                                                                  \
+    template __global__ void dequant_rows<T, 0, long long>(const u8*, long long, int, const long long*, \
+                                                           int, int, void*);                       \
+    template __global__ void dequant_rows<T, 1, int>(const u8*, long long, int, const int*, int, int, void*);
+PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
+PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
+#undef PQ_INST
+template __global__ void get_rows_dense<0, int>(const u16*, int, int, const int*, int, float*);
+template __global__ void get_rows_dense<1, long long>(const u16*, int, int, const long long*, int, float*);
+#endif

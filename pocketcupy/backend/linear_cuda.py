@@ -1,0 +1,297 @@
+"""Weights on the GPU in their stored format, and the matrix products that read them.
+
+`prepare_weight` uploads a QTensor: 2-D F16/BF16 stay dense (bf16 as uint16 bits), GGUF
+block types stay raw uint8 blocks [rows, bytes_per_row], 1-D tensors become float32.
+`linear(x [N, K] float32, w)` -> [N, rows] float32:
+  - N <= 8: GEMV kernels reading the stored weights (gemv.cu, gemv_gguf.cu);
+  - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
+    still beats dequantizing the whole matrix);
+  - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
+    quantized weights dequantized to fp16 in row tiles first (dequant.cu).
+`get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
+CuPy is imported lazily: importing this module needs only NumPy."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..quant.qtensor import QTensor
+from .kernels import cuda_op, kernel
+
+# GGUF block types the kernels read: ggml type id, values per block, bytes per block
+GGUF_QTYPES = {
+    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
+    "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
+}
+DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
+GEMV_MAX_BATCH = 8
+QUANT_GEMV_MAX_BATCH = 32
+GEMV_THREADS = 128
+DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
+_PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
+
+_F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
+_CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
+
+
+@dataclass
+class CudaWeight:
+    qtype: str            # "F16", "BF16" or a GGUF block type name
+    shape: tuple          # (rows, cols), torch order
+    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
+
+    @property
+    def rows(self) -> int:
+        return int(self.shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.shape[1])
+
+    @property
+    def is_dense(self) -> bool:
+        return self.qtype in DENSE_QTYPES
+
+
+def prepare_weight(t: QTensor):
+    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases)."""
+    import cupy as cp
+
+    if len(t.shape) == 1:
+        return cp.asarray(t.dequantize(), dtype=cp.float32)
+    if len(t.shape) != 2:
+        raise ValueError(f"prepare_weight: expected a 1-D or 2-D tensor, got shape {t.shape}")
+    rows, cols = (int(s) for s in t.shape)
+    if t.qtype == "F16":
+        return CudaWeight("F16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data, dtype=np.float16)))
+    if t.qtype == "BF16":
+        return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
+    if t.qtype in GGUF_QTYPES:
+        raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
+        n = raw.size
+        buf = cp.zeros(n + _PAD, dtype=cp.uint8)
+        buf[:n].set(raw.reshape(-1))
+        return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]))
+    # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
+    w = t.dequantize().astype(np.float32)
+    if np.abs(w).max(initial=0.0) < 65000.0:
+        return CudaWeight("F16", (rows, cols), cp.asarray(w.astype(np.float16)))
+    from ..quant.dequant import f32_to_bf16
+
+    return CudaWeight("BF16", (rows, cols), cp.asarray(f32_to_bf16(w)))
+
+
+# --- kernel variants -------------------------------------------------------------------------
+def rows_per_block(nb: int) -> int:
+    return 2 if nb == 1 else 4
+
+
+def gemv_variant(w: CudaWeight, nb: int) -> str:
+    """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4."""
+    return f"gemv_{w.qtype.lower()}_bs{nb}"
+
+
+@functools.lru_cache(maxsize=None)
+def _dense_gemv(qtype: str, nb: int):
+    wt = DENSE_QTYPES[qtype]
+    exprs = tuple(f"gemv_dense<{wt}, {b}, {rows_per_block(b)}>" for b in range(1, GEMV_MAX_BATCH + 1))
+    return kernel("gemv.cu", exprs[nb - 1], name_expressions=exprs)
+
+
+@functools.lru_cache(maxsize=None)
+def _gguf_gemv(qtype: str, nb: int):
+    tid = GGUF_QTYPES[qtype][0]
+    exprs = tuple(f"gemv_gguf<{tid}, {b}, {rows_per_block(b)}>" for b in range(1, GEMV_MAX_BATCH + 1))
+    return kernel("gemv_gguf.cu", exprs[nb - 1], name_expressions=exprs)
+
+
+@functools.lru_cache(maxsize=None)
+def _dequant_rows(qtype: str, out_f16: bool, idx64: bool):
+    tid = GGUF_QTYPES[qtype][0]
+    exprs = tuple(f"dequant_rows<{tid}, {o}, {i}>" for o in (0, 1) for i in ("int", "long long"))
+    return kernel("dequant.cu", f"dequant_rows<{tid}, {int(out_f16)}, {'long long' if idx64 else 'int'}>",
+                  name_expressions=exprs)
+
+
+@functools.lru_cache(maxsize=None)
+def _get_rows_dense(qtype: str, idx64: bool):
+    wt = DENSE_QTYPES[qtype]
+    exprs = tuple(f"get_rows_dense<{w}, {i}>" for w in (0, 1) for i in ("int", "long long"))
+    return kernel("dequant.cu", f"get_rows_dense<{wt}, {'long long' if idx64 else 'int'}>", name_expressions=exprs)
+
+
+def _null():
+    return np.uint64(0)
+
+
+def _grid(n: int, threads: int, cap: int = 1 << 16) -> int:
+    return max(1, min((n + threads - 1) // threads, cap))
+
+
+# --- launchers -------------------------------------------------------------------------------
+def _gemv_dense(x, w: CudaWeight, bias, out) -> None:
+    n, k = x.shape
+    r = rows_per_block(n)
+    fn = _dense_gemv(w.qtype, n)
+    fn(((w.rows + r - 1) // r,), (GEMV_THREADS,),
+       (w.data, np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
+
+
+def _quantize_x(x):
+    """x [N, K] float32 -> (int8 [N, K], float32 [N, K/32, 4]) activation blocks."""
+    import cupy as cp
+
+    n, k = x.shape
+    xq = cp.empty((n, k), dtype=cp.int8)
+    xds = cp.empty((n, k // 32, 4), dtype=cp.float32)
+    total = n * k
+    kernel("gemv_gguf.cu", "quantize_q8_x")((_grid(total // 4, 256, 1 << 30),), (256,),
+                                            (x, np.int64(total), xq, xds))
+    return xq, xds
+
+
+def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
+    n, k = x.shape
+    xq, xds = _quantize_x(x)
+    bpr = np.int64(w.data.shape[1])
+    for n0 in range(0, n, GEMV_MAX_BATCH):
+        nb = min(GEMV_MAX_BATCH, n - n0)
+        r = rows_per_block(nb)
+        _gguf_gemv(w.qtype, nb)(((w.rows + r - 1) // r,), (GEMV_THREADS,),
+                                (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:], xds[n0:],
+                                 _null() if bias is None else bias, out[n0:]))
+
+
+def _cast(x, qtype: str):
+    """float32 -> fp16 / bf16 bits (uint16), same shape."""
+    import cupy as cp
+
+    y = cp.empty(x.shape, dtype=cp.float16 if qtype == "F16" else cp.uint16)
+    name = "cast_f32_f16" if qtype == "F16" else "cast_f32_bf16"
+    kernel("gemv.cu", name)((_grid(x.size, 256, 8192),), (256,), (x, y, np.int64(x.size)))
+    return y
+
+
+def _cublas():
+    try:
+        from cupy_backends.cuda.libs import cublas
+    except ImportError:                                    # older CuPy layouts
+        from cupy.cuda import cublas
+    return cublas
+
+
+_ONE, _ZERO = np.ones(1, np.float32), np.zeros(1, np.float32)
+
+
+def _gemm_f32out(a16, w16, rows: int, dtype: int, out, col0: int = 0) -> None:
+    """out[:, col0:col0+rows] = a16 [N, K] @ w16[:rows].T, fp16/bf16 inputs, fp32 accumulate and
+    output (cuBLAS, column-major view: out^T = w16 @ a16^T)."""
+    import cupy as cp
+
+    cublas = _cublas()
+    n, k = a16.shape
+    ldc = out.shape[1]
+    c_ptr = out.data.ptr + col0 * 4
+    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, rows, n, k,
+                  _ONE.ctypes.data, w16.data.ptr, dtype, k, a16.data.ptr, dtype, k,
+                  _ZERO.ctypes.data, c_ptr, _F32, ldc, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+
+
+def _gemm(x, w: CudaWeight, bias, out) -> None:
+    import cupy as cp
+
+    n, k = x.shape
+    if w.is_dense:
+        _gemm_f32out(_cast(x, w.qtype), w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
+    else:
+        x16 = _cast(x, "F16")
+        tile = max(1, min(w.rows, DEQUANT_TILE_ELEMS // k))
+        scratch = cp.empty((tile, k), dtype=cp.float16)
+        fn = _dequant_rows(w.qtype, True, False)
+        bpr = np.int64(w.data.shape[1])
+        upr = k // 32
+        for r0 in range(0, w.rows, tile):
+            nr = min(tile, w.rows - r0)
+            fn((_grid(nr * upr, 256, 8192),), (256,),
+               (w.data[r0:], bpr, np.int32(nr), _null(), np.int32(nr), np.int32(k), scratch))
+            _gemm_f32out(x16, scratch, nr, _F16, out, r0)
+    if bias is not None:
+        out += bias
+
+
+@cuda_op("linear")
+def linear(x, w, bias=None, out=None):
+    """x [..., K] float32 @ w.T (+ bias) -> [..., rows] float32."""
+    import cupy as cp
+
+    if not isinstance(w, CudaWeight):                      # a plain float32 matrix
+        y = cp.matmul(cp.asarray(x, dtype=cp.float32), w.T.astype(cp.float32))
+        if bias is not None:
+            y += bias
+        if out is None:
+            return y
+        out[...] = y
+        return out
+    lead = x.shape[:-1]
+    x = cp.ascontiguousarray(x, dtype=cp.float32).reshape(-1, x.shape[-1])
+    if x.data.ptr % 16:                                    # the kernels load x 16 bytes at a time
+        x = x.copy()
+    n, k = x.shape
+    if k != w.cols:
+        raise ValueError(f"linear: x has {k} columns, weight {w.shape} expects {w.cols}")
+    if out is None:
+        out = cp.empty((n, w.rows), dtype=cp.float32)
+    y = out.reshape(n, w.rows)
+    if not (y.flags.c_contiguous and y.dtype == cp.float32):
+        raise ValueError("linear: out must be a contiguous float32 array")
+    if bias is not None:
+        bias = cp.ascontiguousarray(bias, dtype=cp.float32)
+    if n == 0:
+        return out
+    if w.is_dense:
+        if n <= GEMV_MAX_BATCH and k % 8 == 0:
+            _gemv_dense(x, w, bias, y)
+        else:
+            _gemm(x, w, bias, y)
+    elif n <= QUANT_GEMV_MAX_BATCH:
+        _gemv_gguf(x, w, bias, y)
+    else:
+        _gemm(x, w, bias, y)
+    return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
+
+
+@cuda_op("get_rows")
+def get_rows(w, ids, out=None):
+    """Rows ids of w as float32 [N, cols] (embedding lookup; ids int32/int64, clamped to range)."""
+    import cupy as cp
+
+    ids = cp.asarray(ids)
+    if ids.dtype not in (cp.int32, cp.int64):
+        ids = ids.astype(cp.int64)
+    ids = cp.ascontiguousarray(ids).reshape(-1)
+    if not isinstance(w, CudaWeight):
+        y = cp.asarray(w, dtype=cp.float32)[ids]
+        if out is None:
+            return y
+        out[...] = y
+        return out
+    n = ids.size
+    if out is None:
+        out = cp.empty((n, w.cols), dtype=cp.float32)
+    if n == 0:
+        return out
+    idx64 = ids.dtype == cp.int64
+    if w.is_dense:
+        fn = _get_rows_dense(w.qtype, idx64)
+        fn((_grid(n * w.cols, 256, 8192),), (256,),
+           (w.data, np.int32(w.rows), np.int32(w.cols), ids, np.int32(n), out))
+    else:
+        fn = _dequant_rows(w.qtype, False, idx64)
+        fn((_grid(n * (w.cols // 32), 256, 8192),), (256,),
+           (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), ids, np.int32(n), np.int32(w.cols), out))
+    return out

@@ -1,0 +1,148 @@
+"""Kernel-table rows for linear (GEMV for N <= 8, tiled GEMV for quantized N <= 32, cuBLAS
+GEMM beyond) and get_rows, for every weight format the CUDA backend reads.
+
+Inputs: dense weights are random normals; GGUF blocks come from tests/gguf_blocks.py (the gguf
+quantizer where it has one, else random bytes with small fp16 scales). Reference: the weights
+dequantized by the gguf package, float64 NumPy. Tolerances: the quantized GEMV quantizes the
+activations to int8 (normalised error ~5e-3); the GEMM path casts them to fp16 (~3e-4) or
+bf16 (~1e-3); the dense GEMV keeps them fp32."""
+from __future__ import annotations
+
+import numpy as np
+
+from pocketcupy.backend.ops_ref import NumpyOps
+from pocketcupy.quant.dequant import f32_to_bf16
+from pocketcupy.quant.qtensor import QTensor
+from tests.gguf_blocks import QTYPES, random_blocks
+from tests.kernel_table import KernelRow
+
+ROWS_OUT = 67                   # not a multiple of the rows per block (2 or 4)
+BATCHES = (1, 2, 4, 8, 33)
+
+
+def _cols(qtype: str) -> int:
+    if qtype in QTYPES:
+        return 5120 if QTYPES[qtype][1] == 256 else 4128      # 160 / 129 units per row
+    return 1048                                                # 131 16-byte chunks
+
+
+def _weight(rng, qtype: str, rows: int, cols: int) -> np.ndarray:
+    if qtype in QTYPES:
+        return random_blocks(rng, qtype, rows, cols)
+    w = rng.standard_normal((rows, cols), dtype=np.float32) * 0.05
+    if qtype == "F16":
+        return w.astype(np.float16)
+    if qtype == "BF16":
+        return f32_to_bf16(w)
+    return w                                                  # F32: uploaded as fp16
+
+
+def _deq64(inp) -> np.ndarray:
+    return QTensor(inp["qtype"], inp["shape"], inp["w"]).dequantize().astype(np.float64)
+
+
+def _make_linear(qtype: str, n: int, cols: int, bias: bool):
+    def make(rng):
+        inp = {"qtype": qtype, "shape": (ROWS_OUT, cols), "w": _weight(rng, qtype, ROWS_OUT, cols),
+               "x": rng.standard_normal((n, cols), dtype=np.float32)}
+        if bias:
+            inp["bias"] = rng.standard_normal(ROWS_OUT, dtype=np.float32)
+        return inp
+    return make
+
+
+def _ref_linear(inp):
+    b = inp.get("bias")
+    return NumpyOps().linear(inp["x"].astype(np.float64), _deq64(inp), None if b is None else b.astype(np.float64))
+
+
+def _cuda_linear(tile_elems: int | None = None):
+    def run(inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
+        bias = cp.asarray(inp["bias"]) if "bias" in inp else None
+        saved = linear_cuda.DEQUANT_TILE_ELEMS
+        if tile_elems is not None:
+            linear_cuda.DEQUANT_TILE_ELEMS = tile_elems
+        try:
+            return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
+        finally:
+            linear_cuda.DEQUANT_TILE_ELEMS = saved
+    return run
+
+
+def _linear_tol(qtype: str, n: int) -> float:
+    quant = qtype in QTYPES
+    if quant and n <= 32:
+        return 2e-2                       # int8 activations
+    if n <= 8 and qtype in ("F16", "BF16"):
+        return 1e-5                       # fp32 activations, fp32 accumulation
+    if qtype == "BF16":
+        return 1e-2                       # bf16 activations into cuBLAS
+    if qtype == "F32":
+        return 2e-3                       # weights rounded to fp16 on upload
+    return 3e-3                           # fp16 activations (and fp16 dequantized weights)
+
+
+def _linear_rows():
+    rows = []
+    for qtype in ["F16", "BF16"] + list(QTYPES):
+        cols = _cols(qtype)
+        for n in BATCHES:
+            path = (f"gemv_{qtype.lower()}_bs{n}" if n <= 8 else f"gemm_{qtype.lower()}_n{n}")
+            rows.append(KernelRow("linear", f"{path}-{ROWS_OUT}x{cols}", _make_linear(qtype, n, cols, n == 2),
+                                  _ref_linear, _cuda_linear(), _linear_tol(qtype, n)))
+    # quantized GEMV over column tiles (9..32), bias on
+    for qtype in ("Q4_K", "Q8_0", "IQ2_XXS"):
+        cols = _cols(qtype)
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_tiled_n19-{ROWS_OUT}x{cols}",
+                              _make_linear(qtype, 19, cols, True), _ref_linear, _cuda_linear(), 2e-2))
+    # quantized GEMM over several dequantized row tiles
+    rows.append(KernelRow("linear", f"gemm_q6_k_n40_rowtiles-{ROWS_OUT}x5120", _make_linear("Q6_K", 40, 5120, True),
+                          _ref_linear, _cuda_linear(tile_elems=16 * 5120), 3e-3))
+    # dense K % 8 != 0 -> cuBLAS even at batch 1; F32 matrices upload as fp16
+    rows.append(KernelRow("linear", f"gemm_f16_k1001_bs1-{ROWS_OUT}x1001", _make_linear("F16", 1, 1001, True),
+                          _ref_linear, _cuda_linear(), 3e-3))
+    rows.append(KernelRow("linear", f"gemv_f32asf16_bs3-{ROWS_OUT}x1048", _make_linear("F32", 3, 1048, False),
+                          _ref_linear, _cuda_linear(), 2e-3))
+    return rows
+
+
+def _make_get_rows(qtype: str, idx_dtype):
+    vocab, cols = 50, _cols(qtype)
+
+    def make(rng):
+        ids = rng.integers(0, vocab, size=13).astype(idx_dtype)
+        ids[3] = ids[7]                                  # a repeated id
+        return {"qtype": qtype, "shape": (vocab, cols), "w": _weight(rng, qtype, vocab, cols), "ids": ids}
+    return make
+
+
+def _ref_get_rows(inp):
+    return NumpyOps().embedding(_deq64(inp), inp["ids"])
+
+
+def _cuda_get_rows(inp, poison):
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+    out = poison((len(inp["ids"]), inp["shape"][1]), np.float32)
+    return linear_cuda.get_rows(w, cp.asarray(inp["ids"]), out=out)
+
+
+def _get_rows_rows():
+    rows = []
+    for i, qtype in enumerate(["F16", "BF16"] + list(QTYPES)):
+        idx = np.int64 if i % 2 == 0 else np.int32
+        rows.append(KernelRow("get_rows", f"get_rows_{qtype.lower()}_{np.dtype(idx).name}-50x{_cols(qtype)}",
+                              _make_get_rows(qtype, idx), _ref_get_rows, _cuda_get_rows, 1e-5))
+    return rows
+
+
+ROWS = _linear_rows() + _get_rows_rows()
