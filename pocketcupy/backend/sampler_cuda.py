@@ -1,0 +1,279 @@
+"""Batched sampling on the device (cuda_src/sampling.cu): the CUDA twin of pocketcupy.sampler.
+
+`CudaSampler(eos_token_ids)(logits, rows)` takes device logits [B, V] float32 and the same
+`SamplingRow`s as the NumPy `Sampler`, and returns the same `SamplerOutput`. Per step it makes
+one host->device copy (row parameters, token-id lists for penalties, packed allowed-masks), one
+kernel launch (one block per row), and one device->host copy of [B, SO_WORDS] int32 (token ids,
+top-N logprobs, sampled-token logprob and rank). Random rows draw a 64-bit seed from their numpy
+Generator each step, so a request seed gives the same tokens run to run (not the NumPy sampler's
+tokens: only the distribution is shared). Imports cupy lazily."""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from ..sampler import Logprob, PositionLogprobs, SamplerOutput, SamplingRow
+from .kernels import cuda_op, kernel
+
+SRC = "sampling.cu"
+NT = 1024
+LP_MAX = 20
+# Row parameter words (SP_* in sampling.cu).
+SP_FLAGS, SP_TOPK, SP_NLP, SP_MASK, SP_SEED, SP_TEMP, SP_REP, SP_FREQ = 0, 1, 2, 3, 4, 6, 7, 8
+SP_PRES, SP_TOPP, SP_MINP, SP_PROMPT, SP_OUTPUT, SP_SUPP, SP_CNT, SP_WORDS = 9, 11, 13, 15, 17, 19, 21, 24
+F_GREEDY, F_EDITS, F_LOGPROBS, F_FREQPRES = 1, 2, 4, 8
+# Output words (SO_* in sampling.cu).
+SO_TOK, SO_LP, SO_RANK, SO_N, SO_IDS, SO_LPS, SO_MINKEPT, SO_KEPT, SO_WORDS = 0, 1, 2, 3, 4, 24, 44, 45, 48
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _out(out, shape, dtype):
+    cp = _cp()
+    if out is None:
+        return cp.empty(shape, dtype=dtype)
+    if out.shape != tuple(shape) or out.dtype != np.dtype(dtype) or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected contiguous {np.dtype(dtype)} {tuple(shape)}, got {out.dtype} {out.shape}")
+    return out
+
+
+def _rows_f32(x):
+    cp = _cp()
+    x = cp.asarray(x)
+    if x.ndim != 2 or x.dtype != cp.float32:
+        raise ValueError(f"logits: expected float32 [B, V], got {x.dtype} {x.shape}")
+    if x.strides[1] != 4 or x.strides[0] % 4:
+        x = cp.ascontiguousarray(x)
+    return x, np.int64(x.strides[0] // 4)
+
+
+@cuda_op("argmax")
+def argmax(logits, out=None):
+    """First index of the row maximum, int32 [B]."""
+    x, ld = _rows_f32(logits)
+    B, V = x.shape
+    out = _out(out, (B,), np.int32)
+    if B:
+        kernel(SRC, "argmax_rows_f32")((B,), (NT,), (x, ld, np.int32(V), out))
+    return out
+
+
+@cuda_op("topk_logprobs")
+def topk_logprobs(logits, token_ids, n: int, out=None):
+    """Raw log-softmax of each row: the top-n (n <= 20) ids/logprobs and token_ids[row]'s logprob
+    and rank, packed as [B, SO_WORDS] int32 (decode with `decode_logprobs`)."""
+    cp = _cp()
+    x, ld = _rows_f32(logits)
+    B, V = x.shape
+    if not 0 <= n <= LP_MAX:
+        raise ValueError(f"n: must be in [0, {LP_MAX}], got {n}")
+    ids = cp.ascontiguousarray(cp.asarray(token_ids, dtype=cp.int32).reshape(B))
+    out = _out(out, (B, SO_WORDS), np.int32)
+    if B:
+        kernel(SRC, "topk_logprobs_f32")((B,), (NT,), (x, ld, np.int32(V), ids, np.int32(min(n, V)), out))
+    return out
+
+
+@cuda_op("sample_rows")
+def sample_rows(logits, params, toks, masks, mask_words: int, work, cnt, out=None):
+    """The fused sampler kernel. params: int32 [B, SP_WORDS] (device); toks: int32 token lists;
+    masks: uint32 [M, mask_words] packed allowed bits (bit j of word w = token 32w + j);
+    work: float32 [B, >= V] scratch; cnt: int32 [C, >= V] scratch (rows named by SP_CNT)."""
+    x, ld = _rows_f32(logits)
+    B, V = x.shape
+    out = _out(out, (B, SO_WORDS), np.int32)
+    if B:
+        kernel(SRC, "sample_rows_f32")((B,), (NT,), (
+            x, ld, np.int32(V), params, toks, masks, np.int64(mask_words),
+            work, np.int64(work.shape[1]), cnt, np.int64(cnt.shape[1]), out))
+    return out
+
+
+@cuda_op("philox4x32")
+def philox4x32(counters, key: int, out=None):
+    """Philox 4x32-10 of uint32 counters [N, 4] under a 64-bit key (RNG known-answer tests)."""
+    cp = _cp()
+    c = cp.ascontiguousarray(cp.asarray(counters, dtype=cp.uint32))
+    n = c.shape[0]
+    out = _out(out, (n, 4), np.uint32)
+    if n:
+        kernel(SRC, "philox4x32_fill")(((n + 255) // 256,), (256,), (
+            c, np.uint32(key & 0xFFFFFFFF), np.uint32(key >> 32), out, np.int32(n)))
+    return out
+
+
+# ---- host side ------------------------------------------------------------------------------
+
+def pack_mask(mask: np.ndarray, V: int) -> np.ndarray:
+    """bool [V] -> uint32 [ceil(V/32)], bit j of word w = token 32w + j (1 = allowed)."""
+    m = np.asarray(mask, dtype=bool).reshape(-1)
+    if m.shape[0] != V:
+        raise ValueError(f"allowed_mask: expected {V} entries, got {m.shape[0]}")
+    b = np.packbits(m, bitorder="little")
+    b = np.concatenate([b, np.zeros(-len(b) % 4, np.uint8)])
+    return b.view("<u4")
+
+
+def _ids(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int64).reshape(-1).astype(np.int32)  # via int64: no silent wrap of ints
+
+
+def _prompt_ids(row: SamplingRow) -> np.ndarray:
+    """The prompt as int32, cached on the row (prompts are long and do not change)."""
+    p = row.prompt_ids
+    c = row.__dict__.get("_cuda_prompt")
+    if c is None or c[0] is not p or c[1] != len(p):
+        c = (p, len(p), _ids(p))
+        row.__dict__["_cuda_prompt"] = c
+    return c[2]
+
+
+class PackedBatch:
+    """One upload: row parameters, token lists, packed masks (int32 views of one buffer)."""
+
+    def __init__(self, rows: Sequence[SamplingRow], V: int, eos: Sequence[int]):
+        B = len(rows)
+        W = (V + 31) // 32
+        self.mask_words = W
+        ints = np.zeros((B, SP_WORDS), np.int32)
+        temps = np.ones(B, np.float32)
+        reps, freqs = np.ones(B, np.float32), np.zeros(B, np.float32)
+        dbl = np.zeros((B, 3), np.float64)  # presence, top_p, min_p
+        seeds = np.zeros(B, np.uint64)
+        lists: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        pos = 0
+        n_cnt = 0
+
+        def put(i, word, ids):
+            nonlocal pos
+            ints[i, word], ints[i, word + 1] = pos, len(ids)
+            if len(ids):
+                lists.append(ids)
+                pos += len(ids)
+
+        for i, r in enumerate(rows):
+            p = r.params
+            flags = 0
+            ints[i, SP_MASK] = ints[i, SP_CNT] = -1
+            if r.allowed_mask is not None:
+                m = np.asarray(r.allowed_mask, dtype=bool)
+                if not m.any():
+                    raise ValueError(f"allowed_mask of row {i} allows no token")
+                ints[i, SP_MASK] = len(masks)
+                masks.append(pack_mask(m, V))
+            if p.greedy:
+                flags |= F_GREEDY
+            else:
+                temps[i] = p.temperature
+                k = p.top_k
+                ints[i, SP_TOPK] = k if 0 < k < V else 0
+                dbl[i, 1], dbl[i, 2] = p.top_p, p.min_p
+                seeds[i] = int(r.generator.integers(2**63))
+            if p.logprobs is not None:
+                flags |= F_LOGPROBS
+                ints[i, SP_NLP] = min(p.logprobs, V)
+            fp = (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and len(r.output_ids) > 0
+            rp = p.repetition_penalty != 1.0
+            supp = []
+            if len(r.output_ids) < p.min_tokens:
+                supp = [t for t in list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos)) if 0 <= t < V]
+            if rp or fp or supp:
+                flags |= F_EDITS
+                reps[i] = p.repetition_penalty
+                put(i, SP_PROMPT, _prompt_ids(r) if rp else ())
+                put(i, SP_OUTPUT, _ids(r.output_ids) if (rp or fp) else ())
+                put(i, SP_SUPP, np.asarray(supp, np.int32))
+            if fp:
+                flags |= F_FREQPRES
+                freqs[i], dbl[i, 0] = p.frequency_penalty, p.presence_penalty
+                ints[i, SP_CNT] = n_cnt
+                n_cnt += 1
+            ints[i, SP_FLAGS] = flags
+        ints[:, SP_TEMP] = temps.view(np.int32)
+        ints[:, SP_REP] = reps.view(np.int32)
+        ints[:, SP_FREQ] = freqs.view(np.int32)
+        dw = dbl.view(np.int32).reshape(B, 3, 2)  # little-endian: low word first
+        ints[:, SP_PRES:SP_PRES + 2] = dw[:, 0]
+        ints[:, SP_TOPP:SP_TOPP + 2] = dw[:, 1]
+        ints[:, SP_MINP:SP_MINP + 2] = dw[:, 2]
+        ints[:, SP_SEED:SP_SEED + 2] = seeds.view(np.int32).reshape(B, 2)
+        parts = [ints.reshape(-1)] + [np.asarray(a, np.int32) for a in lists] + \
+                [np.asarray(m).view(np.int32) for m in masks]
+        self.host = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        self.n_params, self.n_toks, self.n_masks = B * SP_WORDS, pos, len(masks)
+        self.n_cnt = n_cnt
+
+    def upload(self):
+        """(params, toks, masks) device views of one uploaded buffer."""
+        cp = _cp()
+        dev = cp.asarray(np.concatenate([self.host, np.zeros(1, np.int32)]))  # never empty views
+        a, b = self.n_params, self.n_params + self.n_toks
+        masks = dev[b:b + self.n_masks * self.mask_words].view(cp.uint32)
+        return dev[:a], dev[a:b + 1], masks if self.n_masks else dev[-1:].view(cp.uint32)
+
+
+def decode_logprobs(row: np.ndarray, token: int) -> PositionLogprobs:
+    """One output row [SO_WORDS] int32 -> vLLM-style dict (top-N in order, then the token)."""
+    f = row.view(np.float32)
+    d: PositionLogprobs = {}
+    for j in range(int(row[SO_N])):
+        d[int(row[SO_IDS + j])] = Logprob(float(f[SO_LPS + j]), j + 1)
+    d[int(token)] = Logprob(float(f[SO_LP]), int(row[SO_RANK]))
+    return d
+
+
+class CudaSampler:
+    """Device twin of pocketcupy.sampler.Sampler (same call, same SamplerOutput)."""
+
+    def __init__(self, eos_token_ids: Iterable[int] = ()):
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._work = None
+        self._cnt = None
+        self.last_raw: np.ndarray | None = None  # the last [B, SO_WORDS] result (tests, debugging)
+
+    def _scratch(self, name: str, rows: int, V: int, dtype):
+        """A [>= rows, V] scratch buffer kept across steps (grown, never shrunk)."""
+        buf = getattr(self, name)
+        if buf is None or buf.shape[1] != V or buf.shape[0] < rows:
+            keep = buf.shape[0] if buf is not None and buf.shape[1] == V else 0
+            buf = _cp().empty((max(rows, keep, 1), V), dtype=dtype)
+            setattr(self, name, buf)
+        return buf
+
+    def __call__(self, logits, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int] | None = None) -> SamplerOutput:
+        x, _ = _rows_f32(logits)
+        if x.shape[0] != len(rows):
+            raise ValueError(f"logits must be [B={len(rows)}, V], got {x.shape}")
+        B, V = x.shape
+        eos = self.eos_token_ids if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
+        if B == 0:
+            return SamplerOutput(token_ids=np.empty(0, np.int64), logprobs=[])
+        batch = PackedBatch(rows, V, eos)
+        params, toks, masks = batch.upload()
+        work = self._scratch("_work", B, V, np.float32)
+        cnt = self._scratch("_cnt", batch.n_cnt, V, np.int32)
+        res = sample_rows(x, params, toks, masks, batch.mask_words, work, cnt).get()
+        self.last_raw = res
+        token_ids = res[:, SO_TOK].astype(np.int64)
+        logprobs: list[PositionLogprobs | None] = [
+            None if r.params.logprobs is None else decode_logprobs(res[i], token_ids[i]) for i, r in enumerate(rows)]
+        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+
+
+def prompt_logprobs_cuda(logits, prompt_ids: Sequence[int], k: int) -> list[PositionLogprobs | None]:
+    """Device twin of sampler.prompt_logprobs: entry i describes prompt_ids[i] under logits[i-1]."""
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        return []
+    if logits.shape[0] < len(ids) - 1:
+        raise ValueError(f"need >= {len(ids) - 1} logits rows, got {logits.shape[0]}")
+    if len(ids) == 1:
+        return [None]
+    res = topk_logprobs(logits[: len(ids) - 1], np.asarray(ids[1:], np.int32), min(k, logits.shape[1])).get()
+    return [None] + [decode_logprobs(res[i - 1], ids[i]) for i in range(1, len(ids))]

@@ -1,0 +1,216 @@
+"""Kernel-table rows for the device sampler (cuda_src/sampling.cu): argmax, top-N logprobs with
+ranks, the fused sample_rows kernel (greedy tokens with penalties/masks/min_tokens against the
+NumPy Sampler; the top-k/top-p/min-p cut against sampler.apply_top_k/p/min_p) and Philox.
+
+Integer outputs are compared exactly (tol 0). Logits for rank/order checks are well separated
+(distinct multiples of a step much larger than a float32 ulp of the log-probs), so that
+log-softmax rounding cannot merge two values and the NumPy ordering is unambiguous; ties get
+their own rows with the device's rule (lower token id first)."""
+from __future__ import annotations
+
+import numpy as np
+
+from pocketcupy.sampler import Sampler, SamplingRow, apply_min_p, apply_top_k, apply_top_p, log_softmax
+from pocketcupy.sampling import SamplingParams
+
+from .kernel_table import KernelRow
+
+I32, F32 = np.int32, np.float32
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _sc():
+    from pocketcupy.backend import sampler_cuda
+
+    return sampler_cuda
+
+
+def philox4x32_10(ctr, key: int) -> np.ndarray:
+    """NumPy Philox 4x32-10 (Random123): uint32 counters [N, 4], 64-bit key -> uint32 [N, 4]."""
+    c = np.asarray(ctr, np.uint64).copy()
+    m32 = np.uint64(0xFFFFFFFF)
+    k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64(key >> 32)
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+        p0, p1 = np.uint64(0xD2511F53) * c[:, 0], np.uint64(0xCD9E8D57) * c[:, 2]
+        c = np.stack([(p1 >> np.uint64(32)) ^ c[:, 1] ^ k0, p1 & m32, (p0 >> np.uint64(32)) ^ c[:, 3] ^ k1, p0 & m32], 1)
+    return c.astype(np.uint32)
+
+
+def separated(rng, B, V, span=24.0):
+    """Distinct logits on a grid of step span/V (no two log-probs round together)."""
+    return np.stack([rng.permutation(V) * (span / V) - span / 2 for _ in range(B)]).astype(F32)
+
+
+def ref_topn(x: np.ndarray, tokens: np.ndarray, n: int):
+    """Top-n ids by (logit desc, id asc), their logprobs, the token's logprob and rank."""
+    lp = log_softmax(x)
+    idx = np.arange(x.shape[1])
+    ids = np.stack([np.lexsort((idx, -row))[:n] for row in x]).astype(I32)
+    rows = np.arange(x.shape[0])
+    tok_lp = lp[rows, tokens]
+    rank = ((lp > tok_lp[:, None]).sum(1) + 1).astype(I32)
+    return ids, np.take_along_axis(lp, ids, 1), tok_lp, rank
+
+
+def cuda_topn(i, poison, n, sort_ids=False):
+    sc, cp = _sc(), _cp()
+    B = i["x"].shape[0]
+    out = sc.topk_logprobs(cp.asarray(i["x"]), cp.asarray(i["tok"]), n, out=poison((B, sc.SO_WORDS), I32))
+    ids = out[:, sc.SO_IDS:sc.SO_IDS + n]
+    lps = out[:, sc.SO_LPS:sc.SO_LPS + n].view(cp.float32)
+    if sort_ids:
+        return cp.sort(ids, axis=1), lps
+    return ids, lps, out[:, sc.SO_LP].view(cp.float32), out[:, sc.SO_RANK]
+
+
+ROWS = []
+
+# --- argmax ---------------------------------------------------------------------------------
+for B, V, kind in [(5, 49152, "normal"), (3, 128256, "normal"), (4, 1000, "ties"), (2, 151936, "neginf"), (1, 7, "normal")]:
+    def make(rng, B=B, V=V, kind=kind):
+        x = rng.standard_normal((B, V)).astype(F32) * 3
+        if kind == "ties":
+            x = rng.integers(-3, 4, size=(B, V)).astype(F32)
+        if kind == "neginf":
+            x[rng.random((B, V)) < 0.7] = -np.inf
+        return {"x": x}
+
+    ROWS.append(KernelRow("argmax", f"{kind}-{B}x{V}", make, ref=lambda i: i["x"].argmax(1).astype(I32),
+                          cuda=lambda i, poison: _sc().argmax(_cp().asarray(i["x"]), out=poison((i["x"].shape[0],), I32)),
+                          tol=0.0))
+
+# --- top-N logprobs + rank ------------------------------------------------------------------
+for B, V, n in [(4, 49152, 20), (3, 128256, 5), (5, 1000, 1), (2, 151936, 0), (3, 50, 20)]:
+    def make(rng, B=B, V=V):
+        return {"x": separated(rng, B, V), "tok": rng.integers(0, V, size=B).astype(I32)}
+
+    def ref(i, n=n):
+        ids, lps, tok_lp, rank = ref_topn(i["x"], i["tok"], n)
+        return ids, lps, tok_lp, rank
+
+    ROWS.append(KernelRow("topk_logprobs", f"n{n}-{B}x{V}", make, ref=ref,
+                          cuda=lambda i, poison, n=n: cuda_topn(i, poison, n), tol=1e-6))
+
+for B, V, n, kind in [(3, 49152, 20, "int-ties"), (2, 1000, 7, "int-ties")]:
+    def make(rng, B=B, V=V):  # ~V/9 ties per value: the N-th value's ties are taken lowest id first
+        return {"x": rng.integers(-4, 5, size=(B, V)).astype(F32), "tok": rng.integers(0, V, size=B).astype(I32)}
+
+    ROWS.append(KernelRow("topk_logprobs", f"{kind}-n{n}-{B}x{V}", make, ref=lambda i, n=n: ref_topn(i["x"], i["tok"], n),
+                          cuda=lambda i, poison, n=n: cuda_topn(i, poison, n), tol=1e-6))
+
+# Dense distinct values (1 + j * 2^-21): the first bucket holds every value, so the select needs
+# a second digit pass (the int-ties rows above go through all three). Ids compared as sets (log-probs this close may round equal).
+for B, V, n in [(2, 49152, 20), (2, 151936, 13)]:
+    def make(rng, B=B, V=V):
+        x = np.stack([1.0 + rng.permutation(V) * 2.0 ** -21 for _ in range(B)]).astype(F32)
+        return {"x": x, "tok": rng.integers(0, V, size=B).astype(I32)}
+
+    def ref(i, n=n):
+        ids, lps, _, _ = ref_topn(i["x"], i["tok"], n)
+        return np.sort(ids, 1), lps
+
+    ROWS.append(KernelRow("topk_logprobs", f"dense-n{n}-{B}x{V}", make, ref=ref,
+                          cuda=lambda i, poison, n=n: cuda_topn(i, poison, n, sort_ids=True), tol=1e-6))
+
+
+# --- sample_rows ----------------------------------------------------------------------------
+def run_sample_rows(x: np.ndarray, rows, poison, eos=()):
+    sc, cp = _sc(), _cp()
+    B, V = x.shape
+    batch = sc.PackedBatch(rows, V, eos)
+    params, toks, masks = batch.upload()
+    work = cp.empty((B, V), cp.float32)
+    cnt = cp.full((max(batch.n_cnt, 1), V), 12345, cp.int32)  # the kernel zeroes what it counts
+    return sc.sample_rows(cp.asarray(x), params, toks, masks, batch.mask_words, work, cnt,
+                          out=poison((B, sc.SO_WORDS), I32))
+
+
+def greedy_rows(rng, B, V):
+    rows = []
+    for b in range(B):
+        kw = {}
+        kind = b % 6
+        if kind == 1:
+            kw["repetition_penalty"] = 1.3
+        elif kind == 2:
+            kw.update(frequency_penalty=0.7, presence_penalty=0.4)
+        elif kind == 3:
+            kw.update(repetition_penalty=0.8, frequency_penalty=-0.5, presence_penalty=1.5)
+        elif kind == 4:
+            kw.update(min_tokens=5, stop_token_ids=[int(t) for t in rng.integers(0, V, 3)])
+        params = SamplingParams(temperature=0.0, **kw)
+        mask = rng.random(V) < 0.5 if kind == 5 else None
+        out = rng.integers(0, V, size=int(rng.integers(1, 60))).tolist()
+        out = out[:2] if kind == 4 else out + out[:10]  # short: min_tokens active; else repeated ids
+        rows.append(SamplingRow(params, prompt_ids=rng.integers(0, V, 300).tolist(), output_ids=out, allowed_mask=mask))
+    return rows
+
+
+for B, V in [(12, 49152), (6, 128256), (6, 1000)]:
+    def make(rng, B=B, V=V):
+        x = (rng.standard_normal((B, V)) * 2).astype(F32)
+        rows, eos = greedy_rows(rng, B, V), int(rng.integers(0, V))
+        for b, r in enumerate(rows):  # put the penalised / suppressed ids on top so that they matter
+            x[b, r.output_ids[:3]] += 8.0
+            x[b, r.params.stop_token_ids] += 9.0
+            if r.params.min_tokens:
+                x[b, eos] += 10.0
+        return {"x": x, "rows": rows, "eos": [eos]}
+
+    ROWS.append(KernelRow(
+        "sample_rows", f"greedy-penalties-mask-{B}x{V}", make,
+        ref=lambda i: Sampler(i["eos"])(i["x"], i["rows"]).token_ids.astype(I32),
+        cuda=lambda i, poison: run_sample_rows(i["x"], i["rows"], poison, i["eos"])[:, 0], tol=0.0))
+
+FILTERS = [  # temperature, top_k, top_p, min_p
+    (1.0, 50, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 0, 1.0, 0.05), (1.0, 1000, 0.95, 0.01),
+    (0.5, 3000, 0.5, 0.0), (2.0, 0, 0.99, 0.0), (1.0, 1, 1.0, 0.0), (1.0, 5000, 1.0, 0.0),
+]
+
+
+def ref_cut(x: np.ndarray, rows):
+    """Tokens left by temperature -> top-k -> top-p -> min-p (NumPy sampler): count and min value."""
+    kept, lo = [], []
+    for b, r in enumerate(rows):
+        p = r.params
+        y = x[b:b + 1] / np.array([p.temperature], F32)[:, None]
+        y = apply_top_k(y, np.array([p.top_k]))
+        y = apply_top_p(y, np.array([p.top_p], np.float64))
+        y = apply_min_p(y, np.array([p.min_p], np.float64))
+        fin = np.isfinite(y[0])
+        kept.append(fin.sum())
+        lo.append(y[0][fin].min())
+    return np.array(kept, I32), np.array(lo, F32)
+
+
+for V, span in [(49152, 24.0), (151936, 12.0), (1000, 30.0)]:
+    def make(rng, V=V, span=span):
+        x = separated(rng, len(FILTERS), V, span)
+        rows = [SamplingRow(SamplingParams(temperature=t, top_k=k, top_p=tp, min_p=mp, seed=j))
+                for j, (t, k, tp, mp) in enumerate(FILTERS)]
+        return {"x": x, "rows": rows}
+
+    def cuda(i, poison):
+        sc = _sc()
+        out = run_sample_rows(i["x"], i["rows"], poison)
+        return out[:, sc.SO_KEPT], out[:, sc.SO_MINKEPT].view(_cp().float32)
+
+    ROWS.append(KernelRow("sample_rows", f"cut-topk-topp-minp-{V}", make,
+                          ref=lambda i: ref_cut(i["x"], i["rows"]), cuda=cuda, tol=0.0))
+
+# --- Philox ---------------------------------------------------------------------------------
+for n, key in [(1000, 0x0123456789ABCDEF), (3, 0)]:
+    def make(rng, n=n):
+        return {"c": rng.integers(0, 2**32, size=(n, 4), dtype=np.uint64).astype(np.uint32)}
+
+    ROWS.append(KernelRow("philox4x32", f"{n}-key{key:x}", make, ref=lambda i, key=key: philox4x32_10(i["c"], key),
+                          cuda=lambda i, poison, key=key: _sc().philox4x32(_cp().asarray(i["c"]), key,
+                                                                           out=poison(i["c"].shape, np.uint32)),
+                          tol=0.0))
