@@ -87,7 +87,8 @@ class Engine:
         num_blocks = self._num_kv_blocks()
         self.runner = ModelRunner(self.model, self.ops, num_blocks, args.block_size, self.max_model_len,
                                   args.max_num_seqs, cuda_graphs=self.device == "cuda" and args.cuda_graphs)
-        self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
+                                   enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy)
         if self.device == "cuda":
             from .backend.sampler_cuda import CudaSampler
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)
@@ -131,7 +132,7 @@ class Engine:
         if a.num_kv_blocks is not None:
             return a.num_kv_blocks
         blocks = max(a.kv_cache_memory or self._default_kv_bytes(), 0) // self._kv_block_bytes()
-        need = -(-self.max_model_len // a.block_size)
+        need = -(-self.max_model_len // a.block_size) + 1  # + the reserved null block
         if blocks < need:
             raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="
                              f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory "
@@ -235,8 +236,11 @@ class Engine:
                 "num_running": len(sch.running),
                 "num_waiting": len(sch.waiting),
                 "kv_blocks_used": sch.num_blocks_used,
-                "kv_blocks_total": sch.pool.num_blocks,
+                "kv_blocks_total": sch.num_blocks_total,
                 "num_preemptions": sch.num_preemptions,
+                "prefix_cache_queries": sch.kv_cache_manager.prefix_cache_queries,  # tokens looked up
+                "prefix_cache_hits": sch.kv_cache_manager.prefix_cache_hits,        # tokens found
+                "num_computed_tokens_total": sch.num_computed_tokens_total,        # tokens the model computed
             }
 
     # --- the step loop -------------------------------------------------------------------
@@ -256,7 +260,7 @@ class Engine:
                     self._collect_prompt_logits(self._seqs[seq_id], chunk)
                 if run_out.sample_ids:
                     seqs = [self._seqs[i] for i in run_out.sample_ids]
-                    result = self.sampler(self.ops.to_host(run_out.logits), [s.row for s in seqs])
+                    result = self.sampler(run_out.logits, [s.row for s in seqs])
                     for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):
                         self._append(s, int(tok), lp)
                         touched[s.group.request_id] = s.group
@@ -334,7 +338,8 @@ class Engine:
                                          None if o.logprobs is None else list(o.logprobs),
                                          o.finish_reason, o.stop_reason, o.delta_text, list(o.delta_token_ids)))
             o.delta_text, o.delta_token_ids = "", []
-        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished)
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
+                             num_cached_tokens=max(0, g.seqs[0].req.num_cached_tokens))
 
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
