@@ -1,0 +1,10 @@
+"""OpenAI-compatible HTTP server (flask under gunicorn). Start it with `python scripts/serve.py`.
+
+app.py         routes, API key, body limit, error bodies
+chat.py        /v1/chat/completions        completions.py  /v1/completions
+protocol.py    field validation, OpenAI error bodies
+tool_prompt.py tools/tool_choice/messages -> chat template   tools.py  tool-call parsing
+generation.py  engine requests of one API call (disconnects, metrics)   sse.py  event streams
+metrics.py     Prometheus              state.py  engine loading, readiness
+gunicorn_app.py  the in-process gunicorn application
+"""

@@ -1,0 +1,145 @@
+"""The flask app: routes, API-key check, body limits, and OpenAI error bodies for every failure."""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from .chat import handle_chat
+from .completions import handle_completion
+from .generation import disconnect_probe
+from .protocol import ApiError
+from .sse import SSEStream
+
+log = logging.getLogger("pocketcupy.server")
+PROBES = ("/health", "/alive", "/ready")
+
+
+def _json(obj, status: int = 200) -> Response:
+    return Response(json.dumps(obj, ensure_ascii=False), status=status, mimetype="application/json")
+
+
+def _no_constants(name):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _body(limit: int) -> dict:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
+    try:
+        raw = request.get_data(cache=False)
+    except RequestEntityTooLarge:
+        raise ApiError(413, f"request body exceeds the limit of {limit} bytes") from None
+    try:
+        body = json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:
+        raise ApiError(400, f"We could not parse the JSON body of your request: {e}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def create_app(state) -> Flask:
+    app = Flask("pocketcupy")
+    app.config["MAX_CONTENT_LENGTH"] = state.config.max_request_bytes
+    app.extensions["pocketcupy"] = state
+    metrics = state.metrics
+
+    @app.before_request
+    def _check_key():
+        key = state.config.api_key
+        if not key or request.path in PROBES:
+            return None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+        return None
+
+    @app.after_request
+    def _count(resp):
+        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
+        metrics.http_requests.labels(rule, str(resp.status_code)).inc()
+        return resp
+
+    @app.errorhandler(ApiError)
+    def _api_error(e: ApiError):
+        return _json(e.body(), e.status)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(e: HTTPException):
+        status = e.code or 500
+        if status == 413:
+            msg = f"request body exceeds the limit of {state.config.max_request_bytes} bytes"
+        elif status == 404:
+            msg = f"Unknown route {request.method} {request.path}"
+        else:
+            msg = e.description or e.name
+        return _json(ApiError(status, msg).body(), status)
+
+    @app.errorhandler(Exception)
+    def _internal(e: Exception):
+        log.exception("request failed: %s %s", request.method, request.path)
+        return _json(ApiError(500, f"internal server error: {type(e).__name__}").body(), 500)
+
+    def _ready():
+        if state.status != "ready":
+            what = {"loading": "the model is still loading", "draining": "the server is shutting down"}.get(
+                state.status, "the model failed to load")
+            raise ApiError(503, f"Service unavailable: {what}")
+
+    def _generate(handler):
+        _ready()
+        body = _body(state.config.max_request_bytes)
+        result = handler(state, body, disconnect_probe(request.environ))
+        if isinstance(result, SSEStream):
+            return Response(result, mimetype="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _json(result)
+
+    @app.post("/v1/chat/completions")
+    def chat_completions():
+        return _generate(handle_chat)
+
+    @app.post("/v1/completions")
+    def completions():
+        return _generate(handle_completion)
+
+    def _model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": state.started, "owned_by": "pocketcupy",
+                "root": state.engine.model_path, "max_model_len": state.engine.max_model_len}
+
+    @app.get("/v1/models")
+    def models():
+        _ready()
+        return _json({"object": "list", "data": [_model_card(n) for n in state.config.served_model_names]})
+
+    @app.get("/v1/models/<path:model_id>")
+    def model(model_id):
+        _ready()
+        if model_id not in state.config.served_model_names:
+            raise ApiError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
+        return _json(_model_card(model_id))
+
+    @app.get("/alive")
+    def alive():
+        return _json({"status": "alive"})
+
+    @app.get("/ready")
+    def ready():
+        return _json({"status": state.status}, 200 if state.ready else 503)
+
+    @app.get("/health")
+    def health():
+        ok = state.engine is not None and state.status in ("ready", "draining")
+        return _json({"status": state.status}, 200 if ok else 503)
+
+    @app.get("/metrics")
+    def metrics_route():
+        data, ctype = metrics.render()
+        return Response(data, mimetype=None, content_type=ctype)
+
+    return app

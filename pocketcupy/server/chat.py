@@ -1,0 +1,227 @@
+"""POST /v1/chat/completions: request -> prompt (chat template, tools) -> engine -> response or SSE."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..sampling import MAX_LOGPROBS, SamplingParams
+from .generation import Job
+from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_response_format,
+                       parse_stream)
+from .responses import chat_logprobs, finish_reason, new_id, usage
+from .sse import SSEStream
+from .tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools, template_knows_tools
+from .tools import ForcedCallParser, ToolParser, forced_prefill
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    text: str                       # the rendered prompt (without a forced-call prefill)
+    params: SamplingParams
+    priority: int
+    stream: bool
+    include_usage: bool
+    top_logprobs: int | None        # None: no logprobs
+    tools: list | None
+    tool_mode: object               # "none" | "auto" | "required" | ("function", name)
+    parallel_tool_calls: bool
+    max_tokens: tuple | None
+
+
+def parse_chat(state, body) -> ChatRequest:
+    engine = state.engine
+    f = Fields(body)
+    model = check_model(f, state.config.served_model_names)
+    msgs = parse_messages(f.require("messages"))
+    tools = parse_tools(f.get("tools"))
+    mode = parse_tool_choice(f.get("tool_choice"), tools)
+    parallel = f.bool("parallel_tool_calls", True)
+    kw, priority = parse_common(f, engine.tokenizer.vocab_size, ("max_completion_tokens", "max_tokens"))
+    logprobs = f.bool("logprobs", False)
+    top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
+    if top is not None and not logprobs:
+        raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
+    stream, include_usage = parse_stream(f)
+    parse_response_format(f)
+    ctk = f.obj("chat_template_kwargs")
+    agp = f.bool("add_generation_prompt", True)
+    f.reject_unknown()
+
+    tmsgs, ttools = for_template(msgs, tools if mode != "none" else None,
+                                 template_knows_tools(engine.tokenizer.chat_template))
+    try:
+        text = engine.render_chat(tmsgs, ttools, agp, ctk)
+    except ValueError as e:
+        raise bad("messages", str(e)) from None
+    except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
+        raise bad("chat_template_kwargs", f"chat template: {e}") from None
+    mt = kw["max_tokens"]
+    if mode != "none" and mode != "auto":
+        kw["stop"] = kw["stop"] + ["</tool_call>"]
+    params = make_params(kw, (top or 0) if logprobs else None)
+    return ChatRequest(model, text, params, priority, stream, include_usage, (top or 0) if logprobs else None,
+                       tools, mode, parallel, mt)
+
+
+def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
+    """The function the server makes the model call (tool_choice 'required' or named), if any."""
+    mode = req.tool_mode
+    if isinstance(mode, tuple):
+        return mode[1]
+    if mode != "required":
+        return None
+    names = [t["function"]["name"] for t in req.tools]
+    if len(names) == 1:
+        return names[0]
+    # several functions: the model's most likely name among them (summed log-probs of the name tokens)
+    tok = state.engine.tokenizer
+    base = tok.encode(req.text + '<tool_call>\n{"name": "', add_special_tokens=False)
+    cands = [tok.encode(req.text + forced_prefill(n), add_special_tokens=False) for n in names]
+    for c in cands:
+        check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
+                      "messages")
+    scoring = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
+    with Job(state, rid + "-choose", cands, scoring, req.priority, gone) as job:
+        outs = job.results()
+    scores = []
+    for c, out in zip(cands, outs):
+        start = next((j for j, (a, b) in enumerate(zip(base, c)) if a != b), min(len(base), len(c)))
+        scores.append(sum(out.prompt_logprobs[j][c[j]].logprob for j in range(max(start, 1), len(c))))
+    return names[max(range(len(names)), key=scores.__getitem__)]
+
+
+def _parser(req: ChatRequest, forced: str | None):
+    if forced is not None:
+        return ForcedCallParser(forced)
+    if req.tools and req.tool_mode != "none":
+        return ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls)
+    return None
+
+
+@dataclass
+class _Update:
+    """What one engine step added to one choice."""
+    index: int
+    events: list                    # tool parser events: ("content", t) | ("call", k, name) | ("args", k, t)
+    logprobs: list | None
+    finish_reason: str | None
+    stop_reason: object
+    num_tokens: int
+
+
+def _updates(state, req: ChatRequest, job: Job, forced):
+    """Engine outputs -> per-choice updates, shared by the streaming and the whole response. A forced
+    call ends its choice as soon as its arguments form a JSON object; once every choice has ended
+    the engine request is aborted rather than left generating."""
+    tok, n = state.engine.tokenizer, req.params.n
+    parsers = [_parser(req, forced) for _ in range(n)]
+    sent, ended, called = [0] * n, [False] * n, [False] * n
+    for _, out in job.outputs():
+        for o in out.outputs:
+            i, p = o.index, parsers[o.index]
+            if ended[i]:
+                continue
+            events = [("content", o.delta_text)] if p is None else p.feed(o.delta_text)
+            complete = isinstance(p, ForcedCallParser) and p.done
+            if p is not None and (o.finished or complete):
+                events += p.finish()
+            events = [e for e in events if e[0] != "content" or e[1]]
+            called[i] = called[i] or any(e[0] == "call" for e in events)
+            lps = None
+            if req.top_logprobs is not None and o.logprobs is not None and len(o.logprobs) > sent[i]:
+                lps = chat_logprobs(tok, o.token_ids[sent[i]:], o.logprobs[sent[i]:], req.top_logprobs)
+                sent[i] = len(o.logprobs)
+            fr = "tool_calls" if complete else finish_reason(o, called[i])
+            ended[i] = fr is not None
+            yield _Update(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids))
+        if all(ended):
+            job.close()
+            return
+
+
+def handle_chat(state, body, gone):
+    req = parse_chat(state, body)
+    rid = new_id("chatcmpl")
+    forced = _forced_name(state, req, rid, gone)
+    text = req.text + (forced_prefill(forced) if forced else "")
+    try:
+        ids = state.engine.tokenizer.encode(text, add_special_tokens=False)
+    except ValueError as e:
+        raise bad("messages", str(e)) from None
+    check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
+    job = Job(state, rid, [ids], req.params, req.priority, gone,
+              {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
+    job.start()
+    head = {"id": rid, "created": int(time.time()), "model": req.model, "system_fingerprint": "pocketcupy"}
+    if req.stream:
+        return SSEStream(_stream(state, req, job, head, forced, len(ids)), job)
+    n = req.params.n
+    content, calls = [[] for _ in range(n)], [[] for _ in range(n)]
+    lps, final = [[] for _ in range(n)], [None] * n
+    with job:
+        for u in _updates(state, req, job, forced):
+            for ev in u.events:
+                if ev[0] == "content":
+                    content[u.index].append(ev[1])
+                elif ev[0] == "call":
+                    calls[u.index].append({"id": new_id("call"), "type": "function",
+                                           "function": {"name": ev[2], "arguments": ""}})
+                else:
+                    calls[u.index][ev[1]]["function"]["arguments"] += ev[2]
+            lps[u.index] += u.logprobs or []
+            final[u.index] = u
+    choices = []
+    for i in range(n):
+        text = "".join(content[i])
+        msg = {"role": "assistant", "content": None if calls[i] and not text.strip() else text, "refusal": None}
+        if calls[i]:
+            msg["tool_calls"] = calls[i]
+        lp = None if req.top_logprobs is None else {"content": lps[i], "refusal": None}
+        choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": final[i].finish_reason,
+                        "stop_reason": final[i].stop_reason})
+    return dict(head, object="chat.completion", choices=choices,
+                usage=usage(len(ids), sum(u.num_tokens for u in final)))
+
+
+def _delta(events, call_ids: dict) -> dict:
+    delta, calls = {}, {}
+    for ev in events:
+        if ev[0] == "content":
+            delta["content"] = delta.get("content", "") + ev[1]
+        elif ev[0] == "call":
+            call_ids[ev[1]] = new_id("call")
+            calls[ev[1]] = {"index": ev[1], "id": call_ids[ev[1]], "type": "function",
+                            "function": {"name": ev[2], "arguments": ""}}
+        else:
+            entry = calls.setdefault(ev[1], {"index": ev[1], "function": {"arguments": ""}})
+            entry["function"]["arguments"] += ev[2]
+    if calls:
+        delta["tool_calls"] = list(calls.values())
+    return delta
+
+
+def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: int):
+    n = req.params.n
+    extra = {"usage": None} if req.include_usage else {}
+
+    def chunk(choice):
+        return dict(head, object="chat.completion.chunk", choices=[choice], **extra)
+
+    call_ids = [dict() for _ in range(n)]
+    total = [0] * n
+    for i in range(n):
+        yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},
+                     "logprobs": None, "finish_reason": None})
+    for u in _updates(state, req, job, forced):
+        total[u.index] = u.num_tokens
+        delta = _delta(u.events, call_ids[u.index])
+        if delta or u.logprobs or u.finish_reason:  # one choice per chunk, as OpenAI does
+            c = {"index": u.index, "delta": delta,
+                 "logprobs": None if u.logprobs is None else {"content": u.logprobs, "refusal": None},
+                 "finish_reason": u.finish_reason}
+            if u.finish_reason:
+                c["stop_reason"] = u.stop_reason
+            yield chunk(c)
+    if req.include_usage:
+        yield dict(head, object="chat.completion.chunk", choices=[], usage=usage(prompt_len, sum(total)))

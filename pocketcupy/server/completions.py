@@ -1,0 +1,128 @@
+"""POST /v1/completions (legacy text completions): prompts -> engine -> response or SSE."""
+from __future__ import annotations
+
+import time
+
+from ..sampling import MAX_LOGPROBS
+from .generation import Job
+from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_response_format,
+                       parse_stream)
+from .responses import CompletionLogprobs, finish_reason, new_id, usage
+from .sse import SSEStream
+
+MAX_PROMPTS = 64
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
+
+
+def _prompts(raw, tok) -> list[tuple[list[int], str]]:
+    """(token ids, text to echo) per prompt."""
+    def is_ids(x):
+        return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+    if isinstance(raw, str):
+        items = [raw]
+    elif is_ids(raw):
+        items = [raw]
+    elif isinstance(raw, list) and raw and (all(isinstance(x, str) for x in raw) or all(is_ids(x) for x in raw)):
+        items = raw
+    else:
+        raise bad("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
+                            "array of token-id arrays (non-empty)")
+    if len(items) > MAX_PROMPTS:
+        raise bad("prompt", f"at most {MAX_PROMPTS} prompts per request")
+    out = []
+    for x in items:
+        if isinstance(x, str):
+            if not x:
+                raise bad("prompt", "prompts must not be empty")
+            try:
+                out.append((tok.encode(x), x))
+            except ValueError as e:
+                raise bad("prompt", str(e)) from None
+        else:
+            if any(not 0 <= t < tok.vocab_size for t in x):
+                raise bad("prompt", f"token ids must be in [0, {tok.vocab_size - 1}]")
+            out.append((list(x), tok.decode(x)))
+    return out
+
+
+def handle_completion(state, body, gone):
+    engine = state.engine
+    tok = engine.tokenizer
+    f = Fields(body)
+    model = check_model(f, state.config.served_model_names)
+    prompts = _prompts(f.require("prompt"), tok)
+    kw, priority = parse_common(f, tok.vocab_size)
+    echo = f.bool("echo", False)
+    k = f.int("logprobs", None, 0, MAX_LOGPROBS)
+    if f.get("suffix") is not None:
+        raise bad("suffix", "'suffix' is not supported")
+    stream, include_usage = parse_stream(f)
+    parse_response_format(f)
+    f.reject_unknown()
+
+    C = engine.max_model_len
+    if kw["max_tokens"] is None:
+        kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
+    for ids, _ in prompts:
+        check_context(C, len(ids), kw["max_tokens"], "prompt", "prompt")
+    params = make_params(kw, k, k if (echo and k is not None) else None)
+    rid = new_id("cmpl")
+    job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"})
+    job.start()
+    head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
+    n = params.n
+    if stream:
+        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, include_usage), job)
+    with job:
+        finals = job.results()
+    choices = []
+    for pi, out in enumerate(finals):
+        for o in out.outputs:
+            lp = None
+            if k is not None:
+                cl = CompletionLogprobs(tok, k)
+                lp = cl.make(out.prompt_token_ids, out.prompt_logprobs) if echo else None
+                gen = cl.make(o.token_ids, o.logprobs)
+                lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
+            choices.append({"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + o.text,
+                            "logprobs": lp, "finish_reason": finish_reason(o), "stop_reason": o.stop_reason})
+    return dict(head, object="text_completion", choices=choices,
+                usage=usage(sum(len(p) for p, _ in prompts), sum(len(o.token_ids) for r in finals for o in r.outputs)))
+
+
+def _stream(tok, job, head, prompts, n, echo, k, include_usage):
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(choices):
+        return dict(head, object="text_completion", choices=choices, **extra)
+
+    logs = {}
+    sent = {}
+    total = {}
+    echoed = set()
+    for pi, out in job.outputs():
+        for o in out.outputs:
+            idx = pi * n + o.index
+            if idx not in logs:
+                logs[idx], sent[idx] = CompletionLogprobs(tok, k or 0), 0
+            text, lp = o.delta_text, None
+            if echo and idx not in echoed:
+                echoed.add(idx)
+                text = prompts[pi][1] + text
+                if k is not None:
+                    lp = logs[idx].make(out.prompt_token_ids, out.prompt_logprobs)
+            if k is not None and o.logprobs is not None and len(o.logprobs) > sent[idx]:
+                gen = logs[idx].make(o.token_ids[sent[idx]:], o.logprobs[sent[idx]:])
+                lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
+                sent[idx] = len(o.logprobs)
+            total[idx] = len(o.token_ids)
+            fr = finish_reason(o)
+            if text or lp or fr:  # one choice per chunk
+                c = {"index": idx, "text": text, "logprobs": lp, "finish_reason": fr}
+                if fr:
+                    c["stop_reason"] = o.stop_reason
+                yield chunk([c])
+    if include_usage:
+        yield dict(head, object="text_completion", choices=[],
+                   usage=usage(sum(len(p) for p, _ in prompts), sum(total.values())))

@@ -1,0 +1,117 @@
+"""One API request's engine requests: submit, follow their outputs, notice a gone client, record
+metrics, and abort whatever is left when the HTTP side ends (error, disconnect, close)."""
+from __future__ import annotations
+
+import queue
+import socket
+import time
+
+from .protocol import ApiError, from_value_error
+
+
+class ClientGone(Exception):
+    pass
+
+
+def disconnect_probe(environ):
+    """A callable telling whether the client closed its connection (gunicorn exposes the socket)."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return lambda: False
+
+    def gone() -> bool:
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+    return gone
+
+
+class Job:
+    def __init__(self, state, request_id: str, prompts: list[list[int]], params, priority: int = 0,
+                 gone=lambda: False, param_names: dict | None = None):
+        self.state, self.request_id = state, request_id
+        self.prompts, self.params, self.priority = prompts, params, priority
+        self.gone, self.param_names = gone, param_names or {}
+        self.streams: list = []
+        self.t0 = time.monotonic()
+        self.first: dict[int, float] = {}
+        self.num_generated = [0] * len(prompts)
+
+    def __enter__(self) -> "Job":
+        if not self.streams:
+            self.start()
+        return self
+
+    def start(self) -> "Job":
+        m = self.state.metrics
+        try:
+            for i, ids in enumerate(self.prompts):
+                rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
+                self.streams.append(self.state.loop.submit(ids, self.params[i] if isinstance(self.params, list)
+                                                           else self.params, rid, self.priority))
+        except ValueError as e:
+            self.close()
+            raise from_value_error(e, "messages", self.param_names) from None
+        except RuntimeError as e:  # the loop is shutting down
+            self.close()
+            raise ApiError(503, f"the server is shutting down: {e}") from None
+        m.requests_in_flight.inc()
+        m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
+        self._counted = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for s in self.streams:
+            if not s.finished:
+                s.abort()
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.state.metrics.requests_in_flight.dec()
+
+    def outputs(self):
+        """Yields (prompt index, RequestOutput) as the engine produces them; prompts in order."""
+        poll = self.state.config.poll_s
+        checked = time.monotonic()
+        for i, stream in enumerate(self.streams):
+            while not stream.finished:
+                try:
+                    out = stream.get(timeout=poll)
+                except queue.Empty:
+                    out = None
+                if time.monotonic() - checked >= poll:
+                    checked = time.monotonic()
+                    if self.gone():
+                        raise ClientGone()
+                if out is not None:
+                    self._observe(i, out)
+                    yield i, out
+
+    def _observe(self, i: int, out) -> None:
+        m, now = self.state.metrics, time.monotonic()
+        new = sum(len(o.delta_token_ids) for o in out.outputs)
+        if new:
+            m.generation_tokens.inc(new)
+            if i not in self.first:
+                self.first[i] = now
+                m.ttft.observe(now - self.t0)
+        self.num_generated[i] = max((len(o.token_ids) for o in out.outputs), default=0)
+        if out.finished:
+            m.e2e.observe(now - self.t0)
+            n = self.num_generated[i]
+            if n > 1 and i in self.first:
+                m.tpot.observe((now - self.first[i]) / (n - 1))
+            for o in out.outputs:
+                m.finished.labels(o.finish_reason or "abort").inc()
+
+    def results(self) -> list:
+        """Final RequestOutput of every prompt (non-streaming)."""
+        last = {}
+        for i, out in self.outputs():
+            last[i] = out
+        return [last[i] for i in range(len(self.streams))]

@@ -1,0 +1,71 @@
+"""gunicorn, in-process: one gthread worker; the engine is built in the worker after the fork.
+
+The worker answers /alive and /ready (503) while the model loads in a background thread; if
+loading fails, the worker exits with gunicorn's boot-error code and the whole server stops.
+SIGTERM: /ready turns 503, new generation requests get 503, in-flight ones (streams included)
+finish within the graceful timeout, then the engine loop stops.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from gunicorn.app.base import BaseApplication
+from gunicorn.workers.gthread import ThreadWorker
+
+from .state import ServerConfig, ServerState
+
+log = logging.getLogger("pocketcupy.server")
+WORKER_BOOT_ERROR = 3  # gunicorn's arbiter halts on this exit code instead of restarting the worker
+
+
+class PocketcupyWorker(ThreadWorker):
+    def handle_exit(self, sig, frame):
+        state = _state_of(self.wsgi)
+        if state is not None:
+            state.begin_drain()
+        super().handle_exit(sig, frame)
+
+
+def _state_of(wsgi) -> ServerState | None:
+    ext = getattr(wsgi, "extensions", None)
+    return ext.get("pocketcupy") if isinstance(ext, dict) else None
+
+
+def _worker_exit(server, worker) -> None:
+    state = _state_of(getattr(worker, "wsgi", None))
+    if state is not None:
+        state.shutdown(timeout=10)
+
+
+def _load_failed(exc) -> None:
+    logging.getLogger("pocketcupy.server").error("exiting: the model could not be loaded")
+    os._exit(WORKER_BOOT_ERROR)
+
+
+class ServeApplication(BaseApplication):
+    def __init__(self, config: ServerConfig, options: dict):
+        self.server_config = config
+        self.options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        opts = {"workers": 1, "worker_class": PocketcupyWorker, "preload_app": False,
+                "worker_exit": _worker_exit, "when_ready": self._when_ready, "proc_name": "pocketcupy"}
+        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket
+            opts["control_socket_disable"] = True
+        opts.update(self.options)
+        for k, v in opts.items():
+            self.cfg.set(k, v)
+
+    def _when_ready(self, server) -> None:
+        log.info("pocketcupy: listening on %s (%d threads); the model loads in the worker, "
+                 "GET /ready answers 200 once it is loaded", self.server_config.url, self.cfg.threads)
+
+    def load(self):
+        from .app import create_app
+
+        state = ServerState(self.server_config)
+        app = create_app(state)
+        state.start_loading(on_failure=_load_failed)
+        return app

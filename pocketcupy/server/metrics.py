@@ -1,0 +1,66 @@
+"""Prometheus metrics of one server process (its own registry, rendered at GET /metrics).
+
+HTTP-side series are updated as requests are served; engine-side ones (queue lengths, KV
+blocks, prefix cache, preemptions) are read from Engine.stats() at scrape time.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+P = "pocketcupy_"
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_PER_TOKEN = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+
+
+class _EngineCollector:
+    def __init__(self, state):
+        self.state = state
+
+    def collect(self):
+        engine = self.state.engine
+        yield GaugeMetricFamily(P + "model_ready", "1 once the model is loaded and requests are accepted",
+                                value=1.0 if self.state.ready else 0.0)
+        if engine is None:
+            return
+        s = engine.stats()
+        gauges = [("num_requests_running", "requests in the running batch", s.get("num_running", 0)),
+                  ("num_requests_waiting", "requests waiting to be scheduled", s.get("num_waiting", 0)),
+                  ("kv_blocks_used", "KV cache blocks in use", s.get("kv_blocks_used", 0)),
+                  ("kv_blocks_total", "KV cache blocks in the pool", s.get("kv_blocks_total", 0))]
+        total = s.get("kv_blocks_total", 0)
+        gauges.append(("kv_cache_usage_ratio", "fraction of KV cache blocks in use",
+                       s.get("kv_blocks_used", 0) / total if total else 0.0))
+        queries, hits = s.get("prefix_cache_queries", 0), s.get("prefix_cache_hits", 0)
+        gauges.append(("prefix_cache_hit_rate", "prefix cache hits / queries (tokens) since start",
+                       hits / queries if queries else 0.0))
+        for name, doc, v in gauges:
+            yield GaugeMetricFamily(P + name, doc, value=float(v))
+        for name, doc, v in [("num_preemptions", "requests preempted to free KV blocks", s.get("num_preemptions", 0)),
+                             ("prefix_cache_queries", "tokens looked up in the prefix cache", queries),
+                             ("prefix_cache_hits", "tokens found in the prefix cache", hits)]:
+            yield CounterMetricFamily(P + name, doc, value=float(v))
+
+
+class Metrics:
+    def __init__(self, state):
+        r = self.registry = CollectorRegistry()
+        self.http_requests = Counter(P + "http_requests", "HTTP requests by route and status code",
+                                     ["route", "status"], registry=r)
+        self.requests_in_flight = Gauge(P + "requests_in_flight", "generation requests being served", registry=r)
+        self.finished = Counter(P + "request_finished", "finished generation requests by finish reason",
+                                ["finish_reason"], registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "prompt tokens submitted", registry=r)
+        self.generation_tokens = Counter(P + "generation_tokens", "tokens generated", registry=r)
+        self.ttft = Histogram(P + "time_to_first_token_seconds", "arrival to first generated token",
+                              buckets=_LATENCY, registry=r)
+        self.tpot = Histogram(P + "time_per_output_token_seconds", "mean time between generated tokens "
+                              "of a request", buckets=_PER_TOKEN, registry=r)
+        self.e2e = Histogram(P + "e2e_request_latency_seconds", "arrival to last token",
+                             buckets=_E2E, registry=r)
+        r.register(_EngineCollector(state))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

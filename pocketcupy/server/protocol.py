@@ -1,0 +1,273 @@
+"""OpenAI error bodies and request-field validation shared by the endpoints.
+
+Every client mistake becomes an `ApiError` (status, message, param) that the app renders as
+OpenAI's body: {"error": {"message", "type", "param", "code"}}.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+from ..sampling import MAX_LOGPROBS, SamplingParams
+
+MAX_N = 16                      # choices per request
+MAX_STOP = 32                   # stop strings per request
+INT64 = (-(2**63), 2**63 - 1)
+INT32 = (-(2**31), 2**31 - 1)
+
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+          405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
+          503: "service_unavailable_error"}
+_CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+          500: "internal_error", 503: "service_unavailable"}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.code = code or _CODES.get(status, "invalid_value" if param else "invalid_request")
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(param: str | None, message: str) -> ApiError:
+    return ApiError(400, message, param)
+
+
+def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None) -> ApiError:
+    """Our ValueErrors start with the field name ('max_tokens: ...'): that becomes `param`."""
+    msg = str(e)
+    head = msg.split(":", 1)[0].strip()
+    param = head if head and " " not in head else default_param
+    if rename and param in rename:
+        param = rename[param]
+    return bad(param, msg)
+
+
+def _kind(v) -> str:
+    return "null" if v is None else {bool: "boolean", str: "string", list: "array", dict: "object"}.get(
+        type(v), "number" if isinstance(v, numbers.Real) else type(v).__name__)
+
+
+class Fields:
+    """Typed access to a JSON request body; fields never read are reported as unrecognized."""
+
+    def __init__(self, body: dict, where: str = ""):
+        if not isinstance(body, dict):
+            raise bad(where or None, f"{where or 'request body'} must be a JSON object, got {_kind(body)}")
+        self.body, self.where, self.seen = body, where, set()
+
+    def _name(self, name: str) -> str:
+        return f"{self.where}.{name}" if self.where else name
+
+    def get(self, name: str, default=None):
+        self.seen.add(name)
+        return self.body.get(name, default)
+
+    def has(self, name: str) -> bool:
+        return self.body.get(name) is not None
+
+    def require(self, name: str):
+        if self.body.get(name) is None:
+            raise bad(self._name(name), f"Missing required parameter: '{self._name(name)}'")
+        return self.get(name)
+
+    def _type_error(self, name, want, v):
+        return bad(self._name(name), f"'{self._name(name)}' must be {want}, got {_kind(v)} {_short(v)}")
+
+    def _value(self, name, nullable):
+        v = self.get(name)
+        if v is None and not nullable and name in self.body:
+            raise bad(self._name(name), f"'{self._name(name)}' must not be null")
+        return v
+
+    def int(self, name, default=None, lo=None, hi=None, nullable=True):
+        v = self._value(name, nullable)
+        if v is None:
+            return default
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**53:
+            v = int(v)
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise self._type_error(name, "an integer", v)
+        self._range(name, v, lo, hi)
+        return v
+
+    def num(self, name, default=None, lo=None, hi=None, lo_open=False, nullable=True):
+        v = self._value(name, nullable)
+        if v is None:
+            return default
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            raise self._type_error(name, "a number", v)
+        if lo_open and lo is not None and v <= lo:
+            raise bad(self._name(name), f"'{self._name(name)}' must be > {lo}, got {v}")
+        self._range(name, v, lo, hi)
+        return float(v)
+
+    def bool(self, name, default=None, nullable=True):
+        v = self._value(name, nullable)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self._type_error(name, "a boolean", v)
+        return v
+
+    def str(self, name, default=None, nullable=True, nonempty=False):
+        v = self._value(name, nullable)
+        if v is None:
+            return default
+
+        if not isinstance(v, str):
+            raise self._type_error(name, "a string", v)
+        if nonempty and not v:
+            raise bad(self._name(name), f"'{self._name(name)}' must not be empty")
+        return v
+
+    def obj(self, name, nullable=True) -> dict | None:
+        v = self._value(name, nullable)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise self._type_error(name, "an object", v)
+        return v
+
+    def _range(self, name, v, lo, hi):
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            span = f"[{lo}, {hi}]" if lo is not None and hi is not None else (f">= {lo}" if lo is not None else f"<= {hi}")
+            raise bad(self._name(name), f"'{self._name(name)}' must be {span}, got {v}")
+
+    def reject_unknown(self) -> None:
+        for k in self.body:
+            if k not in self.seen:
+                raise bad(self._name(k), f"Unrecognized request argument supplied: {self._name(k)}")
+
+
+def _short(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 40 else s[:37] + "..."
+
+
+def parse_stop(f: Fields) -> list[str]:
+    v = f.get("stop")
+    if v is None:
+        return []
+    items = [v] if isinstance(v, str) else v
+    if not isinstance(items, list) or len(items) > MAX_STOP:
+        raise bad("stop", f"'stop' must be a string or an array of at most {MAX_STOP} strings")
+    for s in items:
+        if not isinstance(s, str) or not s:
+            raise bad("stop", "'stop' entries must be non-empty strings")
+    return list(items)
+
+
+def parse_token_ids(f: Fields, name: str, vocab_size: int) -> list[int]:
+    v = f.get(name)
+    if v is None:
+        return []
+    if not isinstance(v, list) or any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size
+                                      for t in v):
+        raise bad(name, f"'{name}' must be an array of token ids in [0, {vocab_size - 1}]")
+    return list(v)
+
+
+def parse_stream(f: Fields) -> tuple[bool, bool]:
+    """(stream, include_usage)."""
+    stream = f.bool("stream", False)
+    opts = f.obj("stream_options")
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
+    o = Fields(opts, "stream_options")
+    include_usage = o.bool("include_usage", False)
+    o.bool("continuous_usage_stats", False)
+    o.reject_unknown()
+    return stream, include_usage
+
+
+def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -> tuple[dict, int]:
+    """The sampling fields both endpoints share -> (SamplingParams kwargs, priority)."""
+    kw = {
+        "n": f.int("n", 1, 1, MAX_N),
+        "temperature": f.num("temperature", 1.0, 0.0, 2.0),
+        "top_p": f.num("top_p", 1.0, 0.0, 1.0, lo_open=True),
+        "top_k": f.int("top_k", 0, -1, None) or 0,
+        "min_p": f.num("min_p", 0.0, 0.0, 1.0),
+        "presence_penalty": f.num("presence_penalty", 0.0, -2.0, 2.0),
+        "frequency_penalty": f.num("frequency_penalty", 0.0, -2.0, 2.0),
+        "repetition_penalty": f.num("repetition_penalty", 1.0, 0.0, 10.0, lo_open=True),
+        "stop": parse_stop(f),
+        "stop_token_ids": parse_token_ids(f, "stop_token_ids", vocab_size),
+        "ignore_eos": f.bool("ignore_eos", False),
+        "skip_special_tokens": f.bool("skip_special_tokens", True),
+        "include_stop_str_in_output": f.bool("include_stop_str_in_output", False),
+        "min_tokens": f.int("min_tokens", 0, 0, None) or 0,
+    }
+    seed = f.int("seed", None, *INT64)
+    kw["seed"] = None if seed is None else seed % 2**64  # numpy seeds are non-negative
+    max_tokens = None
+    for name in max_tokens_names:  # the first one given wins (max_completion_tokens over max_tokens)
+        v = f.int(name, None, 1, None)
+        if v is not None and max_tokens is None:
+            max_tokens = (name, v)
+    kw["max_tokens"] = max_tokens
+    if max_tokens and kw["min_tokens"] > max_tokens[1]:
+        raise bad("min_tokens", f"'min_tokens' ({kw['min_tokens']}) must be <= {max_tokens[0]} ({max_tokens[1]})")
+    best_of = f.int("best_of", None, 1, MAX_N)
+    if best_of is not None and best_of != kw["n"]:
+        raise bad("best_of", "'best_of' is only supported equal to 'n'")
+    bias = f.get("logit_bias")
+    if bias is not None and (not isinstance(bias, dict) or bias):
+        raise bad("logit_bias", "'logit_bias' is not supported by this server")
+    f.str("user")
+    f.str("service_tier")
+    f.bool("store")
+    f.obj("metadata")
+    priority = f.int("priority", 0, *INT32)
+    return kw, priority
+
+
+def parse_response_format(f: Fields) -> None:
+    rf = f.obj("response_format")
+    if rf is not None and rf.get("type") != "text":
+        raise bad("response_format", "'response_format' other than {'type': 'text'} is not supported yet "
+                                     "(structured output is not implemented in this server)")
+
+
+def check_model(f: Fields, served_names: list[str]) -> str:
+    model = f.require("model")
+    if not isinstance(model, str):
+        raise bad("model", f"'model' must be a string, got {_kind(model)}")
+    if model not in served_names:
+        raise ApiError(404, f"The model '{model}' does not exist; this server serves "
+                            f"{', '.join(repr(n) for n in served_names)}", "model", "model_not_found")
+    return model
+
+
+def check_context(max_model_len: int, prompt_len: int, max_tokens, prompt_param: str, what: str) -> None:
+    """OpenAI's context-length errors, naming both counts. max_tokens: (field name, value) or None."""
+    if prompt_len >= max_model_len:
+        raise bad(prompt_param, f"This model's maximum context length is {max_model_len} tokens. However, "
+                                f"your {what} resulted in {prompt_len} tokens, leaving no room for the completion.")
+    if max_tokens and prompt_len + max_tokens[1] > max_model_len:
+        name, mt = max_tokens
+        raise bad(name, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                        f"{prompt_len + mt} tokens ({prompt_len} in the {what}, {mt} in the completion). "
+                        f"Please reduce the length of the {what} or completion.")
+
+
+def make_params(kw: dict, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
+    kw = dict(kw)
+    mt = kw.pop("max_tokens")
+    try:
+        return SamplingParams(max_tokens=mt[1] if mt else None, logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs, **kw)
+    except ValueError as e:
+        raise from_value_error(e, None) from None
+
+
+__all__ = ["ApiError", "Fields", "MAX_LOGPROBS", "bad", "check_context", "check_model", "from_value_error",
+           "make_params", "parse_common", "parse_response_format", "parse_stream"]

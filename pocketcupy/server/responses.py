@@ -1,0 +1,79 @@
+"""OpenAI response pieces: ids, usage, log-probabilities in the chat and legacy shapes, SSE lines."""
+from __future__ import annotations
+
+import json
+import math
+import uuid
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _num(x: float) -> float:
+    """JSON has no -inf: a token the model cannot produce gets the most negative float."""
+    return x if math.isfinite(x) else -9999.0
+
+
+def _entry(tokenizer, tid: int, lp) -> dict:
+    b = tokenizer.token_bytes(tid)
+    token = lp.decoded_token if lp.decoded_token is not None else tokenizer.decode([tid])
+    return {"token": token, "logprob": _num(lp.logprob), "bytes": list(b)}
+
+
+def chat_logprobs(tokenizer, token_ids, positions, k: int) -> list[dict]:
+    """[{'token', 'logprob', 'bytes', 'top_logprobs': [...]}] for generated tokens."""
+    out = []
+    for tid, pos in zip(token_ids, positions):
+        items = list(pos.items())
+        e = _entry(tokenizer, tid, pos[tid])
+        e["top_logprobs"] = [_entry(tokenizer, t, lp) for t, lp in items[:k]]
+        out.append(e)
+    return out
+
+
+class CompletionLogprobs:
+    """The legacy {tokens, token_logprobs, top_logprobs, text_offset} shape, built incrementally so
+    streamed chunks carry offsets that continue where the previous chunk stopped."""
+
+    def __init__(self, tokenizer, k: int):
+        self.tokenizer, self.k, self.offset = tokenizer, k, 0
+
+    def make(self, token_ids, positions) -> dict:
+        d = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for tid, pos in zip(token_ids, positions):
+            text = self.tokenizer.decode([tid])
+            d["tokens"].append(text)
+            d["text_offset"].append(self.offset)
+            self.offset += len(text)
+            if pos is None:  # the first prompt token has no logprob
+                d["token_logprobs"].append(None)
+                d["top_logprobs"].append(None)
+                continue
+            d["token_logprobs"].append(_num(pos[tid].logprob))
+            top = {}
+            for t, lp in list(pos.items())[: self.k]:
+                top[self.tokenizer.decode([t])] = _num(lp.logprob)
+            top.setdefault(text, _num(pos[tid].logprob))
+            d["top_logprobs"].append(top)
+        return d
+
+
+def finish_reason(o, tool_calls: bool = False) -> str | None:
+    if o.finish_reason is None:
+        return None
+    if tool_calls and o.finish_reason == "stop":
+        return "tool_calls"
+    return o.finish_reason

@@ -1,0 +1,40 @@
+"""A server-sent-events body over a generator of chunk dicts.
+
+It always ends with `data: [DONE]` (after an error object if the engine failed mid-stream), and
+closing it - gunicorn does when the client's socket breaks, or when the response is done - aborts
+the engine requests that are still running, so their KV blocks go back to the pool.
+"""
+from __future__ import annotations
+
+import logging
+
+from .generation import ClientGone
+from .responses import SSE_DONE, sse
+
+log = logging.getLogger("pocketcupy.server")
+
+
+class SSEStream:
+    def __init__(self, chunks, job):
+        self.chunks, self.job = chunks, job
+
+    def __iter__(self):
+        try:
+            for c in self.chunks:
+                yield sse(c)
+        except ClientGone:
+            log.info("client of %s went away; request aborted", self.job.request_id)
+            return
+        except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
+            log.exception("stream %s failed", self.job.request_id)
+            yield sse({"error": {"message": f"generation failed: {type(e).__name__}: {e}",
+                                 "type": "server_error", "param": None, "code": "internal_error"}})
+        finally:
+            self.job.close()
+        yield SSE_DONE
+
+    def close(self) -> None:
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
+        self.job.close()

@@ -1,0 +1,102 @@
+"""What one server process holds: its configuration, the engine (loaded in the background after
+the fork), the engine's step loop, readiness, and metrics."""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..args import EngineArgs
+from .metrics import Metrics
+
+log = logging.getLogger("pocketcupy.server")
+
+DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+
+
+@dataclass
+class ServerConfig:
+    engine_args: EngineArgs = field(default_factory=EngineArgs)
+    served_model_names: list[str] = field(default_factory=list)   # first one is reported
+    api_key: str | None = None
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    url: str = ""                    # for the log line
+    startup_delay: float = 0.0       # testing aid: hold /ready at 503 this long
+    poll_s: float = 0.25             # how often a waiting request checks for a gone client
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0] if self.served_model_names else "default"
+
+
+class ServerState:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.engine = None
+        self.loop = None
+        self.status = "loading"      # loading | ready | draining | failed
+        self.started = int(time.time())
+        self.metrics = Metrics(self)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready"
+
+    def start_loading(self, on_failure=None) -> threading.Thread:
+        t = threading.Thread(target=self._load, args=(on_failure,), name="pocketcupy-load", daemon=True)
+        t.start()
+        return t
+
+    def _load(self, on_failure) -> None:
+        from ..engine import Engine
+        from ..engine_loop import EngineLoop
+
+        try:
+            if self.config.startup_delay:
+                time.sleep(self.config.startup_delay)
+            engine = Engine.from_args(self.config.engine_args)
+            self.loop = EngineLoop(engine)
+            self.engine = engine
+        except BaseException as e:  # noqa: BLE001 - reported, then the process goes down
+            self.status = "failed"
+            log.error("could not load the model: %s", e)
+            if on_failure is not None:
+                on_failure(e)
+            return
+        if self.status == "loading":
+            self.status = "ready"
+        log.info("ready on %s: model '%s' (%s on %s, loaded in %.1fs), max_model_len %d, KV cache %s, "
+                 "process RSS %s", self.config.url or "?", self.config.model_name,
+                 os.path.basename(engine.model_path), engine.device, engine.load_time_s, engine.max_model_len,
+                 _kv_text(engine), _rss_text())
+
+    def begin_drain(self) -> None:
+        """Stop taking new generation requests; in-flight ones finish."""
+        if self.status in ("loading", "ready"):
+            self.status = "draining"
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.begin_drain()
+        if self.loop is not None:
+            self.loop.shutdown(timeout)
+
+
+def _kv_text(engine) -> str:
+    s = engine.stats()
+    per_block = getattr(engine, "_kv_block_bytes", lambda: 0)()
+    return f"{s.get('kv_blocks_total', 0)} blocks x {engine.args.block_size} tokens = " \
+           f"{s.get('kv_blocks_total', 0) * per_block / 2**20:.0f} MiB"
+
+
+def _rss_text() -> str:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return f"{int(line.split()[1]) / 1024:.0f} MiB"
+    except OSError:
+        pass
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (peak)"

@@ -1,0 +1,141 @@
+"""`tools`, `tool_choice` and chat `messages`: validation, and what the chat template is given.
+
+A template that knows about tools (its source mentions them) gets OpenAI's shapes, with
+tool-call arguments decoded to objects as Hugging Face templates expect. For a template that
+does not (SmolLM2's), the server renders the Hermes convention itself, as other servers do: a
+system message listing the functions as JSON and asking for <tool_call>{...}</tool_call>,
+assistant tool calls written as such blocks, and tool results as <tool_response> user turns.
+"""
+from __future__ import annotations
+
+import json
+
+from ..chat_template import validate_messages
+from .protocol import bad
+from .tools import CLOSE, OPEN, valid_function_name
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+HERMES_SYSTEM = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{tools}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>')
+
+
+def parse_tools(raw) -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise bad("tools", "'tools' must be a non-empty array of tool objects")
+    names = set()
+    for i, t in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise bad(where, f"'{where}' must be {{'type': 'function', 'function': {{...}}}}")
+        fn = t["function"]
+        if not valid_function_name(fn.get("name")):
+            raise bad(f"{where}.function.name", "function names must match ^[A-Za-z0-9_-]{1,64}$")
+        if fn["name"] in names:
+            raise bad(f"{where}.function.name", f"duplicate function name {fn['name']!r}")
+        names.add(fn["name"])
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise bad(f"{where}.function.description", "'description' must be a string")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise bad(f"{where}.function.parameters", "'parameters' must be a JSON schema object")
+        unknown = set(fn) - {"name", "description", "parameters", "strict"}
+        if unknown:
+            raise bad(f"{where}.function.{sorted(unknown)[0]}", "unrecognized function field")
+    return raw
+
+
+def parse_tool_choice(raw, tools: list[dict] | None):
+    """-> "none" | "auto" | "required" | ("function", name)."""
+    if raw is None:
+        return "auto" if tools else "none"
+    if tools is None:
+        raise bad("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
+    if raw in ("none", "auto", "required"):
+        return raw
+    if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
+        name = raw["function"].get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise bad("tool_choice", f"tool_choice names function {name!r}, which is not in 'tools'")
+        return ("function", name)
+    raise bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
+                             "{'type': 'function', 'function': {'name': ...}}")
+
+
+def parse_messages(raw) -> list[dict]:
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages", "'messages' must be a non-empty array")
+    try:
+        msgs = validate_messages(raw)
+    except ValueError as e:
+        param = str(e).split(":", 1)[0]
+        raise bad(param, str(e)) from None
+    for i, m in enumerate(msgs):
+        where = f"messages[{i}]"
+        if m["role"] not in ROLES:
+            raise bad(f"{where}.role", f"role must be one of {', '.join(ROLES)}; got {m['role']!r}")
+        if m["role"] == "developer":
+            m["role"] = "system"
+        calls = m.get("tool_calls") or []
+        if m["role"] != "assistant" and calls:
+            raise bad(f"{where}.tool_calls", "only assistant messages carry tool_calls")
+        if m["content"] is None and not (m["role"] == "assistant" and calls):
+            raise bad(f"{where}.content", "'content' is required (it may be null only for assistant tool calls)")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise bad(f"{where}.tool_call_id", "tool messages need a string 'tool_call_id'")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                    or not isinstance(fn.get("arguments"), str):
+                raise bad(f"{where}.tool_calls[{j}]", "tool calls need function.name and function.arguments strings")
+    return msgs
+
+
+def _decoded(arguments: str):
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+def template_knows_tools(template: str | None) -> bool:
+    return bool(template) and "tool" in template
+
+
+def for_template(msgs: list[dict], tools: list[dict] | None, native: bool) -> tuple[list[dict], list | None]:
+    """(messages, tools) to hand to the chat template."""
+    if native:
+        out = []
+        for m in msgs:
+            if m.get("tool_calls"):
+                m = dict(m, tool_calls=[dict(c, function=dict(c["function"], arguments=_decoded(
+                    c["function"]["arguments"]))) for c in m["tool_calls"]])
+            out.append(m)
+        return out, tools
+    out = []
+    for m in msgs:
+        if m["role"] == "tool":
+            out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+            continue
+        if m.get("tool_calls"):
+            blocks = [f"{OPEN}\n" + json.dumps({"name": c["function"]["name"],
+                                                 "arguments": _decoded(c["function"]["arguments"])},
+                                                ensure_ascii=False) + f"\n{CLOSE}" for c in m["tool_calls"]]
+            text = "\n".join(([m["content"]] if m["content"] else []) + blocks)
+            m = {"role": "assistant", "content": text}
+        else:
+            m = {"role": m["role"], "content": m["content"]}
+        out.append(m)
+    if tools:
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        system = HERMES_SYSTEM.format(tools=listing)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    return out, None

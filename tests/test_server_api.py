@@ -1,0 +1,202 @@
+"""The OpenAI-compatible server through the official `openai` client and raw HTTP: chat and
+completions, streaming and not, n, logprobs, stop, seeds, usage, concurrency, disconnects, metrics."""
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+from tests.test_server_harness import MODEL, client, metric, metrics, request, server, sse_events  # noqa: F401
+
+Q = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def chat(client, **kw):
+    return client.chat.completions.create(model=MODEL, **{"messages": Q, "max_tokens": 8, "temperature": 0, **kw})
+
+
+def test_models_and_probes(client, server):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    for path in ("/health", "/alive", "/ready"):
+        assert request(server, "GET", path)[0] == 200
+    status, body, _ = request(server, "GET", f"/v1/models/{MODEL}")
+    assert status == 200 and body["max_model_len"] > 0
+
+
+def test_chat_stream_equals_non_stream(client):
+    whole = chat(client, max_tokens=12)
+    c = whole.choices[0]
+    assert whole.object == "chat.completion" and c.message.role == "assistant" and c.message.content
+    assert c.finish_reason in ("stop", "length")
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    assert 0 < whole.usage.completion_tokens <= 12
+    chunks = list(chat(client, max_tokens=12, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(ch.object == "chat.completion.chunk" and ch.id == chunks[0].id for ch in chunks)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == c.message.content
+    finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finals == [c.finish_reason]
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert all(ch.usage is None for ch in chunks[:-1])
+
+
+def test_completions_stream_equals_non_stream(client):
+    kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=10, temperature=0)
+    whole = client.completions.create(**kw)
+    assert whole.object == "text_completion" and whole.choices[0].text
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
+    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    echo = client.completions.create(**kw, echo=True, logprobs=2)
+    ch = echo.choices[0]
+    assert ch.text == kw["prompt"] + whole.choices[0].text
+    n_prompt, n_gen = echo.usage.prompt_tokens, echo.usage.completion_tokens
+    lp = ch.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == n_prompt + n_gen
+    assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
+    assert all(len(t) >= 2 for t in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset)
+
+
+def test_completions_several_prompts_and_token_ids(client):
+    out = client.completions.create(model=MODEL, prompt=["Hello, my name is", "The weather today"], max_tokens=4,
+                                    temperature=0, n=2)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    by = {c.index: c.text for c in out.choices}
+    assert by[0] == by[1] and by[2] == by[3] and by[0] != by[2]  # greedy: both samples of a prompt agree
+    assert out.usage.completion_tokens <= 16
+    ids = client.completions.create(model=MODEL, prompt=[[19556, 28, 957, 1462, 314]], max_tokens=4, temperature=0,
+                                    echo=True)
+    assert ids.usage.prompt_tokens == 5 and ids.choices[0].text.startswith("Hello, my name is")
+
+
+def test_n_and_usage(client):
+    r = chat(client, n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=True)
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    streamed = list(chat(client, n=2, temperature=1.0, seed=3, max_tokens=6, stream=True))
+    texts = ["".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices and ch.choices[0].index == i)
+             for i in (0, 1)]
+    assert texts == [c.message.content for c in r.choices]  # the same seed gives the same samples
+
+
+def test_seed_reproducible(client):
+    kw = dict(temperature=1.0, top_p=0.95, top_k=50, max_tokens=10)
+    a = chat(client, seed=1234, **kw).choices[0].message.content
+    assert chat(client, seed=1234, **kw).choices[0].message.content == a
+    others = {chat(client, seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    assert others != {a}
+
+
+def test_logprobs_chat(client):
+    r = chat(client, logprobs=True, top_logprobs=3, max_tokens=5)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert e.logprob <= 0 and len(e.top_logprobs) == 3 and bytes(e.bytes).decode("utf-8", "replace")
+        tops = [t.logprob for t in e.top_logprobs]
+        assert tops == sorted(tops, reverse=True)
+        assert e.top_logprobs[0].token == e.token  # greedy picks the most likely token
+    text = "".join(bytes(b for e in content for b in e.bytes).decode("utf-8", "replace"))
+    assert text.startswith(r.choices[0].message.content)
+    streamed = [ch for ch in chat(client, logprobs=True, top_logprobs=3, max_tokens=5, stream=True) if ch.choices]
+    assert [e.token for ch in streamed if ch.choices[0].logprobs for e in ch.choices[0].logprobs.content] == \
+        [e.token for e in content]
+
+
+def test_stop_strings(client):
+    base = chat(client, max_tokens=12).choices[0].message.content
+    word = base.split()[2]
+    r = chat(client, max_tokens=12, stop=[word, "zzzz"])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == base[: base.index(word)]
+    assert r.choices[0].model_extra["stop_reason"] == word
+    s = list(chat(client, max_tokens=12, stop=word, stream=True))
+    assert "".join(ch.choices[0].delta.content or "" for ch in s) == base[: base.index(word)]
+    c = client.completions.create(model=MODEL, prompt="One, two, three, four,", max_tokens=12, temperature=0,
+                                  stop=[" six"])
+    assert " six" not in c.choices[0].text and c.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_fields_and_extensions(client):
+    r = chat(client, max_completion_tokens=5, extra_body={"ignore_eos": True, "priority": 2, "min_p": 0.05},
+             user="tester", presence_penalty=0.5, frequency_penalty=0.5)
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    r = chat(client, max_tokens=3, extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    assert r.usage.completion_tokens == 3
+
+
+def _stream_text(client, prompt, out, i):
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=8, temperature=0, stream=True)
+    out[i] = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+
+
+def test_32_concurrent_streams_match_alone(client, server):
+    prompts = [f"Give me one fact about the number {k}." for k in range(16)]
+    alone = {}
+    for k, p in enumerate(prompts):
+        _stream_text(client, p, alone, k)
+    out = [None] * 32
+    threads = [threading.Thread(target=_stream_text, args=(client, prompts[i % 16], out, i)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert [o for o in out if o is None] == []
+    assert out == [alone[i % 16] for i in range(32)]
+    m = metrics(server)
+    assert metric(m, "pocketcupy_requests_in_flight") == 0 and metric(m, "pocketcupy_kv_blocks_used") == 0
+
+
+def _wait_idle(server, timeout=20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = metrics(server)
+        if metric(m, "pocketcupy_kv_blocks_used") == 0 and metric(m, "pocketcupy_num_requests_running") == 0:
+            return m
+        time.sleep(0.1)
+    pytest.fail(f"KV blocks not freed: {metric(m, 'pocketcupy_kv_blocks_used')}")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_gone_frees_kv_blocks(server, stream):
+    before = metric(metrics(server), "pocketcupy_request_finished_total", finish_reason="abort")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400,
+            "ignore_eos": True, "stream": stream}
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    if stream:
+        r = c.getresponse()
+        assert r.status == 200
+        got = 0
+        while got < 3:
+            got += r.readline().startswith(b"data:")
+    else:
+        time.sleep(1.0)
+    m = metrics(server)
+    assert metric(m, "pocketcupy_kv_blocks_used") > 0 and metric(m, "pocketcupy_num_requests_running") == 1
+    c.sock.close() if c.sock else None
+    c.close()
+    m = _wait_idle(server)
+    assert metric(m, "pocketcupy_request_finished_total", finish_reason="abort") == before + 1
+    assert metric(m, "pocketcupy_requests_in_flight") == 0
+
+
+def test_metrics_move(client, server):
+    m0 = metrics(server)
+    r = chat(client, max_tokens=4, extra_body={"ignore_eos": True})
+    m1 = metrics(server)
+    route = dict(route="/v1/chat/completions", status="200")
+    assert metric(m1, "pocketcupy_http_requests_total", **route) == metric(m0, "pocketcupy_http_requests_total",
+                                                                         **route) + 1
+    assert metric(m1, "pocketcupy_prompt_tokens_total") - metric(m0, "pocketcupy_prompt_tokens_total") == \
+        r.usage.prompt_tokens
+    assert metric(m1, "pocketcupy_generation_tokens_total") - metric(m0, "pocketcupy_generation_tokens_total") == 4
+    for h in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
+        assert metric(m1, f"pocketcupy_{h}_count") == metric(m0, f"pocketcupy_{h}_count") + 1
+    assert metric(m1, "pocketcupy_kv_blocks_total") > 0 and metric(m1, "pocketcupy_model_ready") == 1
+    for name in ("pocketcupy_num_requests_waiting", "pocketcupy_num_preemptions_total",
+                 "pocketcupy_prefix_cache_hit_rate"):
+        assert (name, frozenset()) in m1

@@ -1,0 +1,129 @@
+"""Server pieces that need no model: tool-call parsing (whole and streamed), tool prompts, field
+validation and error bodies."""
+import json
+
+import pytest
+
+from pocketcupy.server.protocol import ApiError, Fields, check_context, parse_common
+from pocketcupy.server.tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools
+from pocketcupy.server.tools import ForcedCallParser, ToolParser, collect, forced_prefill
+
+NAMES = ["get_weather", "get_time"]
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in NAMES]
+
+
+def streamed(parser, text, step):
+    """Feed text in pieces of `step` characters; aggregate like collect()."""
+    events = []
+    for k in range(0, len(text), step):
+        events += parser.feed(text[k:k + step])
+    events += parser.finish()
+    content, calls = "".join(e[1] for e in events if e[0] == "content"), []
+    for e in events:
+        if e[0] == "call":
+            calls.append([e[2], ""])
+        elif e[0] == "args":
+            calls[e[1]][1] += e[2]
+    return (None if calls and not content.strip() else content), [tuple(c) for c in calls]
+
+
+CASES = [
+    ("Hello there.", ("Hello there.", [])),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     (None, [("get_weather", '{"city": "Paris"}')])),
+    ('Let me check.\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>\n'
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>',
+     ("Let me check.\n\n", [("get_time", "{}"), ("get_weather", '{"city": "Rome"}')])),
+    ('<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not one of the tools: content
+     ('<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>', [])),
+    ('<tool_call>{"name": "get_time", "arguments": {"city": </tool_call>',  # malformed JSON: content
+     ('<tool_call>{"name": "get_time", "arguments": {"city": </tool_call>', [])),
+    ('<tool_call>{"name": "get_time", "arguments": {"city": "Oslo"}}', (None, [("get_time", '{"city": "Oslo"}')])),
+    ('{"name": "get_weather", "parameters": {"city": "Lima"}}', (None, [("get_weather", '{"city": "Lima"}')])),
+    ('<|python_tag|>{"name": "get_time", "parameters": {}}; {"name": "get_weather", "parameters": {"city": "X"}}',
+     (None, [("get_time", "{}"), ("get_weather", '{"city": "X"}')])),
+    ('{"answer": 42}', ('{"answer": 42}', [])),
+    ("a < b and <tool_ is not a tag", ("a < b and <tool_ is not a tag", [])),
+    ("  \n", ("  \n", [])),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES)
+def test_tool_parser_whole_and_streamed(text, expected):
+    assert collect(ToolParser(NAMES), text) == expected
+    for step in (1, 2, 3, 7):
+        assert streamed(ToolParser(NAMES), text, step) == expected
+
+
+def test_tool_parser_no_parallel_keeps_first():
+    text = '<tool_call>{"name": "get_time", "arguments": {}}</tool_call><tool_call>{"name": "get_weather", ' \
+           '"arguments": {}}</tool_call>'
+    assert collect(ToolParser(NAMES, parallel=False), text) == (None, [("get_time", "{}")])
+
+
+@pytest.mark.parametrize("gen,args", [
+    ('{"city": "Paris"}}\n</tool_call>', '{"city": "Paris"}'),
+    (' {"city": {"name": "a}b"}} trailing', '{"city": {"name": "a}b"}}'),
+    ('not json at all', 'not json at all'),     # OpenAI: arguments may be invalid JSON
+    ('{"city": "Par', '{"city": "Par'),          # cut off by max_tokens
+])
+def test_forced_call_parser(gen, args):
+    for step in (1, 4, 100):
+        assert streamed(ForcedCallParser("get_weather"), gen, step) == (None, [("get_weather", args)])
+    p = ForcedCallParser("get_weather")
+    p.feed(gen)
+    assert p.done == (args != gen or args.endswith("}"))
+    assert forced_prefill("get_weather").endswith('"arguments": ')
+
+
+def test_tool_prompt_fallback_renders_hermes():
+    msgs = parse_messages([
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "18C, sunny"}])
+    out, tools = for_template(msgs, parse_tools(TOOLS), native=False)
+    assert tools is None and [m["role"] for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0]["content"].startswith("Be brief.") and "<tools>" in out[0]["content"]
+    assert json.dumps(TOOLS[0]) in out[0]["content"]
+    assert out[2]["content"] == '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert out[3]["content"] == "<tool_response>\n18C, sunny\n</tool_response>"
+    native, tools = for_template(msgs, TOOLS, native=True)
+    assert tools == TOOLS and native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
+
+
+def test_tool_choice_rules():
+    assert parse_tool_choice(None, None) == "none" and parse_tool_choice(None, TOOLS) == "auto"
+    assert parse_tool_choice({"type": "function", "function": {"name": "get_time"}}, TOOLS) == ("function", "get_time")
+    for bad, tools in [("auto", None), ("maybe", TOOLS), ({"type": "function", "function": {"name": "x"}}, TOOLS)]:
+        with pytest.raises(ApiError) as e:
+            parse_tool_choice(bad, tools)
+        assert e.value.param == "tool_choice" and e.value.status == 400
+
+
+def test_fields_validation_and_error_body():
+    f = Fields({"n": 2, "temperature": 0.5, "stop": "x", "seed": -1, "max_tokens": 7, "priority": 3})
+    kw, priority = parse_common(f, 100)
+    f.reject_unknown()
+    assert kw["n"] == 2 and kw["stop"] == ["x"] and kw["seed"] == 2**64 - 1 and kw["max_tokens"] == ("max_tokens", 7)
+    assert priority == 3
+    for body, param in [({"n": True}, "n"), ({"temperature": "1"}, "temperature"), ({"top_p": 0}, "top_p"),
+                        ({"stop": [1]}, "stop"), ({"stop_token_ids": [100]}, "stop_token_ids"),
+                        ({"n": None, "whatever": 1}, "whatever")]:
+        with pytest.raises(ApiError) as e:
+            f = Fields(body)
+            parse_common(f, 100)
+            f.reject_unknown()
+        assert e.value.param == param
+        b = e.value.body()["error"]
+        assert set(b) == {"message", "type", "param", "code"} and b["type"] == "invalid_request_error"
+
+
+def test_context_errors_name_both_counts():
+    with pytest.raises(ApiError) as e:
+        check_context(100, 90, ("max_completion_tokens", 20), "messages", "messages")
+    assert e.value.param == "max_completion_tokens" and "90" in e.value.message and "20" in e.value.message
+    with pytest.raises(ApiError) as e:
+        check_context(100, 100, None, "prompt", "prompt")
+    assert e.value.param == "prompt"
