@@ -101,8 +101,11 @@ BLOCK_QUANTIZERS = {
 DENSE_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = DENSE_TYPES + tuple(BLOCK_QUANTIZERS)
 
-# elements per chunk handed to one worker: big enough to amortise Python, small enough for L2
-_CHUNK_ELEMENTS = 1 << 16
+# elements per chunk handed to one worker: big enough that the Python between NumPy calls (which
+# holds the GIL: ~1 ms a chunk for Q4_K) is a few percent of the chunk, small enough to stay in
+# cache; smaller when that leaves fewer than 4 chunks per thread
+_CHUNK_ELEMENTS = 1 << 18
+_MIN_CHUNK_ELEMENTS = 1 << 15
 
 
 def row_bytes(qtype: str, cols: int) -> int:
@@ -156,14 +159,15 @@ def quantize(x: np.ndarray, qtype: str, threads: int | None = None, out: np.ndar
             return fn(blocks).reshape(a.shape[0], rb)
 
         res = np.empty((rows, rb), dtype=np.uint8) if out is None else out.reshape(rows, rb)
-    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    threads = _default_threads() if threads is None else max(1, int(threads))
+    chunk = min(_CHUNK_ELEMENTS, max(_MIN_CHUNK_ELEMENTS, rows * cols // (4 * threads)))
+    step = max(1, chunk // max(cols, 1))
     spans = [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
     def work(span):
         r0, r1 = span
         res[r0:r1] = conv(x2[r0:r1])
 
-    threads = _default_threads() if threads is None else max(1, int(threads))
     if threads == 1 or len(spans) == 1:
         for s in spans:
             work(s)
