@@ -19,6 +19,8 @@ class EngineArgs:
     kv_cache_memory: int | None = None     # bytes for the KV pool (default: 512 MiB on the CPU)
     max_num_seqs: int = 64                 # requests running at once
     max_num_batched_tokens: int = 2048     # tokens per step (longer prompts are prefilled in chunks)
+    enable_prefix_caching: bool = True     # reuse KV blocks of equal prompt prefixes across requests
+    scheduling_policy: str = "fcfs"        # "fcfs" | "priority" (lower priority value first)
     seed: int | None = None                # engine-wide seed for requests without their own
     cache_dir: str | None = None           # where the default model is downloaded
     progress: bool = True                  # progress bar while loading
@@ -43,6 +45,10 @@ class EngineArgs:
             positive(name, allow_none=True)
         if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy: must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 

@@ -1,4 +1,9 @@
-"""A request as the scheduler sees it: token ids and progress, no arrays, no sampling state."""
+"""A request as the scheduler sees it: token ids and progress, no arrays, no sampling state.
+
+Life cycle: WAITING -> RUNNING -> FINISHED_* ; a RUNNING request may be PREEMPTED (its blocks
+are freed and it goes back to the waiting queue to be recomputed) and any request may be
+aborted (FINISHED_ABORTED) at any time.
+"""
 from __future__ import annotations
 
 import enum
@@ -20,30 +25,43 @@ class RequestStatus(enum.Enum):
                         RequestStatus.FINISHED_ABORTED)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     request_id: str
     prompt_token_ids: list[int]
     max_tokens: int                      # output tokens allowed (already capped by the context)
-    priority: int = 0
+    priority: int = 0                    # lower value is served first (priority policy)
     arrival_time: float = field(default_factory=time.monotonic)
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
-    num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0         # tokens whose K/V are in the request's blocks
+    block_ids: list[int] = field(default_factory=list)     # the block table (kept by KVCacheManager)
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks so far
     want_prompt_logits: bool = False     # cleared once the prompt's logits were produced
     num_preemptions: int = 0
+    num_cached_tokens: int = -1          # prompt tokens served by the prefix cache at first scheduling
+    arrival_seq: int = -1                # set by the scheduler: breaks arrival_time ties
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished
 
     def token_slice(self, start: int, stop: int) -> list[int]:
         n = len(self.prompt_token_ids)
         if stop <= n:
             return self.prompt_token_ids[start:stop]
-        return (self.prompt_token_ids + self.output_token_ids)[start:stop]
+        if start >= n:
+            return self.output_token_ids[start - n:stop - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:stop - n]
