@@ -195,3 +195,14 @@ def test_bad_arguments(tmp_path):
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path), "--vocab", "100", "--hidden", "64", "--layers", "1", "--heads", "4",
                   "--kv-heads", "2", "--intermediate", "128"])
+
+
+def test_tokenizer_from_another_gguf(small, tmp_path):
+    src = _paths(small)["f16"]
+    out = _script().main(["--out", str(tmp_path), *SMALL, "--seed", "5", "--formats", "q8_0",
+                          "--tokenizer-gguf", src])
+    assert out["tokenizer"] == "gguf:model-F16.gguf"
+    a, b = read_metadata(out["formats"]["q8_0"]["path"]), read_metadata(src)
+    assert all(a[k] == b[k] for k in b if k.startswith("tokenizer."))
+    with pytest.raises(SystemExit, match="tokens"):
+        _script().main(["--out", str(tmp_path / "x"), *SMALL[2:], "--vocab", "600", "--tokenizer-gguf", src])
