@@ -92,9 +92,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile test) sees every type's code; NVRTC instantiates via name_expressions
 #define PQ_INST(T)                                                                             \
-    template __global__ void gemv_gguf<T, 1, 2>(const u8*, long long, int, int, const i8*,     \
-                                                const float4*, const float*, float*);          \
-    template __global__ void gemv_gguf<T, 8, 4>(const u8*, long long, int, int, const i8*,     \
+    template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,     \
                                                 const float4*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)

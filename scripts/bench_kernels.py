@@ -1,0 +1,246 @@
+"""GEMV / GEMM (and decode/prefill attention) microbenchmarks on the GPU, against ceilings
+measured in the same run: device-to-device copy bandwidth (bytes read + written) and the
+cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
+
+    python scripts/bench_kernels.py                  # everything
+    python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
+    python scripts/bench_kernels.py --only gemv,gemm,attention
+
+Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
+cost excluded, as in the engine's decode graphs), median of `reps`; eager events if capture
+fails. Weights are cycled over enough copies to exceed the L2 twice, so GEMVs stream from HBM.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pocketcupy.quant.qtensor import QTensor  # noqa: E402
+
+L2_BYTES = 60 << 20
+_SCALE_FIELDS = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q6_K": [208], "Q5_K": [0, 2], "Q2_K": [80, 82],
+                 "Q3_K": [108], "IQ4_XS": [0], "IQ2_XXS": [0], "IQ3_XXS": [0], "Q4_1": [0, 2],
+                 "Q5_0": [0], "Q5_1": [0, 2]}
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def time_us(fn, reps: int, inner: int) -> dict:
+    """Median microseconds per fn() call."""
+    cp = _cp()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        fn()
+        fn()
+        stream.synchronize()
+        graph = None
+        try:
+            stream.begin_capture()
+            for _ in range(inner):
+                fn()
+            graph = stream.end_capture()
+        except Exception:                                   # capture unsupported: eager timing
+            try:
+                stream.end_capture()
+            except Exception:
+                pass
+        times = []
+        for _ in range(reps):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record(stream)
+            if graph is not None:
+                graph.launch(stream)
+            else:
+                for _ in range(inner):
+                    fn()
+            e1.record(stream)
+            e1.synchronize()
+            times.append(cp.cuda.get_elapsed_time(e0, e1) * 1000.0 / inner)
+    return {"us": round(statistics.median(times), 2), "graph": graph is not None}
+
+
+def copy_bandwidth(reps: int) -> dict:
+    cp = _cp()
+    n = 1 << 30
+    a, b = cp.ones(n, cp.uint8), cp.empty(n, cp.uint8)
+
+    def run():
+        b.data.copy_from_device_async(a.data, n, cp.cuda.get_current_stream())
+    t = time_us(run, reps, 4)
+    return {**t, "bytes": 2 * n, "GBps": round(2 * n / t["us"] / 1e3, 1)}
+
+
+def gemm_peak(reps: int, n: int = 8192) -> dict:
+    cp = _cp()
+    a = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    b = cp.random.standard_normal((n, n), dtype=cp.float32).astype(cp.float16)
+    c = cp.empty((n, n), cp.float16)
+    t = time_us(lambda: cp.matmul(a, b, out=c), reps, 2)
+    return {**t, "TFLOPs": round(2 * n ** 3 / t["us"] / 1e6, 1)}
+
+
+def make_weight(qtype: str, rows: int, cols: int, rng):
+    """A CudaWeight of random data in the given format (valid blocks: small fp16 scales)."""
+    from pocketcupy.backend import linear_cuda as lc
+
+    if qtype in ("F16", "BF16"):
+        w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
+        data = w if qtype == "F16" else (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return lc.prepare_weight(QTensor(qtype, (rows, cols), data))
+    _, qk, ts = lc.GGUF_QTYPES[qtype]
+    nblk = rows * cols // qk
+    b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
+    for off in _SCALE_FIELDS[qtype]:
+        b[:, off:off + 2] = np.float16(0.02).view(np.uint8)
+    return lc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)))
+
+
+def weight_bytes(w) -> int:
+    return int(w.data.nbytes)
+
+
+def bench_gemv(args, copy_gbps: float) -> dict:
+    cp = _cp()
+    from pocketcupy.backend import linear_cuda as lc
+
+    rng = np.random.default_rng(0)
+    qtypes = ["F16", "Q8_0", "Q4_K"] if args.quick else ["F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_0"]
+    shapes = [(14336, 4096), (4096, 14336)]
+    batches = [1, 8] if args.quick else [1, 4, 8]
+    out = {}
+    for rows, cols in shapes:
+        for qtype in qtypes:
+            w0 = make_weight(qtype, rows, cols, rng)
+            copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+            for nb in batches:
+                x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
+                y = cp.empty((nb, rows), cp.float32)
+                it = iter(range(1 << 62))
+
+                def run():
+                    lc.linear(x, copies[next(it) % len(copies)], out=y)
+                t = time_us(run, args.reps, len(copies) * max(1, 8 // len(copies)))
+                gbps = weight_bytes(w0) / t["us"] / 1e3
+                out[f"{lc.gemv_variant(w0, nb)}-{rows}x{cols}"] = {
+                    **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
+            del copies, w0
+        # cuBLAS GEMV baseline: [nb, K] x [K, N] fp16 (cupy matmul)
+        wts = [cp.random.standard_normal((cols, rows), dtype=cp.float32).astype(cp.float16)
+               for _ in range(max(1, -(-2 * L2_BYTES // (rows * cols * 2))))]
+        for nb in batches:
+            x16 = cp.random.standard_normal((nb, cols), dtype=cp.float32).astype(cp.float16)
+            y16 = cp.empty((nb, rows), cp.float16)
+            it = iter(range(1 << 62))
+            t = time_us(lambda: cp.matmul(x16, wts[next(it) % len(wts)], out=y16), args.reps, 2 * len(wts))
+            gbps = rows * cols * 2 / t["us"] / 1e3
+            out[f"cublas_gemv_f16_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
+                                                           "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        del wts
+    return out
+
+
+def bench_gemm(args, peak_tflops: float) -> dict:
+    cp = _cp()
+    from pocketcupy.backend import linear_cuda as lc
+
+    rng = np.random.default_rng(1)
+    m, k, n = 2048, 4096, 14336
+    x = cp.random.standard_normal((m, k), dtype=cp.float32)
+    y = cp.empty((m, n), cp.float32)
+    out = {}
+    for qtype in ("BF16", "Q4_K"):
+        w = make_weight(qtype, n, k, rng)
+        t = time_us(lambda: lc.linear(x, w, out=y), max(3, args.reps // 4), 2)
+        tf = 2 * m * k * n / t["us"] / 1e6
+        out[f"linear_{qtype.lower()}-{m}x{k}x{n}"] = {**t, "TFLOPs": round(tf, 1),
+                                                       "frac_f16_peak": round(tf / peak_tflops, 3)}
+    return out
+
+
+def bench_attention(args, copy_gbps: float) -> dict:
+    """Decode attention at context 4096 / 32768, batch 1 / 16, and prefill 2048 (Llama-3-8B
+    heads: 32 q, 8 kv, dim 128, fp16 paged cache of 16-token blocks)."""
+    try:
+        from pocketcupy.backend import attn_cuda
+        from pocketcupy.backend.attention_meta import AttentionMetadata
+    except ImportError as e:
+        return {"skipped": f"attention launchers not importable: {e}"}
+    cp = _cp()
+    hq, hkv, d, bs = 32, 8, 128, 16
+    out = {}
+
+    def cache(batch, ctx):
+        nblk = batch * (-(-ctx // bs))
+        kc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
+        vc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
+        tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
+        return kc, vc, tables
+
+    for ctx in ((4096,) if args.quick else (4096, 32768)):
+        for batch in (1, 16):
+            kc, vc, tables = cache(batch, ctx)
+            meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),
+                                     tables, (tables[:, -1].astype(np.int64) * bs + (ctx - 1) % bs), bs,
+                                     decode_only=True)
+            dmeta = attn_cuda.device_meta(meta)
+            q = cp.random.standard_normal((batch, hq, d), dtype=cp.float32)
+            o = cp.empty_like(q)
+            t = time_us(lambda: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o), args.reps, 10)
+            kv_bytes = 2 * batch * ctx * hkv * d * 2
+            gbps = kv_bytes / t["us"] / 1e3
+            out[f"attn_decode-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
+                                                     "frac_copy_bw": round(gbps / copy_gbps, 3)}
+            del kc, vc
+    n = 2048
+    kc, vc, tables = cache(1, n)
+    meta = AttentionMetadata(np.array([0, n], np.int32), np.array([n], np.int32), tables,
+                             np.arange(n, dtype=np.int64), bs)
+    dmeta = attn_cuda.device_meta(meta)
+    q = cp.random.standard_normal((n, hq, d), dtype=cp.float32)
+    o = cp.empty_like(q)
+    t = time_us(lambda: attn_cuda.attn_prefill(q, kc, vc, dmeta, d ** -0.5, out=o), max(3, args.reps // 4), 2)
+    flops = 4 * n * n * hq * d / 2                            # causal: half of QK^T and PV
+    out[f"attn_prefill-{n}"] = {**t, "TFLOPs": round(flops / t["us"] / 1e6, 1)}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", default="gemv,gemm,attention")
+    ap.add_argument("--reps", type=int, default=None)
+    args = ap.parse_args(argv)
+    args.reps = args.reps or (5 if args.quick else 30)
+    only = set(args.only.split(","))
+    cp = _cp()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"]}
+    res["copy"] = copy_bandwidth(args.reps)
+    res["gemm_f16_8192"] = gemm_peak(max(3, args.reps // 3))
+    copy_gbps, peak = res["copy"]["GBps"], res["gemm_f16_8192"]["TFLOPs"]
+    if "gemv" in only:
+        res["gemv"] = bench_gemv(args, copy_gbps)
+    if "gemm" in only:
+        res["gemm"] = bench_gemm(args, peak)
+    if "attention" in only:
+        try:
+            res["attention"] = bench_attention(args, copy_gbps)
+        except Exception as e:                              # another engineer's launchers: report, go on
+            res["attention"] = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
