@@ -1,0 +1,198 @@
+// Tensor-core prefill (sm_80+), included by attn_prefill.cu: mma.sync m16n8k16, fp16 inputs,
+// fp32 accumulators, FlashAttention-2 register layout. BQ = 64 query rows (16 per warp),
+// BK = 64 keys per smem tile. Q is rounded to fp16 (K/V already are); P is rounded to fp16 for
+// the PV product. On older archs the kernel traps: the launcher only picks it for sm_80+.
+#pragma once
+
+#define MMA_BQ 64
+#define MMA_BK 64
+
+__device__ __forceinline__ u32 pack_f2h2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+
+__device__ __forceinline__ u32 pack_h2(__half lo, __half hi) {
+    __half2 h = __halves2half2(lo, hi);
+    return *reinterpret_cast<u32*>(&h);
+}
+
+// c[16x8] += a[16x16] * b[16x8]; per-thread fragments as in the PTX ISA (groupID = lane / 4,
+// t = lane % 4): a: {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}; b: {(k 2t.., n g),
+// (k 2t+8.., n g)}; c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
+__device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <int D>
+__device__ __forceinline__ void prefill_mma_body(
+    const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride,
+    int num_kv_heads, int group, int block_size, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int STR = D + 8;        // smem row stride (halves): fragment reads are conflict-free
+    constexpr int KS = D / 16;        // k-steps over the head dim (QK^T)
+    constexpr int DN = D / 8;         // n-tiles over the head dim (PV)
+    constexpr int NT = MMA_BK / 8;    // n-tiles over the keys (QK^T)
+    constexpr int CH = D / 8;         // 16-byte chunks per cache row
+    __shared__ __align__(16) __half k_s[MMA_BK * STR];
+    __shared__ __align__(16) __half v_s[MMA_BK * STR];
+
+    int b, q0, nq, r0;
+    if (!find_tile(query_start, num_seqs, MMA_BQ, blockIdx.x, b, q0, nq, r0)) return;
+    const int h = blockIdx.y, kh = h / group;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int ctx = seq_lens[b];
+    const int rows = min(MMA_BQ, nq - r0);
+    const int kmax = ctx - nq + r0 + rows - 1;
+    const int warp_kmax = min(kmax, ctx - nq + r0 + warp * 16 + 15);
+    const int* table = block_tables + (i64)b * bt_stride;
+    const int ra = warp * 16 + g, rb = ra + 8;
+    const int qpos_a = ctx - nq + r0 + ra, qpos_b = qpos_a + 8;
+
+    u32 qf[KS][4];
+    {
+        const float* qa = q + (i64)(q0 + r0 + ra) * q_stride + (i64)h * D + 2 * t;
+        const float* qb = q + (i64)(q0 + r0 + rb) * q_stride + (i64)h * D + 2 * t;
+        const bool va = ra < rows, vb = rb < rows;
+        const float2 z = make_float2(0.0f, 0.0f);
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks) {
+            const float2 a0 = va ? *reinterpret_cast<const float2*>(qa + ks * 16) : z;
+            const float2 a1 = va ? *reinterpret_cast<const float2*>(qa + ks * 16 + 8) : z;
+            const float2 b0 = vb ? *reinterpret_cast<const float2*>(qb + ks * 16) : z;
+            const float2 b1 = vb ? *reinterpret_cast<const float2*>(qb + ks * 16 + 8) : z;
+            qf[ks][0] = pack_f2h2(a0.x, a0.y);
+            qf[ks][1] = pack_f2h2(b0.x, b0.y);
+            qf[ks][2] = pack_f2h2(a1.x, a1.y);
+            qf[ks][3] = pack_f2h2(b1.x, b1.y);
+        }
+    }
+    float o[DN][4];
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
+    float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
+
+    for (int k0 = 0; k0 <= kmax; k0 += MMA_BK) {
+        __syncthreads();
+        for (int i = tid; i < MMA_BK * CH; i += blockDim.x) {
+            const int j = i / CH, c = i % CH, key = k0 + j;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (key < ctx) {
+                const i64 off = (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + c * 8;
+                kv = *reinterpret_cast<const uint4*>(k_cache + off);
+                vv = *reinterpret_cast<const uint4*>(v_cache + off);
+            }
+            *reinterpret_cast<uint4*>(k_s + j * STR + c * 8) = kv;
+            *reinterpret_cast<uint4*>(v_s + j * STR + c * 8) = vv;
+        }
+        __syncthreads();
+        if (k0 > warp_kmax) continue;     // none of this warp's rows reach these keys
+
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const __half* kp = k_s + (j * 8 + g) * STR + ks * 16 + 2 * t;
+                mma_16816(s[j], qf[ks], *reinterpret_cast<const u32*>(kp), *reinterpret_cast<const u32*>(kp + 8));
+            }
+        }
+        float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + j * 8 + 2 * t + e;
+                const float sa = (key > qpos_a || key >= ctx) ? pc_neg_inf() : s[j][e] * scale_log2;
+                const float sb = (key > qpos_b || key >= ctx) ? pc_neg_inf() : s[j][2 + e] * scale_log2;
+                s[j][e] = sa;
+                s[j][2 + e] = sb;
+                mx_a = fmaxf(mx_a, sa);
+                mx_b = fmaxf(mx_b, sb);
+            }
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;   // a row with no key yet
+        const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
+        const float al_a = exp2f(m_a - ms_a), al_b = exp2f(m_b - ms_b);
+        m_a = mn_a;
+        m_b = mn_b;
+        float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                s[j][e] = exp2f(s[j][e] - ms_a);
+                s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
+                sum_a += s[j][e];
+                sum_b += s[j][2 + e];
+            }
+        l_a = l_a * al_a + sum_a;
+        l_b = l_b * al_b + sum_b;
+#pragma unroll
+        for (int dn = 0; dn < DN; ++dn) {
+            o[dn][0] *= al_a;
+            o[dn][1] *= al_a;
+            o[dn][2] *= al_b;
+            o[dn][3] *= al_b;
+        }
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 16; ++kk) {
+            const u32 pa[4] = {pack_f2h2(s[2 * kk][0], s[2 * kk][1]), pack_f2h2(s[2 * kk][2], s[2 * kk][3]),
+                               pack_f2h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack_f2h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            const __half* vp = v_s + (kk * 16 + 2 * t) * STR + g;
+#pragma unroll
+            for (int dn = 0; dn < DN; ++dn) {
+                const __half* vd = vp + dn * 8;
+                mma_16816(o[dn], pa, pack_h2(vd[0], vd[STR]), pack_h2(vd[8 * STR], vd[9 * STR]));
+            }
+        }
+    }
+    l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 1);
+    l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
+    l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
+    l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 2);
+    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    float* oa = out + (i64)(q0 + r0 + ra) * out_stride + (i64)h * D + 2 * t;
+    float* ob = out + (i64)(q0 + r0 + rb) * out_stride + (i64)h * D + 2 * t;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+        if (ra < rows) *reinterpret_cast<float2*>(oa + dn * 8) = make_float2(o[dn][0] * inv_a, o[dn][1] * inv_a);
+        if (rb < rows) *reinterpret_cast<float2*>(ob + dn * 8) = make_float2(o[dn][2] * inv_b, o[dn][3] * inv_b);
+    }
+#else
+    __trap();
+#endif
+}
+
+// grid = (N / 64 + B, Hq), block 128. Launch only on sm_80+.
+#define PREFILL_MMA_KERNEL(NAME, D)                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
+        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,              \
+        const __half* __restrict__ v_cache, const int* __restrict__ query_start,                    \
+        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
+        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
+        int block_size, float scale_log2) {                                                         \
+        prefill_mma_body<D>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables,     \
+                            bt_stride, num_seqs, out, out_stride, num_kv_heads, group, block_size,   \
+                            scale_log2);                                                            \
+    }
+
+PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd16, 16)
+PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd32, 32)
+PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd64, 64)
+PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd128, 128)

@@ -1,0 +1,51 @@
+// Shared helpers for pocketcupy kernels. Compiles under nvcc and NVRTC (CuPy RawModule):
+// no host headers; integer types have our own names so they never clash with <cstdint>.
+#pragma once
+
+#include <cuda_fp16.h>
+
+typedef long long i64;
+typedef unsigned long long u64;
+typedef int i32;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+#define PC_WARP 32
+#define PC_FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ float pc_neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(PC_FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(PC_FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `scratch` holds 32 floats; the call synchronises, so scratch may be reused after it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();                         // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// KV cache element types: load as float, store from float. FP8/INT8 KV will add specialisations.
+template <typename T> struct KvType;
+template <> struct KvType<__half> {
+    static __device__ __forceinline__ float load(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half store(float x) { return __float2half_rn(x); }
+};
+
+// Reads an index array element stored as int32 or int64.
+template <typename I> __device__ __forceinline__ i64 load_index(const I* p, i64 i) { return (i64)p[i]; }

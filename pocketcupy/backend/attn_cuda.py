@@ -1,0 +1,143 @@
+"""CuPy launchers for paged attention over the fp16 KV cache (cuda_src/attn_prefill.cu,
+attn_decode.cu): causal prefill (also covers prefix + chunk and mixed batches) and split-K decode.
+
+Metadata arrays are device int32 arrays (`device_meta` uploads host ones). Grids depend only on
+array shapes (N, B, heads, block-table width), never on device values, so decode launches can be
+captured in CUDA graphs."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from .attention_meta import AttentionMetadata
+from .elementwise_cuda import _k, check_f32, index_array, row_view
+from .kernels import cuda_op, device_arch
+
+_I32, _I64, _F32 = np.int32, np.int64, np.float32
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (16, 32, 64, 128)       # instantiated in the .cu files
+DECODE_MAX_GROUP = 16               # DEC_MAXG in attn_decode.cu
+DECODE_MAX_SPLITS = 64
+DECODE_MIN_CHUNK = 64               # DEC_TILE: fewer keys than this per split is not worth a split
+PREFILL_TILE = {"plain": 16, "mma": 64}
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms() -> int:
+    cp = _cp()
+    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+
+def device_meta(meta: AttentionMetadata) -> AttentionMetadata:
+    """`meta` with query_start, seq_lens, block_tables as contiguous device int32 arrays and
+    slot_mapping as a device int32/int64 array (arrays already in that form are kept as they are)."""
+    cp = _cp()
+
+    def i32(a):
+        return cp.ascontiguousarray(cp.asarray(a, dtype=np.int32))
+
+    if all(isinstance(a, cp.ndarray) and a.dtype == np.int32 and a.flags.c_contiguous
+           for a in (meta.query_start, meta.seq_lens, meta.block_tables)) and isinstance(meta.slot_mapping, cp.ndarray) \
+            and meta.slot_mapping.dtype in (np.int32, np.int64):
+        return meta
+    return dataclasses.replace(meta, query_start=i32(meta.query_start), seq_lens=i32(meta.seq_lens),
+                               block_tables=i32(meta.block_tables), slot_mapping=index_array(meta.slot_mapping))
+
+
+def _check(q, k_cache, v_cache):
+    check_f32("attention", q)
+    n, hq, d = q.shape
+    hkv = k_cache.shape[2]
+    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+        raise TypeError(f"attention: the KV cache must be float16, got {k_cache.dtype}")
+    if k_cache.shape[3] != d or hq % hkv:
+        raise ValueError(f"attention: q {q.shape} does not fit the cache {k_cache.shape}")
+    if d not in HEAD_DIMS:
+        raise NotImplementedError(f"attention: head_dim {d} has no CUDA kernel (have {HEAD_DIMS})")
+    return n, hq, d, hkv
+
+
+def _out(out, shape):
+    if out is None:
+        return _cp().empty(shape, np.float32)
+    if tuple(out.shape) != tuple(shape) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"attention: out must be a contiguous float32 array of shape {tuple(shape)}")
+    return out
+
+
+def prefill_variant(head_dim: int) -> str:
+    """Tensor cores (mma.sync m16n8k16) from sm_80 on; the plain kernel elsewhere."""
+    return "mma" if int(device_arch()[3:]) >= 80 and head_dim in HEAD_DIMS else "plain"
+
+
+@cuda_op("attn_prefill")
+def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, variant: str | None = None):
+    """Causal attention of q [N, Hq, D] over each sequence's cached context (the cache already
+    holds the new tokens). Any mix of prefill chunks and single decode rows. Returns [N, Hq, D]."""
+    n, hq, d, hkv = _check(q, k_cache, v_cache)
+    meta = device_meta(meta)
+    variant = variant or prefill_variant(d)
+    q, qs = row_view(q, hq * d)
+    if qs % 2:
+        q, qs = _cp().ascontiguousarray(q), hq * d
+    out = _out(out, (n, hq, d))
+    b = int(meta.seq_lens.shape[0])
+    if n == 0 or b == 0:
+        return out
+    grid = (n // PREFILL_TILE[variant] + b, hq)
+    _k("attn_prefill.cu", f"attn_prefill_{variant}_f16_hd{d}")(
+        grid, (128,),
+        (q, _I64(qs), k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
+         _I32(meta.block_tables.shape[1]), _I32(b), out, _I64(hq * d), _I32(hkv), _I32(hq // hkv),
+         _I32(meta.block_size), _F32(scale * LOG2E)))
+    return out
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
+    """Fixed split count for a decode launch: enough blocks to fill the GPU a few times over,
+    no split shorter than DECODE_MIN_CHUNK keys at full context. Depends only on shapes."""
+    want = math.ceil(4 * num_sms() / max(1, batch * num_kv_heads))
+    return max(1, min(want, DECODE_MAX_SPLITS, math.ceil(max_context / DECODE_MIN_CHUNK)))
+
+
+@cuda_op("attn_decode")
+def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None):
+    """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D]."""
+    cp = _cp()
+    n, hq, d, hkv = _check(q, k_cache, v_cache)
+    group = hq // hkv
+    if group > DECODE_MAX_GROUP:
+        return attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
+    meta = device_meta(meta)
+    b = int(meta.seq_lens.shape[0])
+    if n != b:
+        raise ValueError(f"attn_decode: {n} query rows for {b} sequences")
+    q, qs = row_view(q, hq * d)
+    out = _out(out, (n, hq, d))
+    if b == 0:
+        return out
+    if num_splits is None:
+        num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size)
+    if num_splits > 1:
+        part_o = cp.empty((b, hq, num_splits, d), np.float32)
+        part_lse = cp.empty((b, hq, num_splits), np.float32)
+    else:
+        part_o = part_lse = out              # unused by the kernel
+    _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")(
+        (num_splits, hkv, b), (128,),
+        (q, _I64(qs), k_cache, v_cache, meta.block_tables, _I32(meta.block_tables.shape[1]), meta.seq_lens,
+         out, _I64(hq * d), part_o, part_lse, _I32(hkv), _I32(group), _I32(meta.block_size), _I32(num_splits),
+         _F32(scale * LOG2E)))
+    if num_splits > 1:
+        _k("attn_decode.cu", "attn_decode_combine_f32")(
+            (hq, b), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
+    return out

@@ -1,0 +1,189 @@
+"""CuPy launchers for the small ops: RMSNorm (+ fused residual add), SiLU*up, add, RoPE, and the
+paged KV store (kernels in cuda_src/norm.cu, act.cu, rope.cu, kv_store.cu).
+
+Activations are float32 cupy arrays. Every launcher takes `out=` and returns it; none reads
+device values on the host, so all of them can be captured in a CUDA graph."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .kernels import cuda_op, kernel
+
+_I32, _I64, _F32 = np.int32, np.int64, np.float32
+
+
+@functools.lru_cache(maxsize=None)
+def _k(filename: str, name: str):
+    return kernel(filename, name)
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def check_f32(name: str, a) -> None:
+    if a.dtype != np.float32:
+        raise TypeError(f"{name}: expected float32, got {a.dtype}")
+
+
+def row_view(a, inner: int):
+    """`a` with its last `inner` elements per leading index contiguous; returns (array, row stride)."""
+    cp = _cp()
+    a = cp.asarray(a)
+    flat_ok = a.ndim >= 1 and a.strides[-1] == a.itemsize
+    if a.ndim >= 2:
+        expect = a.itemsize * a.shape[-1]
+        for ax in range(a.ndim - 2, 0, -1):
+            flat_ok = flat_ok and a.strides[ax] == expect
+            expect *= a.shape[ax]
+    if not flat_ok or (a.ndim >= 2 and a.strides[0] % a.itemsize):
+        a = cp.ascontiguousarray(a)
+    stride = a.strides[0] // a.itemsize if a.ndim >= 2 else inner
+    return a, stride
+
+
+def index_array(a):
+    """A device int32/int64 index array (positions, slot mappings)."""
+    cp = _cp()
+    a = cp.ascontiguousarray(cp.asarray(a))
+    if a.dtype not in (np.int32, np.int64):
+        a = a.astype(np.int64)
+    return a
+
+
+def _out(out, shape, dtype=np.float32):
+    if out is None:
+        return _cp().empty(shape, dtype)
+    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out: expected a contiguous {np.dtype(dtype)} array of shape {tuple(shape)}, "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    return out
+
+
+@cuda_op("rms_norm")
+def rms_norm(x, w, eps: float, out=None):
+    """x [..., dim] float32, w [dim] float32 -> x / rms(x) * w over the last axis (per head for
+    [N, H, D] inputs)."""
+    cp = _cp()
+    check_f32("rms_norm", x)
+    x = cp.ascontiguousarray(x)
+    w = cp.asarray(w, dtype=np.float32)
+    dim = x.shape[-1]
+    rows = x.size // dim if dim else 0
+    out = _out(out, x.shape)
+    if rows == 0:
+        return out
+    if dim <= 256:                       # a warp per row, 4 rows per block
+        _k("norm.cu", "rms_norm_rows_f32")(((rows + 3) // 4,), (128,), (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
+    else:
+        threads = min(1024, ((dim // 4 + 31) // 32) * 32)
+        _k("norm.cu", "rms_norm_f32")((rows,), (threads,), (x, w, out, _I32(dim), _F32(eps)))
+    return out
+
+
+@cuda_op("add_rms_norm")
+def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
+    """residual_out = x + residual; out = rms_norm(residual_out) * w; returns (out, residual_out).
+    residual_out defaults to `residual` itself (updated in place)."""
+    cp = _cp()
+    check_f32("add_rms_norm", x)
+    check_f32("add_rms_norm", residual)
+    if not residual.flags.c_contiguous:
+        raise ValueError("add_rms_norm: the residual must be contiguous (it is updated in place)")
+    x = cp.ascontiguousarray(x)
+    w = cp.asarray(w, dtype=np.float32)
+    if x.shape != residual.shape:
+        raise ValueError(f"add_rms_norm: x {x.shape} and residual {residual.shape} differ")
+    dim = x.shape[-1]
+    rows = x.size // dim if dim else 0
+    out = _out(out, x.shape)
+    residual_out = residual if residual_out is None else _out(residual_out, x.shape)
+    if rows:
+        threads = min(1024, max(32, ((dim // 4 + 31) // 32) * 32))
+        _k("norm.cu", "add_rms_norm_f32")((rows,), (threads,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
+    return out, residual_out
+
+
+@cuda_op("silu_mul")
+def silu_mul(gate, up, out=None):
+    """silu(gate) * up for [N, I] float32 (gate/up may be column slices of one [N, 2I] array)."""
+    check_f32("silu_mul", gate)
+    check_f32("silu_mul", up)
+    if gate.shape != up.shape:
+        raise ValueError(f"silu_mul: gate {gate.shape} and up {up.shape} differ")
+    cols = gate.shape[-1]
+    gate2, gs = row_view(gate.reshape(-1, cols) if gate.ndim != 2 else gate, cols)
+    up2, us = row_view(up.reshape(-1, cols) if up.ndim != 2 else up, cols)
+    rows = gate2.shape[0]
+    out = _out(out, gate.shape)
+    n = rows * cols
+    if n:
+        _k("act.cu", "silu_mul_f32")(((n + 255) // 256,), (256,),
+                                     (gate2, up2, out, _I32(rows), _I32(cols), _I64(gs), _I64(us)))
+    return out
+
+
+@cuda_op("add")
+def add(a, b, out=None):
+    """a + b, float32, same shapes."""
+    cp = _cp()
+    check_f32("add", a)
+    check_f32("add", b)
+    if a.shape != b.shape:
+        raise ValueError(f"add: shapes {a.shape} and {b.shape} differ")
+    a, b = cp.ascontiguousarray(a), cp.ascontiguousarray(b)
+    out = _out(out, a.shape)
+    if a.size:
+        _k("act.cu", "add_f32")(((a.size + 255) // 256,), (256,), (a, b, out, _I64(a.size)))
+    return out
+
+
+@cuda_op("rope")
+def rope(x, positions, inv_freq, interleaved: bool, out=None):
+    """x [N, H, D] float32; rotates the first 2 * len(inv_freq) dims of each head by positions [N].
+    out may be x (in place); by default a new array."""
+    check_f32("rope", x)
+    n, h, d = x.shape
+    rot_half = int(inv_freq.shape[0])
+    if 2 * rot_half > d or d % 2:
+        raise ValueError(f"rope: {rot_half} frequencies do not fit head_dim {d}")
+    inplace = out is x
+    x, xs = row_view(x, h * d)
+    inv_freq = _cp().asarray(inv_freq, dtype=np.float32)
+    positions = index_array(positions)
+    if inplace:
+        if out is not x:
+            raise ValueError("rope: in place needs x with each token's heads contiguous")
+        os_ = xs
+    else:
+        out, os_ = _out(out, x.shape), h * d
+    if n:
+        name = ("rope_interleaved_f32" if interleaved else "rope_halves_f32") + \
+            ("_pos32" if positions.dtype == np.int32 else "_pos64")
+        _k("rope.cu", name)((n,), (128,), (x, out, positions, inv_freq, _I32(n), _I32(h), _I32(d), _I32(rot_half),
+                                            _I64(xs), _I64(os_)))
+    return out
+
+
+@cuda_op("store_kv")
+def store_kv(k_cache, v_cache, k, v, slot_mapping):
+    """Writes k, v [N, Hkv, D] float32 into the fp16 caches [blocks, block_size, Hkv, D] at
+    slot_mapping [N] (int32/int64; negative = skip)."""
+    check_f32("store_kv", k)
+    check_f32("store_kv", v)
+    n, hkv, d = k.shape
+    if tuple(k_cache.shape[2:]) != (hkv, d) or v.shape != k.shape:
+        raise ValueError(f"store_kv: k {k.shape} / v {v.shape} do not match the cache {k_cache.shape}")
+    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+        raise TypeError(f"store_kv: the cache must be float16, got {k_cache.dtype}")
+    k, ks = row_view(k, hkv * d)
+    v, vs = row_view(v, hkv * d)
+    slots = index_array(slot_mapping)
+    if n:
+        name = "store_kv_f16_slot32" if slots.dtype == np.int32 else "store_kv_f16_slot64"
+        _k("kv_store.cu", name)((n,), (128,), (k, v, k_cache, v_cache, slots, _I32(n), _I32(hkv * d), _I64(ks), _I64(vs)))
+    return k_cache, v_cache

@@ -1,0 +1,82 @@
+"""The CUDA backend: NumpyOps' interface over CuPy arrays and our kernels. Activations are float32;
+weights stay in their stored format (linear_cuda); the paged KV cache is float16.
+Importing this module does not import CuPy; creating a CudaOps does."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import attn_cuda, elementwise_cuda
+from .attention_meta import AttentionMetadata
+
+
+class CudaOps:
+    name = "cuda"
+    kv_dtype_bytes = 2  # float16 KV cache
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+
+    # --- data movement -------------------------------------------------------------------
+    def weight(self, t):
+        from . import linear_cuda
+
+        return linear_cuda.prepare_weight(t)
+
+    def asarray(self, a, dtype=None):
+        return self.xp.asarray(a, dtype=dtype)
+
+    def to_host(self, a) -> np.ndarray:
+        return self.xp.asnumpy(a) if isinstance(a, self.xp.ndarray) else np.asarray(a)
+
+    def upload_meta(self, meta: AttentionMetadata) -> AttentionMetadata:
+        """Attention metadata with its arrays on the device (int32)."""
+        return attn_cuda.device_meta(meta)
+
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        return self.xp.zeros(shape, np.float16), self.xp.zeros(shape, np.float16)
+
+    # --- elementwise / normalisation -----------------------------------------------------
+    def embedding(self, table, ids):
+        from . import linear_cuda
+
+        ids = self.xp.asarray(ids)
+        if isinstance(table, linear_cuda.CudaWeight):
+            return linear_cuda.get_rows(table, ids)
+        return self.xp.ascontiguousarray(table[ids], dtype=np.float32)
+
+    def rms_norm(self, x, w, eps: float):
+        return elementwise_cuda.rms_norm(x, w, eps)
+
+    def add_rms_norm(self, x, residual, w, eps: float):
+        """residual += x (in place); returns (rms_norm(residual) * w, residual)."""
+        return elementwise_cuda.add_rms_norm(x, residual, w, eps)
+
+    def silu_mul(self, gate, up):
+        return elementwise_cuda.silu_mul(gate, up)
+
+    def add(self, a, b):
+        return elementwise_cuda.add(a, b)
+
+    def linear(self, x, w, bias=None):
+        from . import linear_cuda
+
+        return linear_cuda.linear(x, w, bias)
+
+    def rope(self, x, positions, inv_freq, interleaved: bool):
+        return elementwise_cuda.rope(x, positions, inv_freq, interleaved)
+
+    # --- attention -----------------------------------------------------------------------
+    def store_kv(self, k_cache, v_cache, k, v, slot_mapping):
+        elementwise_cuda.store_kv(k_cache, v_cache, k, v, slot_mapping)
+
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+        """Writes k, v of the new tokens into the paged cache, then causal attention of every
+        query row over its sequence's context. Decode kernel when every sequence has one row."""
+        meta = attn_cuda.device_meta(meta)
+        elementwise_cuda.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if meta.decode_only or q.shape[0] == meta.num_seqs:   # every sequence has >= 1 row
+            return attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale)
+        return attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)

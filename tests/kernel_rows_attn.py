@@ -1,0 +1,137 @@
+"""Kernel-table rows for paged attention: causal prefill (plain and tensor-core variants), split-K
+decode, and CudaOps.attention (store + kernel choice). Block tables are random permutations of
+the cache blocks; every cache slot outside a sequence's context holds NaN, so a kernel that reads
+past a context (or a padded table entry) fails. The reference runs NumPyOps.attention on the same
+fp16-rounded K/V in float32."""
+import math
+
+import numpy as np
+
+from pocketcupy.backend.attention_meta import AttentionMetadata
+from pocketcupy.backend.ops_ref import NumpyOps
+
+from .kernel_table import KernelRow
+
+REF = NumpyOps()
+F32, F16 = np.float32, np.float16
+
+
+def make_case(rng, seqs, hkv, group, d, block_size=16):
+    """seqs: [(context length after this step, new query rows)]."""
+    nblk = [math.ceil(ctx / block_size) for ctx, _ in seqs]
+    num_blocks = sum(nblk) + 3
+    perm = rng.permutation(num_blocks)
+    tables = np.zeros((len(seqs), max(nblk) + 1), np.int32)   # one padding column (zeros)
+    kc = np.full((num_blocks, block_size, hkv, d), np.nan, F16)
+    vc = kc.copy()
+    kflat, vflat = kc.reshape(-1, hkv, d), vc.reshape(-1, hkv, d)
+    starts, slots, used = [0], [], 0
+    for b, (ctx, nq) in enumerate(seqs):
+        blocks = perm[used:used + nblk[b]]
+        used += nblk[b]
+        tables[b, :nblk[b]] = blocks
+        seq_slots = (blocks[:, None].astype(np.int64) * block_size + np.arange(block_size)).reshape(-1)[:ctx]
+        prefix = seq_slots[:ctx - nq]
+        kflat[prefix] = rng.standard_normal((len(prefix), hkv, d))
+        vflat[prefix] = rng.standard_normal((len(prefix), hkv, d))
+        slots.append(seq_slots[ctx - nq:])
+        starts.append(starts[-1] + nq)
+    n = starts[-1]
+    rounded = lambda *s: rng.standard_normal(s).astype(F16).astype(F32)   # noqa: E731  exact in fp16
+    meta = AttentionMetadata(np.asarray(starts, np.int32), np.asarray([c for c, _ in seqs], np.int32), tables,
+                             np.concatenate(slots), block_size)
+    return {"q": (1.5 * rng.standard_normal((n, hkv * group, d))).astype(F32), "k": rounded(n, hkv, d),
+            "v": rounded(n, hkv, d), "kc": kc, "vc": vc, "meta": meta, "scale": 1.0 / math.sqrt(d)}
+
+
+def reference(i):
+    return REF.attention(i["q"], i["k"], i["v"], i["kc"].astype(F32), i["vc"].astype(F32), i["meta"], i["scale"])
+
+
+def stored_caches(i):
+    """The caches with the new tokens already written (what the attention kernels read)."""
+    kc, vc = i["kc"].copy(), i["vc"].copy()
+    REF.store_kv(kc, vc, i["k"], i["v"], i["meta"].slot_mapping)
+    return kc, vc
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _attn():
+    from pocketcupy.backend import attn_cuda
+
+    return attn_cuda
+
+
+ROWS = []
+
+PREFILL = [  # id, seqs [(ctx, nq)], hkv, group, head_dim, block_size
+    ("b1-ctx37-hkv2-g1-d64", [(37, 37)], 2, 1, 64, 16),
+    ("b3-mixed-hkv2-g4-d128", [(100, 100), (300, 45), (17, 1)], 2, 4, 128, 16),
+    ("b2-prefix-hkv2-g3-d64", [(130, 70), (64, 64)], 2, 3, 64, 16),
+    ("b2-long-hkv1-g4-d128", [(1100, 300), (520, 130)], 1, 4, 128, 16),
+    ("b1-hkv2-g2-d16", [(40, 40)], 2, 2, 16, 16),
+    ("b2-hkv2-g2-d32", [(21, 7), (50, 50)], 2, 2, 32, 16),
+    ("b2-bs32-hkv2-g1-d64", [(90, 90), (75, 11)], 2, 1, 64, 32),
+    ("b1-single-row-hkv4-g1-d128", [(1, 1)], 4, 1, 128, 16),
+]
+for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
+    for name, seqs, hkv, group, d, bs in PREFILL:
+        def cuda(i, poison, variant=variant):
+            kc, vc = stored_caches(i)
+            cp = _cp()
+            return _attn().attn_prefill(cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"],
+                                        out=poison(i["q"].shape, F32), variant=variant)
+
+        ROWS.append(KernelRow(
+            "attn_prefill", f"{variant}-{name}",
+            lambda rng, seqs=seqs, hkv=hkv, group=group, d=d, bs=bs: make_case(rng, seqs, hkv, group, d, bs),
+            reference, cuda, tol))
+
+DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits (None = the launcher's choice)
+    ("b1-ctx1-hkv2-g1-d64", [1], 2, 1, 64, None),
+    ("b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None),
+    ("b3-long-hkv2-g3-d64", [1000, 5000, 77], 2, 3, 64, None),
+    ("b2-splits1-hkv1-g8-d128", [300, 2000], 1, 8, 128, 1),
+    ("b2-splits7-hkv2-g4-d128", [300, 2000], 2, 4, 128, 7),
+    ("b2-hkv2-g2-d16", [33, 70], 2, 2, 16, None),
+    ("b2-hkv2-g2-d32", [5, 130], 2, 2, 32, None),
+    ("b1-hkv1-g16-d128", [200], 1, 16, 128, None),
+    ("b1-g20-falls-back-to-prefill-d64", [100], 1, 20, 64, None),
+]
+for name, ctxs, hkv, group, d, splits in DECODE:
+    def cuda(i, poison, splits=splits):
+        kc, vc = stored_caches(i)
+        cp = _cp()
+        return _attn().attn_decode(cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"],
+                                   out=poison(i["q"].shape, F32), num_splits=splits)
+
+    ROWS.append(KernelRow(
+        "attn_decode", name,
+        lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
+        reference, cuda, 1e-4 if group <= 16 else 3e-3))
+
+OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
+    ("prefill-b3-hkv2-g4-d64", [(50, 50), (80, 20), (9, 1)], 2, 4, 64, False),
+    ("decode-flag-b3-hkv2-g4-d128", [(1, 1), (40, 1), (300, 1)], 2, 4, 128, True),
+    ("decode-implicit-b2-hkv2-g2-d32", [(10, 1), (20, 1)], 2, 2, 32, False),
+]
+for name, seqs, hkv, group, d, decode_only in OPS:
+    def make(rng, seqs=seqs, hkv=hkv, group=group, d=d, decode_only=decode_only):
+        i = make_case(rng, seqs, hkv, group, d)
+        i["meta"].decode_only = decode_only
+        return i
+
+    def cuda(i, poison):
+        from pocketcupy.backend.ops_cuda import CudaOps
+
+        cp = _cp()
+        kc, vc = cp.asarray(i["kc"]), cp.asarray(i["vc"])
+        return CudaOps().attention(cp.asarray(i["q"]), cp.asarray(i["k"]), cp.asarray(i["v"]), kc, vc, i["meta"],
+                                   i["scale"])
+
+    ROWS.append(KernelRow("ops.attention", name, make, reference, cuda, 3e-3))

@@ -1,0 +1,141 @@
+"""Kernel-table rows for the core ops: norms, activations, RoPE, KV store (attention rows are in
+kernel_rows_attn.py)."""
+import numpy as np
+
+from pocketcupy.backend.attention_meta import AttentionMetadata
+from pocketcupy.backend.ops_ref import NumpyOps
+
+from .kernel_table import KernelRow
+
+REF = NumpyOps()
+F32 = np.float32
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def _up(a):
+    return _cp().asarray(a)
+
+
+def _randn(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(F32)
+
+
+def _ew():
+    from pocketcupy.backend import elementwise_cuda
+
+    return elementwise_cuda
+
+
+def _norm_w(rng, d):
+    return (1.0 + 0.1 * rng.standard_normal(d)).astype(F32)
+
+
+ROWS = []
+
+# --- RMSNorm ----------------------------------------------------------------------------------
+for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64), (6, 2, 32)]:
+    def make(rng, shape=shape):
+        return {"x": _randn(rng, *shape, scale=2.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-6}
+
+    ROWS.append(KernelRow(
+        "rms_norm", "x".join(map(str, shape)), make,
+        ref=lambda i: REF.rms_norm(i["x"], i["w"], i["eps"]),
+        cuda=lambda i, poison: _ew().rms_norm(_up(i["x"]), _up(i["w"]), i["eps"], out=poison(i["x"].shape, F32))))
+
+for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), ((2, 2050), True)]:
+    def make(rng, shape=shape):
+        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+
+    def cuda(i, poison, inplace=inplace):
+        res = _up(i["res"])
+        out, res_out = _ew().add_rms_norm(_up(i["x"]), res, _up(i["w"]), i["eps"], out=poison(i["x"].shape, F32),
+                                          residual_out=None if inplace else poison(i["x"].shape, F32))
+        assert (res_out is res) == inplace
+        return out, res_out
+
+    ROWS.append(KernelRow("add_rms_norm", "x".join(map(str, shape)) + ("-inplace" if inplace else ""), make,
+                          ref=lambda i: REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"]), cuda=cuda))
+
+# --- SiLU * up, add ---------------------------------------------------------------------------
+for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
+    def make(rng, rows_=rows_, cols=cols):
+        return {"gu": _randn(rng, rows_, 2 * cols, scale=3.0)}
+
+    def cuda(i, poison, cols=cols, fused=fused):
+        gu = _up(i["gu"])
+        gate, up = gu[:, :cols], gu[:, cols:]
+        if not fused:
+            gate, up = _cp().ascontiguousarray(gate), _cp().ascontiguousarray(up)
+        return _ew().silu_mul(gate, up, out=poison(gate.shape, F32))
+
+    ROWS.append(KernelRow("silu_mul", f"{rows_}x{cols}" + ("-views" if fused else ""), make,
+                          ref=lambda i, cols=cols: REF.silu_mul(i["gu"][:, :cols], i["gu"][:, cols:]), cuda=cuda))
+
+for shape in [(1000,), (5, 4096)]:
+    ROWS.append(KernelRow(
+        "add", "x".join(map(str, shape)), lambda rng, shape=shape: {"a": _randn(rng, *shape), "b": _randn(rng, *shape)},
+        ref=lambda i: i["a"] + i["b"],
+        cuda=lambda i, poison: _ew().add(_up(i["a"]), _up(i["b"]), out=poison(i["a"].shape, F32))))
+
+
+# --- RoPE -------------------------------------------------------------------------------------
+def _inv_freq(rot, theta=10000.0):
+    return (1.0 / theta ** (np.arange(0, rot, 2, dtype=np.float32) / rot)).astype(F32)
+
+
+for n, h, d, rot, interleaved, pos_dtype, inplace in [
+        (7, 4, 64, 64, False, np.int64, False), (5, 3, 128, 64, True, np.int32, False),
+        (3, 32, 128, 128, False, np.int32, True), (4, 2, 128, 32, False, np.int64, False),
+        (6, 4, 16, 16, True, np.int64, True), (2, 8, 32, 32, False, np.int64, False)]:
+    def make(rng, n=n, h=h, d=d, rot=rot, pos_dtype=pos_dtype):
+        return {"x": _randn(rng, n, h, d), "pos": rng.integers(0, 4096, n).astype(pos_dtype), "inv": _inv_freq(rot)}
+
+    def cuda(i, poison, interleaved=interleaved, inplace=inplace):
+        x = _up(i["x"])
+        out = x if inplace else poison(x.shape, F32)
+        got = _ew().rope(x, _up(i["pos"]), _up(i["inv"]), interleaved, out=out)
+        assert got is out
+        return got
+
+    ROWS.append(KernelRow(
+        "rope", f"{'interleaved' if interleaved else 'halves'}-{n}x{h}x{d}-rot{rot}-{np.dtype(pos_dtype).name}"
+        + ("-inplace" if inplace else ""), make,
+        ref=lambda i, interleaved=interleaved: REF.rope(i["x"], i["pos"], i["inv"], interleaved), cuda=cuda))
+
+
+# --- KV store ---------------------------------------------------------------------------------
+for n, hkv, d, slot_dtype, fused in [(5, 2, 64, np.int64, False), (3, 8, 128, np.int32, True), (9, 1, 16, np.int32, False)]:
+    def make(rng, n=n, hkv=hkv, d=d, slot_dtype=slot_dtype):
+        nb, bs = 4, 16
+        slots = rng.choice(nb * bs, n, replace=False).astype(slot_dtype)
+        slots[n // 2] = -1                       # padding row: not written
+        return {"qkv": _randn(rng, n, (4 + 2) * hkv * d), "slots": slots,
+                "kc": _randn(rng, nb, bs, hkv, d).astype(np.float16), "vc": _randn(rng, nb, bs, hkv, d).astype(np.float16)}
+
+    def split_kv(qkv, hkv, d):
+        n = qkv.shape[0]
+        k = qkv[:, 4 * hkv * d:5 * hkv * d].reshape(n, hkv, d)
+        return k, qkv[:, 5 * hkv * d:].reshape(n, hkv, d)
+
+    def ref(i, hkv=hkv, d=d):
+        k, v = split_kv(i["qkv"], hkv, d)
+        keep = i["slots"] >= 0
+        kc, vc = i["kc"].reshape(-1, hkv, d), i["vc"].reshape(-1, hkv, d)
+        kc[i["slots"][keep]], vc[i["slots"][keep]] = k[keep], v[keep]
+        return i["kc"], i["vc"]
+
+    def cuda(i, poison, hkv=hkv, d=d, fused=fused):
+        k, v = split_kv(_up(i["qkv"]), hkv, d)
+        if not fused:
+            k, v = _cp().ascontiguousarray(k), _cp().ascontiguousarray(v)
+        kc, vc = _up(i["kc"]), _up(i["vc"])
+        _ew().store_kv(kc, vc, k, v, _up(i["slots"]))
+        return kc, vc
+
+    ROWS.append(KernelRow("store_kv", f"n{n}-hkv{hkv}-d{d}-{np.dtype(slot_dtype).name}" + ("-views" if fused else ""),
+                          make, ref=ref, cuda=cuda, tol=0.0))
