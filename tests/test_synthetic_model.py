@@ -206,3 +206,10 @@ def test_tokenizer_from_another_gguf(small, tmp_path):
     assert all(a[k] == b[k] for k in b if k.startswith("tokenizer."))
     with pytest.raises(SystemExit, match="tokens"):
         _script().main(["--out", str(tmp_path / "x"), *SMALL[2:], "--vocab", "600", "--tokenizer-gguf", src])
+
+
+def test_engine_runs_every_format(small):
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for f, path in _paths(small).items():
+        out = Engine(path, device="cpu", progress=False).generate("the cat", params)[0]
+        assert len(out.outputs[0].token_ids) == 4, f
