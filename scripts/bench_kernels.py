@@ -150,6 +150,42 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     return out
 
 
+def bench_rows_per_block(args, copy_gbps: float) -> dict:
+    """Batch-1 GEMV kernels launched directly with R = 1, 2, 4, 8 rows per block (linear()
+    uses linear_cuda.rows_per_block), fp16 and Q4_K at 14336x4096."""
+    cp = _cp()
+    from pocketcupy.backend import linear_cuda as lc
+    from pocketcupy.backend.kernels import kernel
+
+    rng = np.random.default_rng(2)
+    rows, cols = 14336, 4096
+    x = cp.random.standard_normal((1, cols), dtype=cp.float32)
+    y = cp.empty((1, rows), cp.float32)
+    out = {}
+    for qtype in ("F16", "Q4_K"):
+        w0 = make_weight(qtype, rows, cols, rng)
+        copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+        xq, xds = lc._quantize_x(x)
+        for r in (1, 2, 4, 8):
+            if qtype == "F16":
+                expr = f"gemv_dense<0, 1, {r}>"
+                fn = kernel("gemv.cu", expr, name_expressions=(expr,))
+                args_of = lambda w: (w.data, np.int32(rows), np.int32(cols), x, np.uint64(0), y)  # noqa: E731
+            else:
+                expr = f"gemv_gguf<12, 1, {r}>"
+                fn = kernel("gemv_gguf.cu", expr, name_expressions=(expr,))
+                args_of = lambda w: (w.data, np.int64(w.data.shape[1]), np.int32(rows), np.int32(cols),  # noqa: E731
+                                     xq, xds, np.uint64(0), y)
+            it = iter(range(1 << 62))
+            t = time_us(lambda: fn(((rows + r - 1) // r,), (lc.GEMV_THREADS,), args_of(copies[next(it) % len(copies)])),
+                        args.reps, len(copies) * max(1, 8 // len(copies)))
+            gbps = weight_bytes(w0) / t["us"] / 1e3
+            out[f"gemv_{qtype.lower()}_bs1_R{r}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
+                                                                  "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        del copies, w0
+    return out
+
+
 def bench_gemm(args, peak_tflops: float) -> dict:
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
@@ -231,6 +267,8 @@ def main(argv=None) -> int:
     copy_gbps, peak = res["copy"]["GBps"], res["gemm_f16_8192"]["TFLOPs"]
     if "gemv" in only:
         res["gemv"] = bench_gemv(args, copy_gbps)
+        if not args.quick:
+            res["gemv_rows_per_block"] = bench_rows_per_block(args, copy_gbps)
     if "gemm" in only:
         res["gemm"] = bench_gemm(args, peak)
     if "attention" in only:

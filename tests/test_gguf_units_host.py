@@ -48,3 +48,11 @@ def test_units_match_gguf(host_bin, qtype, align):
         ref_dot = float(ref.astype(np.float64) @ dequantize_q8_x(xq, ds)[0])
         scale = float(np.abs(ref).astype(np.float64) @ np.abs(dequantize_q8_x(xq, ds)[0]))
         assert abs(dot - ref_dot) <= 1e-5 * scale, (dot, ref_dot)
+
+
+def test_tables_header_is_current():
+    import sys
+
+    script = os.path.join(os.path.dirname(HERE), "scripts", "gen_gguf_tables.py")
+    assert subprocess.run([sys.executable, script, "--check"]).returncode == 0, \
+        "cuda_src/gguf_tables.cuh is stale: run scripts/gen_gguf_tables.py"
