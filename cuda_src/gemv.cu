@@ -1,8 +1,8 @@
 // Dense fp16 / bf16 GEMV for batch 1-8 with fp32 activations and output, and the fp32 ->
 // fp16 / bf16 casts that feed the cuBLAS GEMM path.
 //
-// gemv_dense<WT, NB, R>: WT 0 fp16, 1 bf16; block of 128 threads owns R rows, its threads
-// stride over 8-value (16-byte) chunks of K; U chunks per row are loaded before any math
+// gemv_dense<WT, NB, R>: WT 0 fp16, 1 bf16; block of 32-128 threads (fewer for short rows)
+// owns R rows, its threads stride over 8-value (16-byte) chunks of K; U chunks per row are loaded before any math
 // so each thread keeps U*R 16-byte loads in flight.  Needs K % 8 == 0.  Grid: ceil(rows / R).
 #include "gguf_prims.cuh"
 #include "gemv_reduce.cuh"
@@ -51,17 +51,18 @@ gemv_dense(const u16* __restrict__ W, int rows, int K, const float* __restrict__
     const int nch = K >> 3;
     const float4* x4 = (const float4*)x;
     const long long ldx4 = K >> 2;
-    for (int c0 = threadIdx.x; c0 < nch; c0 += GEMV_THREADS * U) {
+    const int nt = blockDim.x;
+    for (int c0 = threadIdx.x; c0 < nch; c0 += nt * U) {
         uint4 w[U][R];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * GEMV_THREADS;
+            const int c = c0 + u * nt;
 #pragma unroll
             for (int r = 0; r < R; ++r) w[u][r] = c < nch ? ld_stream(wr[r] + c) : make_uint4(0u, 0u, 0u, 0u);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int c = c0 + u * GEMV_THREADS;
+            const int c = c0 + u * nt;
             if (c >= nch) break;
             float wf[R][8];
 #pragma unroll

@@ -2,9 +2,9 @@
 // are first quantized to int8 blocks of 32 (quantize_q8_x), then each weight unit of 32
 // values (gguf_units.cuh) is dotted with them by __dp4a.
 //
-// gemv_gguf<QT, NB, R>: block of 128 threads owns R rows; its threads stride over the
-// (block, unit) pairs of those rows, each unit's weights read once and used for all NB
-// activation rows.  Grid: ceil(rows / R).
+// gemv_gguf<QT, NB, R>: block of 32-128 threads (fewer for short rows) owns R rows; its
+// threads stride over the (block, unit) pairs of those rows, each unit's weights read once
+// and used for all NB activation rows.  Grid: ceil(rows / R).
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 
@@ -44,7 +44,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     const u32* tab = nullptr;
     if constexpr (TAB > 0) {
         const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < TAB; i += GEMV_THREADS) tab_s[i] = src[i];
+        for (int i = threadIdx.x; i < TAB; i += blockDim.x) tab_s[i] = src[i];
         __syncthreads();
         tab = tab_s;
     }
@@ -61,7 +61,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
 
     const int nunits = (K / QK) * NSUB;
     const long long ldx = K, ldd = K / 32;
-    for (int t = threadIdx.x; t < nunits; t += GEMV_THREADS) {
+    for (int t = threadIdx.x; t < nunits; t += blockDim.x) {
         const int blk = t / NSUB, sub = t % NSUB;
         Unit u[R];
 #pragma unroll

@@ -101,6 +101,12 @@ def _linear_rows():
         cols = _cols(qtype)
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_tiled_n19-{ROWS_OUT}x{cols}",
                               _make_linear(qtype, 19, cols, True), _ref_linear, _cuda_linear(), 2e-2))
+    # short rows: GEMV blocks of 32 / 64 threads
+    for qtype, cols, n in (("F16", 200, 1), ("BF16", 584, 5), ("Q8_0", 576, 1), ("Q4_1", 1536, 3),
+                           ("Q4_K", 512, 1), ("Q6_K", 2048, 8)):
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_bs{n}_short-{ROWS_OUT}x{cols}",
+                              _make_linear(qtype, n, cols, True), _ref_linear, _cuda_linear(),
+                              2e-2 if qtype in QTYPES else 1e-5))
     # quantized GEMM over several dequantized row tiles
     rows.append(KernelRow("linear", f"gemm_q6_k_n40_rowtiles-{ROWS_OUT}x5120", _make_linear("Q6_K", 40, 5120, True),
                           _ref_linear, _cuda_linear(tile_elems=16 * 5120), 3e-3))

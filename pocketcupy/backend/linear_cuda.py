@@ -91,6 +91,14 @@ def rows_per_block(nb: int) -> int:
     return 2 if nb == 1 else 4
 
 
+def gemv_threads(work_items: int) -> int:
+    """Threads per GEMV block: 32..128, no more than the row's work items (short rows)."""
+    t = 32
+    while t < GEMV_THREADS and t < work_items:
+        t *= 2
+    return t
+
+
 def gemv_variant(w: CudaWeight, nb: int) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4."""
     return f"gemv_{w.qtype.lower()}_bs{nb}"
@@ -138,7 +146,8 @@ def _gemv_dense(x, w: CudaWeight, bias, out) -> None:
     n, k = x.shape
     r = rows_per_block(n)
     fn = _dense_gemv(w.qtype, n)
-    fn(((w.rows + r - 1) // r,), (GEMV_THREADS,),
+    unroll = 2 if r >= 4 else 4                            # U in gemv_dense
+    fn(((w.rows + r - 1) // r,), (gemv_threads(-(-(k // 8) // unroll)),),
        (w.data, np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
 
 
@@ -162,7 +171,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
     for n0 in range(0, n, GEMV_MAX_BATCH):
         nb = min(GEMV_MAX_BATCH, n - n0)
         r = rows_per_block(nb)
-        _gguf_gemv(w.qtype, nb)(((w.rows + r - 1) // r,), (GEMV_THREADS,),
+        _gguf_gemv(w.qtype, nb)(((w.rows + r - 1) // r,), (gemv_threads(k // 32),),
                                 (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:], xds[n0:],
                                  _null() if bias is None else bias, out[n0:]))
 
