@@ -10,37 +10,50 @@
 
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
-#define DEC_TILE 64      // keys per smem tile
-#define DEC_MAXG 16      // most query heads per KV head
+#define DEC_TILE 32          // keys per pipeline stage (lane = key in the score phase)
+#define DEC_MIN_CHUNK 64     // fewest keys per split
+#define DEC_MAXG 16          // most query heads per KV head
 
-// Lane `lane` holds elements [lane*EPL, lane*EPL + EPL) of a D-long row (lanes >= D idle for D < 32).
-template <int D> struct RowLanes {
-    static constexpr int EPL = D >= 32 ? D / 32 : 1;
-};
-
-template <typename T, int EPL>
-__device__ __forceinline__ void load_row_lane(const T* row, int lane, int D, float* dst) {
-#pragma unroll
-    for (int e = 0; e < EPL; ++e) {
-        const int d = lane * EPL + e;
-        dst[e] = d < D ? KvType<T>::load(row[d]) : 0.0f;
+// Issues the cp.async copies of keys [t0, min(t0 + DEC_TILE, k_end)) into one stage; commits them.
+template <typename T, int D, int STR>
+__device__ __forceinline__ void decode_load_tile(T* k_dst, T* v_dst, const T* __restrict__ k_cache,
+                                                 const T* __restrict__ v_cache, const int* __restrict__ table,
+                                                 int t0, int k_end, int block_size, int num_kv_heads, int kh) {
+    constexpr int EPC = KvType<T>::PER16, CH = D / EPC;
+    const int n = min(DEC_TILE, k_end - t0);
+    for (int i = threadIdx.x; i < DEC_TILE * CH; i += DEC_THREADS) {
+        const int j = i / CH, c = i % CH;
+        if (j < n) {
+            const int p = t0 + j;
+            const i64 off = (((i64)table[p / block_size] * block_size + p % block_size) * num_kv_heads + kh) * D + c * EPC;
+            cp_async16(k_dst + j * STR + c * EPC, k_cache + off);
+            cp_async16(v_dst + j * STR + c * EPC, v_cache + off);
+        }
     }
+    cp_async_commit();
 }
 
+// K/V tiles go global -> shared with 16-byte cp.async, double-buffered: tile i+1 is in flight
+// while tile i is used. Scores: lane = key, warp w takes heads w, w + 4, ...; PV: a thread owns
+// two adjacent columns for heads hg, hg + HG, ... Rows padded by 16 bytes (conflict-free).
 template <typename T, int D>
 __device__ __forceinline__ void decode_body(
     const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ seq_lens,
     float* __restrict__ out, i64 out_stride, float* __restrict__ part_o, float* __restrict__ part_lse,
     int num_kv_heads, int group, int block_size, int num_splits, float scale_log2) {
-    constexpr int EPL = RowLanes<D>::EPL;
-    constexpr int HG = D >= DEC_THREADS ? 1 : DEC_THREADS / D;       // head groups in the PV phase
-    constexpr int CPT = D >= DEC_THREADS ? D / DEC_THREADS : 1;      // columns per thread
-    constexpr int HPT = (DEC_MAXG + HG - 1) / HG;                     // heads per thread (max)
+    constexpr int STR = D + KvType<T>::PER16;        // smem row stride (elements): +16 bytes
+    constexpr int EPC = KvType<T>::PER16;            // elements per 16-byte chunk
+    constexpr int CH = D / EPC;                      // chunks per row
+    constexpr int NP = D / 2;                        // column pairs
+    constexpr int HG = DEC_THREADS / NP;             // head groups in the PV phase
+    constexpr int HPT = (DEC_MAXG + HG - 1) / HG;    // heads per thread in the PV phase
+    constexpr int SPW = DEC_MAXG / DEC_WARPS;        // heads per warp in the score phase
 
-    __shared__ float q_s[DEC_MAXG][D];
-    __shared__ float s_s[DEC_TILE][DEC_MAXG];
-    __shared__ i64 slot_s[DEC_TILE];
+    __shared__ __align__(16) T k_s[2][DEC_TILE * STR];
+    __shared__ __align__(16) T v_s[2][DEC_TILE * STR];
+    __shared__ __align__(16) float q_s[DEC_MAXG][D];
+    __shared__ float s_s[DEC_TILE][DEC_MAXG + 1];
     __shared__ float m_s[DEC_MAXG], l_s[DEC_MAXG], alpha_s[DEC_MAXG];
 
     const int split = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
@@ -48,65 +61,75 @@ __device__ __forceinline__ void decode_body(
     const int hq_total = num_kv_heads * group, h0 = kh * group;
     const int ctx = seq_lens[b];
     int chunk = (ctx + num_splits - 1) / num_splits;
-    chunk = max(DEC_TILE, (chunk + 15) & ~15);        // short contexts use fewer, fuller splits
+    chunk = max(DEC_MIN_CHUNK, (chunk + 15) & ~15);  // short contexts use fewer, fuller splits
     const int k_begin = split * chunk;
     const int k_end = min(ctx, k_begin + chunk);
     if (k_begin >= k_end && split > 0) {               // empty split: only its weight (zero) is written
         if (tid < group) part_lse[((i64)b * hq_total + h0 + tid) * num_splits + split] = pc_neg_inf();
         return;
     }
+    const int* table = block_tables + (i64)b * bt_stride;
+    const int ntiles = (k_end - k_begin + DEC_TILE - 1) / DEC_TILE;
+
+    if (ntiles > 0)
+        decode_load_tile<T, D, STR>(k_s[0], v_s[0], k_cache, v_cache, table, k_begin, k_end, block_size, num_kv_heads, kh);
 
     for (int i = tid; i < group * D; i += DEC_THREADS)
         q_s[i / D][i % D] = q[(i64)b * q_stride + (i64)h0 * D + i] * scale_log2;
     if (tid < DEC_MAXG) { m_s[tid] = pc_neg_inf(); l_s[tid] = 0.0f; alpha_s[tid] = 1.0f; }
 
-    // PV-phase ownership: column(s) d = col0 + c*DEC_THREADS, heads hg, hg + HG, ...
-    const int hg = tid / (D < DEC_THREADS ? D : DEC_THREADS);
-    const int col0 = tid % (D < DEC_THREADS ? D : DEC_THREADS);
-    float acc[HPT][CPT];
+    const int hg = tid / NP, cp = tid % NP;
+    float acc[HPT][2];
 #pragma unroll
-    for (int i = 0; i < HPT; ++i)
-#pragma unroll
-        for (int c = 0; c < CPT; ++c) acc[i][c] = 0.0f;
+    for (int i = 0; i < HPT; ++i) acc[i][0] = acc[i][1] = 0.0f;
 
-    for (int t0 = k_begin; t0 < k_end; t0 += DEC_TILE) {
-        const int n = min(DEC_TILE, k_end - t0);
-        __syncthreads();  // previous tile fully consumed; q_s / m_s initialised
-        if (tid < n) {
-            const int p = t0 + tid;
-            slot_s[tid] = (i64)block_tables[(i64)b * bt_stride + p / block_size] * block_size + p % block_size;
-        }
-        __syncthreads();
-        // scores: a warp per key, lanes split the head dim
-        for (int j = warp; j < n; j += DEC_WARPS) {
-            float kv[EPL];
-            load_row_lane<T, EPL>(k_cache + (slot_s[j] * num_kv_heads + kh) * D, lane, D, kv);
-            for (int h = 0; h < group; ++h) {
-                float s = 0.0f;
+    for (int it = 0; it < ntiles; ++it) {
+        const int t0 = k_begin + it * DEC_TILE, n = min(DEC_TILE, k_end - t0), st = it & 1;
+        if (it + 1 < ntiles)
+            decode_load_tile<T, D, STR>(k_s[st ^ 1], v_s[st ^ 1], k_cache, v_cache, table, t0 + DEC_TILE, k_end,
+                                        block_size, num_kv_heads, kh);
+        else
+            cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();                               // tile `it` landed for every thread; q_s ready
+        // scores
+        {
+            const T* krow = &k_s[st][lane * STR];
+            float s[SPW];
 #pragma unroll
-                for (int e = 0; e < EPL; ++e) {
-                    const int d = lane * EPL + e;
-                    if (d < D) s += q_s[h][d] * kv[e];
+            for (int i = 0; i < SPW; ++i) s[i] = 0.0f;
+#pragma unroll 4
+            for (int c = 0; c < CH; ++c) {
+                float kv[EPC];
+                KvType<T>::unpack16(*reinterpret_cast<const uint4*>(krow + c * EPC), kv);
+#pragma unroll
+                for (int i = 0; i < SPW; ++i) {
+                    const int h = warp + i * DEC_WARPS;
+                    if (h < group) {
+                        const float4* qv = reinterpret_cast<const float4*>(&q_s[h][c * EPC]);
+#pragma unroll
+                        for (int e4 = 0; e4 < EPC / 4; ++e4) {
+                            const float4 qq = qv[e4];
+                            s[i] += qq.x * kv[4 * e4] + qq.y * kv[4 * e4 + 1] + qq.z * kv[4 * e4 + 2] + qq.w * kv[4 * e4 + 3];
+                        }
+                    }
                 }
-                s = warp_sum(s);
-                if (lane == 0) s_s[j][h] = s;
+            }
+#pragma unroll
+            for (int i = 0; i < SPW; ++i) {
+                const int h = warp + i * DEC_WARPS;
+                if (h < group && lane < n) s_s[lane][h] = s[i];
             }
         }
         __syncthreads();
-        // online softmax: a warp per head
+        // online softmax: a warp per head, lane = key
         for (int h = warp; h < group; h += DEC_WARPS) {
-            float mx = pc_neg_inf();
-            for (int j = lane; j < n; j += 32) mx = fmaxf(mx, s_s[j][h]);
-            mx = warp_max(mx);
+            const float sc = lane < n ? s_s[lane][h] : pc_neg_inf();
             const float m_old = m_s[h];
-            const float m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-            for (int j = lane; j < n; j += 32) {
-                const float p = exp2f(s_s[j][h] - m_new);
-                s_s[j][h] = p;
-                sum += p;
-            }
-            sum = warp_sum(sum);
+            const float m_new = fmaxf(m_old, warp_max(sc));
+            const float p = exp2f(sc - m_new);
+            if (lane < n) s_s[lane][h] = p;
+            const float sum = warp_sum(p);
             if (lane == 0) {
                 const float alpha = exp2f(m_old - m_new);
                 alpha_s[h] = alpha;
@@ -120,28 +143,27 @@ __device__ __forceinline__ void decode_body(
         for (int i = 0; i < HPT; ++i) {
             const int h = hg + i * HG;
             if (h < group) {
-                const float a = alpha_s[h];
-#pragma unroll
-                for (int c = 0; c < CPT; ++c) acc[i][c] *= a;
+                acc[i][0] *= alpha_s[h];
+                acc[i][1] *= alpha_s[h];
             }
         }
         for (int j = 0; j < n; ++j) {
-            const T* vrow = v_cache + (slot_s[j] * num_kv_heads + kh) * D;
-            float vv[CPT];
-#pragma unroll
-            for (int c = 0; c < CPT; ++c) vv[c] = KvType<T>::load(vrow[col0 + c * DEC_THREADS]);
+            const T* vp = &v_s[st][j * STR + 2 * cp];
+            const float v0 = KvType<T>::load(vp[0]), v1 = KvType<T>::load(vp[1]);
 #pragma unroll
             for (int i = 0; i < HPT; ++i) {
                 const int h = hg + i * HG;
                 if (h < group) {
                     const float p = s_s[j][h];
-#pragma unroll
-                    for (int c = 0; c < CPT; ++c) acc[i][c] += p * vv[c];
+                    acc[i][0] += p * v0;
+                    acc[i][1] += p * v1;
                 }
             }
         }
+        __syncthreads();                               // stage `st` is free for tile it + 2
     }
-    __syncthreads();  // l_s / m_s final (also covers an empty split)
+    cp_async_wait<0>();
+    __syncthreads();                                   // l_s / m_s final (also for an empty split)
 
 #pragma unroll
     for (int i = 0; i < HPT; ++i) {
@@ -150,14 +172,13 @@ __device__ __forceinline__ void decode_body(
         const float l = l_s[h];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int hq = h0 + h;
+        const float2 o = make_float2(acc[i][0] * inv, acc[i][1] * inv);
         if (num_splits == 1) {
-#pragma unroll
-            for (int c = 0; c < CPT; ++c) out[(i64)b * out_stride + (i64)hq * D + col0 + c * DEC_THREADS] = acc[i][c] * inv;
+            *reinterpret_cast<float2*>(out + (i64)b * out_stride + (i64)hq * D + 2 * cp) = o;
         } else {
             const i64 row = ((i64)b * hq_total + hq) * num_splits + split;
-#pragma unroll
-            for (int c = 0; c < CPT; ++c) part_o[row * D + col0 + c * DEC_THREADS] = acc[i][c] * inv;
-            if (col0 == 0) part_lse[row] = l > 0.0f ? m_s[h] + log2f(l) : pc_neg_inf();
+            *reinterpret_cast<float2*>(part_o + row * D + 2 * cp) = o;
+            if (cp == 0) part_lse[row] = l > 0.0f ? m_s[h] + log2f(l) : pc_neg_inf();
         }
     }
 }

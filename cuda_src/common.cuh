@@ -43,9 +43,41 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // KV cache element types: load as float, store from float. FP8/INT8 KV will add specialisations.
 template <typename T> struct KvType;
 template <> struct KvType<__half> {
+    static constexpr int PER16 = 8;    // elements per 16 bytes
     static __device__ __forceinline__ float load(__half x) { return __half2float(x); }
     static __device__ __forceinline__ __half store(float x) { return __float2half_rn(x); }
+    static __device__ __forceinline__ void unpack16(const uint4& r, float* f) {
+        const u32 w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = __half2float(__ushort_as_half((u16)(w[i] & 0xffffu)));
+            f[2 * i + 1] = __half2float(__ushort_as_half((u16)(w[i] >> 16)));
+        }
+    }
 };
 
 // Reads an index array element stored as int32 or int64.
 template <typename I> __device__ __forceinline__ i64 load_index(const I* p, i64 i) { return (i64)p[i]; }
+
+// 16-byte global -> shared copies: cp.async on sm_80+ (wait with cp_async_wait<N>: all but the
+// N most recent committed groups have landed), a plain copy before that.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+    *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
