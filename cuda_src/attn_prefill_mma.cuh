@@ -1,11 +1,12 @@
 // Tensor-core prefill (sm_80+), included by attn_prefill.cu: mma.sync m16n8k16, fp16 inputs,
-// fp32 accumulators, FlashAttention-2 register layout. BQ = 64 query rows (16 per warp),
-// BK = 64 keys per smem tile. Q is rounded to fp16 (K/V already are); P is rounded to fp16 for
-// the PV product. On older archs the kernel traps: the launcher only picks it for sm_80+.
+// fp32 accumulators, FlashAttention-2 register layout. BQ = 64 query rows (16 per warp); K/V
+// tiles of BK keys (64 for D <= 64, else 32) double-buffered in shared memory by cp.async, B
+// fragments read with ldmatrix (.trans for V). Q is rounded to fp16 (K/V already are); P is
+// rounded to fp16 for the PV product. On older archs the kernel traps: the launcher only picks
+// it for sm_80+.
 #pragma once
 
 #define MMA_BQ 64
-#define MMA_BK 64
 
 __device__ __forceinline__ u32 pack_f2h2(float lo, float hi) {
     __half2 h = __floats2half2_rn(lo, hi);
@@ -30,6 +31,47 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
 #endif
 }
 
+// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
+// lane l gets matrix i's (row l/4, cols 2(l%4)..+1) -- or with .trans its (rows 2(l%4)..+1, col l/4).
+__device__ __forceinline__ void ldsm_x4(u32* r, const __half* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#endif
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const __half* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 a = (u32)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+#endif
+}
+
+// cp.async of keys [k0, k0 + BK) of one KV head into a stage; keys >= ctx are zero-filled
+// (0 * garbage could be NaN in the PV product).
+template <int D, int BK, int STR>
+__device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, const __half* __restrict__ k_cache,
+                                              const __half* __restrict__ v_cache, const int* __restrict__ table,
+                                              int k0, int ctx, int block_size, int num_kv_heads, int kh) {
+    constexpr int CH = D / 8;
+    for (int i = threadIdx.x; i < BK * CH; i += blockDim.x) {
+        const int j = i / CH, c = i % CH, key = k0 + j;
+        __half* kd = k_dst + j * STR + c * 8;
+        __half* vd = v_dst + j * STR + c * 8;
+        if (key < ctx) {
+            const i64 off = (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + c * 8;
+            cp_async16(kd, k_cache + off);
+            cp_async16(vd, v_cache + off);
+        } else {
+            *reinterpret_cast<uint4*>(kd) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(vd) = make_uint4(0, 0, 0, 0);
+        }
+    }
+    cp_async_commit();
+}
+
 template <int D>
 __device__ __forceinline__ void prefill_mma_body(
     const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
@@ -37,13 +79,13 @@ __device__ __forceinline__ void prefill_mma_body(
     const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride,
     int num_kv_heads, int group, int block_size, float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int STR = D + 8;        // smem row stride (halves): fragment reads are conflict-free
+    constexpr int BK = D <= 64 ? 64 : 32;   // keys per tile: two stages of K and V fit 48 KB
+    constexpr int STR = D + 8;        // smem row stride (halves): ldmatrix rows are conflict-free
     constexpr int KS = D / 16;        // k-steps over the head dim (QK^T)
     constexpr int DN = D / 8;         // n-tiles over the head dim (PV)
-    constexpr int NT = MMA_BK / 8;    // n-tiles over the keys (QK^T)
-    constexpr int CH = D / 8;         // 16-byte chunks per cache row
-    __shared__ __align__(16) __half k_s[MMA_BK * STR];
-    __shared__ __align__(16) __half v_s[MMA_BK * STR];
+    constexpr int NT = BK / 8;        // n-tiles over the keys (QK^T)
+    __shared__ __align__(16) __half k_s[2][BK * STR];
+    __shared__ __align__(16) __half v_s[2][BK * STR];
 
     int b, q0, nq, r0;
     if (!find_tile(query_start, num_seqs, MMA_BQ, blockIdx.x, b, q0, nq, r0)) return;
@@ -81,87 +123,97 @@ __device__ __forceinline__ void prefill_mma_body(
     for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
 
-    for (int k0 = 0; k0 <= kmax; k0 += MMA_BK) {
-        __syncthreads();
-        for (int i = tid; i < MMA_BK * CH; i += blockDim.x) {
-            const int j = i / CH, c = i % CH, key = k0 + j;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (key < ctx) {
-                const i64 off = (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + c * 8;
-                kv = *reinterpret_cast<const uint4*>(k_cache + off);
-                vv = *reinterpret_cast<const uint4*>(v_cache + off);
-            }
-            *reinterpret_cast<uint4*>(k_s + j * STR + c * 8) = kv;
-            *reinterpret_cast<uint4*>(v_s + j * STR + c * 8) = vv;
-        }
-        __syncthreads();
-        if (k0 > warp_kmax) continue;     // none of this warp's rows reach these keys
+    const int ntiles = kmax / BK + 1;
+    mma_load_tile<D, BK, STR>(k_s[0], v_s[0], k_cache, v_cache, table, 0, ctx, block_size, num_kv_heads, kh);
+    // ldmatrix row addresses of this lane: matrix mi = lane / 8, row lane % 8
+    const int mi = lane >> 3, mr = lane & 7;
+    const int k_row = (mi >> 1) * 8 + mr, k_col = (mi & 1) * 8;      // K: (n-tile pair, d half)
+    const int v_row = (mi & 1) * 8 + mr, v_col = (mi >> 1) * 8;      // V: (key half, d-tile pair)
 
-        float s[NT][4];
+    for (int it = 0; it < ntiles; ++it) {
+        const int k0 = it * BK, st = it & 1;
+        if (it + 1 < ntiles)
+            mma_load_tile<D, BK, STR>(k_s[st ^ 1], v_s[st ^ 1], k_cache, v_cache, table, k0 + BK, ctx, block_size,
+                                      num_kv_heads, kh);
+        else
+            cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        if (k0 <= warp_kmax) {            // else none of this warp's rows reach these keys
+            const __half* ks_ = k_s[st];
+            const __half* vs_ = v_s[st];
+            float s[NT][4];
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ++ks) {
-                const __half* kp = k_s + (j * 8 + g) * STR + ks * 16 + 2 * t;
-                mma_16816(s[j], qf[ks], *reinterpret_cast<const u32*>(kp), *reinterpret_cast<const u32*>(kp + 8));
+            for (int j = 0; j < NT; j += 2) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks) {
+                    u32 kb[4];                // b0, b1 of n-tile j, then of n-tile j + 1
+                    ldsm_x4(kb, ks_ + (j * 8 + k_row) * STR + ks * 16 + k_col);
+                    mma_16816(s[j], qf[ks], kb[0], kb[1]);
+                    mma_16816(s[j + 1], qf[ks], kb[2], kb[3]);
+                }
             }
-        }
-        float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
+            float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = k0 + j * 8 + 2 * t + e;
-                const float sa = (key > qpos_a || key >= ctx) ? pc_neg_inf() : s[j][e] * scale_log2;
-                const float sb = (key > qpos_b || key >= ctx) ? pc_neg_inf() : s[j][2 + e] * scale_log2;
-                s[j][e] = sa;
-                s[j][2 + e] = sb;
-                mx_a = fmaxf(mx_a, sa);
-                mx_b = fmaxf(mx_b, sb);
-            }
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;   // a row with no key yet
-        const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
-        const float al_a = exp2f(m_a - ms_a), al_b = exp2f(m_b - ms_b);
-        m_a = mn_a;
-        m_b = mn_b;
-        float sum_a = 0.0f, sum_b = 0.0f;
+                for (int e = 0; e < 2; ++e) {
+                    const int key = k0 + j * 8 + 2 * t + e;
+                    const float sa = (key > qpos_a || key >= ctx) ? pc_neg_inf() : s[j][e] * scale_log2;
+                    const float sb = (key > qpos_b || key >= ctx) ? pc_neg_inf() : s[j][2 + e] * scale_log2;
+                    s[j][e] = sa;
+                    s[j][2 + e] = sb;
+                    mx_a = fmaxf(mx_a, sa);
+                    mx_b = fmaxf(mx_b, sb);
+                }
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+            const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;   // a row with no key yet
+            const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
+            const float al_a = exp2f(m_a - ms_a), al_b = exp2f(m_b - ms_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            float sum_a = 0.0f, sum_b = 0.0f;
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                s[j][e] = exp2f(s[j][e] - ms_a);
-                s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
-                sum_a += s[j][e];
-                sum_b += s[j][2 + e];
-            }
-        l_a = l_a * al_a + sum_a;
-        l_b = l_b * al_b + sum_b;
-#pragma unroll
-        for (int dn = 0; dn < DN; ++dn) {
-            o[dn][0] *= al_a;
-            o[dn][1] *= al_a;
-            o[dn][2] *= al_b;
-            o[dn][3] *= al_b;
-        }
-#pragma unroll
-        for (int kk = 0; kk < MMA_BK / 16; ++kk) {
-            const u32 pa[4] = {pack_f2h2(s[2 * kk][0], s[2 * kk][1]), pack_f2h2(s[2 * kk][2], s[2 * kk][3]),
-                               pack_f2h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack_f2h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            const __half* vp = v_s + (kk * 16 + 2 * t) * STR + g;
+                for (int e = 0; e < 2; ++e) {
+                    s[j][e] = exp2f(s[j][e] - ms_a);
+                    s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
+                    sum_a += s[j][e];
+                    sum_b += s[j][2 + e];
+                }
+            l_a = l_a * al_a + sum_a;
+            l_b = l_b * al_b + sum_b;
 #pragma unroll
             for (int dn = 0; dn < DN; ++dn) {
-                const __half* vd = vp + dn * 8;
-                mma_16816(o[dn], pa, pack_h2(vd[0], vd[STR]), pack_h2(vd[8 * STR], vd[9 * STR]));
+                o[dn][0] *= al_a;
+                o[dn][1] *= al_a;
+                o[dn][2] *= al_b;
+                o[dn][3] *= al_b;
             }
-        }
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                const u32 pa[4] = {pack_f2h2(s[2 * kk][0], s[2 * kk][1]), pack_f2h2(s[2 * kk][2], s[2 * kk][3]),
+                                   pack_f2h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   pack_f2h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int dn = 0; dn < DN; dn += 2) {
+                    u32 vb[4];                // b0, b1 of d-tile dn, then of d-tile dn + 1
+                    ldsm_x4_trans(vb, vs_ + (kk * 16 + v_row) * STR + dn * 8 + v_col);
+                    mma_16816(o[dn], pa, vb[0], vb[1]);
+                    mma_16816(o[dn + 1], pa, vb[2], vb[3]);
+                }
+            }
+        }                                 // k0 <= warp_kmax
+        __syncthreads();                  // stage st is free for tile it + 2
     }
+    cp_async_wait<0>();
     l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 1);
     l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
     l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
