@@ -3,8 +3,8 @@ GEMM beyond) and get_rows, for every weight format the CUDA backend reads.
 
 Inputs: dense weights are random normals; GGUF blocks come from tests/gguf_blocks.py (the gguf
 quantizer where it has one, else random bytes with small fp16 scales). Reference: the weights
-dequantized by the gguf package, float64 NumPy. Tolerances: the quantized GEMV quantizes the
-activations to int8 (normalised error ~5e-3); the GEMM path casts them to fp16 (~3e-4) or
+dequantized by the gguf package, float64 NumPy. Tolerances: the quantized GEMV either keeps the
+activations fp32 (~1e-6) or quantizes them to int8 (normalised error ~5e-3); the GEMM path casts them to fp16 (~3e-4) or
 bf16 (~1e-3); the dense GEMV keeps them fp32."""
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _ref_linear(inp):
     return NumpyOps().linear(inp["x"].astype(np.float64), _deq64(inp), None if b is None else b.astype(np.float64))
 
 
-def _cuda_linear(tile_elems: int | None = None):
+def _cuda_linear(tile_elems: int | None = None, activations: str = "q8"):
     def run(inp, poison):
         import cupy as cp
 
@@ -65,13 +65,14 @@ def _cuda_linear(tile_elems: int | None = None):
         w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
         out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
         bias = cp.asarray(inp["bias"]) if "bias" in inp else None
-        saved = linear_cuda.DEQUANT_TILE_ELEMS
+        saved = linear_cuda.DEQUANT_TILE_ELEMS, linear_cuda.QUANT_ACTIVATIONS
         if tile_elems is not None:
             linear_cuda.DEQUANT_TILE_ELEMS = tile_elems
+        linear_cuda.QUANT_ACTIVATIONS = activations
         try:
             return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
         finally:
-            linear_cuda.DEQUANT_TILE_ELEMS = saved
+            linear_cuda.DEQUANT_TILE_ELEMS, linear_cuda.QUANT_ACTIVATIONS = saved
     return run
 
 
@@ -96,6 +97,13 @@ def _linear_rows():
             path = (f"gemv_{qtype.lower()}_bs{n}" if n <= 8 else f"gemm_{qtype.lower()}_n{n}")
             rows.append(KernelRow("linear", f"{path}-{ROWS_OUT}x{cols}", _make_linear(qtype, n, cols, n == 2),
                                   _ref_linear, _cuda_linear(), _linear_tol(qtype, n)))
+    # quantized GEMV with fp32 activations (the default: the reference's math)
+    for qtype in QTYPES:
+        cols = _cols(qtype)
+        for n in (1, 3, 8, 19):
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
+                                  _make_linear(qtype, n, cols, n == 3), _ref_linear,
+                                  _cuda_linear(activations="f32"), 2e-5))
     # quantized GEMV over column tiles (9..32), bias on
     for qtype in ("Q4_K", "Q8_0", "IQ2_XXS"):
         cols = _cols(qtype)

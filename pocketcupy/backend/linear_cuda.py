@@ -31,6 +31,10 @@ GGUF_QTYPES = {
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
+# Activations of the quantized GEMV: "f32" dots dequantized weights with fp32 activations (the
+# NumPy reference's math: greedy tokens match it); "q8" quantizes them to int8 first and uses
+# __dp4a, as llama.cpp's MMVQ does (less ALU work, a small numerical difference).
+QUANT_ACTIVATIONS = "f32"
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
@@ -119,6 +123,13 @@ def _gguf_gemv(qtype: str, nb: int):
 
 
 @functools.lru_cache(maxsize=None)
+def _gguf_gemv_f32(qtype: str, nb: int):
+    tid = GGUF_QTYPES[qtype][0]
+    exprs = tuple(f"gemv_gguf_f32<{tid}, {b}, {rows_per_block(b)}>" for b in range(1, GEMV_MAX_BATCH + 1))
+    return kernel("gemv_gguf_f32.cu", exprs[nb - 1], name_expressions=exprs)
+
+
+@functools.lru_cache(maxsize=None)
 def _dequant_rows(qtype: str, out_f16: bool, idx64: bool):
     tid = GGUF_QTYPES[qtype][0]
     exprs = tuple(f"dequant_rows<{tid}, {o}, {i}>" for o in (0, 1) for i in ("int", "long long"))
@@ -166,14 +177,21 @@ def _quantize_x(x):
 
 def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
     n, k = x.shape
-    xq, xds = _quantize_x(x)
+    exact = QUANT_ACTIVATIONS == "f32"
+    if not exact:
+        xq, xds = _quantize_x(x)
     bpr = np.int64(w.data.shape[1])
+    b = _null() if bias is None else bias
     for n0 in range(0, n, GEMV_MAX_BATCH):
         nb = min(GEMV_MAX_BATCH, n - n0)
         r = rows_per_block(nb)
-        _gguf_gemv(w.qtype, nb)(((w.rows + r - 1) // r,), (gemv_threads(k // 32),),
-                                (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:], xds[n0:],
-                                 _null() if bias is None else bias, out[n0:]))
+        grid, block = ((w.rows + r - 1) // r,), (gemv_threads(k // 32),)
+        if exact:
+            _gguf_gemv_f32(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), x[n0:], b,
+                                                      out[n0:]))
+        else:
+            _gguf_gemv(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:],
+                                                  xds[n0:], b, out[n0:]))
 
 
 def _cast(x, qtype: str):
