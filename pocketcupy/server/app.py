@@ -6,7 +6,7 @@ import json
 import logging
 
 from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException
 
 from .chat import handle_chat
 from .completions import handle_completion
@@ -29,10 +29,13 @@ def _no_constants(name):
 def _body(limit: int) -> dict:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
-    try:
-        raw = request.get_data(cache=False)
-    except RequestEntityTooLarge:
-        raise ApiError(413, f"request body exceeds the limit of {limit} bytes") from None
+    stream, parts, size = request.environ["wsgi.input"], [], 0  # the server ends it (Content-Length/chunked)
+    while chunk := stream.read(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+        parts.append(chunk)
+    raw = b"".join(parts)
     try:
         body = json.loads(raw, parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:

@@ -136,7 +136,7 @@ def _updates(state, req: ChatRequest, job: Job, forced):
             ended[i] = fr is not None
             yield _Update(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids))
         if all(ended):
-            job.close()
+            job.close("tool_calls")
             return
 
 

@@ -22,7 +22,7 @@ def disconnect_probe(environ):
     def gone() -> bool:
         try:
             return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ValueError):  # ValueError: TLS sockets cannot peek
             return False
         except OSError:
             return True
@@ -36,6 +36,8 @@ class Job:
         self.prompts, self.params, self.priority = prompts, params, priority
         self.gone, self.param_names = gone, param_names or {}
         self.streams: list = []
+        self.aborted: set[int] = set()
+        self._counted = False
         self.t0 = time.monotonic()
         self.first: dict[int, float] = {}
         self.num_generated = [0] * len(prompts)
@@ -54,7 +56,7 @@ class Job:
                                                            else self.params, rid, self.priority))
         except ValueError as e:
             self.close()
-            raise from_value_error(e, "messages", self.param_names) from None
+            raise from_value_error(e, self.param_names.get("prompt", "messages"), self.param_names) from None
         except RuntimeError as e:  # the loop is shutting down
             self.close()
             raise ApiError(503, f"the server is shutting down: {e}") from None
@@ -66,11 +68,15 @@ class Job:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def close(self) -> None:
-        for s in self.streams:
-            if not s.finished:
+    def close(self, reason: str = "abort") -> None:
+        """Abort what still runs (counted as finished for `reason`)."""
+        for i, s in enumerate(self.streams):
+            if not s.finished and i not in self.aborted:
                 s.abort()
-        if getattr(self, "_counted", False):
+                self.aborted.add(i)
+                params = self.params[i] if isinstance(self.params, list) else self.params
+                self.state.metrics.finished.labels(reason).inc(params.n)
+        if self._counted:
             self._counted = False
             self.state.metrics.requests_in_flight.dec()
 

@@ -183,7 +183,6 @@ def parse_stream(f: Fields) -> tuple[bool, bool]:
         raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
     o = Fields(opts, "stream_options")
     include_usage = o.bool("include_usage", False)
-    o.bool("continuous_usage_stats", False)
     o.reject_unknown()
     return stream, include_usage
 

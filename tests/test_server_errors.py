@@ -1,0 +1,145 @@
+"""Malformed requests: each gets a 4xx with OpenAI's error body naming the right `param`, none is
+a 500, and the server keeps serving afterwards."""
+import http.client
+
+import pytest
+
+from tests.test_server_harness import MODEL, metrics, request, server  # noqa: F401
+
+CHAT = "/v1/chat/completions"
+COMP = "/v1/completions"
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def chat(**kw):
+    body = {"model": MODEL, "messages": MSGS, "max_tokens": 2}
+    body.update(kw)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+def comp(**kw):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    body.update(kw)
+    return {k: v for k, v in body.items() if v is not ...}
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+TABLE = [  # (path, body, status, param)
+    (CHAT, chat(model=...), 400, "model"),
+    (CHAT, chat(model="gpt-17"), 404, "model"),
+    (CHAT, chat(model=5), 400, "model"),
+    (CHAT, chat(messages=...), 400, "messages"),
+    (CHAT, chat(messages=[]), 400, "messages"),
+    (CHAT, chat(messages="hi"), 400, "messages"),
+    (CHAT, chat(messages=[{"content": "hi"}]), 400, "messages[0].role"),
+    (CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages[0].role"),
+    (CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    (CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400,
+     "messages[0].content[0]"),
+    (CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "messages[0].content"),
+    (CHAT, chat(messages=MSGS + [{"role": "tool", "content": "18C"}]), 400, "messages[1].tool_call_id"),
+    (CHAT, chat(temperature=-1), 400, "temperature"),
+    (CHAT, chat(temperature="hot"), 400, "temperature"),
+    (CHAT, chat(top_p=0), 400, "top_p"),
+    (CHAT, chat(top_p=1.5), 400, "top_p"),
+    (CHAT, chat(top_k=-2), 400, "top_k"),
+    (CHAT, chat(min_p=2), 400, "min_p"),
+    (CHAT, chat(n=0), 400, "n"),
+    (CHAT, chat(n=1000), 400, "n"),
+    (CHAT, chat(max_tokens=0), 400, "max_tokens"),
+    (CHAT, chat(max_tokens="ten"), 400, "max_tokens"),
+    (CHAT, chat(max_completion_tokens=-1), 400, "max_completion_tokens"),
+    (CHAT, chat(max_tokens=10**6), 400, "max_tokens"),
+    (CHAT, chat(messages=[{"role": "user", "content": "hello " * 9000}]), 400, "messages"),
+    (CHAT, chat(min_tokens=5), 400, "min_tokens"),
+    (CHAT, chat(presence_penalty=3), 400, "presence_penalty"),
+    (CHAT, chat(frequency_penalty=-2.5), 400, "frequency_penalty"),
+    (CHAT, chat(repetition_penalty=0), 400, "repetition_penalty"),
+    (CHAT, chat(seed="x"), 400, "seed"),
+    (CHAT, chat(seed=2**70), 400, "seed"),
+    (CHAT, chat(stop=5), 400, "stop"),
+    (CHAT, chat(stop=[""]), 400, "stop"),
+    (CHAT, chat(stop=["x"] * 40), 400, "stop"),
+    (CHAT, chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
+    (CHAT, chat(logprobs="yes"), 400, "logprobs"),
+    (CHAT, chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
+    (CHAT, chat(top_logprobs=2), 400, "top_logprobs"),
+    (CHAT, chat(stream="yes"), 400, "stream"),
+    (CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options"),
+    (CHAT, chat(stream=True, stream_options={"include_usage": "x"}), 400, "stream_options.include_usage"),
+    (CHAT, chat(best_of=3), 400, "best_of"),
+    (CHAT, chat(tools="x"), 400, "tools"),
+    (CHAT, chat(tools=[{"type": "function", "function": {"name": "bad name!"}}]), 400, "tools[0].function.name"),
+    (CHAT, chat(tools=WEATHER, tool_choice="sometimes"), 400, "tool_choice"),
+    (CHAT, chat(tool_choice="auto"), 400, "tool_choice"),
+    (CHAT, chat(tools=WEATHER, tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "tool_choice"),
+    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (CHAT, chat(logit_bias={"1": 5}), 400, "logit_bias"),
+    (CHAT, chat(user=5), 400, "user"),
+    (CHAT, chat(priority="high"), 400, "priority"),
+    (CHAT, chat(chat_template_kwargs="x"), 400, "chat_template_kwargs"),
+    (CHAT, chat(foo=1), 400, "foo"),
+    (COMP, comp(prompt=...), 400, "prompt"),
+    (COMP, comp(prompt=[]), 400, "prompt"),
+    (COMP, comp(prompt=[[1, 2], "a"]), 400, "prompt"),
+    (COMP, comp(prompt=[10**9]), 400, "prompt"),
+    (COMP, comp(echo="yes"), 400, "echo"),
+    (COMP, comp(logprobs=50), 400, "logprobs"),
+    (COMP, comp(suffix="x"), 400, "suffix"),
+    (COMP, comp(max_tokens=10**6), 400, "max_tokens"),
+    (COMP, comp(model="nope"), 404, "model"),
+]
+
+
+def _check_body(body, status, param):
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["param"] == param and body["error"]["message"], body
+
+
+@pytest.mark.parametrize("path,body,status,param", TABLE, ids=[f"{t[3]}-{i}" for i, t in enumerate(TABLE)])
+def test_malformed_request(server, path, body, status, param):
+    got, resp, headers = request(server, "POST", path, body)
+    assert got == status, resp
+    assert headers["Content-Type"].startswith("application/json")
+    _check_body(resp, status, param)
+
+
+def test_context_error_names_both_counts(server):
+    _, resp, _ = request(server, "POST", CHAT, chat(max_tokens=10**6))
+    msg = resp["error"]["message"]
+    assert "1000000" in msg and "maximum context length is 8192" in msg and "in the messages" in msg
+
+
+@pytest.mark.parametrize("raw,path", [(b'{"model": ', CHAT), (b"[1, 2]", CHAT), (b"", COMP), (b"\xff\xfe{", CHAT),
+                                      (b'{"model": "smollm2", "prompt": "x", "temperature": NaN}', COMP),
+                                      (b"[" * 100000 + b"]" * 100000, CHAT)])
+def test_malformed_json(server, raw, path):
+    status, resp, _ = request(server, "POST", path, raw=raw)
+    assert status == 400
+    _check_body(resp, 400, None)
+
+
+def test_wrong_method_and_route(server):
+    status, resp, _ = request(server, "GET", CHAT)
+    assert status == 405 and resp["error"]["type"] == "invalid_request_error"
+    status, resp, _ = request(server, "GET", "/v1/nothing")
+    assert status == 404 and resp["error"]["code"] == "not_found"
+    status, resp, _ = request(server, "GET", "/v1/models/gpt-17")
+    assert status == 404 and resp["error"]["param"] == "model"
+
+
+def test_streaming_request_errors_are_json_not_sse(server):
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    c.request("POST", CHAT, b'{"model": "smollm2", "messages": [], "stream": true}', {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 400 and r.getheader("Content-Type").startswith("application/json")
+    c.close()
+
+
+def test_healthy_after_errors(server):
+    assert request(server, "GET", "/health")[0] == 200
+    status, resp, _ = request(server, "POST", CHAT, chat(max_tokens=2, temperature=0))
+    assert status == 200 and resp["usage"]["completion_tokens"] >= 1
+    m = metrics(server)
+    assert not [k for k, v in m.items() if k[0] == "pocketcupy_http_requests_total" and ("status", "500") in k[1] and v]

@@ -1,0 +1,97 @@
+"""A server of its own: /ready is 503 while the model loads, API keys (401 everywhere but the
+probes), the body limit (413), the startup log, and SIGTERM letting an open stream finish."""
+import http.client
+import json
+import signal
+import socket
+import time
+
+import pytest
+
+from tests.test_server_harness import MODEL, ServerProcess, request
+
+KEY = "sk-test-123"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def keyed(smollm2_gguf):
+    s = ServerProcess(smollm2_gguf, "--startup-delay", "2", "--max-request-bytes", "4096", "--graceful-timeout", "60",
+                      env={"POCKETCUPY_API_KEY": KEY})
+    try:
+        yield s
+    finally:
+        s.stop(timeout=60)
+
+
+def test_ready_is_503_until_loaded(keyed):
+    keyed.wait_alive()
+    status, body, _ = request(keyed, "GET", "/ready")
+    assert status == 503 and body == {"status": "loading"}
+    assert request(keyed, "GET", "/health")[0] == 503
+    status, body, _ = request(keyed, "GET", "/v1/models", headers=AUTH)
+    assert status == 503 and body["error"]["type"] == "service_unavailable_error"
+    keyed.wait_ready()
+    assert request(keyed, "GET", "/health")[0] == 200
+    log = keyed.output()
+    assert "listening on http://127.0.0.1:" in log and "loading" in log  # the loading progress line
+    assert f"ready on {keyed.url}" in log and "KV cache" in log and "RSS" in log
+
+
+@pytest.mark.parametrize("method,path", [("GET", "/v1/models"), ("GET", "/metrics"),
+                                         ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+                                         ("GET", "/v1/unknown")])
+def test_api_key_required(keyed, method, path):
+    keyed.wait_ready()
+    body = {"/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+            "/v1/completions": {"model": MODEL, "prompt": "hi", "max_tokens": 1}}.get(path)
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        status, resp, _ = request(keyed, method, path, body, headers=headers)
+        assert status == 401 and resp["error"]["code"] == "invalid_api_key"
+    assert request(keyed, method, path, body, headers=AUTH)[0] == (404 if path == "/v1/unknown" else 200)
+    for probe in ("/health", "/alive", "/ready"):
+        assert request(keyed, "GET", probe)[0] == 200
+
+
+def test_openai_client_with_key(keyed):
+    import openai
+
+    keyed.wait_ready()
+    good = openai.OpenAI(base_url=keyed.url + "/v1", api_key=KEY, max_retries=0)
+    assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=2).usage.completion_tokens >= 1
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
+
+
+def test_body_limit_413(keyed):
+    keyed.wait_ready()
+    big = {"model": MODEL, "prompt": "x" * 5000, "max_tokens": 1}
+    status, resp, _ = request(keyed, "POST", "/v1/completions", big, headers=AUTH)
+    assert status == 413 and resp["error"]["code"] == "request_too_large"
+    # chunked, without a Content-Length
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
+        data = json.dumps(big).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n")
+        reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413")
+    assert request(keyed, "GET", "/health")[0] == 200
+
+
+def test_sigterm_lets_streams_finish(keyed):
+    keyed.wait_ready()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 20,
+            "ignore_eos": True, "temperature": 0, "stream": True}
+    c = http.client.HTTPConnection("127.0.0.1", keyed.port, timeout=120)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **AUTH})
+    r = c.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data:")
+    t0 = time.monotonic()
+    keyed.proc.send_signal(signal.SIGTERM)
+    rest = r.read().decode()
+    events = [json.loads(x[5:]) for x in rest.split("\n") if x.startswith("data:") and "[DONE]" not in x]
+    assert rest.rstrip().endswith("data: [DONE]")
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert keyed.proc.wait(60) == 0
+    print(f"stream finished {time.monotonic() - t0:.1f}s after SIGTERM")

@@ -1,0 +1,89 @@
+"""Tools through the server: tool_choice none/auto/required/named, a full round trip
+(request -> tool_calls -> tool result -> answer), and tool-call deltas when streaming.
+
+What is guaranteed vs what the model did: SmolLM2-135M's chat template ignores `tools`, so the
+server renders them Hermes-style itself; the tiny model rarely follows that by itself ("auto"
+is only checked for a well-formed answer). For a named function or "required", the server
+prefills the assistant turn with '<tool_call>\\n{"name": "<fn>", "arguments": ' (for "required"
+with several functions it first picks the one the model finds most likely), so a call to a
+listed function is guaranteed; its arguments are whatever JSON the model then writes.
+"""
+import json
+
+from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Current local time in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+]
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def create(client, **kw):
+    return client.chat.completions.create(model=MODEL, **{"messages": ASK, "tools": TOOLS, "max_tokens": 24,
+                                                           "temperature": 0, **kw})
+
+
+def test_named_tool_choice_round_trip(client):
+    r = create(client, tool_choice=NAMED)
+    c = r.choices[0]
+    assert c.finish_reason in ("tool_calls", "length") and c.message.content is None
+    (call,) = c.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    assert isinstance(call.function.arguments, str) and call.function.arguments
+    print("model's arguments:", call.function.arguments)
+    if c.finish_reason == "tool_calls":  # the model closed a JSON object: arguments are exactly that object
+        assert isinstance(json.loads(call.function.arguments), dict)
+    follow = ASK + [c.message.model_dump(exclude_none=True),
+                    {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18, "sky": "sunny"})}]
+    answer = create(client, messages=follow, tool_choice="none", max_tokens=24)
+    a = answer.choices[0]
+    assert not a.message.tool_calls and a.message.content and a.finish_reason in ("stop", "length")
+    print("model's answer:", a.message.content)
+    plain = create(client, tool_choice="none", max_tokens=1).usage.prompt_tokens
+    assert answer.usage.prompt_tokens > plain + 10  # the call and its result were rendered into the prompt
+
+
+def test_named_tool_call_streams_as_deltas(client):
+    whole = create(client, tool_choice=NAMED).choices[0].message.tool_calls[0]
+    chunks = list(create(client, tool_choice=NAMED, stream=True))
+    deltas = [tc for ch in chunks if ch.choices and ch.choices[0].delta.tool_calls
+              for tc in ch.choices[0].delta.tool_calls]
+    assert deltas[0].id and deltas[0].function.name == "get_weather" and deltas[0].index == 0
+    assert all(d.index == 0 and d.id is None for d in deltas[1:])
+    assert len(deltas) > 2  # arguments arrive in pieces
+    assert "".join(d.function.arguments or "" for d in deltas) == whole.function.arguments
+    assert chunks[-1].choices[0].finish_reason in ("tool_calls", "length")
+
+
+def test_required_picks_a_listed_function(client):
+    r = create(client, tool_choice="required")
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name in {"get_weather", "get_time"}
+    print("required ->", call.function.name, call.function.arguments)
+
+
+def test_auto_and_none(client):
+    r = create(client, tool_choice="auto")
+    m = r.choices[0].message
+    # the model decides; either way the answer is well formed
+    assert m.content or m.tool_calls
+    for call in m.tool_calls or []:
+        assert call.function.name in {"get_weather", "get_time"}
+    print("auto ->", m.content, m.tool_calls)
+    r = create(client, tool_choice="none")
+    assert not r.choices[0].message.tool_calls and r.choices[0].message.content
+
+
+def test_parallel_tool_calls_false_and_n(server):
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": NAMED, "max_tokens": 24, "n": 2,
+            "temperature": 0, "parallel_tool_calls": False}
+    status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200 and len(resp["choices"]) == 2
+    for c in resp["choices"]:
+        assert len(c["message"]["tool_calls"]) == 1 and c["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
