@@ -102,7 +102,7 @@ def make_weight(qtype: str, rows: int, cols: int, rng):
     nblk = rows * cols // qk
     b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
     for off in _SCALE_FIELDS[qtype]:
-        b[:, off:off + 2] = np.float16(0.02).view(np.uint8)
+        b[:, off:off + 2] = np.array([0.02], np.float16).view(np.uint8)
     return lc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)))
 
 
