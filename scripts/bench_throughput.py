@@ -1,0 +1,86 @@
+"""Offline serving throughput with continuous batching: C concurrent requests (random prompts
+of --prompt tokens, --output tokens each, EOS ignored) for each C in --concurrency; output
+tok/s and TTFT/TPOT percentiles; the TPOT of one request while C-1 others run against its idle
+TPOT; and the TTFT of a request whose --prefix-tokens long prefix is already cached. Prints one
+JSON object.
+
+    python scripts/bench_throughput.py MODEL [--concurrency 1 4 16 64 256]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from pocketcupy import Engine, SamplingParams  # noqa: E402
+
+
+def pct(xs, q):
+    return round(float(np.percentile(xs, q)) * 1e3, 2) if len(xs) else None
+
+
+def run_batch(engine, prompts, output_tokens):
+    """All prompts submitted at once; returns wall seconds, TTFTs and TPOTs (seconds)."""
+    p = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
+    ids = [f"tp-{time.monotonic_ns()}-{i}" for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for rid, prompt in zip(ids, prompts):
+        engine.add_request(rid, prompt, p)
+    first, last, count = {}, {}, {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter()
+            n = len(out.outputs[0].token_ids)
+            if n and out.request_id not in first:
+                first[out.request_id] = now
+            last[out.request_id], count[out.request_id] = now, n
+    wall = time.perf_counter() - t0
+    ttft = [first[r] - t0 for r in ids]
+    tpot = [(last[r] - first[r]) / (count[r] - 1) for r in ids if count[r] > 1]
+    return wall, ttft, tpot, sum(count.values())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--output", type=int, default=256)
+    ap.add_argument("--prefix-tokens", type=int, default=8192 - 128)
+    a = ap.parse_args()
+    top = max(a.concurrency)
+    engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192)
+    rng = np.random.default_rng(0)
+    vocab = engine.config.vocab_size
+
+    def prompts(n, length):
+        return [rng.integers(100, vocab - 100, length).tolist() for _ in range(n)]
+
+    run_batch(engine, prompts(2, 64), 8)  # warm-up: kernels compiled, graphs captured
+    res = {"model": a.model, "device": engine.device, "prompt": a.prompt, "output": a.output, "runs": {}}
+    for c in a.concurrency:
+        wall, ttft, tpot, n_out = run_batch(engine, prompts(c, a.prompt), a.output)
+        res["runs"][str(c)] = {"output_tok_s": round(n_out / wall, 1), "wall_s": round(wall, 2),
+                               "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
+                               "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99)}
+    runs = res["runs"]
+    if "1" in runs and "4" in runs:
+        res["speedup_4_vs_1"] = round(runs["4"]["output_tok_s"] / runs["1"]["output_tok_s"], 2)
+    if "1" in runs and "64" in runs:
+        res["tpot_64_vs_idle"] = round(runs["64"]["tpot_p50_ms"] / runs["1"]["tpot_p50_ms"], 2)
+    if a.prefix_tokens and a.prefix_tokens + 64 < engine.max_model_len:
+        prefix = prompts(1, a.prefix_tokens)[0]
+        cold = run_batch(engine, [prefix + prompts(1, 32)[0]], 1)[1][0]
+        warm = run_batch(engine, [prefix + prompts(1, 32)[0]], 1)[1][0]
+        res["prefix"] = {"tokens": a.prefix_tokens, "ttft_cold_ms": round(cold * 1e3, 2),
+                         "ttft_cached_ms": round(warm * 1e3, 2), "ttft_speedup": round(cold / warm, 1)}
+    res["stats"] = engine.stats()
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()
