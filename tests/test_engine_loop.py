@@ -38,7 +38,7 @@ def test_concurrent_threads_match_alone(engine):
 
 def test_abort_from_client(engine):
     loop = EngineLoop(engine)
-    stream = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=200))
+    stream = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=200, ignore_eos=True))
     first = stream.get(timeout=30)
     assert not first.finished
     stream.abort()

@@ -227,3 +227,16 @@ def test_prompt_logits_request_computes_whole_prompt():
 def test_bad_policy():
     with pytest.raises(ValueError, match="scheduling_policy"):
         make(policy="lifo")
+
+
+def test_engine_args_scheduling_fields():
+    from pocketcupy import EngineArgs
+
+    a = EngineArgs()
+    assert a.enable_prefix_caching is True and a.scheduling_policy == "fcfs"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        EngineArgs(scheduling_policy="lifo")
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        EngineArgs(enable_prefix_caching="yes")
+    env = EngineArgs.from_env({"POCKETCUPY_SCHEDULING_POLICY": "priority", "POCKETCUPY_ENABLE_PREFIX_CACHING": "0"})
+    assert env.scheduling_policy == "priority" and env.enable_prefix_caching is False
