@@ -83,10 +83,10 @@ def test_n_and_usage(client):
 
 
 def test_seed_reproducible(client):
-    kw = dict(temperature=1.0, top_p=0.95, max_tokens=10, extra_body={"top_k": 50})
+    kw = dict(temperature=1.0, top_p=0.95, max_tokens=6, extra_body={"top_k": 50})
     a = chat(client, seed=1234, **kw).choices[0].message.content
     assert chat(client, seed=1234, **kw).choices[0].message.content == a
-    others = {chat(client, seed=s, **kw).choices[0].message.content for s in (1, 2, 3)}
+    others = {chat(client, seed=s, **kw).choices[0].message.content for s in (1, 2)}
     assert others != {a}
 
 
@@ -134,27 +134,31 @@ def _stream_text(client, prompt, out, i):
 
 
 def test_32_concurrent_streams_match_alone(client, server):
-    prompts = [f"Give me one fact about the number {k}." for k in range(16)]
+    prompts = [f"Give me one fact about the number {k}." for k in range(8)]
     alone = {}
     for k, p in enumerate(prompts):
         _stream_text(client, p, alone, k)
+    assert len(set(alone.values())) > 1
     out = [None] * 32
-    threads = [threading.Thread(target=_stream_text, args=(client, prompts[i % 16], out, i)) for i in range(32)]
+    threads = [threading.Thread(target=_stream_text, args=(client, prompts[i % 8], out, i)) for i in range(32)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(180)
-    assert [o for o in out if o is None] == []
-    assert out == [alone[i % 16] for i in range(32)]
+        t.join(300)
+    assert [o for o in out if o is None] == []  # none lost
+    assert out == [alone[i % 8] for i in range(32)]
     m = metrics(server)
     assert metric(m, "pocketcupy_requests_in_flight") == 0 and metric(m, "pocketcupy_kv_blocks_used") == 0
 
 
 def _wait_idle(server, timeout=20.0) -> dict:
+    """Until the engine holds no blocks and the HTTP side has closed its request (a scrape is not atomic:
+    counters are read before the engine's gauges)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         m = metrics(server)
-        if metric(m, "pocketcupy_kv_blocks_used") == 0 and metric(m, "pocketcupy_num_requests_running") == 0:
+        if metric(m, "pocketcupy_kv_blocks_used") == 0 and metric(m, "pocketcupy_num_requests_running") == 0 \
+                and metric(m, "pocketcupy_requests_in_flight") == 0:
             return m
         time.sleep(0.1)
     pytest.fail(f"KV blocks not freed: {metric(m, 'pocketcupy_kv_blocks_used')}")

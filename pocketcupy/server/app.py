@@ -10,7 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from .chat import handle_chat
 from .completions import handle_completion
-from .generation import disconnect_probe
+from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
 from .sse import SSEStream
 
@@ -82,6 +82,11 @@ def create_app(state) -> Flask:
         else:
             msg = e.description or e.name
         return _json(ApiError(status, msg).body(), status)
+
+    @app.errorhandler(ClientGone)
+    def _gone(e: ClientGone):
+        log.info("client went away: %s %s aborted", request.method, request.path)
+        return Response(b"", status=499)  # nginx's "client closed request"; nobody reads it
 
     @app.errorhandler(Exception)
     def _internal(e: Exception):

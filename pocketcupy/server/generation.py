@@ -72,10 +72,10 @@ class Job:
         """Abort what still runs (counted as finished for `reason`)."""
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
-                s.abort()
                 self.aborted.add(i)
                 params = self.params[i] if isinstance(self.params, list) else self.params
                 self.state.metrics.finished.labels(reason).inc(params.n)
+                s.abort()
         if self._counted:
             self._counted = False
             self.state.metrics.requests_in_flight.dec()
