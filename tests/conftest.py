@@ -1,7 +1,12 @@
 import os
 import sys
 
-import pytest
+# Before anything imports NumPy: OpenBLAS's worker threads spin-wait, and on a small shared CPU
+# quota a 2-thread GEMM of a decode step runs ~20x slower than a 1-thread one (the CPU suite
+# took 4x longer). Override by setting OPENBLAS_NUM_THREADS yourself.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
