@@ -30,7 +30,7 @@ class ServerProcess:
         self.log_path = os.path.join(tempfile.mkdtemp(prefix="pocketcupy-serve-"), "serve.log")
         self.log = open(self.log_path, "w+b")
         cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--model", model_path, "--device", "cpu",
-               "--port", str(self.port), "--served-model-name", MODEL, "--threads", "48", *extra]
+               "--port", str(self.port), "--served-model-name", MODEL, "--http-threads", "48", *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env=dict(os.environ, **(env or {})))
 
