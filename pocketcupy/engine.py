@@ -5,8 +5,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -16,37 +15,12 @@ from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from .sampling import SamplingParams
 from .sched.request import Request, RequestStatus
 from .sched.scheduler import Scheduler
+from .progress import ProgressDict
+from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
 log = logging.getLogger("pocketcupy")
 CPU_KV_BYTES = 512 << 20
-
-
-@dataclass
-class _Sequence:
-    """Engine-side state of one sampled sequence (a request has n of them)."""
-    group: "_Group"
-    index: int
-    req: Request
-    row: SamplingRow
-    detok: object
-    stop: StopStringMatcher | None
-    output: CompletionOutput
-    prompt_chunks: list = field(default_factory=list)
-
-
-@dataclass
-class _Group:
-    request_id: str
-    prompt: str | None
-    prompt_ids: list[int]
-    params: SamplingParams
-    seqs: list[_Sequence] = field(default_factory=list)
-    prompt_logprobs: list | None = None
-
-    @property
-    def finished(self) -> bool:
-        return all(s.output.finished for s in self.seqs)
 
 
 class Engine:
@@ -79,7 +53,7 @@ class Engine:
         self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.gguf_metadata) if ckpt.format == "gguf"
                           else Tokenizer.from_hf_dir(ckpt.path))
         self.ops = self._make_ops()
-        self.model = build_model(ckpt.config, _ProgressTensors(ckpt.tensors, args.progress), self.ops)
+        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, args.progress), self.ops)
         self.max_model_len = args.max_model_len or ckpt.config.max_position
         if self.max_model_len > ckpt.config.max_position:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
@@ -94,8 +68,8 @@ class Engine:
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids)
-        self._groups: dict[str, _Group] = {}
-        self._seqs: dict[str, _Sequence] = {}
+        self._groups: dict[str, RequestGroup] = {}
+        self._seqs: dict[str, SequenceState] = {}
         self._lock = threading.RLock()
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
@@ -174,7 +148,7 @@ class Engine:
         with self._lock:
             if request_id in self._groups:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
-            group = _Group(request_id, text, ids, params)
+            group = RequestGroup(request_id, text, ids, params)
             for i in range(params.n):
                 seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
                 req = Request(seq_id, list(ids), max_tokens, priority=priority,
@@ -196,7 +170,7 @@ class Engine:
                              f"exceeds the context of {self.max_model_len} tokens")
         return params.max_tokens
 
-    def _new_sequence(self, group: _Group, index: int, req: Request) -> _Sequence:
+    def _new_sequence(self, group: RequestGroup, index: int, req: Request) -> SequenceState:
         from .tokenizer import IncrementalDetokenizer
 
         p = group.params
@@ -208,7 +182,7 @@ class Engine:
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
-        return _Sequence(group, index, req, row, detok, stop, out)
+        return SequenceState(group, index, req, row, detok, stop, out)
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -247,7 +221,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step: returns an output for every request that progressed or finished."""
         with self._lock:
-            touched: dict[str, _Group] = {}
+            touched: dict[str, RequestGroup] = {}
             for gid in [g for g, grp in self._groups.items() if grp.finished]:  # aborted since the last step
                 touched[gid] = self._groups[gid]
             sched_out = self.scheduler.schedule()
@@ -272,7 +246,7 @@ class Engine:
                         self._seqs.pop(s.req.request_id, None)
             return outputs
 
-    def _collect_prompt_logits(self, s: _Sequence, chunk: np.ndarray) -> None:
+    def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
         s.prompt_chunks.append(chunk)
         if not s.req.want_prompt_logits:
             logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
@@ -286,7 +260,7 @@ class Engine:
                 lp.decoded_token = self.tokenizer.decode([tid])
         return positions
 
-    def _append(self, s: _Sequence, tok: int, logprobs) -> None:
+    def _append(self, s: SequenceState, tok: int, logprobs) -> None:
         p, out = s.group.params, s.output
         self.scheduler.append_token(s.req.request_id, tok)
         out.token_ids.append(tok)
@@ -304,7 +278,7 @@ class Engine:
         elif len(out.token_ids) >= s.req.max_tokens or s.req.num_tokens >= self.max_model_len:
             self._finish(s, RequestStatus.FINISHED_LENGTH)
 
-    def _emit(self, s: _Sequence, delta: str) -> None:
+    def _emit(self, s: SequenceState, delta: str) -> None:
         if s.stop is None:
             s.output.text += delta
             s.output.delta_text += delta
@@ -316,7 +290,7 @@ class Engine:
             s.output.stop_reason = s.stop.matched
             self._finish(s, RequestStatus.FINISHED_STOPPED, flush=False)
 
-    def _finish(self, s: _Sequence, status: RequestStatus, flush: bool = True) -> None:
+    def _finish(self, s: SequenceState, status: RequestStatus, flush: bool = True) -> None:
         """flush=False when a stop string ended the text: nothing held back is emitted then."""
         if flush:
             tail = s.detok.flush()  # bytes of an unfinished UTF-8 character
@@ -330,7 +304,7 @@ class Engine:
         s.output.finish_reason = status.value
         self.scheduler.finish(s.req.request_id, status)
 
-    def _request_output(self, g: _Group) -> RequestOutput:
+    def _request_output(self, g: RequestGroup) -> RequestOutput:
         outs = []
         for s in g.seqs:
             o = s.output
@@ -403,25 +377,6 @@ class Engine:
                         done = out.finished
         finally:
             self.abort_request(rid)
-
-
-class _ProgressTensors(dict):
-    """The tensor dict, ticking a progress bar as the model builds its layers from it."""
-
-    def __init__(self, tensors: dict, enabled: bool):
-        super().__init__(tensors)
-        from .progress import Progress
-
-        self._bar = Progress(len(tensors), "loading", enabled)
-        self._seen: set[str] = set()
-
-    def get(self, key, default=None):
-        if key in self and key not in self._seen:
-            self._seen.add(key)
-            self._bar.update()
-            if len(self._seen) == len(self):
-                self._bar.close()
-        return super().get(key, default)
 
 
 def _as_prompt_list(prompts) -> list:

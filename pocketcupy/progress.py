@@ -28,3 +28,21 @@ class Progress:
             end = "\n" if self.tty else f"{self.label}: {self.n}/{self.total} in {time.monotonic() - self.t0:.1f}s\n"
             self.stream.write(end)
             self.stream.flush()
+
+
+class ProgressDict(dict):
+    """A dict that ticks a progress bar the first time each key is read with get() (the model
+    builder reads every tensor of the checkpoint once)."""
+
+    def __init__(self, tensors: dict, enabled: bool, label: str = "loading"):
+        super().__init__(tensors)
+        self._bar = Progress(len(tensors), label, enabled)
+        self._seen: set[str] = set()
+
+    def get(self, key, default=None):
+        if key in self and key not in self._seen:
+            self._seen.add(key)
+            self._bar.update()
+            if len(self._seen) == len(self):
+                self._bar.close()
+        return super().get(key, default)

@@ -1,0 +1,38 @@
+"""Engine-side state of a request: its n sampled sequences with their sampling rows,
+detokenizers, stop matchers and the outputs built so far (the scheduler sees only Request)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .outputs import CompletionOutput
+from .sampler import SamplingRow
+from .sampling import SamplingParams
+from .sched.request import Request
+from .stop import StopStringMatcher
+
+
+@dataclass
+class SequenceState:
+    """Engine-side state of one sampled sequence (a request has n of them)."""
+    group: "RequestGroup"
+    index: int
+    req: Request
+    row: SamplingRow
+    detok: object
+    stop: StopStringMatcher | None
+    output: CompletionOutput
+    prompt_chunks: list = field(default_factory=list)
+
+
+@dataclass
+class RequestGroup:
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[SequenceState] = field(default_factory=list)
+    prompt_logprobs: list | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.output.finished for s in self.seqs)
