@@ -124,16 +124,20 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             w0 = make_weight(qtype, rows, cols, rng)
             copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
             for nb in batches:
-                x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
-                y = cp.empty((nb, rows), cp.float32)
-                it = iter(range(1 << 62))
+                for act in (("f32", "q8") if qtype in lc.GGUF_QTYPES else ("f32",)):
+                    x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
+                    y = cp.empty((nb, rows), cp.float32)
+                    it = iter(range(1 << 62))
+                    lc.QUANT_ACTIVATIONS = act
 
-                def run():
-                    lc.linear(x, copies[next(it) % len(copies)], out=y)
-                t = time_us(run, args.reps, len(copies) * max(1, 8 // len(copies)))
-                gbps = weight_bytes(w0) / t["us"] / 1e3
-                out[f"{lc.gemv_variant(w0, nb)}-{rows}x{cols}"] = {
-                    **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
+                    def run():
+                        lc.linear(x, copies[next(it) % len(copies)], out=y)
+                    t = time_us(run, args.reps, len(copies) * max(1, 8 // len(copies)))
+                    gbps = weight_bytes(w0) / t["us"] / 1e3
+                    suffix = f"_{act}act" if qtype in lc.GGUF_QTYPES else ""
+                    out[f"{lc.gemv_variant(w0, nb)}{suffix}-{rows}x{cols}"] = {
+                        **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
+                lc.QUANT_ACTIVATIONS = "f32"
             del copies, w0
         # cuBLAS GEMV baseline: [nb, K] x [K, N] fp16 (cupy matmul)
         wts = [cp.random.standard_normal((cols, rows), dtype=cp.float32).astype(cp.float16)
