@@ -5,6 +5,7 @@ copy bandwidth (the roofline). Prints one JSON object.
     python scripts/bench_decode.py MODEL [MODEL ...] [--device cuda] [--decode-tokens 128]
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -83,7 +84,7 @@ def time_decode(engine, context: int, tokens: int, rng) -> float:
 def bench_model(path: str, args, bandwidth) -> dict:
     t0 = time.perf_counter()
     engine = Engine(path, device=args.device, progress=False, max_num_batched_tokens=max(2048, args.prefill[-1]),
-                    max_num_seqs=8)
+                    max_num_seqs=8, kv_cache_memory=args.kv_cache_gb << 30)
     load_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     res = {"model": path, "load_s": round(load_s, 2), "device": engine.device}
@@ -109,6 +110,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--context", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--kv-cache-gb", type=int, default=4, help="KV pool per model (several models load in turn)")
     args = ap.parse_args()
     device = "cuda" if args.device == "auto" and _has_cuda() else args.device
     bw = copy_bandwidth(device)
@@ -116,6 +118,11 @@ def main() -> None:
            "llama_cpp_h200_reference_tok_s": LLAMA_CPP_H200}
     for m in args.models:
         out["models"].append(bench_model(m, args, bw))
+        gc.collect()  # the next model needs this one's memory
+        if device == "cuda":
+            import cupy
+
+            cupy.get_default_memory_pool().free_all_blocks()
     print(json.dumps(out))
 
 
