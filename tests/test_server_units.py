@@ -127,3 +127,29 @@ def test_context_errors_name_both_counts():
     with pytest.raises(ApiError) as e:
         check_context(100, 100, None, "prompt", "prompt")
     assert e.value.param == "prompt"
+
+
+class _FakeJob:
+    request_id = "x"
+    closed = 0
+
+    def close(self, reason="abort"):
+        self.closed += 1
+
+
+def test_sse_stream_ends_cleanly_when_generation_fails():
+    from pocketcupy.server.sse import SSEStream
+
+    def chunks():
+        yield {"a": 1}
+        raise RuntimeError("boom")
+
+    job = _FakeJob()
+    out = b"".join(SSEStream(chunks(), job))
+    events = [e for e in out.decode().split("\n\n") if e]
+    assert events[0] == 'data: {"a":1}' and events[-1] == "data: [DONE]"
+    assert json.loads(events[1][6:])["error"]["type"] == "server_error" and job.closed >= 1
+    job2 = _FakeJob()
+    s = SSEStream(iter([{"a": 1}]), job2)
+    s.close()  # closed before it was iterated (client gone at once): the engine request is still aborted
+    assert job2.closed == 1

@@ -40,7 +40,9 @@ class _EngineCollector:
             yield GaugeMetricFamily(P + name, doc, value=float(v))
         for name, doc, v in [("num_preemptions", "requests preempted to free KV blocks", s.get("num_preemptions", 0)),
                              ("prefix_cache_queries", "tokens looked up in the prefix cache", queries),
-                             ("prefix_cache_hits", "tokens found in the prefix cache", hits)]:
+                             ("prefix_cache_hits", "tokens found in the prefix cache", hits),
+                             ("computed_tokens", "tokens the model computed (prefill + decode)",
+                              s.get("num_computed_tokens_total", 0))]:
             yield CounterMetricFamily(P + name, doc, value=float(v))
 
 
