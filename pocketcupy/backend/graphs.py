@@ -11,6 +11,9 @@ import numpy as np
 from .attention_meta import AttentionMetadata
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Larger decode batches run eagerly: their dense projections go through cuBLAS, which CuPy
+# refuses to call during stream capture (and launch overhead is spread over the batch anyway).
+GRAPH_MAX_BATCH = 8
 
 
 class DecodeGraphs:
@@ -20,6 +23,7 @@ class DecodeGraphs:
 
         self.cp, self.model, self.ops, self.kv_caches = cupy, model, ops, kv_caches
         self.block_size, self.scratch_slot = block_size, scratch_slot
+        max_batch = min(max_batch, GRAPH_MAX_BATCH)
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
         top = self.buckets[-1]
         self.pool = cupy.cuda.MemoryPool()
