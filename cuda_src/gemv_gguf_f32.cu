@@ -4,87 +4,267 @@
 // The int8 path (gemv_gguf.cu, llama.cpp's MMVQ) reads the same bytes but quantizes the
 // activations first, which moves greedy tokens away from the reference.
 //
-// gemv_gguf_f32<QT, NB, R>: same grid and block shape as gemv_gguf.
+// Three launch shapes, one unit arithmetic (unit_accum: every variant gives the same per-unit
+// partial sums; only the order of the final cross-thread sum differs):
+//   gemv_gguf_f32<QT, NB, R>        block of 32-128 threads strides over the units of R rows;
+//   gemv_gguf_f32_lanes<QT,NB,R,L>  short rows: groups of L lanes each own R rows (128/L groups
+//                                   per block of 128), two units in flight per lane, shuffle-only
+//                                   reduction;
+//   gemv_gguf_f32_xs<QT, NB, R>     long rows: 128 threads on R rows, the activations staged in
+//                                   shared memory chunk by chunk (coalesced cp.async, padded so
+//                                   each quarter-warp reads distinct banks) instead of every lane
+//                                   reading its own 128 strided bytes of x from L1.
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 
 using namespace pq;
+
+#ifndef PQ_HOST_SHIM
+PQ_DEV float u2f(u32 u) { return __uint_as_float(u); }
+#endif
+
+// int8 -> float without I2F (a quarter-rate conversion): byte k of q ^ 0x80808080 (= value +
+// 128) goes into the mantissa of 2^23, then 2^23 + 128 is subtracted. Exact.
+#define PQ_I8F(q, k) (u2f(bperm((q), 0x4B000000u, 0x7540u | (k))) - 8388736.0f)
 
 // sum over 16 int8 weights (4 words) times 16 floats (4 float4), and the sum of the floats
 PQ_DEV float dot16f(const u32* w, const float4* x, float& xsum) {
     float s = 0.0f, t = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const u32 q = w[i];
+        const u32 q = w[i] ^ 0x80808080u;
         const float4 v = x[i];
-        s = fmaf((float)(i8)(q & 0xffu), v.x, s);
-        s = fmaf((float)(i8)((q >> 8) & 0xffu), v.y, s);
-        s = fmaf((float)(i8)((q >> 16) & 0xffu), v.z, s);
-        s = fmaf((float)(i8)(q >> 24), v.w, s);
+        s = fmaf(PQ_I8F(q, 0), v.x, s);
+        s = fmaf(PQ_I8F(q, 1), v.y, s);
+        s = fmaf(PQ_I8F(q, 2), v.z, s);
+        s = fmaf(PQ_I8F(q, 3), v.w, s);
         t += (v.x + v.y) + (v.z + v.w);
     }
     xsum = t;
     return s;
 }
 
+// acc[r][n] += unit r (R decoded units of R rows) . activation segments x0 (values p0..p0+15)
+// and x1 (p1..p1+15) of batch column n (4 float4 each, global or shared memory); one segment's
+// activations are live at a time
 template <int QT, int NB, int R>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
-              const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
-    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = nullptr;
-    if constexpr (TAB > 0) {
-        const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < TAB; i += blockDim.x) tab_s[i] = src[i];
-        __syncthreads();
-        tab = tab_s;
+PQ_DEV void unit_accum(const Unit (&u)[R], const float4* x0, const float4* x1, float (&acc)[R][NB], int n) {
+    float s0[R], s1[R], xs0, xs1;
+    float4 xv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xv[i] = x0[i];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s0[r] = dot16f(u[r].w, xv, xs0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xv[i] = x1[i];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s1[r] = dot16f(u[r].w + 4, xv, xs1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float v = u[r].a0 * s0[r] + u[r].a1 * s1[r];
+        if constexpr (QTraits<QT>::MIN) v += u[r].b0 * xs0 + u[r].b1 * xs1;
+        acc[r][n] += v;
     }
-    const int row0 = blockIdx.x * R;
-    const u8* wr[R];
+}
+
+// unit t of all R rows, dotted with the NB activation rows read straight from global memory
+template <int QT, int NB, int R>
+PQ_DEV void unit_rows_global(const u8* const (&wr)[R], int t, const u32* tab, const float* __restrict__ x, int K,
+                             float (&acc)[R][NB]) {
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
+    const int blk = t / NSUB, sub = t % NSUB;
+    Unit u[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+    int p0, p1;
+    unit_pos<QT>(sub, p0, p1);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const float* xb = x + (long long)n * K + (long long)blk * QK;
+        unit_accum<QT, NB, R>(u, (const float4*)(xb + p0), (const float4*)(xb + p1), acc, n);
+    }
+}
+
+// IQ grids staged in shared memory (a no-op for the other types); returns the table pointer
+template <int QT>
+PQ_DEV const u32* stage_table(u32* tab_s) {
+    if constexpr (QTraits<QT>::TAB > 0) {
+        const u32* src = table_src<QT>();
+        for (int i = threadIdx.x; i < QTraits<QT>::TAB; i += blockDim.x) tab_s[i] = src[i];
+        __syncthreads();
+        return tab_s;
+    } else {
+        return nullptr;
+    }
+}
+
+template <int R>
+PQ_DEV void row_ptrs(const u8* W, long long bpr, int row0, int rows, const u8* (&wr)[R]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+}
 
-    float acc[R][NB];
+template <int R, int NB>
+PQ_DEV void zero_acc(float (&acc)[R][NB]) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
         for (int n = 0; n < NB; ++n) acc[r][n] = 0.0f;
+}
 
-    const int nunits = (K / QK) * NSUB;
-    for (int t = threadIdx.x; t < nunits; t += blockDim.x) {
-        const int blk = t / NSUB, sub = t % NSUB;
-        Unit u[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
-        int p0, p1;
-        unit_pos<QT>(sub, p0, p1);
-#pragma unroll
-        for (int n = 0; n < NB; ++n) {
-            const float* xb = x + (long long)n * K + (long long)blk * QK;
-            float4 x0[4], x1[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                x0[i] = ((const float4*)(xb + p0))[i];
-                x1[i] = ((const float4*)(xb + p1))[i];
-            }
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                float xs0, xs1;
-                const float s0 = dot16f(u[r].w, x0, xs0), s1 = dot16f(u[r].w + 4, x1, xs1);
-                float v = u[r].a0 * s0 + u[r].a1 * s1;
-                if constexpr (QTraits<QT>::MIN) v += u[r].b0 * xs0 + u[r].b1 * xs1;
-                acc[r][n] += v;
-            }
-        }
-    }
+// Grid: ceil(rows / R); block: 32-128 threads (fewer for short rows).
+template <int QT, int NB, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+              const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int row0 = blockIdx.x * R;
+    const u8* wr[R];
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    float acc[R][NB];
+    zero_acc<R, NB>(acc);
+    const int nunits = (K / QTraits<QT>::QK) * NSUB;
+    for (int t = threadIdx.x; t < nunits; t += blockDim.x) unit_rows_global<QT, NB, R>(wr, t, tab, x, K, acc);
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
+// Grid: ceil(rows / (R * 128 / L)); block: 128 threads.  Lane l of a group takes units l,
+// l + L, ... two at a time (both units' loads issued before either is used).
+template <int QT, int NB, int R, int L>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+                    const float* __restrict__ bias, float* __restrict__ y) {
+    static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int l = threadIdx.x & (L - 1);
+    const int row0 = (blockIdx.x * (GEMV_THREADS / L) + (int)(threadIdx.x / L)) * R;
+    const u8* wr[R];
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    float acc[R][NB];
+    zero_acc<R, NB>(acc);
+    const int nunits = (K / QK) * NSUB;
+    for (int t = l; t < nunits; t += 2 * L) {
+        const bool two = t + L < nunits;
+        const int t2 = two ? t + L : t;               // a valid unit either way: loads stay unconditional
+        const int blk = t / NSUB, sub = t % NSUB, blk2 = t2 / NSUB, sub2 = t2 % NSUB;
+        Unit u[R], u2[R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+            decode<QT>(wr[r] + (long long)blk2 * TS, sub2, tab, u2[r]);
+        }
+        int p0, p1, q0, q1;
+        unit_pos<QT>(sub, p0, p1);
+        unit_pos<QT>(sub2, q0, q1);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            const float* xb = x + (long long)n * K;
+            unit_accum<QT, NB, R>(u, (const float4*)(xb + (long long)blk * QK + p0),
+                                  (const float4*)(xb + (long long)blk * QK + p1), acc, n);
+            if (two)
+                unit_accum<QT, NB, R>(u2, (const float4*)(xb + (long long)blk2 * QK + q0),
+                                      (const float4*)(xb + (long long)blk2 * QK + q1), acc, n);
+        }
+    }
+    gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
+}
+
+// --- x staged in shared memory --------------------------------------------------------------
+PQ_DEV void cp_async16_pq(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const u32 s = (u32)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+    *(float4*)smem = *(const float4*)gmem;
+#endif
+}
+
+PQ_DEV void cp_async_wait_all_pq() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.wait_group 0;\n" ::);
+#endif
+}
+
+// Padded float4 index: one float4 of padding after every 2^S float4.  A quarter-warp reading
+// its 8 units' segments then hits 8 distinct 16-byte bank groups: S = 3 for the types whose
+// units are 32 consecutive values, S = 4 for Q4_K / Q5_K (units of two 16-value halves 32 apart).
+template <int QT> struct XPad { enum { S = (QT == Q4_K || QT == Q5_K) ? 4 : 3 }; };
+constexpr int XS_CHUNK_F4 = GEMV_THREADS * 8;        // float4 of one column per chunk (128 units)
+
+template <int QT> PQ_DEV int xpad(int q) { return q + (q >> XPad<QT>::S); }
+
+// Grid: ceil(rows / R); block: exactly 128 threads.  Chunk c covers units [128c, 128c + 128),
+// one per thread; NBS batch columns are staged at a time (all NB when NB <= 2).
+template <int QT, int NB, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+                 const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    constexpr int NBS = NB <= 2 ? NB : 1;
+    constexpr int XF4 = XS_CHUNK_F4 + (XS_CHUNK_F4 >> XPad<QT>::S);
+    static_assert((GEMV_THREADS / 32 - 1) * R * NB * 32 <= NBS * XF4 * 4, "reduction scratch fits in xs");
+    __shared__ __align__(16) float4 xs[NBS * XF4];
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int row0 = blockIdx.x * R;
+    const u8* wr[R];
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    float acc[R][NB];
+    zero_acc<R, NB>(acc);
+    const int nunits = (K / QK) * NSUB;
+    for (int c0 = 0; c0 < nunits; c0 += GEMV_THREADS) {
+        const int t = c0 + threadIdx.x;
+        const bool active = t < nunits;
+        const int tt = active ? t : c0;
+        const int blk = tt / NSUB, sub = tt % NSUB;
+        int p0, p1;
+        unit_pos<QT>(sub, p0, p1);
+        const int rel = (blk - c0 / NSUB) * QK;        // the unit's block, in floats from the chunk start
+        const int q0 = xpad<QT>((rel + p0) >> 2), q1 = xpad<QT>((rel + p1) >> 2);
+        const int nq = min(XS_CHUNK_F4, (K - c0 * 32) >> 2);
+        Unit u[R];
+#pragma unroll
+        for (int g = 0; g < NB; g += NBS) {
+            __syncthreads();                           // the previous readers of xs are done
+            if (g == 0) {
+#pragma unroll
+                for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+            }
+#pragma unroll
+            for (int s = 0; s < NBS; ++s) {
+                const float* xc = x + (long long)(g + s) * K + (long long)c0 * 32;
+#pragma unroll
+                for (int k = 0; k < XS_CHUNK_F4 / GEMV_THREADS; ++k) {
+                    const int q = threadIdx.x + k * GEMV_THREADS;
+                    if (q < nq) cp_async16_pq(&xs[s * XF4 + xpad<QT>(q)], xc + 4 * q);
+                }
+            }
+            cp_async_wait_all_pq();
+            __syncthreads();
+            if (active) {
+#pragma unroll
+                for (int s = 0; s < NBS; ++s)
+                    unit_accum<QT, NB, R>(u, &xs[s * XF4 + q0], &xs[s * XF4 + q1], acc, g + s);
+            }
+        }
+    }
+    __syncthreads();                                   // xs becomes the reduction scratch
+    gemv_reduce_store_to<NB, R>(acc, row0, rows, bias, y, (float*)xs);
+}
+
 #ifndef __CUDACC_RTC__
-#define PQ_INST(T)                                                                                  \
-    template __global__ void gemv_gguf_f32<T, 2, 4>(const u8*, long long, int, int, const float*, \
-                                                    const float*, float*);
+#define PQ_INST(T)                                                                                      \
+    template __global__ void gemv_gguf_f32<T, 2, 4>(const u8*, long long, int, int, const float*,     \
+                                                    const float*, float*);                            \
+    template __global__ void gemv_gguf_f32_lanes<T, 1, 2, 16>(const u8*, long long, int, int,         \
+                                                              const float*, const float*, float*);    \
+    template __global__ void gemv_gguf_f32_xs<T, 2, 4>(const u8*, long long, int, int, const float*,  \
+                                                       const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

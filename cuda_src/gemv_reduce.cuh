@@ -1,23 +1,25 @@
 // End of a GEMV block (1 to 4 warps, R rows x NB batch columns per block): sum the
 // per-thread partials across the warps through shared memory, then inside warp 0 with
-// shuffles; lane r*NB+n writes y[n, row0+r] (+ bias).
+// shuffles; lane r*NB+n writes y[n, row0+r] (+ bias).  gemv_reduce_lanes_store: the same for
+// groups of L lanes that each own R rows (shuffles only).
 #pragma once
 
 namespace pq {
 
 constexpr int GEMV_THREADS = 128;
 
+// red: (GEMV_THREADS / 32 - 1) * R * NB * 32 floats of shared memory, free for this call
 template <int NB, int R>
-__device__ __forceinline__ void gemv_reduce_store(float (&acc)[R][NB], int row0, int rows,
-                                                  const float* __restrict__ bias, float* __restrict__ y) {
+__device__ __forceinline__ void gemv_reduce_store_to(float (&acc)[R][NB], int row0, int rows,
+                                                     const float* __restrict__ bias, float* __restrict__ y,
+                                                     float* red) {
     static_assert(R * NB <= 32, "one output per lane of warp 0");
-    __shared__ float red[GEMV_THREADS / 32 - 1][R * NB][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     if (warp > 0) {
 #pragma unroll
         for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int n = 0; n < NB; ++n) red[warp - 1][r * NB + n][lane] = acc[r][n];
+            for (int n = 0; n < NB; ++n) red[((warp - 1) * R * NB + r * NB + n) * 32 + lane] = acc[r][n];
     }
     __syncthreads();
     if (warp > 0) return;
@@ -28,11 +30,38 @@ __device__ __forceinline__ void gemv_reduce_store(float (&acc)[R][NB], int row0,
             float v = acc[r][n];
 #pragma unroll
             for (int w = 0; w < GEMV_THREADS / 32 - 1; ++w)
-                if (w < nwarps - 1) v += red[w][r * NB + n][lane];
+                if (w < nwarps - 1) v += red[(w * R * NB + r * NB + n) * 32 + lane];
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
             const int row = row0 + r;
             if (lane == r * NB + n && row < rows) y[(long long)n * rows + row] = bias ? v + bias[row] : v;
+        }
+    }
+}
+
+template <int NB, int R>
+__device__ __forceinline__ void gemv_reduce_store(float (&acc)[R][NB], int row0, int rows,
+                                                  const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ float red[(GEMV_THREADS / 32 - 1) * R * NB * 32];
+    gemv_reduce_store_to<NB, R>(acc, row0, rows, bias, y, red);
+}
+
+// L (power of two, <= 32) consecutive lanes own rows row0 .. row0+R-1; lane l of the group
+// (l = threadIdx.x % L) writes the outputs i = r*NB+n with i % L == l.  Every lane of the
+// warp must call this (the shuffles span the warp; groups never mix since offsets are < L).
+template <int NB, int R, int L>
+__device__ __forceinline__ void gemv_reduce_lanes_store(float (&acc)[R][NB], int row0, int rows,
+                                                        const float* __restrict__ bias, float* __restrict__ y) {
+    const int l = threadIdx.x & (L - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            float v = acc[r][n];
+#pragma unroll
+            for (int o = L / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            const int row = row0 + r;
+            if (l == (r * NB + n) % L && row < rows) y[(long long)n * rows + row] = bias ? v + bias[row] : v;
         }
     }
 }

@@ -38,7 +38,8 @@ def _norm_w(rng, d):
 ROWS = []
 
 # --- RMSNorm ----------------------------------------------------------------------------------
-for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64), (6, 2, 32)]:
+for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64), (6, 2, 32), (5, 200), (3, 384),
+              (2, 1024), (1, 1025)]:
     def make(rng, shape=shape):
         return {"x": _randn(rng, *shape, scale=2.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-6}
 
@@ -47,7 +48,8 @@ for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64),
         ref=lambda i: REF.rms_norm(i["x"], i["w"], i["eps"]),
         cuda=lambda i, poison: _ew().rms_norm(_up(i["x"]), _up(i["w"]), i["eps"], out=poison(i["x"].shape, F32))))
 
-for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), ((2, 2050), True)]:
+for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), ((2, 2050), True), ((5, 1024), False),
+                       ((9, 300), True), ((2, 130), False), ((1, 576), True)]:
     def make(rng, shape=shape):
         return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
 
@@ -139,3 +141,79 @@ for n, hkv, d, slot_dtype, fused in [(5, 2, 64, np.int64, False), (3, 8, 128, np
 
     ROWS.append(KernelRow("store_kv", f"n{n}-hkv{hkv}-d{d}-{np.dtype(slot_dtype).name}" + ("-views" if fused else ""),
                           make, ref=ref, cuda=cuda, tol=0.0))
+
+
+# --- RoPE + KV store in one kernel --------------------------------------------------------------
+# (n, hq, hkv, d, rot, interleaved, pos dtype, slot dtype, fused: q/k/v column views of one QKV row)
+ROPE_STORE = [(1, 9, 3, 64, 64, True, np.int64, np.int64, True), (5, 4, 2, 64, 64, False, np.int32, np.int32, False),
+              (3, 8, 2, 128, 64, False, np.int64, np.int32, True), (6, 4, 4, 32, 32, True, np.int32, np.int64, False),
+              (4, 32, 8, 128, 128, False, np.int64, np.int64, True)]
+for n, hq, hkv, d, rot, interleaved, pos_dtype, slot_dtype, fused in ROPE_STORE:
+    def make(rng, n=n, hq=hq, hkv=hkv, d=d, rot=rot, pos_dtype=pos_dtype, slot_dtype=slot_dtype):
+        nb, bs = 4, 16
+        slots = rng.choice(nb * bs, n, replace=False).astype(slot_dtype)
+        if n > 1:
+            slots[n // 2] = -1                   # padding row: q rotated, nothing stored
+        return {"qkv": _randn(rng, n, (hq + 2 * hkv) * d), "pos": rng.integers(0, 4096, n).astype(pos_dtype),
+                "inv": _inv_freq(rot), "slots": slots,
+                "kc": _randn(rng, nb, bs, hkv, d).astype(np.float16), "vc": _randn(rng, nb, bs, hkv, d).astype(np.float16)}
+
+    def split_qkv(qkv, hq, hkv, d):
+        n = qkv.shape[0]
+        return (qkv[:, :hq * d].reshape(n, hq, d), qkv[:, hq * d:(hq + hkv) * d].reshape(n, hkv, d),
+                qkv[:, (hq + hkv) * d:].reshape(n, hkv, d))
+
+    def ref(i, hq=hq, hkv=hkv, d=d, interleaved=interleaved):
+        q, k, v = split_qkv(i["qkv"], hq, hkv, d)
+        keep = i["slots"] >= 0
+        kc, vc = i["kc"], i["vc"]
+        REF.rope_store_kv(q[keep], k[keep], v[keep], i["pos"][keep], i["inv"], interleaved, kc, vc, i["slots"][keep])
+        return REF.rope(q, i["pos"], i["inv"], interleaved), kc, vc    # q of the padding row is rotated too
+
+    def cuda(i, poison, hq=hq, hkv=hkv, d=d, interleaved=interleaved, fused=fused):
+        q, k, v = split_qkv(_up(i["qkv"]), hq, hkv, d)
+        if not fused:
+            q, k, v = (_cp().ascontiguousarray(a) for a in (q, k, v))
+        kc, vc = _up(i["kc"]), _up(i["vc"])
+        out = poison(q.shape, F32)
+        got = _ew().rope_store_kv(q, k, v, _up(i["pos"]), _up(i["inv"]), interleaved, kc, vc, _up(i["slots"]), out=out)
+        assert got is out
+        return got, kc, vc
+
+    ROWS.append(KernelRow(
+        "rope_store_kv", f"{'interleaved' if interleaved else 'halves'}-n{n}-hq{hq}-hkv{hkv}-d{d}-rot{rot}-"
+        f"pos{np.dtype(pos_dtype).itemsize * 8}-slot{np.dtype(slot_dtype).itemsize * 8}" + ("-views" if fused else ""),
+        make, ref=ref, cuda=cuda, tol=1e-3))
+
+
+# --- CudaOps.paged_attention (the cache already holds the new tokens) ---------------------------
+def _paged_case(seqs, hkv, group, d, decode_only):
+    def make(rng):
+        from .kernel_rows_attn import make_case
+
+        i = make_case(rng, seqs, hkv, group, d)
+        i["meta"].decode_only = decode_only
+        return i
+    return make
+
+
+def _paged_ref(i):
+    from .kernel_rows_attn import stored_caches
+
+    kc, vc = stored_caches(i)
+    return REF.paged_attention(i["q"], kc.astype(F32), vc.astype(F32), i["meta"], i["scale"])
+
+
+def _paged_cuda(i, poison):
+    from pocketcupy.backend.ops_cuda import CudaOps
+
+    from .kernel_rows_attn import stored_caches
+
+    kc, vc = stored_caches(i)
+    return CudaOps().paged_attention(_up(i["q"]), _up(kc), _up(vc), i["meta"], i["scale"])
+
+
+for name, seqs, hkv, group, d, decode_only in [("decode-b2-hkv3-g3-d64", [(7, 1), (40, 1)], 3, 3, 64, True),
+                                                ("prefill-b2-hkv2-g4-d64", [(50, 50), (30, 6)], 2, 4, 64, False)]:
+    ROWS.append(KernelRow("ops.paged_attention", name, _paged_case(seqs, hkv, group, d, decode_only), _paged_ref,
+                          _paged_cuda, 3e-3))

@@ -104,6 +104,15 @@ def _linear_rows():
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
                                   _make_linear(qtype, n, cols, n == 3), _ref_linear,
                                   _cuda_linear(activations="f32"), 2e-5))
+    # fp32 activations, every launch shape: lanes kernel (rows of <= 32 / <= 64 units: L = 16 / 32),
+    # xs kernel (x staged in shared memory) with a partial last chunk and with rows of whole chunks
+    for qtype, cols, ns in (("Q4_1", 576, (1, 2, 3, 8)), ("Q8_0", 576, (1, 5)), ("Q4_1", 1536, (1, 2, 4)),
+                            ("Q4_K", 256, (1, 2)), ("Q6_K", 1792, (1, 8)), ("Q4_0", 2048, (1, 2)),
+                            ("Q8_0", 8192, (1, 2, 7)), ("Q4_K", 12288, (1, 2, 3)), ("IQ2_XXS", 4352, (1, 6))):
+        for n in ns:
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
+                                  _make_linear(qtype, n, cols, n == 2), _ref_linear,
+                                  _cuda_linear(activations="f32"), 2e-5))
     # quantized GEMV over column tiles (9..32), bias on
     for qtype in ("Q4_K", "Q8_0", "IQ2_XXS"):
         cols = _cols(qtype)
@@ -159,4 +168,47 @@ def _get_rows_rows():
     return rows
 
 
-ROWS = _linear_rows() + _get_rows_rows()
+def _make_concat(parts, cols: int, n: int):
+    def make(rng):
+        other = "Q8_0" if parts[0][0] != "Q8_0" else "F16"          # a part of another format
+        return {"parts": [(qtype, (rows, cols), _weight(rng, qtype, rows, cols)) for qtype, rows in parts],
+                "other": (other, (5, cols), _weight(rng, other, 5, cols)),
+                "x": rng.standard_normal((n, cols), dtype=np.float32)}
+    return make
+
+
+def _ref_concat(inp):
+    w = np.concatenate([QTensor(q, sh, d).dequantize().astype(np.float64) for q, sh, d in inp["parts"]])
+    return inp["x"].astype(np.float64) @ w.T
+
+
+def _cuda_concat(inp, poison):
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+    w = linear_cuda.concat_rows(ws)
+    assert linear_cuda.concat_rows(ws + [linear_cuda.prepare_weight(QTensor(*inp["other"]))]) is None
+    assert w.shape == (sum(p.rows for p in ws), ws[0].cols) and w.qtype == ws[0].qtype
+    out = poison((inp["x"].shape[0], w.rows), np.float32)
+    saved = linear_cuda.QUANT_ACTIVATIONS
+    linear_cuda.QUANT_ACTIVATIONS = "f32"
+    try:
+        return linear_cuda.linear(cp.asarray(inp["x"]), w, out=out)
+    finally:
+        linear_cuda.QUANT_ACTIVATIONS = saved
+
+
+def _concat_rows():
+    rows = []
+    for name, parts, cols, n, tol in (("q4_1-qkv", [("Q4_1", 576), ("Q4_1", 192), ("Q4_1", 192)], 576, 1, 2e-5),
+                                      ("q8_0-gate_up", [("Q8_0", 67), ("Q8_0", 67)], 1024, 3, 2e-5),
+                                      ("q4_k-qkv", [("Q4_K", 40), ("Q4_K", 9), ("Q4_K", 9)], 4096, 2, 2e-5),
+                                      ("f16-qkv", [("F16", 50), ("F16", 13), ("F16", 13)], 1024, 2, 1e-5)):
+        rows.append(KernelRow("concat_rows", f"{name}-{cols}", _make_concat(parts, cols, n), _ref_concat,
+                              _cuda_concat, tol))
+    return rows
+
+
+ROWS = _linear_rows() + _get_rows_rows() + _concat_rows()

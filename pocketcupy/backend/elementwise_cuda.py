@@ -1,5 +1,6 @@
-"""CuPy launchers for the small ops: RMSNorm (+ fused residual add), SiLU*up, add, RoPE, and the
-paged KV store (kernels in cuda_src/norm.cu, act.cu, rope.cu, kv_store.cu).
+"""CuPy launchers for the small ops: RMSNorm (+ fused residual add), SiLU*up, add, RoPE, the
+paged KV store, and RoPE fused with the KV store (kernels in cuda_src/norm.cu, act.cu, rope.cu,
+kv_store.cu, rope_store.cu).
 
 Activations are float32 cupy arrays. Every launcher takes `out=` and returns it; none reads
 device values on the host, so all of them can be captured in a CUDA graph."""
@@ -64,6 +65,15 @@ def _out(out, shape, dtype=np.float32):
     return out
 
 
+NORM_WARP_DIMS = (128, 256, 512, 1024)      # rms_norm_warp_f32_d<D>: a warp per row, row in registers
+NORM_ROWS_PER_BLOCK = 4
+
+
+def norm_warp_dim(dim: int) -> int | None:
+    """The D of the warp-per-row norm kernels for rows of `dim` values (None: a block per row)."""
+    return next((d for d in NORM_WARP_DIMS if dim <= d), None)
+
+
 @cuda_op("rms_norm")
 def rms_norm(x, w, eps: float, out=None):
     """x [..., dim] float32, w [dim] float32 -> x / rms(x) * w over the last axis (per head for
@@ -77,8 +87,11 @@ def rms_norm(x, w, eps: float, out=None):
     out = _out(out, x.shape)
     if rows == 0:
         return out
-    if dim <= 256:                       # a warp per row, 4 rows per block
-        _k("norm.cu", "rms_norm_rows_f32")(((rows + 3) // 4,), (128,), (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
+    wd = norm_warp_dim(dim)
+    if wd is not None:
+        rpb = NORM_ROWS_PER_BLOCK
+        _k("norm.cu", f"rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
+                                                  (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
     else:
         threads = min(1024, ((dim // 4 + 31) // 32) * 32)
         _k("norm.cu", "rms_norm_f32")((rows,), (threads,), (x, w, out, _I32(dim), _F32(eps)))
@@ -102,7 +115,13 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
     rows = x.size // dim if dim else 0
     out = _out(out, x.shape)
     residual_out = residual if residual_out is None else _out(residual_out, x.shape)
-    if rows:
+    wd = norm_warp_dim(dim)
+    if rows and wd is not None:
+        rpb = NORM_ROWS_PER_BLOCK
+        _k("norm.cu", f"add_rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
+                                                      (x, residual, w, out, residual_out, _I32(rows), _I32(dim),
+                                                       _F32(eps)))
+    elif rows:
         threads = min(1024, max(32, ((dim // 4 + 31) // 32) * 32))
         _k("norm.cu", "add_rms_norm_f32")((rows,), (threads,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
     return out, residual_out
@@ -187,3 +206,38 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping):
         name = "store_kv_f16_slot32" if slots.dtype == np.int32 else "store_kv_f16_slot64"
         _k("kv_store.cu", name)((n,), (128,), (k, v, k_cache, v_cache, slots, _I32(n), _I32(hkv * d), _I64(ks), _I64(vs)))
     return k_cache, v_cache
+
+
+ROPE_MAX_HALF = 128                          # rope_store.cu
+
+
+@cuda_op("rope_store_kv")
+def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping, out=None):
+    """RoPE on q [N, Hq, D] and k [N, Hkv, D] (float32; each token's heads contiguous, e.g. column
+    views of a fused QKV output), rotated k and v written to the fp16 caches at slot_mapping [N]
+    (negative: not stored). Returns the rotated q, [N, Hq, D] contiguous (out= if given)."""
+    check_f32("rope_store_kv", q)
+    check_f32("rope_store_kv", k)
+    check_f32("rope_store_kv", v)
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    rot_half = int(inv_freq.shape[0])
+    if 2 * rot_half > d or d % 2 or rot_half > ROPE_MAX_HALF:
+        raise ValueError(f"rope_store_kv: {rot_half} frequencies do not fit head_dim {d}")
+    if k.shape != (n, hkv, d) or v.shape != k.shape or tuple(k_cache.shape[2:]) != (hkv, d):
+        raise ValueError(f"rope_store_kv: q {q.shape}, k {k.shape}, v {v.shape} do not match the cache {k_cache.shape}")
+    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
+        raise TypeError(f"rope_store_kv: the cache must be float16, got {k_cache.dtype}")
+    q, qs = row_view(q, hq * d)
+    k, ks = row_view(k, hkv * d)
+    v, vs = row_view(v, hkv * d)
+    positions, slots = index_array(positions), index_array(slot_mapping)
+    inv_freq = _cp().asarray(inv_freq, dtype=np.float32)
+    out = _out(out, (n, hq, d))
+    if n:
+        name = (f"rope_store_kv_{'interleaved' if interleaved else 'halves'}_f16"
+                f"_pos{32 if positions.dtype == np.int32 else 64}_slot{32 if slots.dtype == np.int32 else 64}")
+        _k("rope_store.cu", name)((n,), (128,), (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots,
+                                                out, k_cache, v_cache, _I32(n), _I32(hq), _I32(hkv), _I32(d),
+                                                _I32(rot_half)))
+    return out

@@ -90,6 +90,30 @@ def prepare_weight(t: QTensor):
     return CudaWeight("BF16", (rows, cols), cp.asarray(f32_to_bf16(w)))
 
 
+@cuda_op("concat_rows")
+def concat_rows(ws):
+    """One weight whose rows are the rows of ws in order (fused QKV / gate+up projections), or
+    None when the parts differ in format or column count. Raw GGUF blocks are copied into one
+    buffer with the same 16-byte tail padding prepare_weight leaves."""
+    import cupy as cp
+
+    if not ws or not all(isinstance(w, CudaWeight) for w in ws):
+        return None
+    qtype, cols = ws[0].qtype, ws[0].cols
+    if any(w.qtype != qtype or w.cols != cols for w in ws):
+        return None
+    rows = sum(w.rows for w in ws)
+    if ws[0].is_dense:
+        return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0))
+    bpr = int(ws[0].data.shape[1])
+    buf = cp.zeros(rows * bpr + _PAD, dtype=cp.uint8)
+    r0 = 0
+    for w in ws:
+        buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
+        r0 += w.rows
+    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr))
+
+
 # --- kernel variants -------------------------------------------------------------------------
 def rows_per_block(nb: int) -> int:
     return 2 if nb == 1 else 4
@@ -104,8 +128,13 @@ def gemv_threads(work_items: int) -> int:
 
 
 def gemv_variant(w: CudaWeight, nb: int) -> str:
-    """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4."""
-    return f"gemv_{w.qtype.lower()}_bs{nb}"
+    """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4,
+    gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs1."""
+    if w.is_dense or QUANT_ACTIVATIONS != "f32":
+        return f"gemv_{w.qtype.lower()}_bs{nb}"
+    cfg = f32_gemv_config(w.cols // 32, nb)
+    shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
+    return f"gemv_{w.qtype.lower()}_f32_{shape}_r{cfg.rows_per_group}_bs{nb}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,11 +151,59 @@ def _gguf_gemv(qtype: str, nb: int):
     return kernel("gemv_gguf.cu", exprs[nb - 1], name_expressions=exprs)
 
 
+# fp32-activation quantized GEMV (gemv_gguf_f32.cu): a launch shape per row length, by units of
+# 32 weights per row.  Short rows (the projections of small models: K = 576 is 18 units) give
+# each row group L lanes ("lanes"); long rows stage the activations in shared memory ("xs").
+F32_SHORT_ROW_UNITS = 64          # rows of at most this many units: the lanes kernel
+F32_LANES_SHORT = 16              # lanes per row group for rows of <= 32 units; 32 beyond
+F32_XS_ROWS = 4                   # rows per block of the xs kernel
+
+
+@dataclass(frozen=True)
+class F32Gemv:
+    kind: str                     # "lanes" | "xs" | "block" (gemv_gguf_f32: 32-128 threads on R rows)
+    rows_per_group: int           # R: rows sharing each activation load
+    lanes: int = 0                # L of the lanes kernel
+
+    def expr(self, tid: int, nb: int) -> str:
+        if self.kind == "lanes":
+            return f"gemv_gguf_f32_lanes<{tid}, {nb}, {self.rows_per_group}, {self.lanes}>"
+        return f"gemv_gguf_f32{'_xs' if self.kind == 'xs' else ''}<{tid}, {nb}, {self.rows_per_group}>"
+
+    def rows_per_block(self) -> int:
+        return self.rows_per_group * (GEMV_THREADS // self.lanes if self.kind == "lanes" else 1)
+
+
+def f32_gemv_config(units: int, nb: int) -> F32Gemv:
+    """The fp32-activation GEMV launch for rows of `units` 32-value units at batch nb (1..8)."""
+    if units <= F32_SHORT_ROW_UNITS:
+        return F32Gemv("lanes", 2 if nb <= 2 else 1, F32_LANES_SHORT if units <= 32 else 32)
+    return F32Gemv("xs", F32_XS_ROWS)
+
+
+def _default_f32_exprs(tid: int, kind: str) -> tuple[str, ...]:
+    cfgs = {c.expr(tid, nb) for u in (32, 64, 128) for nb in range(1, GEMV_MAX_BATCH + 1)
+            for c in [f32_gemv_config(u, nb)] if c.kind == kind}
+    return tuple(sorted(cfgs))
+
+
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv_f32(qtype: str, nb: int):
-    tid = GGUF_QTYPES[qtype][0]
-    exprs = tuple(f"gemv_gguf_f32<{tid}, {b}, {rows_per_block(b)}>" for b in range(1, GEMV_MAX_BATCH + 1))
-    return kernel("gemv_gguf_f32.cu", exprs[nb - 1], name_expressions=exprs)
+def _gguf_gemv_f32(qtype: str, kind: str, expr: str):
+    """One compiled module per (qtype, kind) holds every default launch shape of that kind;
+    other shapes (benchmark sweeps) compile on their own."""
+    exprs = _default_f32_exprs(GGUF_QTYPES[qtype][0], kind)
+    return kernel("gemv_gguf_f32.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
+
+
+def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv) -> None:
+    """out [nb, rows] = x [nb, K] @ w.T (+ bias) by the fp32-activation GEMV of shape cfg."""
+    k = w.cols
+    tid = GGUF_QTYPES[w.qtype][0]
+    rpb = cfg.rows_per_block()
+    threads = GEMV_THREADS if cfg.kind != "block" else gemv_threads(k // 32)
+    _gguf_gemv_f32(w.qtype, cfg.kind, cfg.expr(tid, nb))(
+        ((w.rows + rpb - 1) // rpb,), (threads,),
+        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,6 +219,10 @@ def _get_rows_dense(qtype: str, idx64: bool):
     wt = DENSE_QTYPES[qtype]
     exprs = tuple(f"get_rows_dense<{w}, {i}>" for w in (0, 1) for i in ("int", "long long"))
     return kernel("dequant.cu", f"get_rows_dense<{wt}, {'long long' if idx64 else 'int'}>", name_expressions=exprs)
+
+
+def _aligned16(a) -> bool:
+    return a.data.ptr % 16 == 0
 
 
 def _null():
@@ -187,8 +268,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
         r = rows_per_block(nb)
         grid, block = ((w.rows + r - 1) // r,), (gemv_threads(k // 32),)
         if exact:
-            _gguf_gemv_f32(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), x[n0:], b,
-                                                      out[n0:]))
+            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb))
         else:
             _gguf_gemv(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:],
                                                   xds[n0:], b, out[n0:]))
@@ -266,7 +346,7 @@ def linear(x, w, bias=None, out=None):
         return out
     lead = x.shape[:-1]
     x = cp.ascontiguousarray(x, dtype=cp.float32).reshape(-1, x.shape[-1])
-    if x.data.ptr % 16:                                    # the kernels load x 16 bytes at a time
+    if not _aligned16(x):                                  # the kernels load x 16 bytes at a time
         x = x.copy()
     n, k = x.shape
     if k != w.cols:

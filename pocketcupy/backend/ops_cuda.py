@@ -24,6 +24,17 @@ class CudaOps:
 
         return linear_cuda.prepare_weight(t)
 
+    def concat_rows(self, ws):
+        """Fused QKV / gate+up weights (or their biases): one weight whose rows are those of ws,
+        or None when the parts differ in format or column count (separate projections then)."""
+        from . import linear_cuda
+
+        if any(w is None for w in ws):
+            return None
+        if all(isinstance(w, self.xp.ndarray) and w.ndim == 1 for w in ws):
+            return self.xp.concatenate(ws)
+        return linear_cuda.concat_rows(ws)
+
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
 
@@ -72,11 +83,22 @@ class CudaOps:
     def store_kv(self, k_cache, v_cache, k, v, slot_mapping):
         elementwise_cuda.store_kv(k_cache, v_cache, k, v, slot_mapping)
 
+    def rope_store_kv(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping):
+        """RoPE on q and k, rotated k and v into the paged cache, in one kernel; returns the rotated q."""
+        return elementwise_cuda.rope_store_kv(q, k, v, positions, inv_freq, interleaved, k_cache, v_cache,
+                                              slot_mapping)
+
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float):
         """Writes k, v of the new tokens into the paged cache, then causal attention of every
-        query row over its sequence's context. Decode kernel when every sequence has one row."""
+        query row over its sequence's context."""
         meta = attn_cuda.device_meta(meta)
         elementwise_cuda.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return self.paged_attention(q, k_cache, v_cache, meta, scale)
+
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+        """Causal attention over the paged cache (the new tokens already stored). Decode kernel
+        when every sequence has one row."""
+        meta = attn_cuda.device_meta(meta)
         if meta.decode_only or q.shape[0] == meta.num_seqs:   # every sequence has >= 1 row
             return attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale)
         return attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)

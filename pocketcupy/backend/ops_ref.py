@@ -18,6 +18,13 @@ class NumpyOps:
         """A stored weight in the form `linear`/`embedding` consume: float32 here."""
         return t.dequantize()
 
+    def concat_rows(self, ws):
+        """One weight (or bias) whose rows are those of ws in order: fused QKV / gate+up
+        projections whose outputs are split by column views. None if the parts cannot be joined."""
+        if any(w is None for w in ws) or len({w.shape[1:] for w in ws}) != 1:
+            return None
+        return np.concatenate(ws, axis=0)
+
     def asarray(self, a, dtype=None):
         return np.asarray(a, dtype=dtype)
 
@@ -75,10 +82,22 @@ class NumpyOps:
         k_cache.reshape(-1, nkv, hd)[slot_mapping] = k
         v_cache.reshape(-1, nkv, hd)[slot_mapping] = v
 
+    def rope_store_kv(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping):
+        """rope(q), rope(k); k (rotated) and v written to the paged cache; returns the rotated q."""
+        q = self.rope(q, positions, inv_freq, interleaved)
+        k = self.rope(k, positions, inv_freq, interleaved)
+        self.store_kv(k_cache, v_cache, k, v, slot_mapping)
+        return q
+
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> np.ndarray:
         """Writes k, v of the new tokens into the paged cache, then causal attention of every
         query row over its sequence's cached context. q [N, Hq, D], k/v [N, Hkv, D]."""
         self.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        return self.paged_attention(q, k_cache, v_cache, meta, scale)
+
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> np.ndarray:
+        """Causal attention of every query row q [N, Hq, D] over its sequence's context, all of it
+        (the new tokens included) already in the paged cache."""
         n_tok, hq, d = q.shape
         hkv = k_cache.shape[2]
         g = hq // hkv

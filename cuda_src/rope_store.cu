@@ -1,0 +1,98 @@
+// RoPE on q and k plus the paged KV store in one launch (rope.cu and kv_store.cu do the same
+// work in three): for token t, the q heads are rotated into q_out [N, Hq, D] (contiguous), the k
+// heads are rotated and written with v to the fp16 cache [blocks * block_size, Hkv, D] at
+// slot_mapping[t] (a negative slot stores nothing; q is still rotated). q, k, v are float32
+// rows of heads (each token's heads contiguous, token strides given), e.g. column views of one
+// fused QKV projection output. The token's rot_half sin/cos pairs are computed once.
+// positions: int32/int64 [N]; inv_freq: float32 [rot_half], rot_half <= ROPE_MAX_HALF.
+#include "common.cuh"
+
+#define ROPE_MAX_HALF 128
+
+template <bool INTERLEAVED>
+__device__ __forceinline__ void rope_pair_index(int i, int rot_half, int& ia, int& ib) {
+    if (i < rot_half) {
+        ia = INTERLEAVED ? 2 * i : i;
+        ib = INTERLEAVED ? 2 * i + 1 : i + rot_half;
+    } else {                                  // pass-through dims beyond the rotary part
+        ia = 2 * i;
+        ib = 2 * i + 1;
+    }
+}
+
+template <typename P, typename S, typename T, bool INTERLEAVED>
+__device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, i64 q_stride,
+                                                   const float* __restrict__ k, i64 k_stride,
+                                                   const float* __restrict__ v, i64 v_stride,
+                                                   const P* __restrict__ positions,
+                                                   const float* __restrict__ inv_freq,
+                                                   const S* __restrict__ slot_mapping, float* __restrict__ q_out,
+                                                   T* __restrict__ k_cache, T* __restrict__ v_cache, int n_tok,
+                                                   int n_q_heads, int n_kv_heads, int head_dim, int rot_half) {
+    __shared__ float cs[2][ROPE_MAX_HALF];
+    const int tok = blockIdx.x;
+    if (tok >= n_tok) return;
+    const float pos = (float)load_index(positions, tok);
+    for (int i = threadIdx.x; i < rot_half; i += blockDim.x) sincosf(pos * inv_freq[i], &cs[1][i], &cs[0][i]);
+    const i64 slot = load_index(slot_mapping, tok);
+    const int half_dim = head_dim >> 1;
+    const int nq = n_q_heads * half_dim, nk = n_kv_heads * half_dim;
+    const float* qt = q + (i64)tok * q_stride;
+    const float* kt = k + (i64)tok * k_stride;
+    const float* vt = v + (i64)tok * v_stride;
+    float* qo = q_out + (i64)tok * n_q_heads * head_dim;
+    T* kc = k_cache + slot * n_kv_heads * head_dim;
+    T* vc = v_cache + slot * n_kv_heads * head_dim;
+    __syncthreads();
+    // pairs of q, then pairs of k (stored only for slot >= 0), then v elements
+    const int total = nq + (slot >= 0 ? nk + n_kv_heads * head_dim : 0);
+    for (int j = threadIdx.x; j < total; j += blockDim.x) {
+        if (j < nq + nk) {
+            const bool is_q = j < nq;
+            const int jj = is_q ? j : j - nq;
+            const int h = jj / half_dim, i = jj - h * half_dim;
+            int ia, ib;
+            rope_pair_index<INTERLEAVED>(i, rot_half, ia, ib);
+            const float* xh = (is_q ? qt : kt) + (i64)h * head_dim;
+            float a = xh[ia], b = xh[ib];
+            if (i < rot_half) {
+                const float c = cs[0][i], s = cs[1][i];
+                const float ra = a * c - b * s, rb = b * c + a * s;
+                a = ra;
+                b = rb;
+            }
+            if (is_q) {
+                qo[(i64)h * head_dim + ia] = a;
+                qo[(i64)h * head_dim + ib] = b;
+            } else {
+                kc[(i64)h * head_dim + ia] = KvType<T>::store(a);
+                kc[(i64)h * head_dim + ib] = KvType<T>::store(b);
+            }
+        } else {
+            const int e = j - nq - nk;
+            vc[e] = KvType<T>::store(vt[e]);
+        }
+    }
+}
+
+// grid.x = N tokens, blockDim.x = 128.
+#define ROPE_STORE_KERNEL(NAME, P, S, IL)                                                              \
+    extern "C" __global__ void NAME(const float* __restrict__ q, i64 q_stride, const float* __restrict__ k, \
+                                    i64 k_stride, const float* __restrict__ v, i64 v_stride,          \
+                                    const P* __restrict__ positions, const float* __restrict__ inv_freq, \
+                                    const S* __restrict__ slot_mapping, float* __restrict__ q_out,    \
+                                    __half* __restrict__ k_cache, __half* __restrict__ v_cache,       \
+                                    int n_tok, int n_q_heads, int n_kv_heads, int head_dim, int rot_half) { \
+        rope_store_kv_body<P, S, __half, IL>(q, q_stride, k, k_stride, v, v_stride, positions, inv_freq, \
+                                             slot_mapping, q_out, k_cache, v_cache, n_tok, n_q_heads,  \
+                                             n_kv_heads, head_dim, rot_half);                          \
+    }
+
+ROPE_STORE_KERNEL(rope_store_kv_halves_f16_pos32_slot32, int, int, false)
+ROPE_STORE_KERNEL(rope_store_kv_halves_f16_pos32_slot64, int, i64, false)
+ROPE_STORE_KERNEL(rope_store_kv_halves_f16_pos64_slot32, i64, int, false)
+ROPE_STORE_KERNEL(rope_store_kv_halves_f16_pos64_slot64, i64, i64, false)
+ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos32_slot32, int, int, true)
+ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos32_slot64, int, i64, true)
+ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos64_slot32, i64, int, true)
+ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos64_slot64, i64, i64, true)
