@@ -27,6 +27,9 @@ class LlamaLayer:
     bv: object = None
     q_norm: object = None
     k_norm: object = None
+    wqkv: object = None          # fused [wq; wk; wv] (ops.concat_rows) when the parts share a format
+    bqkv: object = None
+    w_gate_up: object = None     # fused [w_gate; w_up]
 
 
 class LlamaModel:
@@ -47,14 +50,16 @@ class LlamaModel:
         self.layers = []
         for i in range(config.num_layers):
             p = f"blk.{i}."
-            self.layers.append(LlamaLayer(
+            layer = LlamaLayer(
                 attn_norm=w(p + "attn_norm.weight"), wq=w(p + "attn_q.weight"), wk=w(p + "attn_k.weight"),
                 wv=w(p + "attn_v.weight"), wo=w(p + "attn_output.weight"), ffn_norm=w(p + "ffn_norm.weight"),
                 w_gate=w(p + "ffn_gate.weight"), w_up=w(p + "ffn_up.weight"), w_down=w(p + "ffn_down.weight"),
                 bq=w(p + "attn_q.bias", config.qkv_bias), bk=w(p + "attn_k.bias", config.qkv_bias),
                 bv=w(p + "attn_v.bias", config.qkv_bias),
                 q_norm=w(p + "attn_q_norm.weight", config.qk_norm), k_norm=w(p + "attn_k_norm.weight", config.qk_norm),
-            ))
+            )
+            fuse_projections(ops, layer)
+            self.layers.append(layer)
         freq_factors = tensors.get("rope_freqs.weight")
         self.inv_freq = ops.asarray(inv_freq(config, None if freq_factors is None else freq_factors.dequantize()))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
@@ -71,20 +76,49 @@ class LlamaModel:
                 h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
             else:
                 h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
-            q = ops.linear(h, layer.wq, layer.bq).reshape(n, c.num_heads, c.head_dim)
-            k = ops.linear(h, layer.wk, layer.bk).reshape(n, c.num_kv_heads, c.head_dim)
-            v = ops.linear(h, layer.wv, layer.bv).reshape(n, c.num_kv_heads, c.head_dim)
+            q, k, v = self._qkv(layer, h, n)
             if c.qk_norm:
                 q = ops.rms_norm(q, layer.q_norm, c.rms_eps)
                 k = ops.rms_norm(k, layer.k_norm, c.rms_eps)
-            q = ops.rope(q, positions, self.inv_freq, c.rope_interleaved)
-            k = ops.rope(k, positions, self.inv_freq, c.rope_interleaved)
-            attn = ops.attention(q, k, v, k_cache, v_cache, meta, self.scale)
+            q = ops.rope_store_kv(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache,
+                                  meta.slot_mapping)
+            attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
             x = ops.linear(attn.reshape(n, c.num_heads * c.head_dim), layer.wo)
             h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
-            x = ops.linear(ops.silu_mul(ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up)), layer.w_down)
+            if layer.w_gate_up is not None:
+                gu = ops.linear(h, layer.w_gate_up)
+                act = ops.silu_mul(gu[:, :c.intermediate_size], gu[:, c.intermediate_size:])
+            else:
+                act = ops.silu_mul(ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up))
+            x = ops.linear(act, layer.w_down)
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
 
+    def _qkv(self, layer, h, n):
+        """q [n, Hq, D], k and v [n, Hkv, D]: column views of one fused projection when there is one."""
+        c, ops = self.config, self.ops
+        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        if layer.wqkv is not None:
+            qkv = ops.linear(h, layer.wqkv, layer.bqkv)
+            return (qkv[:, :qd].reshape(n, c.num_heads, c.head_dim),
+                    qkv[:, qd:qd + kd].reshape(n, c.num_kv_heads, c.head_dim),
+                    qkv[:, qd + kd:].reshape(n, c.num_kv_heads, c.head_dim))
+        return (ops.linear(h, layer.wq, layer.bq).reshape(n, c.num_heads, c.head_dim),
+                ops.linear(h, layer.wk, layer.bk).reshape(n, c.num_kv_heads, c.head_dim),
+                ops.linear(h, layer.wv, layer.bv).reshape(n, c.num_kv_heads, c.head_dim))
+
     def compute_logits(self, hidden):
         return self.ops.linear(hidden, self.lm_head)
+
+
+def fuse_projections(ops, layer: LlamaLayer) -> None:
+    """Join wq/wk/wv and w_gate/w_up into one weight each where ops.concat_rows can (same format
+    and column count); the parts are dropped so their memory is freed."""
+    wqkv = ops.concat_rows([layer.wq, layer.wk, layer.wv])
+    bqkv = None if layer.bq is None else ops.concat_rows([layer.bq, layer.bk, layer.bv])
+    if wqkv is not None and (layer.bq is None or bqkv is not None):
+        layer.wqkv, layer.bqkv = wqkv, bqkv
+        layer.wq = layer.wk = layer.wv = layer.bq = layer.bk = layer.bv = None
+    w_gate_up = ops.concat_rows([layer.w_gate, layer.w_up])
+    if w_gate_up is not None:
+        layer.w_gate_up, layer.w_gate, layer.w_up = w_gate_up, None, None
