@@ -10,10 +10,13 @@
 //   gemv_gguf_f32_lanes<QT,NB,R,L>  short rows: groups of L lanes each own R rows (128/L groups
 //                                   per block of 128), two units in flight per lane, shuffle-only
 //                                   reduction;
-//   gemv_gguf_f32_xs<QT, NB, R>     long rows: 128 threads on R rows, the activations staged in
+//   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
 //                                   shared memory chunk by chunk (coalesced cp.async, padded so
 //                                   each quarter-warp reads distinct banks) instead of every lane
-//                                   reading its own 128 strided bytes of x from L1.
+//                                   reading its own 128 strided bytes of x from L1; WS: the R rows'
+//                                   weight bytes of the chunk staged too (16-byte coalesced copies
+//                                   instead of ~10 strided 2-4 byte loads per 34-byte Q8_0 block;
+//                                   needs bytes per row % 16 == 0).
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 
@@ -199,16 +202,20 @@ constexpr int XS_CHUNK_F4 = GEMV_THREADS * 8;        // float4 of one column per
 template <int QT> PQ_DEV int xpad(int q) { return q + (q >> XPad<QT>::S); }
 
 // Grid: ceil(rows / R); block: exactly 128 threads.  Chunk c covers units [128c, 128c + 128),
-// one per thread; NBS batch columns are staged at a time (all NB when NB <= 2).
-template <int QT, int NB, int R>
+// one per thread; NBS batch columns are staged at a time (all NB when NB <= 2 and the weights
+// are not staged).
+template <int QT, int NB, int R, bool WS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                  const float* __restrict__ bias, float* __restrict__ y) {
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
-    constexpr int NBS = NB <= 2 ? NB : 1;
+    constexpr int NBS = NB <= 2 && !WS ? NB : 1;
     constexpr int XF4 = XS_CHUNK_F4 + (XS_CHUNK_F4 >> XPad<QT>::S);
+    constexpr int CHB = GEMV_THREADS / NSUB * TS;      // weight bytes of one row's chunk (a multiple of 16)
     static_assert((GEMV_THREADS / 32 - 1) * R * NB * 32 <= NBS * XF4 * 4, "reduction scratch fits in xs");
+    static_assert(NBS * XF4 * 16 + (WS ? R * CHB : 0) + 4 * TAB <= 48 * 1024, "static shared memory");
     __shared__ __align__(16) float4 xs[NBS * XF4];
+    __shared__ __align__(16) u8 ws_s[WS ? R * CHB : 16];
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
@@ -230,10 +237,20 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
         Unit u[R];
 #pragma unroll
         for (int g = 0; g < NB; g += NBS) {
-            __syncthreads();                           // the previous readers of xs are done
+            __syncthreads();                           // the previous readers of xs / ws_s are done
             if (g == 0) {
+                if constexpr (WS) {                    // rows end 16-byte aligned: rounding up stays in the row
+                    const int n16 = (min(GEMV_THREADS, nunits - c0) / NSUB * TS + 15) >> 4;
 #pragma unroll
-                for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+                    for (int r = 0; r < R; ++r) {
+                        const u8* src = wr[r] + (long long)(c0 / NSUB) * TS;
+                        for (int i = threadIdx.x; i < n16; i += GEMV_THREADS)
+                            cp_async16_pq(ws_s + r * CHB + 16 * i, src + 16 * i);
+                    }
+                } else {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+                }
             }
 #pragma unroll
             for (int s = 0; s < NBS; ++s) {
@@ -246,6 +263,12 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
             }
             cp_async_wait_all_pq();
             __syncthreads();
+            if constexpr (WS) {
+                if (g == 0) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) decode<QT>(ws_s + r * CHB + (blk - c0 / NSUB) * TS, sub, tab, u[r]);
+                }
+            }
             if (active) {
 #pragma unroll
                 for (int s = 0; s < NBS; ++s)
@@ -263,8 +286,10 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
                                                     const float*, float*);                            \
     template __global__ void gemv_gguf_f32_lanes<T, 1, 2, 16>(const u8*, long long, int, int,         \
                                                               const float*, const float*, float*);    \
-    template __global__ void gemv_gguf_f32_xs<T, 2, 4>(const u8*, long long, int, int, const float*,  \
-                                                       const float*, float*);
+    template __global__ void gemv_gguf_f32_xs<T, 2, 4, false>(const u8*, long long, int, int,          \
+                                                              const float*, const float*, float*);   \
+    template __global__ void gemv_gguf_f32_xs<T, 1, 4, true>(const u8*, long long, int, int,           \
+                                                             const float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

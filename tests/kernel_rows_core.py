@@ -154,9 +154,9 @@ for n, hq, hkv, d, rot, interleaved, pos_dtype, slot_dtype, fused in ROPE_STORE:
         slots = rng.choice(nb * bs, n, replace=False).astype(slot_dtype)
         if n > 1:
             slots[n // 2] = -1                   # padding row: q rotated, nothing stored
+        cache = [_randn(rng, nb, bs, hkv, d).astype(np.float16) for _ in range(2)]
         return {"qkv": _randn(rng, n, (hq + 2 * hkv) * d), "pos": rng.integers(0, 4096, n).astype(pos_dtype),
-                "inv": _inv_freq(rot), "slots": slots,
-                "kc": _randn(rng, nb, bs, hkv, d).astype(np.float16), "vc": _randn(rng, nb, bs, hkv, d).astype(np.float16)}
+                "inv": _inv_freq(rot), "slots": slots, "kc": cache[0], "vc": cache[1]}
 
     def split_qkv(qkv, hq, hkv, d):
         n = qkv.shape[0]

@@ -76,6 +76,24 @@ def _cuda_linear(tile_elems: int | None = None, activations: str = "q8"):
     return run
 
 
+def _cuda_gemv_config(config: str):
+    """The fp32-activation GEMV launched with an explicit shape (lanes:L:R, xs:R, xsw:R, block:R)."""
+    def run(inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        kind, *nums = config.split(":")
+        cfg = linear_cuda.F32Gemv(kind, int(nums[-1]), int(nums[0]) if kind == "lanes" else 0)
+        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        n = inp["x"].shape[0]
+        out = poison((n, inp["shape"][0]), np.float32)
+        bias = cp.asarray(inp["bias"]) if "bias" in inp else None
+        linear_cuda.launch_gemv_f32(w, cp.asarray(inp["x"]), bias, out, n, cfg)
+        return out
+    return run
+
+
 def _linear_tol(qtype: str, n: int) -> float:
     quant = qtype in QTYPES
     if quant and n <= 32:
@@ -113,6 +131,13 @@ def _linear_rows():
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
                                   _make_linear(qtype, n, cols, n == 2), _ref_linear,
                                   _cuda_linear(activations="f32"), 2e-5))
+    # launch shapes linear() does not pick by default (benchmark candidates), rows 16-byte aligned for xsw
+    for qtype, cols in (("Q8_0", 4352), ("Q4_K", 5120), ("Q4_1", 4224)):
+        for cfg, n in (("xsw:4", 1), ("xsw:2", 2), ("xsw:4", 3), ("xs:8", 1), ("lanes:8:2", 1), ("lanes:4:4", 2),
+                       ("block:2", 1)):
+            name = f"gemv_{qtype.lower()}_f32act_{cfg.replace(':', '_')}_bs{n}-{ROWS_OUT}x{cols}"
+            rows.append(KernelRow("linear", name, _make_linear(qtype, n, cols, n == 2), _ref_linear,
+                                  _cuda_gemv_config(cfg), 2e-5))
     # quantized GEMV over column tiles (9..32), bias on
     for qtype in ("Q4_K", "Q8_0", "IQ2_XXS"):
         cols = _cols(qtype)

@@ -161,14 +161,17 @@ F32_XS_ROWS = 4                   # rows per block of the xs kernel
 
 @dataclass(frozen=True)
 class F32Gemv:
-    kind: str                     # "lanes" | "xs" | "block" (gemv_gguf_f32: 32-128 threads on R rows)
+    kind: str                     # "lanes" | "xs" | "xsw" (xs with the weights staged too) | "block"
+                                  # (gemv_gguf_f32: 32-128 threads on R rows)
     rows_per_group: int           # R: rows sharing each activation load
     lanes: int = 0                # L of the lanes kernel
 
     def expr(self, tid: int, nb: int) -> str:
         if self.kind == "lanes":
             return f"gemv_gguf_f32_lanes<{tid}, {nb}, {self.rows_per_group}, {self.lanes}>"
-        return f"gemv_gguf_f32{'_xs' if self.kind == 'xs' else ''}<{tid}, {nb}, {self.rows_per_group}>"
+        if self.kind in ("xs", "xsw"):
+            return f"gemv_gguf_f32_xs<{tid}, {nb}, {self.rows_per_group}, {str(self.kind == 'xsw').lower()}>"
+        return f"gemv_gguf_f32<{tid}, {nb}, {self.rows_per_group}>"
 
     def rows_per_block(self) -> int:
         return self.rows_per_group * (GEMV_THREADS // self.lanes if self.kind == "lanes" else 1)
@@ -201,6 +204,8 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv) -> Non
     tid = GGUF_QTYPES[w.qtype][0]
     rpb = cfg.rows_per_block()
     threads = GEMV_THREADS if cfg.kind != "block" else gemv_threads(k // 32)
+    if cfg.kind == "xsw" and w.data.shape[1] % 16:
+        raise ValueError(f"gemv xsw: {w.data.shape[1]} bytes per row is not a multiple of 16")
     _gguf_gemv_f32(w.qtype, cfg.kind, cfg.expr(tid, nb))(
         ((w.rows + rpb - 1) // rpb,), (threads,),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))

@@ -1,0 +1,141 @@
+"""Launch-shape sweep for the small-model decode kernels on the GPU. Prints ONE JSON object.
+
+    python scripts/bench_decode_kernels.py                         # SmolLM2-135M shapes + 8B-shaped GEMVs
+    python scripts/bench_decode_kernels.py --only gemv --batches 1,2 --configs lanes:8:2,lanes:16:2,xs:4,xs:8
+    python scripts/bench_decode_kernels.py --only small            # norms, rope+store: old vs new kernels
+
+GEMV: every config (lanes:L:R, xs:R, block:R; see linear_cuda.F32Gemv; "*" marks linear()'s default) on every
+shape, fp32 activations; weights cycled over copies larger than twice the L2 so they stream from
+HBM as in a decode step of a model bigger than the L2. Timing as in bench_kernels.py (CUDA-graph
+replay of back-to-back calls, median)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench_kernels import L2_BYTES, make_weight, time_us, weight_bytes  # noqa: E402
+
+SMOL = [("Q4_1", 960, 576), ("Q4_1", 576, 576), ("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576)]
+BIG = [("Q8_0", 14336, 4096), ("Q4_K", 14336, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)]
+CONFIGS = ("lanes:32:1,lanes:32:2,lanes:16:1,lanes:16:2,lanes:8:2,lanes:8:4,lanes:4:4,xs:2,xs:4,xs:8,xsw:2,xsw:4,"
+           "block:1,block:2,block:4")
+
+
+def parse_config(s: str):
+    from pocketcupy.backend import linear_cuda as lc
+
+    kind, *nums = s.split(":")
+    if kind == "lanes":
+        return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
+    return lc.F32Gemv(kind, int(nums[0]))
+
+
+def bench_gemv(args) -> dict:
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda as lc
+
+    rng = np.random.default_rng(0)
+    shapes = SMOL + ([] if args.small_only else BIG)
+    if args.shapes:
+        shapes = []
+        for s in args.shapes.split(","):
+            q, rc = s.split(":")
+            shapes.append((q, *(int(v) for v in rc.split("x"))))
+    out = {}
+    for qtype, rows, cols in shapes:
+        w0 = make_weight(qtype, rows, cols, rng)
+        copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+        for nb in [int(b) for b in args.batches.split(",")]:
+            x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
+            y = cp.empty((nb, rows), cp.float32)
+            default = lc.f32_gemv_config(cols // 32, nb)
+            for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
+                if cfg.rows_per_group * nb > 32 or (cfg.kind == "lanes" and cfg.lanes > 32):
+                    continue
+                key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{cfg.kind}_r{cfg.rows_per_group}" + \
+                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else "") + ("*" if cfg == default else "")
+                if key.rstrip("*") in {k.rstrip("*") for k in out}:
+                    continue
+                it = iter(range(1 << 62))
+
+                def run():
+                    lc.launch_gemv_f32(copies[next(it) % len(copies)], x, None, y, nb, cfg)
+                try:
+                    t = time_us(run, args.reps, len(copies) * max(1, 16 // len(copies)))
+                except Exception as e:                      # a config that does not compile / launch
+                    out[key] = {"error": f"{type(e).__name__}: {e}"[:200]}
+                    continue
+                out[key] = {**t, "GBps": round(weight_bytes(w0) / t["us"] / 1e3, 1)}
+        del copies, w0
+    return out
+
+
+def bench_small(args) -> dict:
+    """Per-layer small ops of SmolLM2-135M at batch 1 and 8: the kernels this change replaces and
+    their replacements (old kernels are still in the .cu files)."""
+    import cupy as cp
+
+    from pocketcupy.backend import elementwise_cuda as ew
+    from pocketcupy.backend.elementwise_cuda import _k
+
+    f32, i32 = np.float32, np.int32
+    out = {}
+    hq, hkv, d, nblk, bs = 9, 3, 64, 64, 16
+    for n in (1, 8):
+        x = cp.random.standard_normal((n, 576), dtype=cp.float32)
+        res = cp.random.standard_normal((n, 576), dtype=cp.float32)
+        w = cp.ones(576, cp.float32)
+        o = cp.empty_like(x)
+        block = _k("norm.cu", "add_rms_norm_f32")
+        out[f"add_rms_norm-576-n{n}-block"] = time_us(
+            lambda: block((n,), (160,), (x, res, w, o, res, i32(576), f32(1e-5))), args.reps, 50)
+        out[f"add_rms_norm-576-n{n}-warp"] = time_us(lambda: ew.add_rms_norm(x, res, w, 1e-5, out=o), args.reps, 50)
+        qkv = cp.random.standard_normal((n, (hq + 2 * hkv) * d), dtype=cp.float32)
+        q, k, v = (qkv[:, :hq * d].reshape(n, hq, d), qkv[:, hq * d:(hq + hkv) * d].reshape(n, hkv, d),
+                   qkv[:, (hq + hkv) * d:].reshape(n, hkv, d))
+        pos = cp.arange(n, dtype=cp.int64) + 100
+        slots = cp.arange(n, dtype=cp.int64) + 7
+        inv = cp.asarray((1.0 / 10000.0 ** (np.arange(0, d, 2) / d)).astype(np.float32))
+        kc = cp.zeros((nblk, bs, hkv, d), cp.float16)
+        vc = cp.zeros_like(kc)
+        qo, ko = cp.empty((n, hq, d), cp.float32), cp.empty((n, hkv, d), cp.float32)
+
+        def old():
+            ew.rope(q, pos, inv, True, out=qo)
+            ew.rope(k, pos, inv, True, out=ko)
+            ew.store_kv(kc, vc, ko, v, slots)
+        out[f"rope_q+rope_k+store_kv-n{n}"] = time_us(old, args.reps, 50)
+        out[f"rope_store_kv-n{n}"] = time_us(
+            lambda: ew.rope_store_kv(q, k, v, pos, inv, True, kc, vc, slots, out=qo), args.reps, 50)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="gemv,small")
+    ap.add_argument("--batches", default="1,2,8")
+    ap.add_argument("--configs", default=CONFIGS, help="lanes:L:R, xs:R, block:R list, e.g. lanes:16:2,xs:4,block:2")
+    ap.add_argument("--shapes", default="", help="QTYPE:ROWSxCOLS list, e.g. Q4_1:960x576,Q8_0:14336x4096")
+    ap.add_argument("--small-only", action="store_true", help="GEMV: SmolLM2 shapes only")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+    res: dict = {}
+    if "small" in only:
+        res["small"] = bench_small(args)
+    if "gemv" in only:
+        res["gemv"] = bench_gemv(args)
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
