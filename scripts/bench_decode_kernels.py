@@ -56,7 +56,7 @@ def bench_gemv(args) -> dict:
         for nb in [int(b) for b in args.batches.split(",")]:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
             y = cp.empty((nb, rows), cp.float32)
-            default = lc.f32_gemv_config(cols // 32, nb)
+            default = lc.f32_gemv_config(cols // 32, nb, qtype)
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
                 if cfg.rows_per_group * nb > 32 or (cfg.kind == "lanes" and cfg.lanes > 32):
                     continue

@@ -132,7 +132,7 @@ def gemv_variant(w: CudaWeight, nb: int) -> str:
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs1."""
     if w.is_dense or QUANT_ACTIVATIONS != "f32":
         return f"gemv_{w.qtype.lower()}_bs{nb}"
-    cfg = f32_gemv_config(w.cols // 32, nb)
+    cfg = f32_gemv_config(w.cols // 32, nb, w.qtype)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
     return f"gemv_{w.qtype.lower()}_f32_{shape}_r{cfg.rows_per_group}_bs{nb}"
 
@@ -157,6 +157,7 @@ def _gguf_gemv(qtype: str, nb: int):
 F32_SHORT_ROW_UNITS = 64          # rows of at most this many units: the lanes kernel
 F32_LANES_SHORT = 16              # lanes per row group for rows of <= 32 units; 32 beyond
 F32_XS_ROWS = 4                   # rows per block of the xs kernel
+F32_XS_ROWS_HEAVY = {"Q3_K": 2}   # from batch 7 on: decoders whose R = 4 kernels spill registers
 
 
 @dataclass(frozen=True)
@@ -177,16 +178,17 @@ class F32Gemv:
         return self.rows_per_group * (GEMV_THREADS // self.lanes if self.kind == "lanes" else 1)
 
 
-def f32_gemv_config(units: int, nb: int) -> F32Gemv:
+def f32_gemv_config(units: int, nb: int, qtype: str = "") -> F32Gemv:
     """The fp32-activation GEMV launch for rows of `units` 32-value units at batch nb (1..8)."""
     if units <= F32_SHORT_ROW_UNITS:
         return F32Gemv("lanes", 2 if nb <= 2 else 1, F32_LANES_SHORT if units <= 32 else 32)
-    return F32Gemv("xs", F32_XS_ROWS)
+    return F32Gemv("xs", F32_XS_ROWS_HEAVY.get(qtype, F32_XS_ROWS) if nb >= 7 else F32_XS_ROWS)
 
 
-def _default_f32_exprs(tid: int, kind: str) -> tuple[str, ...]:
+def _default_f32_exprs(qtype: str, kind: str) -> tuple[str, ...]:
+    tid = GGUF_QTYPES[qtype][0]
     cfgs = {c.expr(tid, nb) for u in (32, 64, 128) for nb in range(1, GEMV_MAX_BATCH + 1)
-            for c in [f32_gemv_config(u, nb)] if c.kind == kind}
+            for c in [f32_gemv_config(u, nb, qtype)] if c.kind == kind}
     return tuple(sorted(cfgs))
 
 
@@ -194,7 +196,7 @@ def _default_f32_exprs(tid: int, kind: str) -> tuple[str, ...]:
 def _gguf_gemv_f32(qtype: str, kind: str, expr: str):
     """One compiled module per (qtype, kind) holds every default launch shape of that kind;
     other shapes (benchmark sweeps) compile on their own."""
-    exprs = _default_f32_exprs(GGUF_QTYPES[qtype][0], kind)
+    exprs = _default_f32_exprs(qtype, kind)
     return kernel("gemv_gguf_f32.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
@@ -273,7 +275,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
         r = rows_per_block(nb)
         grid, block = ((w.rows + r - 1) // r,), (gemv_threads(k // 32),)
         if exact:
-            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb))
+            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype))
         else:
             _gguf_gemv(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:],
                                                   xds[n0:], b, out[n0:]))
