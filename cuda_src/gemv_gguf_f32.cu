@@ -7,9 +7,9 @@
 // Three launch shapes, one unit arithmetic (unit_accum: every variant gives the same per-unit
 // partial sums; only the order of the final cross-thread sum differs):
 //   gemv_gguf_f32<QT, NB, R>        block of 32-128 threads strides over the units of R rows;
-//   gemv_gguf_f32_lanes<QT,NB,R,L>  short rows: groups of L lanes each own R rows (128/L groups
-//                                   per block of 128), two units in flight per lane, shuffle-only
-//                                   reduction;
+//   gemv_gguf_f32_lanes<QT,NB,R,L,SILU>  short rows: groups of L lanes each own R rows (128/L
+//                                   groups per block of 128), two units in flight per lane,
+//                                   shuffle-only reduction; SILU: activations silu(gate) * up;
 //   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
 //                                   shared memory chunk by chunk (coalesced cp.async, padded so
 //                                   each quarter-warp reads distinct banks) instead of every lane
@@ -47,19 +47,34 @@ PQ_DEV float dot16f(const u32* w, const float4* x, float& xsum) {
     return s;
 }
 
-// acc[r][n] += unit r (R decoded units of R rows) . activation segments x0 (values p0..p0+15)
-// and x1 (p1..p1+15) of batch column n (4 float4 each, global or shared memory); one segment's
-// activations are live at a time
-template <int QT, int NB, int R>
-PQ_DEV void unit_accum(const Unit (&u)[R], const float4* x0, const float4* x1, float (&acc)[R][NB], int n) {
+// Activation loaders: ld(s, i) is float4 i (0..3) of segment s (0: values p0..p0+15, 1: p1..).
+struct XSeg {                 // plain activations (global or shared memory)
+    const float4 *x0, *x1;
+    __device__ __forceinline__ float4 operator()(int s, int i) const { return s ? x1[i] : x0[i]; }
+};
+
+PQ_DEV float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }   // as act.cu
+
+struct XSiluMul {             // silu(gate) * up, computed as loaded (the down projection of a gated MLP)
+    const float4 *g0, *g1, *u0, *u1;
+    __device__ __forceinline__ float4 operator()(int s, int i) const {
+        const float4 g = s ? g1[i] : g0[i], u = s ? u1[i] : u0[i];
+        return make_float4(silu_mul1(g.x, u.x), silu_mul1(g.y, u.y), silu_mul1(g.z, u.z), silu_mul1(g.w, u.w));
+    }
+};
+
+// acc[r][n] += unit r (R decoded units of R rows) . the two activation segments of batch column n
+// given by the loader ld; one segment's activations are live at a time
+template <int QT, int NB, int R, class LD>
+PQ_DEV void unit_accum(const Unit (&u)[R], const LD& ld, float (&acc)[R][NB], int n) {
     float s0[R], s1[R], xs0, xs1;
     float4 xv[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) xv[i] = x0[i];
+    for (int i = 0; i < 4; ++i) xv[i] = ld(0, i);
 #pragma unroll
     for (int r = 0; r < R; ++r) s0[r] = dot16f(u[r].w, xv, xs0);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) xv[i] = x1[i];
+    for (int i = 0; i < 4; ++i) xv[i] = ld(1, i);
 #pragma unroll
     for (int r = 0; r < R; ++r) s1[r] = dot16f(u[r].w + 4, xv, xs1);
 #pragma unroll
@@ -84,7 +99,7 @@ PQ_DEV void unit_rows_global(const u8* const (&wr)[R], int t, const u32* tab, co
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const float* xb = x + (long long)n * K + (long long)blk * QK;
-        unit_accum<QT, NB, R>(u, (const float4*)(xb + p0), (const float4*)(xb + p1), acc, n);
+        unit_accum<QT, NB, R>(u, XSeg{(const float4*)(xb + p0), (const float4*)(xb + p1)}, acc, n);
     }
 }
 
@@ -134,11 +149,13 @@ gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const fl
 }
 
 // Grid: ceil(rows / (R * 128 / L)); block: 128 threads.  Lane l of a group takes units l,
-// l + L, ... two at a time (both units' loads issued before either is used).
-template <int QT, int NB, int R, int L>
+// l + L, ... two at a time (both units' loads issued before either is used).  Activations: row n
+// at x + n * ldx; SILU: silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP.
+template <int QT, int NB, int R, int L, bool SILU>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
-                    const float* __restrict__ bias, float* __restrict__ y) {
+                    long long ldx, const float* __restrict__ up, long long ldu, const float* __restrict__ bias,
+                    float* __restrict__ y) {
     static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
@@ -160,18 +177,27 @@ gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, co
             decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
             decode<QT>(wr[r] + (long long)blk2 * TS, sub2, tab, u2[r]);
         }
-        int p0, p1, q0, q1;
-        unit_pos<QT>(sub, p0, p1);
-        unit_pos<QT>(sub2, q0, q1);
+        int p[4];
+        unit_pos<QT>(sub, p[0], p[1]);
+        unit_pos<QT>(sub2, p[2], p[3]);
+        const long long o1 = (long long)blk * QK, o2 = (long long)blk2 * QK;
+#define PQ_F4(b, o) ((const float4*)((b) + (o)))
 #pragma unroll
         for (int n = 0; n < NB; ++n) {
-            const float* xb = x + (long long)n * K;
-            unit_accum<QT, NB, R>(u, (const float4*)(xb + (long long)blk * QK + p0),
-                                  (const float4*)(xb + (long long)blk * QK + p1), acc, n);
-            if (two)
-                unit_accum<QT, NB, R>(u2, (const float4*)(xb + (long long)blk2 * QK + q0),
-                                      (const float4*)(xb + (long long)blk2 * QK + q1), acc, n);
+            const float* xb = x + n * ldx;
+            if constexpr (SILU) {
+                const float* ub = up + n * ldu;
+                unit_accum<QT, NB, R>(u, XSiluMul{PQ_F4(xb, o1 + p[0]), PQ_F4(xb, o1 + p[1]), PQ_F4(ub, o1 + p[0]),
+                                                  PQ_F4(ub, o1 + p[1])}, acc, n);
+                if (two)
+                    unit_accum<QT, NB, R>(u2, XSiluMul{PQ_F4(xb, o2 + p[2]), PQ_F4(xb, o2 + p[3]), PQ_F4(ub, o2 + p[2]),
+                                                       PQ_F4(ub, o2 + p[3])}, acc, n);
+            } else {
+                unit_accum<QT, NB, R>(u, XSeg{PQ_F4(xb, o1 + p[0]), PQ_F4(xb, o1 + p[1])}, acc, n);
+                if (two) unit_accum<QT, NB, R>(u2, XSeg{PQ_F4(xb, o2 + p[2]), PQ_F4(xb, o2 + p[3])}, acc, n);
+            }
         }
+#undef PQ_F4
     }
     gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
 }
@@ -272,7 +298,7 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
             if (active) {
 #pragma unroll
                 for (int s = 0; s < NBS; ++s)
-                    unit_accum<QT, NB, R>(u, &xs[s * XF4 + q0], &xs[s * XF4 + q1], acc, g + s);
+                    unit_accum<QT, NB, R>(u, XSeg{&xs[s * XF4 + q0], &xs[s * XF4 + q1]}, acc, g + s);
             }
         }
     }
@@ -284,8 +310,10 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
 #define PQ_INST(T)                                                                                      \
     template __global__ void gemv_gguf_f32<T, 2, 4>(const u8*, long long, int, int, const float*,     \
                                                     const float*, float*);                            \
-    template __global__ void gemv_gguf_f32_lanes<T, 1, 2, 16>(const u8*, long long, int, int,         \
-                                                              const float*, const float*, float*);    \
+    template __global__ void gemv_gguf_f32_lanes<T, 1, 2, 16, false>(                                 \
+        const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*); \
+    template __global__ void gemv_gguf_f32_lanes<T, 2, 2, 32, true>(                                  \
+        const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*); \
     template __global__ void gemv_gguf_f32_xs<T, 2, 4, false>(const u8*, long long, int, int,          \
                                                               const float*, const float*, float*);   \
     template __global__ void gemv_gguf_f32_xs<T, 1, 4, true>(const u8*, long long, int, int,           \

@@ -236,4 +236,52 @@ def _concat_rows():
     return rows
 
 
-ROWS = _linear_rows() + _get_rows_rows() + _concat_rows()
+def _make_silu_linear(qtype: str, n: int, inter: int):
+    def make(rng):
+        return {"qtype": qtype, "shape": (ROWS_OUT, inter), "w": _weight(rng, qtype, ROWS_OUT, inter),
+                "gu": (rng.standard_normal((n, 2 * inter)) * 3).astype(np.float32)}
+    return make
+
+
+def _ref_silu_linear(inp):
+    i = inp["shape"][1]
+    act = NumpyOps().silu_mul(inp["gu"][:, :i], inp["gu"][:, i:])
+    return NumpyOps().linear(act.astype(np.float64), _deq64(inp))
+
+
+def _cuda_silu_linear(views: bool):
+    def run(inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        i = inp["shape"][1]
+        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        gu = cp.asarray(inp["gu"])
+        gate, up = gu[:, :i], gu[:, i:]
+        if not views:
+            gate, up = cp.ascontiguousarray(gate), cp.ascontiguousarray(up)
+        out = poison((gu.shape[0], inp["shape"][0]), np.float32)
+        saved = linear_cuda.QUANT_ACTIVATIONS
+        linear_cuda.QUANT_ACTIVATIONS = "f32"
+        try:
+            got = linear_cuda.silu_mul_linear(gate, up, w, out=out)
+        finally:
+            linear_cuda.QUANT_ACTIVATIONS = saved
+        assert got is out
+        return got
+    return run
+
+
+def _silu_linear_rows():
+    rows = []   # fused: lanes kernel (<= 64 units); the rest fall back to silu_mul + linear
+    for qtype, n, inter, views, tol in (("Q4_1", 1, 1536, True, 2e-5), ("Q4_1", 3, 1536, False, 2e-5),
+                                        ("Q8_0", 8, 576, True, 2e-5), ("Q4_K", 2, 1024, True, 2e-5),
+                                        ("Q4_1", 12, 1536, True, 2e-2), ("Q4_K", 1, 4096, True, 2e-5),
+                                        ("F16", 2, 1536, True, 1e-5)):
+        rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}" + ("-views" if views else ""),
+                              _make_silu_linear(qtype, n, inter), _ref_silu_linear, _cuda_silu_linear(views), tol))
+    return rows
+
+
+ROWS = _linear_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows()

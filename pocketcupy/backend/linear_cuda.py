@@ -167,9 +167,9 @@ class F32Gemv:
     rows_per_group: int           # R: rows sharing each activation load
     lanes: int = 0                # L of the lanes kernel
 
-    def expr(self, tid: int, nb: int) -> str:
+    def expr(self, tid: int, nb: int, silu: bool = False) -> str:
         if self.kind == "lanes":
-            return f"gemv_gguf_f32_lanes<{tid}, {nb}, {self.rows_per_group}, {self.lanes}>"
+            return f"gemv_gguf_f32_lanes<{tid}, {nb}, {self.rows_per_group}, {self.lanes}, {str(silu).lower()}>"
         if self.kind in ("xs", "xsw"):
             return f"gemv_gguf_f32_xs<{tid}, {nb}, {self.rows_per_group}, {str(self.kind == 'xsw').lower()}>"
         return f"gemv_gguf_f32<{tid}, {nb}, {self.rows_per_group}>"
@@ -187,8 +187,8 @@ def f32_gemv_config(units: int, nb: int, qtype: str = "") -> F32Gemv:
 
 def _default_f32_exprs(qtype: str, kind: str) -> tuple[str, ...]:
     tid = GGUF_QTYPES[qtype][0]
-    cfgs = {c.expr(tid, nb) for u in (32, 64, 128) for nb in range(1, GEMV_MAX_BATCH + 1)
-            for c in [f32_gemv_config(u, nb, qtype)] if c.kind == kind}
+    cfgs = {c.expr(tid, nb, silu) for u in (32, 64, 128) for nb in range(1, GEMV_MAX_BATCH + 1)
+            for c in [f32_gemv_config(u, nb, qtype)] if c.kind == kind for silu in (False, True)[:1 + (kind == "lanes")]}
     return tuple(sorted(cfgs))
 
 
@@ -200,17 +200,24 @@ def _gguf_gemv_f32(qtype: str, kind: str, expr: str):
     return kernel("gemv_gguf_f32.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
-def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv) -> None:
-    """out [nb, rows] = x [nb, K] @ w.T (+ bias) by the fp32-activation GEMV of shape cfg."""
+def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=None) -> None:
+    """out [nb, rows] = x [nb, K] @ w.T (+ bias) by the fp32-activation GEMV of shape cfg; x rows
+    contiguous (x may have a row stride for the lanes kernel). up (lanes kernel only): the
+    activations are silu(x) * up instead."""
     k = w.cols
     tid = GGUF_QTYPES[w.qtype][0]
     rpb = cfg.rows_per_block()
     threads = GEMV_THREADS if cfg.kind != "block" else gemv_threads(k // 32)
     if cfg.kind == "xsw" and w.data.shape[1] % 16:
         raise ValueError(f"gemv xsw: {w.data.shape[1]} bytes per row is not a multiple of 16")
-    _gguf_gemv_f32(w.qtype, cfg.kind, cfg.expr(tid, nb))(
-        ((w.rows + rpb - 1) // rpb,), (threads,),
-        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
+    if up is not None and cfg.kind != "lanes":
+        raise ValueError("gemv: silu(gate) * up activations need the lanes kernel")
+    head = (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), x)
+    if cfg.kind == "lanes":
+        ldx = np.int64(x.strides[0] // 4 if x.ndim == 2 else k)
+        head += (ldx, x, ldx) if up is None else (ldx, up, np.int64(up.strides[0] // 4))
+    _gguf_gemv_f32(w.qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(
+        ((w.rows + rpb - 1) // rpb,), (threads,), head + (_null() if bias is None else bias, out))
 
 
 @functools.lru_cache(maxsize=None)
@@ -377,6 +384,30 @@ def linear(x, w, bias=None, out=None):
     else:
         _gemm(x, w, bias, y)
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
+
+
+@cuda_op("silu_mul_linear")
+def silu_mul_linear(gate, up, w, out=None):
+    """linear(silu_mul(gate, up), w): gate, up [N, I] float32 (column views of one gate_up output
+    allowed). Quantized weights at batch <= 8 with short rows: one GEMV that computes silu(gate) * up
+    as it loads the activations (the same float32 expression as silu_mul, so the same result);
+    otherwise silu_mul, then linear."""
+    import cupy as cp
+
+    from .elementwise_cuda import silu_mul
+
+    n, k = gate.shape
+    cfg = f32_gemv_config(k // 32, n, w.qtype) if isinstance(w, CudaWeight) and not w.is_dense else None
+    fused = (cfg is not None and cfg.kind == "lanes" and QUANT_ACTIVATIONS == "f32" and 0 < n <= GEMV_MAX_BATCH
+             and k == w.cols and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
+             and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
+             and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
+    if not fused:
+        return linear(silu_mul(gate, up), w, out=out)
+    if out is None:
+        out = cp.empty((n, w.rows), dtype=cp.float32)
+    launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
+    return out
 
 
 @cuda_op("get_rows")

@@ -76,6 +76,12 @@ class CudaOps:
 
         return linear_cuda.linear(x, w, bias)
 
+    def silu_mul_linear(self, gate, up, w):
+        """linear(silu_mul(gate, up), w); one kernel for quantized short-row weights at small batch."""
+        from . import linear_cuda
+
+        return linear_cuda.silu_mul_linear(gate, up, w)
+
     def rope(self, x, positions, inv_freq, interleaved: bool):
         return elementwise_cuda.rope(x, positions, inv_freq, interleaved)
 

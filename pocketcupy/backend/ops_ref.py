@@ -59,6 +59,10 @@ class NumpyOps:
         y = x @ w.T
         return y + bias if bias is not None else y
 
+    def silu_mul_linear(self, gate: np.ndarray, up: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """linear(silu_mul(gate, up), w): the down projection of a gated MLP."""
+        return self.linear(self.silu_mul(gate, up), w)
+
     def rope(self, x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray, interleaved: bool) -> np.ndarray:
         """x [N, H, head_dim]; rotates the first 2*len(inv_freq) dims of each head."""
         rot = 2 * len(inv_freq)

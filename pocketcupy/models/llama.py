@@ -87,10 +87,10 @@ class LlamaModel:
             h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
             if layer.w_gate_up is not None:
                 gu = ops.linear(h, layer.w_gate_up)
-                act = ops.silu_mul(gu[:, :c.intermediate_size], gu[:, c.intermediate_size:])
+                gate, up = gu[:, :c.intermediate_size], gu[:, c.intermediate_size:]
             else:
-                act = ops.silu_mul(ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up))
-            x = ops.linear(act, layer.w_down)
+                gate, up = ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up)
+            x = ops.silu_mul_linear(gate, up, layer.w_down)
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
 
