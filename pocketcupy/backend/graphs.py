@@ -11,9 +11,8 @@ import numpy as np
 from .attention_meta import AttentionMetadata
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# Larger decode batches run eagerly: their dense projections go through cuBLAS, which CuPy
-# refuses to call during stream capture (and launch overhead is spread over the batch anyway).
-GRAPH_MAX_BATCH = 8
+# Larger decode batches run eagerly (launch overhead is spread over the batch there).
+GRAPH_MAX_BATCH = 256
 
 
 class DecodeGraphs:

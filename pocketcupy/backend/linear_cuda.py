@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..quant.qtensor import QTensor
+from .cublas_graph import gemm_ex
 from .kernels import cuda_op, kernel
 
 # GGUF block types the kernels read: ggml type id, values per block, bytes per block
@@ -298,29 +299,12 @@ def _cast(x, qtype: str):
     return y
 
 
-def _cublas():
-    try:
-        from cupy_backends.cuda.libs import cublas
-    except ImportError:                                    # older CuPy layouts
-        from cupy.cuda import cublas
-    return cublas
-
-
-_ONE, _ZERO = np.ones(1, np.float32), np.zeros(1, np.float32)
-
-
 def _gemm_f32out(a16, w16, rows: int, dtype: int, out, col0: int = 0) -> None:
     """out[:, col0:col0+rows] = a16 [N, K] @ w16[:rows].T, fp16/bf16 inputs, fp32 accumulate and
-    output (cuBLAS, column-major view: out^T = w16 @ a16^T)."""
-    import cupy as cp
-
-    cublas = _cublas()
+    output (cuBLAS, column-major view: out^T = w16 @ a16^T); capturable in a CUDA graph."""
     n, k = a16.shape
-    ldc = out.shape[1]
-    c_ptr = out.data.ptr + col0 * 4
-    cublas.gemmEx(cp.cuda.device.get_cublas_handle(), _OP_T, _OP_N, rows, n, k,
-                  _ONE.ctypes.data, w16.data.ptr, dtype, k, a16.data.ptr, dtype, k,
-                  _ZERO.ctypes.data, c_ptr, _F32, ldc, _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+    gemm_ex(_OP_T, _OP_N, rows, n, k, w16.data.ptr, dtype, k, a16.data.ptr, dtype, k,
+            out.data.ptr + col0 * 4, _F32, out.shape[1], _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
 def _gemm(x, w: CudaWeight, bias, out) -> None:
