@@ -13,8 +13,9 @@ One model, several formats, the same weights in all of them:
 Weights are normal(0, --std) rounded to bfloat16 (so BF16 and F16 hold the same numbers), norm
 weights 1.0. Each tensor is drawn in fixed row chunks, chunk c of tensor t from
 np.random.default_rng([seed, t, c]): the same seed gives the same model whatever the formats,
-threads or machine. Tensors are made one at a time and streamed to every output, so peak memory
-is a few times the largest tensor (the embedding).
+threads or machine. Each chunk is one task for a pool of worker processes (--threads, default one
+per core): it is drawn once, converted to every format and written in place into files sized
+beforehand (named *.partial until complete), so memory is ~100 MB a worker.
 
     python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152
     python scripts/make_synthetic_model.py --out /tmp/tiny --hidden 256 --layers 2 --heads 4 \\
@@ -32,13 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
-import queue
 import shutil
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,25 +148,72 @@ def permute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-def generate(t: TensorSpec, s: Spec, pool: ThreadPoolExecutor) -> tuple[np.ndarray, np.ndarray]:
-    """(float32 values, their bfloat16 bits) of one tensor in HF layout."""
+def chunk_rows(t: TensorSpec) -> tuple[int, int]:
+    """(rows per random-number chunk, number of chunks) of one tensor; a norm is one chunk."""
     if t.is_norm:
-        ones = np.ones(t.shape, np.float32)
-        return ones, f32_to_bf16(ones)
+        return 1, 1
     rows, cols = t.shape
-    vals = np.empty(t.shape, np.float32)
-    bits = np.empty(t.shape, np.uint16)
     step = max(1, GEN_CHUNK // cols)
+    return step, -(-rows // step)
 
-    def work(c):
-        r0, r1 = c * step, min(rows, (c + 1) * step)
-        a = np.random.default_rng([s.seed, t.index, c]).standard_normal((r1 - r0, cols), dtype=np.float32)
-        a *= np.float32(s.std)
-        bits[r0:r1] = f32_to_bf16(a)
-        vals[r0:r1] = bf16_to_f32(bits[r0:r1])
 
-    list(pool.map(work, range(-(-rows // step))))
-    return vals, bits
+def generate_chunk(t: TensorSpec, s: Spec, c: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """(first HF row, float32 values, their bfloat16 bits) of chunk c of one tensor (HF layout,
+    2-D: a norm is one row)."""
+    if t.is_norm:
+        ones = np.ones((1, t.shape[0]), np.float32)
+        return 0, ones, f32_to_bf16(ones)
+    step, _ = chunk_rows(t)
+    rows, cols = t.shape
+    r0, r1 = c * step, min(rows, (c + 1) * step)
+    a = np.random.default_rng([s.seed, t.index, c]).standard_normal((r1 - r0, cols), dtype=np.float32)
+    a *= np.float32(s.std)
+    bits = f32_to_bf16(a)
+    return r0, bf16_to_f32(bits), bits
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one tensor goes in one output file: its data offset, type and row order."""
+    path: str
+    offset: int
+    qtype: str                  # "BF16" (safetensors) or a GGUF type
+    permute_heads: int = 0      # GGUF Q/K: rows land in permute_qk's order
+
+
+def make_chunk(t: TensorSpec, s: Spec, c: int, targets: tuple[Target, ...]) -> None:
+    """Generate chunk c of tensor t once, convert it to every target's type and write it in
+    place (each row is quantized on its own, so rows can be permuted after quantizing)."""
+    r0, vals, bits = generate_chunk(t, s, c)
+    for tg in targets:
+        data = bits if tg.qtype == "BF16" else quantize(vals, tg.qtype, threads=1)
+        dest = np.arange(r0, r0 + len(vals))
+        if tg.permute_heads:
+            order = permute_qk(np.arange(t.shape[0]), tg.permute_heads)   # GGUF row -> HF row
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            dest = inverse[dest]
+        write_rows(tg.path, tg.offset, dest, data)
+
+
+def write_rows(path: str, offset: int, dest: np.ndarray, data: np.ndarray) -> None:
+    """Write data's rows to rows `dest` of the row-major tensor at `offset` in the file, as
+    few contiguous runs as the destinations allow."""
+    raw = data.reshape(len(dest), -1).view(np.uint8)
+    row_nbytes = raw.shape[1]
+    order = np.argsort(dest, kind="stable")
+    rows = dest[order]
+    starts = np.flatnonzero(np.diff(rows) != 1) + 1
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for run in np.split(np.arange(len(rows)), starts):
+            buf = memoryview(np.ascontiguousarray(raw[order[run]])).cast("B")
+            pos = offset + int(rows[run[0]]) * row_nbytes
+            while buf:
+                n = os.pwrite(fd, buf, pos)
+                buf, pos = buf[n:], pos + n
+    finally:
+        os.close(fd)
 
 
 # --- tokenizer ----------------------------------------------------------------------------------
@@ -288,8 +335,22 @@ def _write_json(path: str, obj) -> None:
 
 # --- writers ------------------------------------------------------------------------------------
 
-class SafetensorsWriter:
-    """Streams BF16 tensors (uint16 bits) into shards of at most `shard_bytes`, in plan order."""
+PARTIAL = ".partial"   # files are written under this suffix and renamed when complete
+
+
+def _create_sized(path: str, head: bytes, size: int) -> None:
+    """The file `path + PARTIAL`: `head`, then zeros up to `size` bytes (filled in by pwrite)."""
+    with open(path + PARTIAL, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+
+
+def _finish(path: str) -> None:
+    os.replace(path + PARTIAL, path)
+
+
+class SafetensorsLayout:
+    """BF16 shards of at most `shard_bytes` of data, in plan order: where each tensor goes."""
 
     def __init__(self, folder: str, entries: list[tuple[str, tuple]], shard_bytes: int | None = None):
         self.folder = folder
@@ -307,44 +368,38 @@ class SafetensorsWriter:
         self.files = (["model.safetensors"] if total == 1 else
                       [f"model-{k + 1:05d}-of-{total:05d}.safetensors" for k in range(total)])
         self.shards = shards
-        self.order = [(k, name, n) for k, sh in enumerate(shards) for name, _, n in sh]
-        self.pos, self.fout, self.open_k = 0, None, -1
-        self.total_size = sum(n for _, _, n in self.order)
+        self.weight_map = {name: self.files[k] for k, sh in enumerate(shards) for name, _, _ in sh}
+        self.total_size = sum(n for sh in shards for _, _, n in sh)
+        self.offsets: dict[str, tuple[str, int]] = {}    # name -> (path being written, data offset)
 
-    def _open(self, k: int) -> None:
-        if self.fout:
-            self.fout.close()
-        header, off = {"__metadata__": {"format": "pt"}}, 0
-        for name, shape, n in self.shards[k]:
-            header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
-            off += n
-        raw = json.dumps(header, separators=(",", ":")).encode()
-        raw += b" " * (-len(raw) % 8)
-        self.fout = open(os.path.join(self.folder, self.files[k]), "wb")
-        self.fout.write(len(raw).to_bytes(8, "little") + raw)
-        self.open_k = k
-
-    def write(self, name: str, bits: np.ndarray) -> None:
-        k, want, n = self.order[self.pos]
-        assert name == want and bits.nbytes == n and bits.dtype == np.uint16, (name, want)
-        if k != self.open_k:
-            self._open(k)
-        np.ascontiguousarray(bits).tofile(self.fout)
-        self.pos += 1
+    def create(self) -> None:
+        for k, shard in enumerate(self.shards):
+            header, off = {"__metadata__": {"format": "pt"}}, 0
+            for name, shape, n in shard:
+                header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+                off += n
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)
+            head = len(raw).to_bytes(8, "little") + raw
+            path = os.path.join(self.folder, self.files[k])
+            _create_sized(path, head, len(head) + off)
+            for name, _, _ in shard:
+                self.offsets[name] = (path + PARTIAL, len(head) + header[name]["data_offsets"][0])
 
     def close(self) -> None:
-        if self.fout:
-            self.fout.close()
+        for f in self.files:
+            _finish(os.path.join(self.folder, f))
         if len(self.files) > 1:
             _write_json(os.path.join(self.folder, "model.safetensors.index.json"), {
-                "metadata": {"total_size": self.total_size},
-                "weight_map": {name: self.files[k] for k, name, _ in self.order}})
+                "metadata": {"total_size": self.total_size}, "weight_map": self.weight_map})
 
 
-def open_gguf(path: str, fmt: str, s: Spec, plan: list[TensorSpec], types: dict, tok: dict):
+def create_gguf(path: str, fmt: str, s: Spec, plan: list[TensorSpec], types: dict, tok: dict) -> dict:
+    """Write the GGUF header, metadata and tensor infos to `path + PARTIAL`, sized for the data;
+    returns {tensor name: (path being written, absolute data offset)}."""
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    w = GGUFWriter(path, "llama")
+    w = GGUFWriter(path + PARTIAL, "llama")
     w.add_name(f"synthetic-llama-{s.hidden}x{s.layers}")
     w.add_file_type(FILE_TYPES[fmt])
     if fmt != "f16":
@@ -380,7 +435,16 @@ def open_gguf(path: str, fmt: str, s: Spec, plan: list[TensorSpec], types: dict,
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    return w
+    w.flush()
+    pos = GGUFWriter.ggml_pad(w.fout[0].tell(), w.data_alignment)   # tensor data starts aligned
+    w.close()
+    offsets = {}
+    for t in plan:   # each tensor padded to the alignment, as GGUFWriter.write_tensor_data does
+        offsets[t.gguf] = (path + PARTIAL, pos)
+        pos += GGUFWriter.ggml_pad(_gguf_nbytes(t, types[t.gguf]), w.data_alignment)
+    with open(path + PARTIAL, "r+b") as f:
+        f.truncate(pos)
+    return offsets
 
 
 def _gguf_nbytes(t: TensorSpec, qtype: str) -> int:
@@ -429,61 +493,58 @@ def make_model(out: str, s: Spec, formats=FORMATS, tokenizer: str = "auto", mix:
     plan = tensor_plan(s)
     result = {"out": os.path.abspath(out), "tokenizer": tokenizer, "formats": {}}
     st = None
+    targets = {t.gguf: [] for t in plan}
     if "bf16" in formats:
         hf_dir = os.path.join(out, "hf")
         os.makedirs(hf_dir, exist_ok=True)
         _write_json(os.path.join(hf_dir, "config.json"), hf_config(s, tok))
         write_hf_tokenizer(hf_dir, tok, s.context)
-        st = SafetensorsWriter(hf_dir, [(t.hf, t.shape) for t in plan])
-    types = {f: {t.gguf: gguf_type(f, t, s, mix) for t in plan} for f in formats if f != "bf16"}
-    ggufs = {f: open_gguf(os.path.join(out, GGUF_NAMES[f]), f, s, plan, types[f], tok) for f in types}
-
-    # one background thread writes, in order, while the next tensor is made
-    jobs: queue.Queue = queue.Queue(maxsize=6)
-    failed = []
-
-    def writer():
-        while (job := jobs.get()) is not None:
-            try:
-                if not failed:
-                    job()
-            except BaseException as e:  # reported after the loop
-                failed.append(e)
-
-    wt = threading.Thread(target=writer, daemon=True)
-    wt.start()
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+        st = SafetensorsLayout(hf_dir, [(t.hf, t.shape) for t in plan])
+        st.create()
         for t in plan:
-            if failed:
-                break
-            vals, bits = generate(t, s, pool)
-            if st is not None:
-                jobs.put(lambda n=t.hf, b=bits: st.write(n, b))
-            g = permute_qk(vals, t.permute_heads) if t.permute_heads else vals
-            for f, w in ggufs.items():
-                data = quantize(g, types[f][t.gguf], threads=threads)
-                jobs.put(lambda w=w, d=data: w.write_tensor_data(d))
-            del vals, bits, g
-            last_of_layer = t.gguf.endswith("ffn_down.weight") or t.layer is None
-            if last_of_layer:
-                what = f"layer {t.layer + 1}/{s.layers}" if t.layer is not None else t.gguf
-                log(f"{what} done, {time.monotonic() - t_start:.0f} s")
-    jobs.put(None)
-    wt.join()
-    if failed:
-        raise failed[0]
+            targets[t.gguf].append(Target(*st.offsets[t.hf], "BF16"))
+    types = {f: {t.gguf: gguf_type(f, t, s, mix) for t in plan} for f in formats if f != "bf16"}
+    for f in types:
+        offsets = create_gguf(os.path.join(out, GGUF_NAMES[f]), f, s, plan, types[f], tok)
+        for t in plan:
+            targets[t.gguf].append(Target(*offsets[t.gguf], types[f][t.gguf], t.permute_heads))
+
+    # every chunk of every tensor is one task: generated once, converted to each format and
+    # written in place by a worker process (the quantizers are NumPy code that holds the GIL
+    # between its small array operations, so threads would not scale)
+    with _executor(threads) as pool:
+        try:
+            tasks = [(t, pool.submit(make_chunk, t, s, c, tuple(targets[t.gguf])))
+                     for t in plan for c in range(chunk_rows(t)[1])]
+            for k, (t, fut) in enumerate(tasks):
+                fut.result()
+                last_of_layer = t.gguf.endswith("ffn_down.weight") or t.layer is None
+                if last_of_layer and (k + 1 == len(tasks) or tasks[k + 1][0] is not t):
+                    what = f"layer {t.layer + 1}/{s.layers}" if t.layer is not None else t.gguf
+                    log(f"{what} done, {time.monotonic() - t_start:.0f} s")
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     if st is not None:
         st.close()
         result["formats"]["bf16"] = {"path": os.path.abspath(os.path.join(out, "hf")),
                                      "bytes": _dir_bytes(os.path.join(out, "hf")), "shards": len(st.files)}
-    for f, w in ggufs.items():
-        w.close()
+    for f in types:
         path = os.path.join(out, GGUF_NAMES[f])
+        _finish(path)
         result["formats"][f] = {"path": os.path.abspath(path), "bytes": os.path.getsize(path)}
     result["config"] = {k: getattr(s, k) for k in Spec.__dataclass_fields__}
     result["q4_k_m_mix"] = mix
     result["seconds"] = round(time.monotonic() - t_start, 1)
     return result
+
+
+def _executor(workers: int):
+    """Worker processes, forked (they inherit this module, however it was loaded); one
+    in-process worker when there is a single core or no fork."""
+    if workers > 1 and "fork" in mp.get_all_start_methods():
+        return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork"))
+    return ThreadPoolExecutor(max_workers=1)
 
 
 def hf_config(s: Spec, tok: dict) -> dict:
@@ -525,7 +586,7 @@ def main(argv=None) -> dict:
                     help="copy the tokenizer from this GGUF instead (its vocabulary size must be --vocab)")
     ap.add_argument("--q4km-mix", choices=["all", "llama.cpp"], default="all",
                     help="Q6_K for every attn_v/ffn_down (all), or only in llama.cpp's use_more_bits layers")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--threads", type=int, default=None, help="worker processes (default: one per core)")
     a = ap.parse_args(argv)
     formats = [f.strip().lower() for f in a.formats.split(",") if f.strip()]
     bad = [f for f in formats if f not in FORMATS]

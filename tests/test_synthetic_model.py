@@ -165,6 +165,29 @@ def test_sharded_safetensors(small, tmp_path, monkeypatch):
     assert a.keys() == b.keys() and all(np.array_equal(a[k].data, b[k].data) for k in a)
 
 
+def test_chunks_cutting_through_heads(tmp_path, monkeypatch):
+    """Chunks of 3 rows, written by worker processes out of order, cut through the Q/K heads
+    whose rows GGUF permutes: every GGUF tensor must still be the safetensors one, permuted and
+    quantized whole."""
+    from pocketcupy.quant.dequant import bf16_to_f32
+    from pocketcupy.quant.quantize import quantize
+
+    mod = _script()
+    monkeypatch.setattr(mod, "GEN_CHUNK", 3 * 256)
+    out = mod.main(["--out", str(tmp_path), "--vocab", "512", "--hidden", "256", "--layers", "1", "--heads", "4",
+                    "--kv-heads", "2", "--intermediate", "256", "--threads", "2"])
+    p = _paths(out)
+    hf = load_checkpoint(p["bf16"]).tensors
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(mod.PARTIAL)]
+    for f in ("f16", "q8_0", "q4_k_m"):
+        for name, t in load_checkpoint(p[f]).tensors.items():
+            want = bf16_to_f32(hf[name].data)
+            if name.endswith(("attn_q.weight", "attn_k.weight")):
+                want = mod.permute_qk(want, 4 if "attn_q" in name else 2)
+            assert np.array_equal(t.data, quantize(want, t.qtype)), (f, name)
+    assert {t.qtype for t in load_checkpoint(p["q4_k_m"]).tensors.values()} == {"Q4_K", "Q6_K", "F32"}
+
+
 def test_q4_k_m_type_rules():
     mod = _script()
     s = mod.Spec()                                  # Llama-3-8B shape

@@ -7,8 +7,10 @@ Types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 (llama.cpp's quantize_row_*_
 byte-identical), Q4_K, Q5_K, Q6_K (quantize_row_q*_K_ref, see k_quants.py). No importance
 matrix: the same path llama-quantize takes without --imatrix.
 
-Matrices are processed in row chunks (bounded temporaries) on a thread pool: NumPy releases
-the GIL inside its loops, so the chunks run in parallel.
+Matrices are processed in row chunks (bounded temporaries) on a thread pool. NumPy releases
+the GIL inside its loops, which is enough for Q8_0 and the dense types; the K-quants' many small
+array operations keep the GIL most of the time (2 threads: ~1.2x), so for many cores quantize
+separate pieces in separate processes (scripts/make_synthetic_model.py does, with threads=1).
 """
 from __future__ import annotations
 
