@@ -201,7 +201,8 @@ DECODE_KERNEL(attn_decode_split_f16_hd64, __half, 64)
 DECODE_KERNEL(attn_decode_split_f16_hd128, __half, 128)
 
 // Merges the splits: out[b, h] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
-// grid (Hq, B), block 128 (threads loop over D).
+// grid (Hq, B), block 128 (threads loop over D). The split-KV prefill (attn_prefill.cu) uses it
+// too, with one b per query row.
 extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_lse,
                                                    float* __restrict__ out, i64 out_stride, int hq_total,

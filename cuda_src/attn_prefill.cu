@@ -7,6 +7,13 @@
 // query_start[b] / BQ + b, so grid.x = N / BQ + B covers every tile of every sequence without
 // reading the lengths on the host (blocks past a sequence's last tile return at once).
 // grid = (N / BQ + B, Hq), block 128.
+//
+// Split-KV kernels (*_split_*, for a short chunk over a long prefix: too few tiles to fill the
+// GPU): grid = (N / BQ + B, Hq, S). Block z takes split z of the keys its tile needs, [0, kmax];
+// it writes each row's normalised partial output and log2-sum-exp (-inf for a row none of whose
+// keys lie in the split) to part_o [N, Hq, S, D] / part_lse [N, Hq, S], and
+// attn_decode_combine_f32 (attn_decode.cu) merges them. Split 0 holds key 0, so every row has at
+// least one non-empty split; an empty split writes only lse = -inf.
 #include "common.cuh"
 
 // Finds the sequence and the first row of query tile `t` (tiles of bq rows); false if none.
@@ -28,17 +35,39 @@ __device__ __forceinline__ i64 cache_slot(const int* __restrict__ table, int key
     return (i64)table[key / block_size] * block_size + key % block_size;
 }
 
+// Keys [k_begin, k_end) of split `split` (of num_splits) of a tile that needs keys [0, kend):
+// chunks of ceil(kend / num_splits) keys rounded up to PF_SPLIT_ALIGN (a multiple of every key
+// tile), so short tiles use fewer splits and the trailing ones are empty (k_begin >= k_end).
+#define PF_SPLIT_ALIGN 64
+__device__ __forceinline__ void split_keys(int kend, int num_splits, int split, int& k_begin, int& k_end) {
+    int chunk = (kend + num_splits - 1) / num_splits;
+    chunk = (chunk + PF_SPLIT_ALIGN - 1) / PF_SPLIT_ALIGN * PF_SPLIT_ALIGN;
+    k_begin = min(split * chunk, kend);
+    k_end = min(kend, k_begin + chunk);
+}
+
+// Index of (query row, head, split) in part_lse; times D (plus the column) in part_o.
+__device__ __forceinline__ i64 split_row(i64 row, int h, int split) {
+    return (row * gridDim.y + h) * gridDim.z + split;
+}
+
+// An empty split: lse = -inf for every row of the tile (the combine then skips its part_o).
+__device__ __forceinline__ void write_empty_split(float* __restrict__ part_lse, i64 row0, int rows, int h,
+                                                  int split) {
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) part_lse[split_row(row0 + r, h, split)] = pc_neg_inf();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Plain kernel (any arch): BQ = 16 rows (4 per warp), BK = 32 keys (lane = key for the scores).
 #define PF_BQ 16
 #define PF_BK 32
 
-template <typename T, int D>
+template <typename T, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_plain_body(
     const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
     const int* __restrict__ query_start, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
     int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,
-    int block_size, float scale_log2) {
+    int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) {
     constexpr int KSTR = D + 2;                       // odd word stride: lane-per-key reads conflict-free
     constexpr int EPL = D >= 32 ? D / 32 : 1;         // output columns per lane: d = lane + 32 * e
     constexpr int RPW = PF_BQ / 4;                    // rows per warp
@@ -54,6 +83,17 @@ __device__ __forceinline__ void prefill_plain_body(
     const int rows = min(PF_BQ, nq - r0);
     const int kmax = ctx - nq + r0 + rows - 1;        // last key any row of the tile needs
     const int* table = block_tables + (i64)b * bt_stride;
+    const int split = SPLIT ? blockIdx.z : 0;
+    int k_begin = 0, k_end = kmax + 1;                // keys of this block; k_end <= ctx
+    int key_lim = ctx;                                // keys at or past it are not loaded (masked)
+    if (SPLIT) {
+        split_keys(kmax + 1, gridDim.z, split, k_begin, k_end);
+        key_lim = k_end;
+        if (k_begin >= k_end) {
+            write_empty_split(part_lse, q0 + r0, rows, h, split);
+            return;
+        }
+    }
 
     for (int i = tid; i < PF_BQ * D; i += blockDim.x) {
         const int r = i / D, d = i % D;
@@ -68,12 +108,12 @@ __device__ __forceinline__ void prefill_plain_body(
         for (int e = 0; e < EPL; ++e) acc[i][e] = 0.0f;
     }
 
-    for (int k0 = 0; k0 <= kmax; k0 += PF_BK) {
+    for (int k0 = k_begin; k0 < k_end; k0 += PF_BK) {
         __syncthreads();
         for (int i = tid; i < PF_BK * D; i += blockDim.x) {
             const int j = i / D, d = i % D, key = k0 + j;
             T kv = KvType<T>::store(0.0f), vv = kv;
-            if (key < ctx) {
+            if (key < key_lim) {
                 const i64 off = (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + d;
                 kv = k_cache[off];
                 vv = v_cache[off];
@@ -92,7 +132,7 @@ __device__ __forceinline__ void prefill_plain_body(
             float s = 0.0f;
 #pragma unroll 8
             for (int d = 0; d < D; ++d) s += q_s[r][d] * KvType<T>::load(k_s[lane][d]);
-            if (key > qpos || key >= ctx) s = pc_neg_inf();
+            if (key > qpos || key >= key_lim) s = pc_neg_inf();
             const float m_new = fmaxf(m[i], warp_max(s));      // finite: key k0 <= qpos is valid
             const float p = exp2f(s - m_new);
             const float alpha = exp2f(m[i] - m_new);
@@ -114,11 +154,23 @@ __device__ __forceinline__ void prefill_plain_body(
     for (int i = 0; i < RPW; ++i) {
         const int r = warp * RPW + i;
         if (r >= rows) break;
-        const float inv = 1.0f / l[i];
+        const i64 row = q0 + r0 + r;
+        if (!SPLIT) {
+            const float inv = 1.0f / l[i];
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) {
-            const int d = lane + 32 * e;
-            if (d < D) out[(i64)(q0 + r0 + r) * out_stride + (i64)h * D + d] = acc[i][e] * inv;
+            for (int e = 0; e < EPL; ++e) {
+                const int d = lane + 32 * e;
+                if (d < D) out[row * out_stride + (i64)h * D + d] = acc[i][e] * inv;
+            }
+        } else {                                      // l == 0: no key of this split reaches the row
+            const i64 pr = split_row(row, h, split);
+            const float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) {
+                const int d = lane + 32 * e;
+                if (d < D) part_o[pr * D + d] = acc[i][e] * inv;
+            }
+            if (lane == 0) part_lse[pr] = l[i] > 0.0f ? m[i] + log2f(l[i]) : pc_neg_inf();
         }
     }
 }
@@ -130,14 +182,31 @@ __device__ __forceinline__ void prefill_plain_body(
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
         int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
         int block_size, float scale_log2) {                                                         \
-        prefill_plain_body<T, D>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, \
-                                 bt_stride, num_seqs, out, out_stride, num_kv_heads, group,         \
-                                 block_size, scale_log2);                                           \
+        prefill_plain_body<T, D, false>(q, q_stride, k_cache, v_cache, query_start, seq_lens,       \
+                                        block_tables, bt_stride, num_seqs, out, out_stride,          \
+                                        num_kv_heads, group, block_size, scale_log2, nullptr, nullptr); \
+    }
+
+// grid = (N / 16 + B, Hq, S); out is unused (the combine writes it).
+#define PREFILL_PLAIN_SPLIT_KERNEL(NAME, T, D)                                                      \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
+        const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,                   \
+        const T* __restrict__ v_cache, const int* __restrict__ query_start,                         \
+        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
+        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
+        int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) { \
+        prefill_plain_body<T, D, true>(q, q_stride, k_cache, v_cache, query_start, seq_lens,        \
+                                       block_tables, bt_stride, num_seqs, out, out_stride,           \
+                                       num_kv_heads, group, block_size, scale_log2, part_o, part_lse); \
     }
 
 PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd16, __half, 16)
 PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd32, __half, 32)
 PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd64, __half, 64)
 PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd128, __half, 128)
+PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd16, __half, 16)
+PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd32, __half, 32)
+PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd64, __half, 64)
+PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd128, __half, 128)
 
 #include "attn_prefill_mma.cuh"

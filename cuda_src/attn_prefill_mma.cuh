@@ -3,7 +3,7 @@
 // tiles of BK keys (64 for D <= 64, else 32) double-buffered in shared memory by cp.async, B
 // fragments read with ldmatrix (.trans for V). Q is rounded to fp16 (K/V already are); P is
 // rounded to fp16 for the PV product. On older archs the kernel traps: the launcher only picks
-// it for sm_80+.
+// it for sm_80+. The *_split_* kernels take one key split per block (see attn_prefill.cu).
 #pragma once
 
 #define MMA_BQ 64
@@ -72,12 +72,14 @@ __device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, cons
     cp_async_commit();
 }
 
-template <int D>
+// SPLIT: block z takes split z of the tile's keys and writes partials (see attn_prefill.cu).
+template <int D, bool SPLIT>
 __device__ __forceinline__ void prefill_mma_body(
     const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride,
-    int num_kv_heads, int group, int block_size, float scale_log2) {
+    int num_kv_heads, int group, int block_size, float scale_log2, float* __restrict__ part_o,
+    float* __restrict__ part_lse) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int BK = D <= 64 ? 64 : 32;   // keys per tile: two stages of K and V fit 48 KB
     constexpr int STR = D + 8;        // smem row stride (halves): ldmatrix rows are conflict-free
@@ -99,6 +101,17 @@ __device__ __forceinline__ void prefill_mma_body(
     const int* table = block_tables + (i64)b * bt_stride;
     const int ra = warp * 16 + g, rb = ra + 8;
     const int qpos_a = ctx - nq + r0 + ra, qpos_b = qpos_a + 8;
+    const int split = SPLIT ? blockIdx.z : 0;
+    int k_begin = 0, k_end = kmax + 1;                // keys of this block; k_end <= ctx
+    int key_lim = ctx;                                // keys at or past it are not loaded (masked)
+    if (SPLIT) {
+        split_keys(kmax + 1, gridDim.z, split, k_begin, k_end);
+        key_lim = k_end;
+        if (k_begin >= k_end) {
+            write_empty_split(part_lse, q0 + r0, rows, h, split);
+            return;
+        }
+    }
 
     u32 qf[KS][4];
     {
@@ -123,17 +136,18 @@ __device__ __forceinline__ void prefill_mma_body(
     for (int dn = 0; dn < DN; ++dn) o[dn][0] = o[dn][1] = o[dn][2] = o[dn][3] = 0.0f;
     float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
 
-    const int ntiles = kmax / BK + 1;
-    mma_load_tile<D, BK, STR>(k_s[0], v_s[0], k_cache, v_cache, table, 0, ctx, block_size, num_kv_heads, kh);
+    const int ntiles = SPLIT ? (k_end - k_begin + BK - 1) / BK : kmax / BK + 1;
+    mma_load_tile<D, BK, STR>(k_s[0], v_s[0], k_cache, v_cache, table, k_begin, key_lim, block_size, num_kv_heads,
+                              kh);
     // ldmatrix row addresses of this lane: matrix mi = lane / 8, row lane % 8
     const int mi = lane >> 3, mr = lane & 7;
     const int k_row = (mi >> 1) * 8 + mr, k_col = (mi & 1) * 8;      // K: (n-tile pair, d half)
     const int v_row = (mi & 1) * 8 + mr, v_col = (mi >> 1) * 8;      // V: (key half, d-tile pair)
 
     for (int it = 0; it < ntiles; ++it) {
-        const int k0 = it * BK, st = it & 1;
+        const int k0 = k_begin + it * BK, st = it & 1;
         if (it + 1 < ntiles)
-            mma_load_tile<D, BK, STR>(k_s[st ^ 1], v_s[st ^ 1], k_cache, v_cache, table, k0 + BK, ctx, block_size,
+            mma_load_tile<D, BK, STR>(k_s[st ^ 1], v_s[st ^ 1], k_cache, v_cache, table, k0 + BK, key_lim, block_size,
                                       num_kv_heads, kh);
         else
             cp_async_commit();
@@ -161,8 +175,8 @@ __device__ __forceinline__ void prefill_mma_body(
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = k0 + j * 8 + 2 * t + e;
-                    const float sa = (key > qpos_a || key >= ctx) ? pc_neg_inf() : s[j][e] * scale_log2;
-                    const float sb = (key > qpos_b || key >= ctx) ? pc_neg_inf() : s[j][2 + e] * scale_log2;
+                    const float sa = (key > qpos_a || key >= key_lim) ? pc_neg_inf() : s[j][e] * scale_log2;
+                    const float sb = (key > qpos_b || key >= key_lim) ? pc_neg_inf() : s[j][2 + e] * scale_log2;
                     s[j][e] = sa;
                     s[j][2 + e] = sb;
                     mx_a = fmaxf(mx_a, sa);
@@ -218,9 +232,18 @@ __device__ __forceinline__ void prefill_mma_body(
     l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
     l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
     l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 2);
-    const float inv_a = 1.0f / l_a, inv_b = 1.0f / l_b;
+    // split partials: l == 0 when no key of the split reaches the row (o is 0 then)
+    const float inv_a = SPLIT && l_a == 0.0f ? 0.0f : 1.0f / l_a;
+    const float inv_b = SPLIT && l_b == 0.0f ? 0.0f : 1.0f / l_b;
     float* oa = out + (i64)(q0 + r0 + ra) * out_stride + (i64)h * D + 2 * t;
     float* ob = out + (i64)(q0 + r0 + rb) * out_stride + (i64)h * D + 2 * t;
+    if (SPLIT) {
+        const i64 pa = split_row(q0 + r0 + ra, h, split), pb = split_row(q0 + r0 + rb, h, split);
+        oa = part_o + pa * D + 2 * t;
+        ob = part_o + pb * D + 2 * t;
+        if (t == 0 && ra < rows) part_lse[pa] = l_a > 0.0f ? m_a + log2f(l_a) : pc_neg_inf();
+        if (t == 0 && rb < rows) part_lse[pb] = l_b > 0.0f ? m_b + log2f(l_b) : pc_neg_inf();
+    }
 #pragma unroll
     for (int dn = 0; dn < DN; ++dn) {
         if (ra < rows) *reinterpret_cast<float2*>(oa + dn * 8) = make_float2(o[dn][0] * inv_a, o[dn][1] * inv_a);
@@ -239,12 +262,29 @@ __device__ __forceinline__ void prefill_mma_body(
         const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
         int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
         int block_size, float scale_log2) {                                                         \
-        prefill_mma_body<D>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables,     \
-                            bt_stride, num_seqs, out, out_stride, num_kv_heads, group, block_size,   \
-                            scale_log2);                                                            \
+        prefill_mma_body<D, false>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, \
+                                   bt_stride, num_seqs, out, out_stride, num_kv_heads, group,       \
+                                   block_size, scale_log2, nullptr, nullptr);                      \
+    }
+
+// grid = (N / 64 + B, Hq, S), block 128; out is unused (the combine writes it). sm_80+ only.
+#define PREFILL_MMA_SPLIT_KERNEL(NAME, D)                                                           \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
+        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,              \
+        const __half* __restrict__ v_cache, const int* __restrict__ query_start,                    \
+        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
+        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
+        int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) { \
+        prefill_mma_body<D, true>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, \
+                                  bt_stride, num_seqs, out, out_stride, num_kv_heads, group,        \
+                                  block_size, scale_log2, part_o, part_lse);                       \
     }
 
 PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd16, 16)
 PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd32, 32)
 PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd64, 64)
 PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd128, 128)
+PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd16, 16)
+PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd32, 32)
+PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd64, 64)
+PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd128, 128)

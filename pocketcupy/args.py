@@ -26,6 +26,7 @@ class EngineArgs:
     progress: bool = True                  # progress bar while loading
     gpu_memory_utilization: float = 0.9    # CUDA: fraction of GPU memory for weights + KV + activations
     cuda_graphs: bool = True               # CUDA: replay decode steps as graphs (False = eager)
+    tensor_parallel_size: int = 1          # ranks (one GPU each; processes on the CPU) the model is split over
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -39,7 +40,7 @@ class EngineArgs:
             raise ValueError(f"model: must be a path string, got {self.model!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             positive(name)
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             positive(name, allow_none=True)

@@ -39,9 +39,8 @@ class Engine:
     def _setup(self, args: EngineArgs) -> None:
         from .backend import resolve_device
         from .loader import load_checkpoint
+        from .dist.group import start_ranks
         from .model_cache import default_model_path
-        from .models.registry import build_model
-        from .runner import ModelRunner
         from .tokenizer import Tokenizer
 
         self.args = args
@@ -52,15 +51,19 @@ class Engine:
         self.model_path, self.config = ckpt.path, ckpt.config
         self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.gguf_metadata) if ckpt.format == "gguf"
                           else Tokenizer.from_hf_dir(ckpt.path))
-        self.ops = self._make_ops()
-        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, args.progress), self.ops)
-        self.max_model_len = args.max_model_len or ckpt.config.max_position
-        if self.max_model_len > ckpt.config.max_position:
-            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
-                             f"{ckpt.config.max_position}")
-        num_blocks = self._num_kv_blocks()
-        self.runner = ModelRunner(self.model, self.ops, num_blocks, args.block_size, self.max_model_len,
-                                  args.max_num_seqs, cuda_graphs=self.device == "cuda" and args.cuda_graphs)
+        self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
+        try:
+            self._load_shard(ckpt, None if self.ranks is None else self.ranks.tp)
+            num_blocks = self._num_kv_blocks()
+            if self.ranks is not None:
+                num_blocks = self.ranks.agree_num_blocks(num_blocks)  # once every rank is ready
+            self.runner = self._make_runner(num_blocks)
+            if self.ranks is not None:
+                self.runner = self.ranks.wrap(self.runner)  # each step's SchedulerOutput goes to every rank
+        except BaseException:
+            if self.ranks is not None:
+                self.ranks.close()
+            raise
         self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
                                    enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy)
         if self.device == "cuda":
@@ -68,6 +71,8 @@ class Engine:
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)
         else:
             self.sampler = Sampler(self.tokenizer.eos_token_ids)
+        from .structured import StructuredOutputManager
+        self.structured = StructuredOutputManager(self.tokenizer, self.config.vocab_size)
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
         self._lock = threading.RLock()
@@ -76,6 +81,31 @@ class Engine:
         self.load_time_s = time.monotonic() - t0
         log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)", path, self.device,
                  self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20)
+
+    def _load_shard(self, ckpt, tp) -> None:
+        """The backend, this rank's part of the model (all of it on one rank) and max_model_len;
+        tensor-parallel worker ranks run this too (dist/worker.py)."""
+        from .models.registry import build_model
+
+        self.ops = self._make_ops()
+        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
+        self.max_model_len = self.args.max_model_len or ckpt.config.max_position
+        if self.max_model_len > ckpt.config.max_position:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
+                             f"{ckpt.config.max_position}")
+
+    def _make_runner(self, num_blocks: int):
+        from .runner import ModelRunner
+
+        a = self.args
+        return ModelRunner(self.model, self.ops, num_blocks, a.block_size, self.max_model_len, a.max_num_seqs,
+                           cuda_graphs=self.device == "cuda" and a.cuda_graphs)
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (nothing to do on one rank); no steps after this."""
+        if getattr(self, "ranks", None) is not None:
+            with self._lock:
+                self.ranks.close()
 
     def _make_ops(self):
         if self.device == "cpu":
@@ -86,7 +116,8 @@ class Engine:
 
     def _kv_block_bytes(self) -> int:
         c = self.config
-        return 2 * c.num_layers * self.args.block_size * c.num_kv_heads * c.head_dim * self.ops.kv_dtype_bytes
+        kv_heads = self.model.layout.num_kv_heads  # this tensor-parallel rank's
+        return 2 * c.num_layers * self.args.block_size * kv_heads * c.head_dim * self.ops.kv_dtype_bytes
 
     def _default_kv_bytes(self) -> int:
         """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus
@@ -148,6 +179,8 @@ class Engine:
         with self._lock:
             if request_id in self._groups:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
+            if params.structured_outputs is not None:
+                self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
             group = RequestGroup(request_id, text, ids, params)
             for i in range(params.n):
                 seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
@@ -182,7 +215,8 @@ class Engine:
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
-        return SequenceState(group, index, req, row, detok, stop, out)
+        matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
+        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -215,6 +249,7 @@ class Engine:
                 "prefix_cache_queries": sch.kv_cache_manager.prefix_cache_queries,  # tokens looked up
                 "prefix_cache_hits": sch.kv_cache_manager.prefix_cache_hits,        # tokens found
                 "num_computed_tokens_total": sch.num_computed_tokens_total,        # tokens the model computed
+                "structured": self.structured.stats.snapshot(),  # constrained requests, mask-fill times
             }
 
     # --- the step loop -------------------------------------------------------------------
@@ -229,11 +264,12 @@ class Engine:
                 self._seqs[seq_id].prompt_chunks.clear()
             if sched_out.scheduled:
                 run_out = self.runner.execute(sched_out)
+                seqs = [self._seqs[i] for i in run_out.sample_ids]
+                self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
                 self.scheduler.on_step_done(sched_out)
                 for seq_id, chunk in run_out.prompt_logits.items():
                     self._collect_prompt_logits(self._seqs[seq_id], chunk)
-                if run_out.sample_ids:
-                    seqs = [self._seqs[i] for i in run_out.sample_ids]
+                if seqs:
                     result = self.sampler(run_out.logits, [s.row for s in seqs])
                     for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):
                         self._append(s, int(tok), lp)
@@ -263,6 +299,7 @@ class Engine:
     def _append(self, s: SequenceState, tok: int, logprobs) -> None:
         p, out = s.group.params, s.output
         self.scheduler.append_token(s.req.request_id, tok)
+        structure_done = s.matcher is not None and s.matcher.accept(tok)
         out.token_ids.append(tok)
         out.delta_token_ids.append(tok)
         if out.logprobs is not None:
@@ -272,8 +309,12 @@ class Engine:
             self._emit(s, s.detok.push(tok))
             if out.finished:  # a stop string was hit
                 return
-        if stop_token:
+        if structure_done and s.matcher.error:  # the constraint could not go on (logged)
+            self._finish(s, RequestStatus.FINISHED_ABORTED)
+        elif stop_token:
             out.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
+            self._finish(s, RequestStatus.FINISHED_STOPPED)
+        elif structure_done:  # the structure is complete
             self._finish(s, RequestStatus.FINISHED_STOPPED)
         elif len(out.token_ids) >= s.req.max_tokens or s.req.num_tokens >= self.max_model_len:
             self._finish(s, RequestStatus.FINISHED_LENGTH)

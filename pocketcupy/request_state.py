@@ -22,6 +22,7 @@ class SequenceState:
     stop: StopStringMatcher | None
     output: CompletionOutput
     prompt_chunks: list = field(default_factory=list)
+    matcher: object | None = None  # structured.SequenceMatcher when the output is constrained
 
 
 @dataclass

@@ -21,8 +21,9 @@ class ModelRunner:
                  max_num_seqs: int = 1, cuda_graphs: bool = False):
         c = model.config
         self.model, self.ops, self.block_size = model, ops, block_size
-        # one block past the pool: a scratch block where padded graph rows write their K/V
-        self.kv_caches = [ops.empty_kv_cache(num_blocks + 1, block_size, c.num_kv_heads, c.head_dim)
+        # one block past the pool: a scratch block where padded graph rows write their K/V; the KV
+        # heads of this tensor-parallel rank only
+        self.kv_caches = [ops.empty_kv_cache(num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
                           for _ in range(c.num_layers)]
         self.graphs = None
         if cuda_graphs:

@@ -43,6 +43,7 @@ class SamplingRow:
     output_ids: Sequence[int] | np.ndarray = field(default_factory=list)
     generator: np.random.Generator | None = None  # None: make_generator(params.seed)
     allowed_mask: np.ndarray | None = None  # bool [V]; False -> token forbidden
+    packed_mask: np.ndarray | None = None  # uint32 [ceil(V/32)]: bit j of word w allows token 32w+j
 
     def __post_init__(self) -> None:
         if self.generator is None:
@@ -69,13 +70,25 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def unpack_mask(words: np.ndarray, V: int) -> np.ndarray:
+    """uint32 [ceil(V/32)] packed bits (bit j of word w = token 32w + j) -> bool [V]."""
+    w = np.asarray(words).reshape(-1)
+    if w.shape[0] != (V + 31) // 32:
+        raise ValueError(f"packed_mask: expected {(V + 31) // 32} words for {V} tokens, got {w.shape[0]}")
+    return np.unpackbits(w.astype("<u4").view(np.uint8), bitorder="little")[:V].astype(bool)
+
+
 def apply_allowed_mask(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
+    V = logits.shape[1]
     for i, r in enumerate(rows):
-        if r.allowed_mask is not None:
-            mask = np.asarray(r.allowed_mask, dtype=bool)
-            if not mask.any():
-                raise ValueError(f"allowed_mask of row {i} allows no token")
-            logits[i, ~mask] = -np.inf
+        if r.allowed_mask is None and r.packed_mask is None:
+            continue
+        mask = np.ones(V, dtype=bool) if r.allowed_mask is None else np.asarray(r.allowed_mask, dtype=bool)
+        if r.packed_mask is not None:
+            mask = mask & unpack_mask(r.packed_mask, V)
+        if not mask.any():
+            raise ValueError(f"allowed_mask of row {i} allows no token")
+        logits[i, ~mask] = -np.inf
 
 
 def apply_min_tokens(logits: np.ndarray, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int]) -> None:

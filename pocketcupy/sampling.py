@@ -7,6 +7,8 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from .structured.params import StructuredOutputsParams, as_structured_outputs
+
 GREEDY_EPS = 1e-5  # temperature below this means greedy (argmax)
 MAX_LOGPROBS = 20
 
@@ -44,6 +46,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | dict | None = None  # json / regex / choice / grammar
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -107,6 +110,7 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)
+        self.structured_outputs = as_structured_outputs(self.structured_outputs)
 
     @property
     def greedy(self) -> bool:

@@ -3,6 +3,9 @@ batch-1 decode tok/s at 512 and 4096 context, achieved GB/s and the fraction of 
 copy bandwidth (the roofline). Prints one JSON object.
 
     python scripts/bench_decode.py MODEL [MODEL ...] [--device cuda] [--decode-tokens 128]
+    python scripts/bench_decode.py MODEL --tensor-parallel-size 2     # one GPU per rank
+
+Weight bytes (and GB/s) count the whole model: with tensor parallelism that is all ranks together.
 """
 import argparse
 import gc
@@ -84,10 +87,18 @@ def time_decode(engine, context: int, tokens: int, rng) -> float:
 def bench_model(path: str, args, bandwidth) -> dict:
     t0 = time.perf_counter()
     engine = Engine(path, device=args.device, progress=False, max_num_batched_tokens=max(2048, args.prefill[-1]),
-                    max_num_seqs=8, kv_cache_memory=args.kv_cache_gb << 30)
-    load_s = time.perf_counter() - t0
+                    max_num_seqs=8, kv_cache_memory=args.kv_cache_gb << 30,
+                    tensor_parallel_size=args.tensor_parallel_size)
+    try:
+        return _bench_engine(engine, path, time.perf_counter() - t0, args, bandwidth)
+    finally:
+        engine.close()
+
+
+def _bench_engine(engine, path: str, load_s: float, args, bandwidth) -> dict:
     rng = np.random.default_rng(0)
-    res = {"model": path, "load_s": round(load_s, 2), "device": engine.device}
+    res = {"model": path, "load_s": round(load_s, 2), "device": engine.device,
+           "tensor_parallel_size": args.tensor_parallel_size}
     wbytes = weight_bytes(engine)
     res["weight_gb"] = round(wbytes / 1e9, 3)
     for n in args.prefill:
@@ -111,6 +122,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, nargs="+", default=[512, 4096])
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--kv-cache-gb", type=int, default=4, help="KV pool per model (several models load in turn)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (GPUs) each model is split over")
     args = ap.parse_args()
     device = "cuda" if args.device == "auto" and _has_cuda() else args.device
     bw = copy_bandwidth(device)

@@ -209,8 +209,9 @@ def bench_gemm(args, peak_tflops: float) -> dict:
 
 
 def bench_attention(args, copy_gbps: float) -> dict:
-    """Decode attention at context 4096 / 32768, batch 1 / 16, and prefill 2048 (Llama-3-8B
-    heads: 32 q, 8 kv, dim 128, fp16 paged cache of 16-token blocks)."""
+    """Decode attention at context 4096 / 32768, batch 1 / 16, prefill 2048, and a 48-token chunk
+    over an 8064-token cached prefix with and without split-KV (Llama-3-8B heads: 32 q, 8 kv,
+    dim 128, fp16 paged cache of 16-token blocks)."""
     try:
         from pocketcupy.backend import attn_cuda
         from pocketcupy.backend.attention_meta import AttentionMetadata
@@ -252,6 +253,40 @@ def bench_attention(args, copy_gbps: float) -> dict:
     t = time_us(lambda: attn_cuda.attn_prefill(q, kc, vc, dmeta, d ** -0.5, out=o), max(3, args.reps // 4), 2)
     flops = 4 * n * n * hq * d / 2                            # causal: half of QK^T and PV
     out[f"attn_prefill-{n}"] = {**t, "TFLOPs": round(flops / t["us"] / 1e6, 1)}
+    del kc, vc, q, o
+    out.update(bench_prefill_over_prefix(args, cache, hq, d, bs))
+    return out
+
+
+def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int = 8064, n: int = 48) -> dict:
+    """A prefix-cache hit: n new tokens over `prefix` cached ones, one (query tile, head) block per
+    head unsplit; timed unsplit, with the launcher's split count, and over a sweep of counts."""
+    from pocketcupy.backend import attn_cuda
+    from pocketcupy.backend.attention_meta import AttentionMetadata
+
+    cp = _cp()
+    ctx = prefix + n
+    kc, vc, tables = cache(1, ctx)
+    meta = AttentionMetadata(np.array([0, n], np.int32), np.array([ctx], np.int32), tables,
+                             np.arange(prefix, ctx, dtype=np.int64), bs)
+    dmeta = attn_cuda.device_meta(meta)
+    q = cp.random.standard_normal((n, hq, d), dtype=cp.float32)
+    o = cp.empty_like(q)
+    variant = attn_cuda.prefill_variant(d)
+    auto = attn_cuda.prefill_splits(n // attn_cuda.PREFILL_TILE[variant] + 1, hq, tables.shape[1] * bs,
+                                    attn_cuda.num_sms())
+    flops = 4 * n * ctx * hq * d
+    out = {}
+    for splits in sorted({1, auto} | ({2, 4, 8, 16, 32} if not args.quick else set())):
+        t = time_us(lambda s=splits: attn_cuda.attn_prefill(q, kc, vc, dmeta, d ** -0.5, out=o, num_splits=s),
+                    args.reps, 10)
+        tag = "auto" if splits == auto else "forced"
+        out[f"attn_prefill-{n}-over-{prefix}-{variant}-splits{splits}"] = {
+            **t, "TFLOPs": round(flops / t["us"] / 1e6, 2), "choice": tag}
+    base = out[f"attn_prefill-{n}-over-{prefix}-{variant}-splits1"]["us"]
+    split_us = out[f"attn_prefill-{n}-over-{prefix}-{variant}-splits{auto}"]["us"]
+    print(f"attn_prefill {n} tokens over {prefix} cached ({variant}, hq {hq}, hd {d}): "
+          f"unsplit {base:.1f} us, split x{auto} {split_us:.1f} us ({base / split_us:.1f}x)", file=sys.stderr)
     return out
 
 

@@ -92,6 +92,34 @@ for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
             lambda rng, seqs=seqs, hkv=hkv, group=group, d=d, bs=bs: make_case(rng, seqs, hkv, group, d, bs),
             reference, cuda, tol))
 
+# Split-KV prefill (a short chunk over a long prefix): the *_split_* kernels + the decode combine.
+# num_splits None = the launcher's choice (splits on any GPU: 1-4 tiles x 8 heads, 2K context).
+# "straddle": a 64-row tile crosses a split boundary, so some of its rows have no key in a
+# non-empty split; (ctx, ctx) sequences start at position 0, (ctx, 1) is a single decode row.
+PREFILL_SPLIT = [  # id, seqs [(ctx, nq)], hkv, group, head_dim, num_splits
+    ("split3-b3-prefix-hkv2-g4-d128", [(2000, 40), (700, 33), (50, 50)], 2, 4, 128, 3),
+    ("split7-b3-prefix-hkv2-g4-d128", [(2000, 40), (700, 33), (50, 50)], 2, 4, 128, 7),
+    ("split3-b4-hkv4-g1-d64", [(1500, 20), (64, 64), (900, 1), (1300, 130)], 4, 1, 64, 3),
+    ("split7-b4-hkv4-g1-d64", [(1500, 20), (64, 64), (900, 1), (1300, 130)], 4, 1, 64, 7),
+    ("split7-b2-straddle-hkv1-g2-d64", [(1200, 100), (40, 40)], 1, 2, 64, 7),
+    ("split7-b2-straddle-hkv2-g1-d128", [(1200, 100), (129, 129)], 2, 1, 128, 7),
+    ("split2-b1-hkv2-g2-d32", [(700, 30)], 2, 2, 32, 2),
+    ("splitauto-b1-48-over-2k-hkv2-g4-d128", [(2100, 48)], 2, 4, 128, None),
+    ("splitauto-b2-hkv2-g4-d64", [(2100, 48), (300, 300)], 2, 4, 64, None),
+]
+for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
+    for name, seqs, hkv, group, d, splits in PREFILL_SPLIT:
+        def cuda(i, poison, variant=variant, splits=splits):
+            kc, vc = stored_caches(i)
+            cp = _cp()
+            return _attn().attn_prefill(cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"],
+                                        out=poison(i["q"].shape, F32), variant=variant, num_splits=splits)
+
+        ROWS.append(KernelRow(
+            "attn_prefill", f"{variant}-{name}",
+            lambda rng, seqs=seqs, hkv=hkv, group=group, d=d: make_case(rng, seqs, hkv, group, d),
+            reference, cuda, tol))
+
 DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits (None = the launcher's choice)
     ("b1-ctx1-hkv2-g1-d64", [1], 2, 1, 64, None),
     ("b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None),
@@ -119,6 +147,7 @@ OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
     ("prefill-b3-hkv2-g4-d64", [(50, 50), (80, 20), (9, 1)], 2, 4, 64, False),
     ("decode-flag-b3-hkv2-g4-d128", [(1, 1), (40, 1), (300, 1)], 2, 4, 128, True),
     ("decode-implicit-b2-hkv2-g2-d32", [(10, 1), (20, 1)], 2, 2, 32, False),
+    ("prefill-split-chunk-over-prefix-b2-hkv2-g4-d128", [(2100, 48), (1500, 1)], 2, 4, 128, False),
 ]
 for name, seqs, hkv, group, d, decode_only in OPS:
     def make(rng, seqs=seqs, hkv=hkv, group=group, d=d, decode_only=decode_only):

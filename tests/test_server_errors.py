@@ -74,7 +74,7 @@ TABLE = [  # (path, body, status, param)
     (CHAT, chat(tools=WEATHER, tool_choice="sometimes"), 400, "tool_choice"),
     (CHAT, chat(tool_choice="auto"), 400, "tool_choice"),
     (CHAT, chat(tools=WEATHER, tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "tool_choice"),
-    (CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
+    (CHAT, chat(response_format={"type": "xml"}), 400, "response_format.type"),
     (CHAT, chat(logit_bias={"1": 5}), 400, "logit_bias"),
     (CHAT, chat(user=5), 400, "user"),
     (CHAT, chat(priority="high"), 400, "priority"),

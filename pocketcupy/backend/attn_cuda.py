@@ -1,5 +1,6 @@
 """CuPy launchers for paged attention over the fp16 KV cache (cuda_src/attn_prefill.cu,
-attn_decode.cu): causal prefill (also covers prefix + chunk and mixed batches) and split-K decode.
+attn_decode.cu): causal prefill (also covers prefix + chunk and mixed batches; split-KV when a
+short chunk over a long prefix gives too few blocks to fill the GPU) and split-K decode.
 
 Metadata arrays are device int32 arrays (`device_meta` uploads host ones). Grids depend only on
 array shapes (N, B, heads, block-table width), never on device values, so decode launches can be
@@ -23,6 +24,10 @@ DECODE_MAX_GROUP = 16               # DEC_MAXG in attn_decode.cu
 DECODE_MAX_SPLITS = 64
 DECODE_MIN_CHUNK = 64               # DEC_TILE: fewer keys than this per split is not worth a split
 PREFILL_TILE = {"plain": 16, "mma": 64}
+PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
+PREFILL_SPLIT_MIN_CHUNK = 256       # fewest keys per split at the longest context
+PREFILL_MAX_SPLITS = 32
+PREFILL_SPLIT_ALIGN = 64            # PF_SPLIT_ALIGN in attn_prefill.cu: split lengths round up to it
 
 
 def _cp():
@@ -79,10 +84,27 @@ def prefill_variant(head_dim: int) -> str:
     return "mma" if int(device_arch()[3:]) >= 80 and head_dim in HEAD_DIMS else "plain"
 
 
+def prefill_splits(tiles: int, num_heads: int, max_context: int, sms: int) -> int:
+    """Key splits per (query tile, head) block of a prefill launch of `tiles` x `num_heads` blocks:
+    1 when the launch already fills the GPU (>= 2 blocks per SM) or the longest context is short;
+    else enough splits for ~4 blocks per SM, none shorter than PREFILL_SPLIT_MIN_CHUNK keys at
+    max_context. Depends only on shapes (a CUDA graph replays the same grid)."""
+    blocks = tiles * num_heads
+    if blocks >= 2 * sms or max_context <= PREFILL_SPLIT_MIN_CONTEXT:
+        return 1
+    want = max(1, min(math.ceil(4 * sms / max(1, blocks)), PREFILL_MAX_SPLITS,
+                      max_context // PREFILL_SPLIT_MIN_CHUNK))
+    chunk = -(-math.ceil(max_context / want) // PREFILL_SPLIT_ALIGN) * PREFILL_SPLIT_ALIGN
+    return math.ceil(max_context / chunk)       # no split of a max_context-long tile is empty
+
+
 @cuda_op("attn_prefill")
-def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, variant: str | None = None):
+def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, variant: str | None = None,
+                 num_splits: int | None = None):
     """Causal attention of q [N, Hq, D] over each sequence's cached context (the cache already
-    holds the new tokens). Any mix of prefill chunks and single decode rows. Returns [N, Hq, D]."""
+    holds the new tokens). Any mix of prefill chunks and single decode rows. Returns [N, Hq, D].
+    num_splits: key splits per block (None: prefill_splits' choice from the shapes, with the
+    block-table width as the longest context); above 1, partials merged by the decode combine."""
     n, hq, d, hkv = _check(q, k_cache, v_cache)
     meta = device_meta(meta)
     variant = variant or prefill_variant(d)
@@ -93,12 +115,24 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
     b = int(meta.seq_lens.shape[0])
     if n == 0 or b == 0:
         return out
-    grid = (n // PREFILL_TILE[variant] + b, hq)
-    _k("attn_prefill.cu", f"attn_prefill_{variant}_f16_hd{d}")(
-        grid, (128,),
-        (q, _I64(qs), k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
-         _I32(meta.block_tables.shape[1]), _I32(b), out, _I64(hq * d), _I32(hkv), _I32(hq // hkv),
-         _I32(meta.block_size), _F32(scale * LOG2E)))
+    tiles = n // PREFILL_TILE[variant] + b
+    if num_splits is None:
+        num_splits = prefill_splits(tiles, hq, meta.block_tables.shape[1] * meta.block_size, num_sms())
+    if not 1 <= num_splits <= 65535 or (num_splits > 1 and n > 65535):
+        raise ValueError(f"attn_prefill: num_splits {num_splits} out of range for {n} query rows")
+    args = (q, _I64(qs), k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
+            _I32(meta.block_tables.shape[1]), _I32(b), out, _I64(hq * d), _I32(hkv), _I32(hq // hkv),
+            _I32(meta.block_size), _F32(scale * LOG2E))
+    if num_splits == 1:
+        _k("attn_prefill.cu", f"attn_prefill_{variant}_f16_hd{d}")((tiles, hq), (128,), args)
+        return out
+    cp = _cp()
+    part_o = cp.empty((n, hq, num_splits, d), np.float32)
+    part_lse = cp.empty((n, hq, num_splits), np.float32)
+    _k("attn_prefill.cu", f"attn_prefill_{variant}_split_f16_hd{d}")(
+        (tiles, hq, num_splits), (128,), args + (part_o, part_lse))
+    _k("attn_decode.cu", "attn_decode_combine_f32")(
+        (hq, n), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
     return out
 
 

@@ -119,6 +119,18 @@ def pack_mask(mask: np.ndarray, V: int) -> np.ndarray:
     return b.view("<u4")
 
 
+def _row_mask_words(row: SamplingRow, V: int, W: int) -> np.ndarray | None:
+    """The row's allowed tokens as W packed words (its packed_mask as given, and-ed with its bool
+    allowed_mask when it has both), or None when it has no mask."""
+    if row.packed_mask is None:
+        return None if row.allowed_mask is None else pack_mask(row.allowed_mask, V)
+    m = np.asarray(row.packed_mask).reshape(-1)
+    if m.shape[0] != W or m.dtype.itemsize != 4:
+        raise ValueError(f"packed_mask: expected {W} 32-bit words for {V} tokens, got {m.dtype} {m.shape}")
+    m = m.view(np.uint32)
+    return m if row.allowed_mask is None else m & pack_mask(row.allowed_mask, V)
+
+
 def _ids(x) -> np.ndarray:
     return np.asarray(x, dtype=np.int64).reshape(-1).astype(np.int32)  # via int64: no silent wrap of ints
 
@@ -161,12 +173,12 @@ class PackedBatch:
             p = r.params
             flags = 0
             ints[i, SP_MASK] = ints[i, SP_CNT] = -1
-            if r.allowed_mask is not None:
-                m = np.asarray(r.allowed_mask, dtype=bool)
+            m = _row_mask_words(r, V, W)
+            if m is not None:
                 if not m.any():
                     raise ValueError(f"allowed_mask of row {i} allows no token")
                 ints[i, SP_MASK] = len(masks)
-                masks.append(pack_mask(m, V))
+                masks.append(m)
             if p.greedy:
                 flags |= F_GREEDY
             else:

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ModelConfig
+from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
 from .rope import inv_freq
+
+# How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
+# Column-parallel QKV and gate/up, row-parallel attention output and down (then an all-reduce),
+# vocab-parallel embedding and LM head.
+TP_SPLITS = {"attn_q": "q_rows", "attn_k": "kv_rows", "attn_v": "kv_rows", "attn_output": "q_cols",
+             "ffn_gate": "ffn_rows", "ffn_up": "ffn_rows", "ffn_down": "ffn_cols",
+             "token_embd": "vocab_rows", "output": "vocab_rows"}
 
 
 @dataclass
@@ -33,8 +41,12 @@ class LlamaLayer:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops):
+    TP_SPLITS = TP_SPLITS
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp: TensorParallel | None = None):
         self.config, self.ops = config, ops
+        self.tp = tp or TensorParallel.single(config)
+        self.layout = self.tp.layout   # this rank's heads, KV heads, MLP columns, vocabulary rows
 
         def w(name, required=True):
             t = tensors.get(name)
@@ -42,7 +54,7 @@ class LlamaModel:
                 if required:
                     raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
                 return None
-            return ops.weight(t)
+            return ops.weight(self.tp.shard(name, t, TP_SPLITS))
 
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
@@ -66,9 +78,9 @@ class LlamaModel:
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions [N] (flat batch) -> final hidden states [N, hidden]."""
-        ops, c = self.ops, self.config
+        ops, c, lay = self.ops, self.config, self.layout
         n = len(input_ids)
-        x = ops.embedding(self.embed, input_ids)
+        x = self.tp.embedding(ops, self.embed, input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
             if residual is None:
@@ -83,32 +95,31 @@ class LlamaModel:
             q = ops.rope_store_kv(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache,
                                   meta.slot_mapping)
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
-            x = ops.linear(attn.reshape(n, c.num_heads * c.head_dim), layer.wo)
+            x = self.tp.all_reduce(ops.linear(attn.reshape(n, lay.num_heads * c.head_dim), layer.wo))
             h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
             if layer.w_gate_up is not None:
                 gu = ops.linear(h, layer.w_gate_up)
-                gate, up = gu[:, :c.intermediate_size], gu[:, c.intermediate_size:]
+                gate, up = gu[:, :lay.intermediate_size], gu[:, lay.intermediate_size:]
             else:
                 gate, up = ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up)
-            x = ops.silu_mul_linear(gate, up, layer.w_down)
+            x = self.tp.all_reduce(ops.silu_mul_linear(gate, up, layer.w_down))
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
 
     def _qkv(self, layer, h, n):
         """q [n, Hq, D], k and v [n, Hkv, D]: column views of one fused projection when there is one."""
-        c, ops = self.config, self.ops
-        qd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        ops, hd, hq, hkv = self.ops, self.config.head_dim, self.layout.num_heads, self.layout.num_kv_heads
+        qd, kd = hq * hd, hkv * hd
         if layer.wqkv is not None:
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
-            return (qkv[:, :qd].reshape(n, c.num_heads, c.head_dim),
-                    qkv[:, qd:qd + kd].reshape(n, c.num_kv_heads, c.head_dim),
-                    qkv[:, qd + kd:].reshape(n, c.num_kv_heads, c.head_dim))
-        return (ops.linear(h, layer.wq, layer.bq).reshape(n, c.num_heads, c.head_dim),
-                ops.linear(h, layer.wk, layer.bk).reshape(n, c.num_kv_heads, c.head_dim),
-                ops.linear(h, layer.wv, layer.bv).reshape(n, c.num_kv_heads, c.head_dim))
+            return (qkv[:, :qd].reshape(n, hq, hd), qkv[:, qd:qd + kd].reshape(n, hkv, hd),
+                    qkv[:, qd + kd:].reshape(n, hkv, hd))
+        return (ops.linear(h, layer.wq, layer.bq).reshape(n, hq, hd),
+                ops.linear(h, layer.wk, layer.bk).reshape(n, hkv, hd),
+                ops.linear(h, layer.wv, layer.bv).reshape(n, hkv, hd))
 
     def compute_logits(self, hidden):
-        return self.ops.linear(hidden, self.lm_head)
+        return self.tp.logits(self.ops, self.ops.linear(hidden, self.lm_head))
 
 
 def fuse_projections(ops, layer: LlamaLayer) -> None:

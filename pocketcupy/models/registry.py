@@ -6,8 +6,13 @@ from .llama import LlamaModel
 MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel}
 
 
-def build_model(config, tensors, ops):
+def model_class(config):
     cls = MODELS.get(config.architecture)
     if cls is None:
         raise ValueError(f"model: no implementation for architecture {config.architecture!r}")
-    return cls(config, tensors, ops)
+    return cls
+
+
+def build_model(config, tensors, ops, tp=None):
+    """tp: this rank's dist.TensorParallel (None: the whole model on one rank)."""
+    return model_class(config)(config, tensors, ops, tp)

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from ..sampling import MAX_LOGPROBS, SamplingParams
 from .generation import Job
-from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_response_format,
-                       parse_stream)
+from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import chat_logprobs, finish_reason, new_id, usage
 from .sse import SSEStream
+from .structured_fields import parse_structured_outputs
 from .tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools, template_knows_tools
 from .tools import ForcedCallParser, ToolParser, forced_prefill
 
@@ -43,7 +43,7 @@ def parse_chat(state, body) -> ChatRequest:
     if top is not None and not logprobs:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
     stream, include_usage = parse_stream(f)
-    parse_response_format(f)
+    kw["structured_outputs"] = parse_structured_outputs(f)
     ctk = f.obj("chat_template_kwargs")
     agp = f.bool("add_generation_prompt", True)
     f.reject_unknown()
@@ -57,6 +57,8 @@ def parse_chat(state, body) -> ChatRequest:
     except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
         raise bad("chat_template_kwargs", f"chat template: {e}") from None
     mt = kw["max_tokens"]
+    if kw["structured_outputs"] is not None and mode not in ("none", "auto"):
+        raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
     if mode != "none" and mode != "auto":
         kw["stop"] = kw["stop"] + ["</tool_call>"]
     params = make_params(kw, (top or 0) if logprobs else None)

@@ -5,10 +5,10 @@ import time
 
 from ..sampling import MAX_LOGPROBS
 from .generation import Job
-from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_response_format,
-                       parse_stream)
+from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import CompletionLogprobs, finish_reason, new_id, usage
 from .sse import SSEStream
+from .structured_fields import parse_structured_outputs
 
 MAX_PROMPTS = 64
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -58,7 +58,7 @@ def handle_completion(state, body, gone):
     if f.get("suffix") is not None:
         raise bad("suffix", "'suffix' is not supported")
     stream, include_usage = parse_stream(f)
-    parse_response_format(f)
+    kw["structured_outputs"] = parse_structured_outputs(f)
     f.reject_unknown()
 
     C = engine.max_model_len

@@ -4,6 +4,11 @@ The worker answers /alive and /ready (503) while the model loads in a background
 loading fails, the worker exits with gunicorn's boot-error code and the whole server stops.
 SIGTERM: /ready turns 503, new generation requests get 503, in-flight ones (streams included)
 finish within the graceful timeout, then the engine loop stops.
+
+Tensor parallel: the worker is rank 0; the engine starts the other ranks and waits until every
+one is ready before /ready answers 200. Any rank's death stops every rank and the server exits
+(code 1) with the rank named in the log; so does the death of the worker itself (the arbiter
+halts instead of starting another one).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from .state import ServerConfig, ServerState
 
 log = logging.getLogger("pocketcupy.server")
 WORKER_BOOT_ERROR = 3  # gunicorn's arbiter halts on this exit code instead of restarting the worker
+RANK_FAILED = 1       # a tensor-parallel rank died (the arbiter halts through _child_exit)
 
 
 class PocketcupyWorker(ThreadWorker):
@@ -36,6 +42,25 @@ def _worker_exit(server, worker) -> None:
     state = _state_of(getattr(worker, "wsgi", None))
     if state is not None:
         state.shutdown(timeout=10)
+        if state.engine is not None:
+            state.engine.close()  # stops and reaps the other tensor-parallel ranks
+
+
+def _rank_failed(err) -> None:
+    """A tensor-parallel rank died and the group has stopped the others: nothing can run."""
+    log.error("exiting: %s", err)
+    logging.shutdown()
+    os._exit(RANK_FAILED)
+
+
+def _child_exit(server, worker) -> None:
+    """Arbiter side, tensor parallel: the worker (rank 0) ended while the server was still
+    listening, so the ranks it held are gone; halt instead of starting a fresh worker."""
+    if server.LISTENERS:
+        from gunicorn.errors import HaltServer
+
+        raise HaltServer(f"tensor-parallel rank 0 (the worker, pid {worker.pid}) exited; the other ranks "
+                         "stop with it (a rank that failed first is named above)", RANK_FAILED)
 
 
 def _load_failed(exc) -> None:
@@ -54,6 +79,8 @@ class ServeApplication(BaseApplication):
                 "worker_exit": _worker_exit, "when_ready": self._when_ready, "proc_name": "pocketcupy"}
         if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket
             opts["control_socket_disable"] = True
+        if self.server_config.engine_args.tensor_parallel_size > 1:
+            opts["child_exit"] = _child_exit
         opts.update(self.options)
         for k, v in opts.items():
             self.cfg.set(k, v)
@@ -65,6 +92,9 @@ class ServeApplication(BaseApplication):
     def load(self):
         from .app import create_app
 
+        from ..dist import set_failure_handler
+
+        set_failure_handler(_rank_failed)
         state = ServerState(self.server_config)
         app = create_app(state)
         state.start_loading(on_failure=_load_failed)

@@ -1,12 +1,12 @@
 """Prometheus metrics of one server process (its own registry, rendered at GET /metrics).
 
 HTTP-side series are updated as requests are served; engine-side ones (queue lengths, KV
-blocks, prefix cache, preemptions) are read from Engine.stats() at scrape time.
+blocks, prefix cache, preemptions, structured output) are read from Engine.stats() at scrape time.
 """
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 P = "pocketcupy_"
@@ -44,6 +44,17 @@ class _EngineCollector:
                              ("computed_tokens", "tokens the model computed (prefill + decode)",
                               s.get("num_computed_tokens_total", 0))]:
             yield CounterMetricFamily(P + name, doc, value=float(v))
+        yield from _structured(s.get("structured"))
+
+
+def _structured(st: dict | None):
+    if not st:
+        return
+    yield CounterMetricFamily(P + "structured_requests", "requests with a structured-output constraint",
+                              value=float(st["requests"]))
+    yield HistogramMetricFamily(P + "structured_mask_seconds", "time an engine step spent computing the token "
+                                "masks of its constrained sequences", sum_value=st["mask_sum"],
+                                buckets=[(repr(le), c) for le, c in st["mask_buckets"]] + [("+Inf", st["mask_count"])])
 
 
 class Metrics:

@@ -229,13 +229,6 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     return kw, priority
 
 
-def parse_response_format(f: Fields) -> None:
-    rf = f.obj("response_format")
-    if rf is not None and rf.get("type") != "text":
-        raise bad("response_format", "'response_format' other than {'type': 'text'} is not supported yet "
-                                     "(structured output is not implemented in this server)")
-
-
 def check_model(f: Fields, served_names: list[str]) -> str:
     model = f.require("model")
     if not isinstance(model, str):
@@ -269,4 +262,4 @@ def make_params(kw: dict, logprobs: int | None, prompt_logprobs: int | None = No
 
 
 __all__ = ["ApiError", "Fields", "MAX_LOGPROBS", "bad", "check_context", "check_model", "from_value_error",
-           "make_params", "parse_common", "parse_response_format", "parse_stream"]
+           "make_params", "parse_common", "parse_stream"]

@@ -1,0 +1,91 @@
+"""What one tensor-parallel rank holds of a model: its attention heads, KV heads, MLP columns and
+vocabulary rows. Pure arithmetic, checked once against the model's shape.
+
+Attention is split by KV group (a KV head and the query heads that attend with it), as evenly as
+the groups allow: SmolLM2's 3 groups of 3 query heads go 2 + 1 over two ranks. With fewer KV
+heads than ranks, each KV head is replicated on world / num_kv_heads ranks, which share its
+query heads evenly (vLLM's rule). MLP columns split evenly; the vocabulary in equal shards, the
+last one zero-padded."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    rank: int
+    world: int
+    head_dim: int
+    q_heads: tuple[int, int]       # [start, stop) of the query heads on this rank
+    kv_heads: tuple[int, int]      # [start, stop) of the KV heads on this rank
+    intermediate_size: int         # MLP columns on this rank
+    vocab_size: int                # the whole vocabulary
+    vocab_shard: int               # vocabulary rows per rank (padded)
+
+    @classmethod
+    def of(cls, config: ModelConfig, rank: int = 0, world: int = 1) -> "ShardLayout":
+        """Raises ValueError (naming tensor_parallel_size) when the model cannot be split `world` ways."""
+        check_divides(config, world)
+        if not 0 <= rank < world:
+            raise ValueError(f"rank: must be in 0..{world - 1}, got {rank}")
+        nkv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
+        if nkv >= world:
+            k0, k1 = _even_part(nkv, world, rank)
+            q = (k0 * group, k1 * group)
+        else:
+            replicas = world // nkv
+            k0, k1 = rank // replicas, rank // replicas + 1
+            per = group // replicas
+            q0 = k0 * group + rank % replicas * per
+            q = (q0, q0 + per)
+        return cls(rank, world, config.head_dim, q, (k0, k1), config.intermediate_size // world,
+                   config.vocab_size, -(-config.vocab_size // world))
+
+    @property
+    def num_heads(self) -> int:
+        return self.q_heads[1] - self.q_heads[0]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.kv_heads[1] - self.kv_heads[0]
+
+    @property
+    def vocab_start(self) -> int:
+        return self.rank * self.vocab_shard
+
+    def span(self, kind: str) -> tuple[int, int, int]:
+        """(axis, start, stop) in the full tensor for a split kind: q_rows / kv_rows / ffn_rows /
+        vocab_rows split rows (output features), q_cols / ffn_cols split columns (input features)."""
+        d = self.head_dim
+        if kind in ("q_rows", "q_cols"):
+            return (0 if kind == "q_rows" else 1), self.q_heads[0] * d, self.q_heads[1] * d
+        if kind == "kv_rows":
+            return 0, self.kv_heads[0] * d, self.kv_heads[1] * d
+        if kind in ("ffn_rows", "ffn_cols"):
+            i = self.intermediate_size
+            return (0 if kind == "ffn_rows" else 1), self.rank * i, (self.rank + 1) * i
+        if kind == "vocab_rows":
+            return 0, self.vocab_start, min(self.vocab_start + self.vocab_shard, self.vocab_size)
+        raise ValueError(f"unknown tensor-parallel split {kind!r}")
+
+
+def _even_part(n: int, parts: int, i: int) -> tuple[int, int]:
+    """Part i of range(n) cut into `parts` contiguous pieces whose sizes differ by at most one."""
+    base, extra = divmod(n, parts)
+    start = i * base + min(i, extra)
+    return start, start + base + (i < extra)
+
+
+def check_divides(config: ModelConfig, world: int) -> None:
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"tensor_parallel_size: must be a positive integer, got {world!r}")
+    nkv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
+    if nkv < world and (world % nkv or group % (world // nkv)):
+        raise ValueError(f"tensor_parallel_size: {world} ranks cannot share the model's {nkv} KV heads "
+                         f"({group} query heads each): with fewer KV heads than ranks, the ranks must be a "
+                         "multiple of the KV heads and split each KV head's query heads evenly")
+    if config.intermediate_size % world:
+        raise ValueError(f"tensor_parallel_size: {world} does not divide the model's MLP size "
+                         f"{config.intermediate_size}")

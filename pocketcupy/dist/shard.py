@@ -1,0 +1,81 @@
+"""One rank's part of a stored weight, cut before it is materialised.
+
+The loaders hand out QTensors over memory maps, so a row shard is a view (only its pages are
+ever read) and a column shard copies just its own columns. GGUF block types are cut per row of
+blocks: rows anywhere, columns only on block boundaries (32 or 256 values)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..loader.gguf import GGML_TYPES
+from ..quant.qtensor import QTensor
+from .layout import ShardLayout
+
+BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
+
+
+def take_rows(t: QTensor, start: int, stop: int) -> QTensor:
+    """Rows [start, stop) of a 2-D weight, or elements of a 1-D one (a bias): a view."""
+    return QTensor(t.qtype, (stop - start,) + tuple(t.shape[1:]), t.data[start:stop])
+
+
+def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTensor:
+    """Columns [start, stop) of a 2-D weight (contiguous copy of the shard only)."""
+    problem = _column_split_problem(t, start, stop, name)
+    if problem:
+        raise ValueError(problem)
+    per_block, nbytes = BLOCKS[t.qtype]
+    if t.is_dense:
+        data = t.data[:, start:stop]
+    else:
+        data = t.data[:, start // per_block * nbytes:stop // per_block * nbytes]
+    return QTensor(t.qtype, (t.shape[0], stop - start), np.ascontiguousarray(data))
+
+
+def pad_rows(t: QTensor, rows: int) -> QTensor:
+    """`rows` rows: t's rows followed by zero rows (all-zero bytes decode to 0 in every GGUF type)."""
+    if t.shape[0] == rows:
+        return t
+    data = np.zeros((rows,) + t.data.shape[1:], t.data.dtype)
+    data[:t.shape[0]] = t.data
+    return QTensor(t.qtype, (rows,) + tuple(t.shape[1:]), data)
+
+
+def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = "weight") -> QTensor:
+    """This rank's part of t for a split kind (see ShardLayout.span); None or one rank: all of t."""
+    if kind is None or layout.world == 1:
+        return t
+    axis, start, stop = layout.span(kind)
+    if axis == 1:
+        return take_cols(t, start, stop, name)
+    part = take_rows(t, start, stop)
+    return pad_rows(part, layout.vocab_shard) if kind == "vocab_rows" else part
+
+
+def check_shardable(tensors: dict, splits: dict[str, str], layout: ShardLayout) -> None:
+    """Raises the ValueError shard_tensor would, for every split weight, without cutting anything."""
+    for name, t in tensors.items():
+        kind = splits.get(split_key(name))
+        if kind is None or layout.world == 1:
+            continue
+        axis, start, stop = layout.span(kind)
+        problem = _column_split_problem(t, start, stop, name) if axis == 1 else None
+        if problem:
+            raise ValueError(problem)
+
+
+def _column_split_problem(t: QTensor, start: int, stop: int, name: str) -> str | None:
+    if len(t.shape) != 2:
+        return f"tensor_parallel_size: {name} has shape {t.shape}; only 2-D weights split by column"
+    per_block = BLOCKS[t.qtype][0]
+    if start % per_block or stop % per_block:
+        return (f"tensor_parallel_size: {name} ({t.qtype}, {per_block}-value blocks) cannot be split at column "
+                f"{start if start % per_block else stop}; each rank's columns must be whole blocks "
+                "(use fewer ranks or another quantization)")
+    return None
+
+
+def split_key(name: str) -> str:
+    """'blk.3.attn_q.weight' -> 'attn_q'; 'token_embd.weight' -> 'token_embd'."""
+    parts = name.split(".")
+    return parts[-2] if len(parts) >= 2 else name

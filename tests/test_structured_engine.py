@@ -1,0 +1,224 @@
+"""Structured output end to end on the CPU with the real SmolLM2-135M-Instruct: JSON schemas (every
+output parses and validates with `jsonschema`), regexes, choice, Lark and GBNF grammars; constrained
+and free requests in one batch; n > 1, logprobs, stop strings, streaming; the sequence ends when
+the structure is complete; a constraint that cannot be met ends its sequence alone."""
+import ast
+import json
+import re
+
+import jsonschema
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+from tests.test_structured_params import ARITH_LARK
+
+ARITH_GBNF = """
+root ::= expr
+expr ::= term (("+" | "-") term){0,3}
+term ::= factor (("*" | "/") factor){0,2}
+factor ::= [0-9]{1,3} | "(" expr ")"
+"""
+
+
+def S(n=24):
+    return {"type": "string", "maxLength": n}
+
+
+def INT(lo, hi):
+    return {"type": "integer", "minimum": lo, "maximum": hi}
+
+
+def obj(props, required=None):
+    return {"type": "object", "properties": props, "additionalProperties": False,
+            "required": list(props) if required is None else required}
+
+
+SCHEMAS = [  # (what the prompt asks for, schema)
+    ("a person", obj({"name": S(), "age": INT(0, 120)})),
+    ("a book", obj({"title": S(40), "author": S(), "year": INT(1400, 2025)})),
+    ("a city", obj({"city": S(), "country": S(), "population": INT(0, 40_000_000)})),
+    ("a product with a price", obj({"product": S(), "price": {"type": "number", "minimum": 0, "maximum": 1000}})),
+    ("a temperature reading", obj({"celsius": {"type": "number", "minimum": -50, "maximum": 60},
+                                   "unit": {"enum": ["C", "F"]}})),
+    ("a traffic light state", obj({"color": {"type": "string", "enum": ["red", "yellow", "green"]}})),
+    ("a to-do list", obj({"items": {"type": "array", "items": S(20), "minItems": 1, "maxItems": 3}})),
+    ("three prime numbers", obj({"primes": {"type": "array", "items": INT(2, 100), "minItems": 3, "maxItems": 3}})),
+    ("a user with an address", obj({"user": S(), "address": obj({
+        "street": S(), "city": S(), "zip": {"type": "string", "pattern": "^[0-9]{5}$"}})})),
+    ("a point", obj({"x": {"type": "number", "minimum": -10, "maximum": 10},
+                     "y": {"type": "number", "minimum": -10, "maximum": 10}})),
+    ("a boolean flag", obj({"enabled": {"type": "boolean"}, "reason": S()})),
+    ("a contact", obj({"name": S(), "email": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.com$"},
+                       "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{4}$"}}, required=["name", "email"])),
+    ("a date", obj({"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}, "event": S()})),
+    ("a pet", obj({"species": {"enum": ["cat", "dog", "bird"]}, "name": S(), "age": INT(0, 30)}, required=["species"])),
+    ("an id that is a number or a string", obj({"id": {"anyOf": [INT(0, 9999), S(12)]}})),
+    ("a nullable nickname", obj({"name": S(), "nickname": {"anyOf": [S(), {"type": "null"}]}})),
+    ("a matrix of small numbers", obj({"rows": {"type": "array", "minItems": 2, "maxItems": 2, "items": {
+        "type": "array", "minItems": 2, "maxItems": 2, "items": INT(0, 9)}}})),
+    ("a team of people", obj({"team": S(), "members": {"type": "array", "minItems": 1, "maxItems": 2,
+                                                       "items": obj({"name": S(16), "role": {"enum": ["dev", "pm"]}})}})),
+    ("a rating", obj({"stars": INT(1, 5), "comment": S(16)}, required=["stars"])),
+    ("a color in hex", obj({"name": S(), "hex": {"type": "string", "pattern": "^#[0-9a-f]{6}$"}})),
+    ("a version", obj({"major": INT(0, 99), "minor": INT(0, 99), "tag": {"const": "stable"}})),
+    ("a shape", {"anyOf": [obj({"kind": {"const": "circle"}, "radius": {"type": "number", "minimum": 0, "maximum": 99}}),
+                           obj({"kind": {"const": "square"}, "side": {"type": "number", "minimum": 0, "maximum": 99}})]}),
+    ("a list of tags", {"type": "array", "items": {"enum": ["news", "sport", "tech", "art"]}, "minItems": 1, "maxItems": 3}),
+    ("an order", obj({"order_id": INT(1, 99999), "paid": {"type": "boolean"}, "lines": {
+        "type": "array", "minItems": 1, "maxItems": 2,
+        "items": obj({"sku": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"}, "qty": INT(1, 9)})}})),
+]
+
+REGEXES = {
+    "iso_date": (r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", "On what date did the first moon landing happen?"),
+    "email": (r"[a-z0-9._]{1,20}@[a-z0-9]{1,12}\.(com|org|net)", "What is the support e-mail address of a shop?"),
+    "ipv4": (r"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)",
+             "What is the IP address of a home router?"),
+}
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def greedy(**kw):
+    return SamplingParams(temperature=0, **{"max_tokens": 160, **kw})
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf):
+    return Engine(smollm2_gguf, device="cpu", progress=False, max_num_seqs=32)
+
+
+def test_json_schemas_all_validate(engine):
+    assert len(SCHEMAS) >= 20
+    outs = engine.chat([user(f"Describe {what} as JSON.") for what, _ in SCHEMAS],
+                       [greedy(structured_outputs={"json": s}) for _, s in SCHEMAS])
+    for (what, schema), out in zip(SCHEMAS, outs):
+        o = out.outputs[0]
+        assert o.finish_reason == "stop", (what, o.text)
+        jsonschema.validate(json.loads(o.text), schema)
+
+
+def test_json_object_and_string_schema(engine):
+    schema = obj({"answer": S(30)})
+    outs = engine.chat([user("Give the capital of France as JSON.")] * 2,
+                       [greedy(structured_outputs={"json": True}, max_tokens=64),
+                        greedy(structured_outputs={"json": json.dumps(schema)})])
+    assert isinstance(json.loads(outs[0].outputs[0].text), dict)
+    jsonschema.validate(json.loads(outs[1].outputs[0].text), schema)
+
+
+def test_regexes(engine):
+    names = list(REGEXES)
+    outs = engine.chat([user(REGEXES[n][1]) for n in names],
+                       [greedy(structured_outputs={"regex": REGEXES[n][0]}, max_tokens=40) for n in names])
+    for n, out in zip(names, outs):
+        o = out.outputs[0]
+        assert o.finish_reason == "stop" and re.fullmatch(REGEXES[n][0], o.text, re.ASCII), (n, o.text)
+
+
+def test_choice(engine):
+    choices = ["positive", "negative", "neutral"]
+    outs = engine.chat([user(f"Sentiment of: '{t}'") for t in ("I love it!", "This is awful.", "It is a chair.")],
+                       greedy(structured_outputs={"choice": choices}))
+    assert all(o.outputs[0].text in choices and o.outputs[0].finish_reason == "stop" for o in outs)
+
+
+def _parses_as_arithmetic(text: str) -> bool:
+    tree = ast.parse(text, mode="eval")
+    allowed = (ast.Expression, ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Constant)
+    return all(isinstance(n, allowed) for n in ast.walk(tree))
+
+
+@pytest.mark.parametrize("grammar", [ARITH_LARK, ARITH_GBNF], ids=["lark", "gbnf"])
+def test_arithmetic_grammar(engine, grammar):
+    prompts = ["Write an arithmetic expression that equals 10.", "2 plus 3 times 4 as a formula:",
+               "An expression with brackets:"]
+    outs = engine.chat([user(p) for p in prompts], greedy(structured_outputs={"grammar": grammar}, max_tokens=48))
+    for out in outs:
+        o = out.outputs[0]
+        assert o.finish_reason in ("stop", "length") and _parses_as_arithmetic(o.text), o.text
+        assert re.fullmatch(r"[0-9+\-*/()]+", o.text), o.text
+
+
+def test_mixed_batch_free_outputs_equal_alone(engine):
+    free = ["The history of Rome", "My favourite food is", "Water boils at"]
+    fp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    alone = [engine.generate(p, fp)[0].outputs[0].token_ids for p in free]
+    cons = [("A person as JSON:", {"json": SCHEMAS[0][1]}), ("Date:", {"regex": REGEXES["iso_date"][0]}),
+            ("Yes or no?", {"choice": ["yes", "no"]})]
+    prompts = [x for pair in zip(free, [c[0] for c in cons]) for x in pair]
+    params = [x for pair in zip([fp] * 3, [greedy(structured_outputs=c[1], max_tokens=40) for c in cons]) for x in pair]
+    outs = engine.generate(prompts, params)
+    assert [outs[i].outputs[0].token_ids for i in (0, 2, 4)] == alone
+    jsonschema.validate(json.loads(outs[1].outputs[0].text), SCHEMAS[0][1])
+    assert re.fullmatch(REGEXES["iso_date"][0], outs[3].outputs[0].text) and outs[5].outputs[0].text in ("yes", "no")
+
+
+def test_n_samples_each_follow_the_schema(engine):
+    schema = SCHEMAS[13][1]  # a pet
+    out = engine.chat(user("Describe a pet as JSON."), SamplingParams(
+        n=4, temperature=1.0, seed=7, max_tokens=120, structured_outputs={"json": schema}))[0]
+    texts = [o.text for o in out.outputs]
+    for o in out.outputs:
+        assert o.finish_reason == "stop", o.text
+        jsonschema.validate(json.loads(o.text), schema)
+    assert len(set(texts)) > 1  # separate matchers: each sample takes its own path
+
+
+def test_logprobs_are_over_the_allowed_tokens(engine):
+    choices = ["yes", "no"]
+    tok = engine.tokenizer
+    out = engine.chat(user("Is the sky blue?"), greedy(structured_outputs={"choice": choices}, logprobs=5))[0]
+    o = out.outputs[0]
+    assert o.text in choices and len(o.logprobs) == len(o.token_ids)
+    first = o.logprobs[0]
+    allowed = {t: lp for t, lp in first.items() if lp.logprob > float("-inf")}
+    assert o.token_ids[0] in allowed and first[o.token_ids[0]].rank == 1
+    assert all(any(c.startswith(tok.decode([t])) for c in choices) for t in allowed)
+    assert sum(2.718281828 ** lp.logprob for lp in allowed.values()) <= 1.0 + 1e-5
+
+
+def test_stop_string_inside_a_structure(engine):
+    p = greedy(structured_outputs={"json": SCHEMAS[0][1]}, stop=['"age"'])
+    o = engine.chat(user("A person as JSON:"), p)[0].outputs[0]
+    assert o.finish_reason == "stop" and o.stop_reason == '"age"' and o.text.startswith('{"name": "')
+
+
+def test_streaming_equals_whole(engine):
+    p = greedy(structured_outputs={"json": SCHEMAS[1][1]})
+    msgs = user("Describe a book as JSON.")
+    whole = engine.chat(msgs, p)[0].outputs[0].text
+    deltas = list(engine.stream(msgs, p))
+    assert "".join(deltas) == whole and len(deltas) > 3
+    jsonschema.validate(json.loads(whole), SCHEMAS[1][1])
+
+
+def test_ends_when_the_structure_is_complete(engine):
+    """ignore_eos and a large max_tokens: the sequence still ends with the last character."""
+    o = engine.chat(user("Today's date?"), greedy(structured_outputs={"regex": r"\d{4}-\d{2}-\d{2}"},
+                                                   ignore_eos=True, max_tokens=100))[0].outputs[0]
+    assert o.finish_reason == "stop" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", o.text) and len(o.token_ids) <= 10
+
+
+def test_unsatisfiable_constraint_ends_its_sequence_alone(engine):
+    """A grammar that compiles but cannot go on after "x" (no string is both letters and digits): its
+    matcher fails at run time, the sequence is aborted after "x", and its batch-mate runs on."""
+    impossible = 'start: "x" A\nA: /[a-z]+/ & /[0-9]+/'
+    outs = engine.generate(["Say something:", "The history of Rome"],
+                           [greedy(structured_outputs={"grammar": impossible}), greedy(max_tokens=5, ignore_eos=True)])
+    assert outs[0].outputs[0].finish_reason == "abort" and outs[0].outputs[0].text == "x"
+    assert outs[1].outputs[0].finish_reason == "length" and len(outs[1].outputs[0].token_ids) == 5
+
+
+def test_add_request_rejects_bad_constraints(engine):
+    with pytest.raises(ValueError, match="structured_outputs.regex"):
+        engine.add_request("bad", "x", SamplingParams(structured_outputs={"regex": "(["}))
+    assert not engine.has_unfinished_requests()
+
+
+def test_stats_count_constrained_requests_and_mask_time(engine):
+    st = engine.stats()["structured"]
+    assert st["requests"] >= len(SCHEMAS) and st["mask_count"] > 0 and st["mask_sum"] > 0
+    assert st["mask_buckets"][-1][1] <= st["mask_count"] and json.dumps(st, allow_nan=False)  # plain JSON
