@@ -1,16 +1,14 @@
 """Structured output on the CUDA backend (gpu marker: skipped without a GPU): the device sampler
 applies packed grammar masks exactly as the NumPy sampler does, in batches that mix masked and free
 rows, and SmolLM2 on the GPU gives schema-valid JSON, with free batch-mates unchanged."""
-import json
 
-import jsonschema
 import numpy as np
 import pytest
 
 from pocketcupy import Engine, SamplingParams
 from pocketcupy.backend.sampler_cuda import pack_mask
 from pocketcupy.sampler import Sampler, SamplingRow
-from tests.test_structured_engine import REGEXES, SCHEMAS, greedy, user
+from tests.test_structured_engine import REGEXES, check_all_schemas, greedy
 
 pytestmark = pytest.mark.gpu
 
@@ -55,12 +53,7 @@ def gpu(smollm2_gguf):
 
 
 def test_json_schemas_validate_on_gpu(gpu):
-    outs = gpu.chat([user(f"Describe {what} as JSON.") for what, _ in SCHEMAS],
-                    [greedy(structured_outputs={"json": s}) for _, s in SCHEMAS])
-    for (what, schema), out in zip(SCHEMAS, outs):
-        o = out.outputs[0]
-        assert o.finish_reason == "stop", (what, o.text)
-        jsonschema.validate(json.loads(o.text), schema)
+    check_all_schemas(gpu)
 
 
 def test_mixed_batch_on_gpu(gpu):

@@ -1,0 +1,29 @@
+"""scripts/profile_kernels.py --summarize: ncu's CSV (units mixed, thousands separators, kernel
+signatures) summed per kernel name."""
+import importlib.util
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
+        '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
+
+
+def _row(i, kernel, unit, value):
+    return (f'"{i}","1","python3","h","{kernel}","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0",'
+            f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
+
+
+def test_summarize_sums_per_kernel(tmp_path):
+    spec = importlib.util.spec_from_file_location("profile_kernels",
+                                                  os.path.join(HERE, "..", "scripts", "profile_kernels.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    gemv = "gemv_gguf_f32_xs<12, 1, 2, false>(const unsigned char *, long, int, int, const float *, float *)"
+    csv = tmp_path / "step.csv"
+    csv.write_text("==PROF== Connected to process 1\n" + HEAD + _row(0, gemv, "usecond", "12.5")
+                   + _row(1, "rms_norm_f32", "nsecond", "2,500") + _row(2, gemv, "msecond", "0.0075"))
+    got = mod.summarize(str(csv), top=10)
+    assert got["launches"] == 3 and got["kernel_us_total"] == 22.5
+    assert got["kernels"][0] == {"name": "gemv_gguf_f32_xs<12, 1, 2, false>", "launches": 2, "us": 20.0,
+                                 "share": round(20 / 22.5, 3)}
+    assert got["kernels"][1]["name"] == "rms_norm_f32" and got["kernels"][1]["us"] == 2.5
