@@ -256,9 +256,7 @@ class Engine:
     def step(self) -> list[RequestOutput]:
         """One scheduling step: returns an output for every request that progressed or finished."""
         with self._lock:
-            touched: dict[str, RequestGroup] = {}
-            for gid in [g for g, grp in self._groups.items() if grp.finished]:  # aborted since the last step
-                touched[gid] = self._groups[gid]
+            touched = {gid: g for gid, g in self._groups.items() if g.finished}  # aborted since the last step
             sched_out = self.scheduler.schedule()
             for seq_id in sched_out.preempted_ids:
                 self._seqs[seq_id].prompt_chunks.clear()
@@ -271,12 +269,12 @@ class Engine:
                     self._collect_prompt_logits(self._seqs[seq_id], chunk)
                 if seqs:
                     result = self.sampler(run_out.logits, [s.row for s in seqs])
-                    for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):
-                        self._append(s, int(tok), lp)
+                    for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):  # Python ints
+                        self._append(s, tok, lp)
                         touched[s.group.request_id] = s.group
             outputs = [self._request_output(g) for g in touched.values()]
-            for g in touched.values():
-                if g.finished:
+            for g, out in zip(touched.values(), outputs):
+                if out.finished:
                     self._groups.pop(g.request_id, None)
                     for s in g.seqs:
                         self._seqs.pop(s.req.request_id, None)
@@ -307,7 +305,7 @@ class Engine:
         stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
         if not stop_token or p.include_stop_str_in_output:
             self._emit(s, s.detok.push(tok))
-            if out.finished:  # a stop string was hit
+            if out.finish_reason is not None:  # a stop string was hit
                 return
         if structure_done and s.matcher.error:  # the constraint could not go on (logged)
             self._finish(s, RequestStatus.FINISHED_ABORTED)
@@ -346,14 +344,15 @@ class Engine:
         self.scheduler.finish(s.req.request_id, status)
 
     def _request_output(self, g: RequestGroup) -> RequestOutput:
-        outs = []
+        outs, finished = [], True
         for s in g.seqs:
             o = s.output
             outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
                                          None if o.logprobs is None else list(o.logprobs),
-                                         o.finish_reason, o.stop_reason, o.delta_text, list(o.delta_token_ids)))
-            o.delta_text, o.delta_token_ids = "", []
-        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
+                                         o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
+            o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
+            finished = finished and o.finish_reason is not None
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, finished,
                              num_cached_tokens=max(0, g.seqs[0].req.num_cached_tokens))
 
     # --- convenience APIs ----------------------------------------------------------------

@@ -36,4 +36,7 @@ class RequestGroup:
 
     @property
     def finished(self) -> bool:
-        return all(s.output.finished for s in self.seqs)
+        for s in self.seqs:  # (a loop: the engine asks this of every request every step)
+            if s.output.finish_reason is None:
+                return False
+        return True

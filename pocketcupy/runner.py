@@ -1,6 +1,7 @@
 """SchedulerOutput -> one flat batch -> model forward -> logits for the rows that need them."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,45 @@ class RunnerOutput:
     prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
 
 
+class FlatBatchBuilder:
+    """SchedulerOutput -> flat token ids, positions and attention metadata of the step, in a few
+    whole-batch numpy operations (no per-request arrays)."""
+
+    def __init__(self, block_size: int):
+        self.block_size = block_size
+        self._arange = np.arange(0, dtype=np.int64)
+
+    def __call__(self, out: SchedulerOutput) -> tuple[np.ndarray, np.ndarray, AttentionMetadata]:
+        bs, sched = self.block_size, out.scheduled
+        B = len(sched)
+        counts = [len(s.token_ids) for s in sched]
+        widths = [len(s.block_ids) for s in sched]
+        starts = np.fromiter((s.start_position for s in sched), np.int64, B)
+        tables = np.zeros((B, max(widths)), np.int32)
+        tables[self._columns(tables.shape[1]) < np.asarray(widths)[:, None]] = np.fromiter(
+            itertools.chain.from_iterable(s.block_ids for s in sched), np.int32, sum(widths))
+        ids = np.fromiter(itertools.chain.from_iterable(s.token_ids for s in sched), np.int64)
+        query_start = np.fromiter(itertools.accumulate(counts, initial=0), np.int32, B + 1)
+        if len(ids) == B:  # decode: one token per sequence
+            pos, rows = starts, self._columns(B)
+        else:
+            rows = np.repeat(self._columns(B), counts)
+            pos = np.arange(len(ids), dtype=np.int64) + np.repeat(starts - query_start[:-1], counts)
+        block, offset = np.divmod(pos, bs)
+        slots = tables[rows, block].astype(np.int64)
+        slots *= bs
+        slots += offset
+        seq_lens = np.fromiter((s.start_position + len(s.token_ids) for s in sched), np.int32, B)
+        return ids, pos, AttentionMetadata(query_start, seq_lens, tables, slots, bs)
+
+    def _columns(self, n: int) -> np.ndarray:
+        """arange(n) (int64), cached: read only."""
+        if len(self._arange) < n:
+            self._arange = np.arange(max(n, 2 * len(self._arange)), dtype=np.int64)
+            self._arange.flags.writeable = False
+        return self._arange[:n]
+
+
 class ModelRunner:
     def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
                  max_num_seqs: int = 1, cuda_graphs: bool = False):
@@ -25,31 +65,13 @@ class ModelRunner:
         # heads of this tensor-parallel rank only
         self.kv_caches = [ops.empty_kv_cache(num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
                           for _ in range(c.num_layers)]
+        self.build_batch = FlatBatchBuilder(block_size)
         self.graphs = None
         if cuda_graphs:
             from .backend.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, ops, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
                                        block_size, scratch_slot=num_blocks * block_size)
-
-    def build_batch(self, out: SchedulerOutput):
-        bs = self.block_size
-        ids, pos, slots, starts, lens = [], [], [], [0], []
-        max_blocks = max(len(s.block_ids) for s in out.scheduled)
-        tables = np.zeros((len(out.scheduled), max_blocks), np.int32)
-        for i, s in enumerate(out.scheduled):
-            n = len(s.token_ids)
-            p = np.arange(s.start_position, s.start_position + n)
-            blocks = np.asarray(s.block_ids, np.int64)
-            ids.extend(s.token_ids)
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            starts.append(starts[-1] + n)
-            lens.append(s.start_position + n)
-            tables[i, :len(s.block_ids)] = s.block_ids
-        meta = AttentionMetadata(np.asarray(starts, np.int32), np.asarray(lens, np.int32), tables,
-                                 np.concatenate(slots), bs)
-        return np.asarray(ids, np.int64), np.concatenate(pos).astype(np.int64), meta
 
     def execute(self, out: SchedulerOutput) -> RunnerOutput:
         ops = self.ops
@@ -64,13 +86,18 @@ class ModelRunner:
             return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {})
         hidden = self.model.forward(ops.asarray(ids), ops.asarray(pos), ops.upload_meta(meta), self.kv_caches)
         sample_rows, sample_ids, prompt_logits = [], [], {}
+        query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):
-            q0, q1 = int(meta.query_start[i]), int(meta.query_start[i + 1])
             if s.prompt_logits:
+                q0, q1 = query_start[i], query_start[i + 1]
                 prompt_logits[s.request_id] = ops.to_host(self.model.compute_logits(hidden[q0:q1]))
             if s.sample:
-                sample_rows.append(q1 - 1)
+                sample_rows.append(query_start[i + 1] - 1)
                 sample_ids.append(s.request_id)
-        logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))]) \
-            if sample_rows else None
+        if not sample_rows:
+            logits = None
+        elif len(sample_rows) == len(ids):  # every row (rows only increase): no gather
+            logits = self.model.compute_logits(hidden)
+        else:
+            logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))])
         return RunnerOutput(sample_ids, logits, prompt_logits)

@@ -109,6 +109,8 @@ def apply_penalties(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
     V = logits.shape[1]
     for i, r in enumerate(rows):
         p = r.params
+        if p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0:
+            continue
         out = np.asarray(r.output_ids, dtype=np.int64)
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.concatenate([np.asarray(r.prompt_ids, dtype=np.int64), out]))

@@ -132,7 +132,7 @@ class IncrementalDetokenizer:
                  skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._pending = b""  # the start of a UTF-8 character whose last bytes have not come yet
         self._strip = tokenizer.strip_leading_space and not prompt_ids
 
     def push(self, token_id: int) -> str:
@@ -143,7 +143,14 @@ class IncrementalDetokenizer:
             self._strip = False
             if b[:1] == b" ":
                 b = b[1:]
-        return self._decoder.decode(b)
+        # what codecs' incremental UTF-8 decoder does, without its Python-level call per token
+        if self._pending:
+            b = self._pending + b
+        text, used = codecs.utf_8_decode(b, "replace", False)
+        self._pending = b[used:]
+        return text
 
     def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)
+        text, _ = codecs.utf_8_decode(self._pending, "replace", True)
+        self._pending = b""
+        return text

@@ -153,10 +153,11 @@ class PackedBatch:
         W = (V + 31) // 32
         self.mask_words = W
         ints = np.zeros((B, SP_WORDS), np.int32)
-        temps = np.ones(B, np.float32)
-        reps, freqs = np.ones(B, np.float32), np.zeros(B, np.float32)
-        dbl = np.zeros((B, 3), np.float64)  # presence, top_p, min_p
-        seeds = np.zeros(B, np.uint64)
+        # per-row values gathered in Python lists, written to their columns once at the end
+        flags_col, mask_col, cnt_col = [0] * B, [-1] * B, [-1] * B
+        temps, reps, freqs = [1.0] * B, [1.0] * B, [0.0] * B
+        pres, top_p, min_p = [0.0] * B, [0.0] * B, [0.0] * B
+        seeds = [0] * B
         lists: list[np.ndarray] = []
         masks: list[np.ndarray] = []
         pos = 0
@@ -172,20 +173,20 @@ class PackedBatch:
         for i, r in enumerate(rows):
             p = r.params
             flags = 0
-            ints[i, SP_MASK] = ints[i, SP_CNT] = -1
-            m = _row_mask_words(r, V, W)
-            if m is not None:
+            if r.packed_mask is not None or r.allowed_mask is not None:
+                m = _row_mask_words(r, V, W)
                 if not m.any():
                     raise ValueError(f"allowed_mask of row {i} allows no token")
-                ints[i, SP_MASK] = len(masks)
+                mask_col[i] = len(masks)
                 masks.append(m)
             if p.greedy:
                 flags |= F_GREEDY
             else:
                 temps[i] = p.temperature
                 k = p.top_k
-                ints[i, SP_TOPK] = k if 0 < k < V else 0
-                dbl[i, 1], dbl[i, 2] = p.top_p, p.min_p
+                if 0 < k < V:
+                    ints[i, SP_TOPK] = k
+                top_p[i], min_p[i] = p.top_p, p.min_p
                 seeds[i] = int(r.generator.integers(2**63))
             if p.logprobs is not None:
                 flags |= F_LOGPROBS
@@ -203,18 +204,21 @@ class PackedBatch:
                 put(i, SP_SUPP, np.asarray(supp, np.int32))
             if fp:
                 flags |= F_FREQPRES
-                freqs[i], dbl[i, 0] = p.frequency_penalty, p.presence_penalty
-                ints[i, SP_CNT] = n_cnt
+                freqs[i], pres[i] = p.frequency_penalty, p.presence_penalty
+                cnt_col[i] = n_cnt
                 n_cnt += 1
-            ints[i, SP_FLAGS] = flags
-        ints[:, SP_TEMP] = temps.view(np.int32)
-        ints[:, SP_REP] = reps.view(np.int32)
-        ints[:, SP_FREQ] = freqs.view(np.int32)
-        dw = dbl.view(np.int32).reshape(B, 3, 2)  # little-endian: low word first
+            flags_col[i] = flags
+        ints[:, SP_FLAGS] = flags_col
+        ints[:, SP_MASK] = mask_col
+        ints[:, SP_CNT] = cnt_col
+        ints[:, SP_TEMP] = np.array(temps, np.float32).view(np.int32)
+        ints[:, SP_REP] = np.array(reps, np.float32).view(np.int32)
+        ints[:, SP_FREQ] = np.array(freqs, np.float32).view(np.int32)
+        dw = np.array([pres, top_p, min_p], np.float64).T.copy().view(np.int32).reshape(B, 3, 2)  # low word first
         ints[:, SP_PRES:SP_PRES + 2] = dw[:, 0]
         ints[:, SP_TOPP:SP_TOPP + 2] = dw[:, 1]
         ints[:, SP_MINP:SP_MINP + 2] = dw[:, 2]
-        ints[:, SP_SEED:SP_SEED + 2] = seeds.view(np.int32).reshape(B, 2)
+        ints[:, SP_SEED:SP_SEED + 2] = np.array(seeds, np.uint64).view(np.int32).reshape(B, 2)
         parts = [ints.reshape(-1)] + [np.asarray(a, np.int32) for a in lists] + \
                 [np.asarray(m).view(np.int32) for m in masks]
         self.host = np.concatenate(parts) if len(parts) > 1 else parts[0]

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledRequest:
     request_id: str
     token_ids: list[int]       # the new tokens to compute this step
     start_position: int        # position of token_ids[0] (= num_computed_tokens before the step)
-    block_ids: list[int]       # the request's whole block table
+    block_ids: list[int]       # the request's whole block table (shared with the Request: read only)
     sample: bool               # True when this step reaches the end of the known tokens
     prompt_logits: bool        # True when the runner must return logits for every prompt row
 

@@ -35,7 +35,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0         # tokens whose K/V are in the request's blocks
-    block_ids: list[int] = field(default_factory=list)     # the block table (kept by KVCacheManager)
+    # the block table, kept by KVCacheManager, which replaces the list and never edits it in place
+    # (ScheduledRequest shares it)
+    block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks so far
     want_prompt_logits: bool = False     # cleared once the prompt's logits were produced
     num_preemptions: int = 0

@@ -149,12 +149,14 @@ class Scheduler:
         return 0
 
     def _item(self, req: Request, start: int, n: int) -> ScheduledRequest:
-        return ScheduledRequest(req.request_id, req.token_slice(start, start + n), start, list(req.block_ids),
+        # block_ids is shared, not copied: KVCacheManager replaces a request's list, never edits it
+        return ScheduledRequest(req.request_id, req.token_slice(start, start + n), start, req.block_ids,
                                 sample=start + n == req.num_tokens, prompt_logits=req.want_prompt_logits)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         kv = self.kv_cache_manager
+        bs = self.block_size
         budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}   # running request id -> tokens this step
 
@@ -166,7 +168,8 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while kv.allocate_slots(req, n) is None:
+            # decode fast path: the request's blocks already have room for its n new tokens
+            while req.num_computed_tokens + n > len(req.block_ids) * bs and kv.allocate_slots(req, n) is None:
                 victim = max(self.running, key=self._key)
                 if victim.request_id in scheduled:   # a newer request placed before it in `running`
                     budget += self._unschedule(victim, out)
@@ -212,10 +215,13 @@ class Scheduler:
                 continue
             break
 
-        # (3) running requests' newly filled blocks join the prefix cache
+        # (3) running requests' newly filled blocks join the prefix cache (most steps fill none)
+        cached = kv.num_cached_block
         for rid, n in scheduled.items():
             req = self.requests[rid]
-            kv.cache_blocks(req, req.num_computed_tokens + n)
+            end = req.num_computed_tokens + n
+            if kv.enable_caching and end // bs > cached.get(rid, 0):
+                kv.cache_blocks(req, end)
         # budget may have grown back when a scheduled victim was dropped; it never goes below 0
         assert out.num_tokens <= self.max_num_batched_tokens and len(self.running) <= self.max_num_seqs
         return out
