@@ -129,6 +129,33 @@ def test_compiled_grammars_are_cached(tokenizer):
     assert not m1.accept(digit) and m2.ll.is_accepting() is False
 
 
+def test_roots_per_thread_give_the_same_masks(tokenizer):
+    """Sequences take the grammar's compiled roots in turn (one per fill thread); the masks are the
+    ones a single root gives, whatever the order of the rows."""
+    from pocketcupy.structured.manager import StructuredOutputManager
+
+    so = StructuredOutputsParams(json={"type": "object", "properties": {"n": {"type": "integer"}},
+                                       "required": ["n"]})
+    prefixes = ['{"n": ', '{', '{"n": 12', "", '{"n": 3}']
+    masks = {}
+    for threads in (1, 3):
+        mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
+        mgr.threads = threads
+        mgr.add_request(so)
+        seqs = []
+        for text in prefixes:
+            seq = type("Seq", (), {})()
+            seq.matcher, seq.row = mgr.new_matcher(so), SamplingRow(SamplingParams())
+            seq.matcher.ll.consume_tokens(tokenizer.encode(text, add_special_tokens=False))
+            seqs.append(seq)
+        assert [s.matcher.root for s in seqs] == [i % threads for i in range(len(prefixes))]
+        assert len(mgr._compiled[so.ll_grammar]) == threads
+        mgr.fill_masks(seqs)
+        masks[threads] = [s.row.packed_mask for s in seqs]
+    for one, three in zip(masks[1], masks[3]):
+        np.testing.assert_array_equal(one, three)
+
+
 def _masked_rows(rng, V, B=6):
     bools = [rng.random(V) < 0.05 for _ in range(B)]
     packed = [pack_mask(m, V) for m in bools]

@@ -7,8 +7,9 @@ log = logging.getLogger("pocketcupy")
 
 
 class SequenceMatcher:
-    def __init__(self, ll_matcher):
+    def __init__(self, ll_matcher, root: int = 0):
         self.ll = ll_matcher          # llguidance.LLMatcher
+        self.root = root              # which compilation of the grammar it was copied from
         self.error: str | None = None  # set when the grammar could not go on
 
     def accept(self, token_id: int) -> bool:
