@@ -154,3 +154,34 @@ def test_a_killed_rank_fails_the_engine_within_seconds(when):
     with pytest.raises(RankFailedError):
         eng.generate("hi", params)
     eng.close()
+
+
+UNGUARDED_SCRIPT = """
+import json, sys
+from pocketcupy import Engine, SamplingParams
+eng = Engine(sys.argv[1], device="cpu", progress=False, tensor_parallel_size=2)
+params = SamplingParams(temperature=0, max_tokens=40, structured_outputs={"json": json.loads(sys.argv[2])})
+print(json.dumps(eng.chat([{"role": "user", "content": "The capital of France as JSON."}], params)[0].outputs[0].text))
+eng.close()
+"""
+
+
+def test_a_script_without_main_guard_with_structured_output(smollm2_gguf, tmp_path):
+    """multiprocessing's spawn would re-run a plain script in every rank; ranks start without it.
+    The constrained answer at 2 ranks is one rank's answer."""
+    import json
+    import subprocess
+    import sys
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    script = tmp_path / "plain.py"
+    script.write_text(UNGUARDED_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")}
+    run = subprocess.run([sys.executable, str(script), smollm2_gguf, json.dumps(schema)], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    params = SamplingParams(temperature=0, max_tokens=40, structured_outputs={"json": schema})
+    one = engine(smollm2_gguf, 1).chat([{"role": "user", "content": "The capital of France as JSON."}], params)
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == one[0].outputs[0].text
+    assert json.loads(one[0].outputs[0].text)["city"]

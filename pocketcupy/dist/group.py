@@ -7,10 +7,12 @@ group): rank 0 stops them, and they exit by themselves when rank 0 goes away."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
 import signal
+import sys
 import threading
 import time
 from multiprocessing.connection import wait as wait_any
@@ -35,6 +37,24 @@ def set_failure_handler(fn) -> None:
     exits."""
     global _failure_handler
     _failure_handler = fn
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Start spawned ranks without re-running the caller's script in them. multiprocessing's spawn
+    re-imports __main__ in the child, which fails for a plain script that builds an Engine at top
+    level (no `if __name__ == "__main__"` guard); a rank needs nothing from __main__ (its target
+    lives in pocketcupy.dist.worker), so the main module's spec and file are hidden while it starts."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__spec__", "__file__") if main is not None and k in main.__dict__}
+    try:
+        if main is not None:
+            main.__spec__ = None
+            main.__dict__.pop("__file__", None)
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
 
 
 def start_ranks(args, ckpt, device: str) -> "RankGroup | None":
@@ -88,7 +108,8 @@ class RankGroup:
                 status_recv, status_send = ctx.Pipe(duplex=False)
                 p = ctx.Process(target=run_rank, args=(r, args, theirs, status_send, uid),
                                 name=f"pocketcupy-rank{r}", daemon=True)
-                p.start()
+                with _main_module_hidden():
+                    p.start()
                 theirs.close()
                 status_send.close()
                 self.procs[r], self.status[r], conns[r] = p, status_recv, mine
