@@ -305,7 +305,7 @@ class Engine:
         stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
         if not stop_token or p.include_stop_str_in_output:
             self._emit(s, s.detok.push(tok))
-            if out.finish_reason is not None:  # a stop string was hit
+            if out.finished:  # a stop string was hit
                 return
         if structure_done and s.matcher.error:  # the constraint could not go on (logged)
             self._finish(s, RequestStatus.FINISHED_ABORTED)
@@ -344,15 +344,14 @@ class Engine:
         self.scheduler.finish(s.req.request_id, status)
 
     def _request_output(self, g: RequestGroup) -> RequestOutput:
-        outs, finished = [], True
+        outs = []
         for s in g.seqs:
             o = s.output
             outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
                                          None if o.logprobs is None else list(o.logprobs),
                                          o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
             o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
-            finished = finished and o.finish_reason is not None
-        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, finished,
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
                              num_cached_tokens=max(0, g.seqs[0].req.num_cached_tokens))
 
     # --- convenience APIs ----------------------------------------------------------------

@@ -36,7 +36,4 @@ class RequestGroup:
 
     @property
     def finished(self) -> bool:
-        for s in self.seqs:  # (a loop: the engine asks this of every request every step)
-            if s.output.finish_reason is None:
-                return False
-        return True
+        return all(s.output.finished for s in self.seqs)

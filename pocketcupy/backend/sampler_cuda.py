@@ -173,8 +173,8 @@ class PackedBatch:
         for i, r in enumerate(rows):
             p = r.params
             flags = 0
-            if r.packed_mask is not None or r.allowed_mask is not None:
-                m = _row_mask_words(r, V, W)
+            m = _row_mask_words(r, V, W)
+            if m is not None:
                 if not m.any():
                     raise ValueError(f"allowed_mask of row {i} allows no token")
                 mask_col[i] = len(masks)

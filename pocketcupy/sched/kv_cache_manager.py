@@ -81,6 +81,8 @@ class KVCacheManager:
             raise RuntimeError(f"{req.request_id}: prefix hits are only taken by a request without blocks")
         total = req.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         need = -(-total // self.block_size) - len(blocks) - len(computed)
+        if need <= 0 and not computed:  # most decode steps: the last block still has room
+            return []
         evictable = sum(1 for b in computed if b.ref_cnt == 0)
         if need > self.block_pool.num_free - evictable:
             if not blocks:

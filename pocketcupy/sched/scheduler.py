@@ -156,7 +156,6 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         kv = self.kv_cache_manager
-        bs = self.block_size
         budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}   # running request id -> tokens this step
 
@@ -168,8 +167,7 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            # decode fast path: the request's blocks already have room for its n new tokens
-            while req.num_computed_tokens + n > len(req.block_ids) * bs and kv.allocate_slots(req, n) is None:
+            while kv.allocate_slots(req, n) is None:
                 victim = max(self.running, key=self._key)
                 if victim.request_id in scheduled:   # a newer request placed before it in `running`
                     budget += self._unschedule(victim, out)
@@ -216,12 +214,9 @@ class Scheduler:
             break
 
         # (3) running requests' newly filled blocks join the prefix cache (most steps fill none)
-        cached = kv.num_cached_block
         for rid, n in scheduled.items():
             req = self.requests[rid]
-            end = req.num_computed_tokens + n
-            if kv.enable_caching and end // bs > cached.get(rid, 0):
-                kv.cache_blocks(req, end)
+            kv.cache_blocks(req, req.num_computed_tokens + n)
         # budget may have grown back when a scheduled victim was dropped; it never goes below 0
         assert out.num_tokens <= self.max_num_batched_tokens and len(self.running) <= self.max_num_seqs
         return out

@@ -60,9 +60,7 @@ def parse_structured_outputs(f: Fields) -> StructuredOutputsParams | None:
         return None
     spec, param = specs[0]
     try:
-        if param == "structured_outputs":
-            return as_structured_outputs(spec)
-        return StructuredOutputsParams(**spec)
+        return as_structured_outputs(spec)
     except ValueError as e:
         msg = str(e)
         if param != "structured_outputs":  # 'structured_outputs.json: ...' -> the field the client sent
