@@ -57,6 +57,26 @@ __device__ __forceinline__ void write_empty_split(float* __restrict__ part_lse, 
     for (int r = threadIdx.x; r < rows; r += blockDim.x) part_lse[split_row(row0 + r, h, split)] = pc_neg_inf();
 }
 
+// The keys a block attends to, for a tile whose rows need keys [0, kmax]: [k_begin, k_end), keys
+// at or past key_lim masked (k_end <= ctx). A split block takes split blockIdx.z of them; when that
+// split is empty it writes lse = -inf for the tile's rows and returns false (the block exits).
+template <bool SPLIT>
+__device__ __forceinline__ bool block_key_range(int kmax, int ctx, float* __restrict__ part_lse, i64 row0,
+                                                int rows, int h, int& k_begin, int& k_end, int& key_lim) {
+    k_begin = 0;
+    k_end = kmax + 1;
+    key_lim = ctx;
+    if (SPLIT) {
+        split_keys(kmax + 1, gridDim.z, blockIdx.z, k_begin, k_end);
+        key_lim = k_end;
+        if (k_begin >= k_end) {
+            write_empty_split(part_lse, row0, rows, h, blockIdx.z);
+            return false;
+        }
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Plain kernel (any arch): BQ = 16 rows (4 per warp), BK = 32 keys (lane = key for the scores).
 #define PF_BQ 16
@@ -84,16 +104,8 @@ __device__ __forceinline__ void prefill_plain_body(
     const int kmax = ctx - nq + r0 + rows - 1;        // last key any row of the tile needs
     const int* table = block_tables + (i64)b * bt_stride;
     const int split = SPLIT ? blockIdx.z : 0;
-    int k_begin = 0, k_end = kmax + 1;                // keys of this block; k_end <= ctx
-    int key_lim = ctx;                                // keys at or past it are not loaded (masked)
-    if (SPLIT) {
-        split_keys(kmax + 1, gridDim.z, split, k_begin, k_end);
-        key_lim = k_end;
-        if (k_begin >= k_end) {
-            write_empty_split(part_lse, q0 + r0, rows, h, split);
-            return;
-        }
-    }
+    int k_begin, k_end, key_lim;                      // keys [k_begin, k_end); those >= key_lim masked
+    if (!block_key_range<SPLIT>(kmax, ctx, part_lse, q0 + r0, rows, h, k_begin, k_end, key_lim)) return;
 
     for (int i = tid; i < PF_BQ * D; i += blockDim.x) {
         const int r = i / D, d = i % D;

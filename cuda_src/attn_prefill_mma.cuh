@@ -102,16 +102,8 @@ __device__ __forceinline__ void prefill_mma_body(
     const int ra = warp * 16 + g, rb = ra + 8;
     const int qpos_a = ctx - nq + r0 + ra, qpos_b = qpos_a + 8;
     const int split = SPLIT ? blockIdx.z : 0;
-    int k_begin = 0, k_end = kmax + 1;                // keys of this block; k_end <= ctx
-    int key_lim = ctx;                                // keys at or past it are not loaded (masked)
-    if (SPLIT) {
-        split_keys(kmax + 1, gridDim.z, split, k_begin, k_end);
-        key_lim = k_end;
-        if (k_begin >= k_end) {
-            write_empty_split(part_lse, q0 + r0, rows, h, split);
-            return;
-        }
-    }
+    int k_begin, k_end, key_lim;                      // keys [k_begin, k_end); those >= key_lim masked
+    if (!block_key_range<SPLIT>(kmax, ctx, part_lse, q0 + r0, rows, h, k_begin, k_end, key_lim)) return;
 
     u32 qf[KS][4];
     {
