@@ -11,7 +11,7 @@
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_TILE 32          // keys per pipeline stage (lane = key in the score phase)
-#define DEC_MIN_CHUNK 64     // fewest keys per split
+#define DEC_MIN_CHUNK 32     // fewest keys per split (one tile)
 #define DEC_MAXG 16          // most query heads per KV head
 
 // Issues the cp.async copies of keys [t0, min(t0 + DEC_TILE, k_end)) into one stage; commits them.
@@ -201,25 +201,40 @@ DECODE_KERNEL(attn_decode_split_f16_hd64, __half, 64)
 DECODE_KERNEL(attn_decode_split_f16_hd128, __half, 128)
 
 // Merges the splits: out[b, h] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
-// grid (Hq, B), block 128 (threads loop over D). The split-KV prefill (attn_prefill.cu) uses it
-// too, with one b per query row.
+// grid (Hq, B), block of >= head_dim threads (thread d owns column d). The split-KV prefill
+// (attn_prefill.cu) uses it too, with one b per query row. Warp 0 turns the log-sum-exps into
+// weights, 32 splits at a time, in shared memory; empty splits (lse = -inf, weight 0: their
+// partial output is not written) are skipped by every thread alike.
 extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_lse,
                                                    float* __restrict__ out, i64 out_stride, int hq_total,
                                                    int head_dim, int num_splits) {
-    const int hq = blockIdx.x, b = blockIdx.y;
+    __shared__ float w_s[32];
+    __shared__ float mx_s;
+    const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x, lane = threadIdx.x & 31;
+    const bool warp0 = threadIdx.x < 32;
     const i64 row = ((i64)b * hq_total + hq) * num_splits;
-    float mx = pc_neg_inf();
-    for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, part_lse[row + s]);
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float num = 0.0f, den = 0.0f;
-        for (int s = 0; s < num_splits; ++s) {
-            const float lse = part_lse[row + s];
-            if (lse == pc_neg_inf()) continue;      // empty split: its partial output is not written
-            const float w = exp2f(lse - mx);
-            num += w * part_o[(row + s) * head_dim + d];
+    if (warp0) {
+        float mx = pc_neg_inf();
+        for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, part_lse[row + s]);
+        mx = warp_max(mx);
+        if (lane == 0) mx_s = mx;
+    }
+    float num = 0.0f, den = 0.0f;
+    for (int s0 = 0; s0 < num_splits; s0 += 32) {
+        __syncthreads();                              // mx_s written; the previous weights are used
+        if (warp0) {
+            const float lse = s0 + lane < num_splits ? part_lse[row + s0 + lane] : pc_neg_inf();
+            w_s[lane] = lse == pc_neg_inf() ? 0.0f : exp2f(lse - mx_s);
+        }
+        __syncthreads();
+        const int n = min(32, num_splits - s0);
+        for (int j = 0; j < n; ++j) {
+            const float w = w_s[j];
+            if (w == 0.0f) continue;
+            if (d < head_dim) num += w * part_o[(row + s0 + j) * head_dim + d];
             den += w;
         }
-        out[(i64)b * out_stride + (i64)hq * head_dim + d] = den > 0.0f ? num / den : 0.0f;
     }
+    if (d < head_dim) out[(i64)b * out_stride + (i64)hq * head_dim + d] = den > 0.0f ? num / den : 0.0f;
 }

@@ -10,14 +10,27 @@
 
 using namespace pq;
 
-// x [n] float32 (n a multiple of 32) -> xq [n] int8, xds [n/32] float4 (d, d*sum32,
-// d*sum of first 16, d*sum of last 16).  One thread per 4 values, 8 lanes per block of 32.
-extern "C" __global__ void quantize_q8_x(const float* __restrict__ x, long long n,
-                                         i8* __restrict__ xq, float4* __restrict__ xds) {
+// x [rows, k] float32 (k a multiple of 32, row stride ldx) -> xq [rows * k] int8, xds [rows * k / 32]
+// float4 (d, d*sum32, d*sum of first 16, d*sum of last 16) per block of 32: d = amax / 127,
+// q = round-half-even(x * (127 / amax)) (act_q8.q8_roundtrip is the same arithmetic in NumPy).
+// SILU: the values are silu(x) * up (row stride ldu), the down projection's input of a gated MLP.
+// HALF: write the rounded values d * q as fp16 to xh [rows * k] instead (the GEMM path's input).
+// One thread per 4 values, 8 lanes per block of 32; grid covers rows * k / 4 threads.
+template <bool SILU, bool HALF>
+__global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const float* __restrict__ up,
+                              long long ldu, int k, long long n4, i8* __restrict__ xq, float4* __restrict__ xds,
+                              u16* __restrict__ xh) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const bool ok = i * 4 < n;
+    const bool ok = i < n4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (ok) v = ((const float4*)x)[i];
+    if (ok) {
+        const long long row = i * 4 / k, col = i * 4 - row * k;
+        v = *(const float4*)(x + row * ldx + col);
+        if constexpr (SILU) {
+            const float4 u = *(const float4*)(up + row * ldu + col);
+            v = make_float4(silu_mul1(v.x, u.x), silu_mul1(v.y, u.y), silu_mul1(v.z, u.z), silu_mul1(v.w, u.w));
+        }
+    }
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -25,6 +38,14 @@ extern "C" __global__ void quantize_q8_x(const float* __restrict__ x, long long 
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
     const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id);
     const int q2 = __float2int_rn(v.z * id), q3 = __float2int_rn(v.w * id);
+    if constexpr (HALF) {
+        if (ok) {
+            const unsigned lo = f2h(d * (float)q0) | ((unsigned)f2h(d * (float)q1) << 16);
+            const unsigned hi = f2h(d * (float)q2) | ((unsigned)f2h(d * (float)q3) << 16);
+            ((uint2*)xh)[i] = make_uint2(lo, hi);
+        }
+        return;
+    }
     int s16 = q0 + q1 + q2 + q3;
     s16 += __shfl_xor_sync(0xffffffffu, s16, 1);
     s16 += __shfl_xor_sync(0xffffffffu, s16, 2);
@@ -91,6 +112,11 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
 
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile test) sees every type's code; NVRTC instantiates via name_expressions
+#define PQ_INST_Q(S, H) \
+    template __global__ void quantize_q8_x<S, H>(const float*, long long, const float*, long long, int, long long, \
+                                                 i8*, float4*, u16*);
+PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true)
+#undef PQ_INST_Q
 #define PQ_INST(T)                                                                             \
     template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,     \
                                                 const float4*, const float*, float*);

@@ -53,8 +53,6 @@ struct XSeg {                 // plain activations (global or shared memory)
     __device__ __forceinline__ float4 operator()(int s, int i) const { return s ? x1[i] : x0[i]; }
 };
 
-PQ_DEV float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }   // as act.cu
-
 struct XSiluMul {             // silu(gate) * up, computed as loaded (the down projection of a gated MLP)
     const float4 *g0, *g1, *u0, *u1;
     __device__ __forceinline__ float4 operator()(int s, int i) const {

@@ -256,6 +256,10 @@ PQ_DEV float unit_value(const Unit& u, int s, int t) {
     return s == 0 ? u.a0 * (float)q + u.b0 : u.a1 * (float)q + u.b1;
 }
 
+// silu(g) * u, the same float32 expression as act.cu's silu_mul_f32 (the GEMVs fuse it into
+// their activation loads)
+PQ_DEV float silu_mul1(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // activation blocks (quantize_q8_x in gemv_gguf.cu): 32 int8 per block and a float4
 // (d, d*sum q[0:32], d*sum q[0:16], d*sum q[16:32])
 PQ_DEV int dot16(const u32* w, int4 x) {

@@ -30,7 +30,7 @@ __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, 
                                                    T* __restrict__ k_cache, T* __restrict__ v_cache, int n_tok,
                                                    int n_q_heads, int n_kv_heads, int head_dim, int rot_half) {
     __shared__ float cs[2][ROPE_MAX_HALF];
-    const int tok = blockIdx.x;
+    const int tok = blockIdx.x;               // blockIdx.y: this block's share of the token's items
     if (tok >= n_tok) return;
     const float pos = (float)load_index(positions, tok);
     for (int i = threadIdx.x; i < rot_half; i += blockDim.x) sincosf(pos * inv_freq[i], &cs[1][i], &cs[0][i]);
@@ -46,7 +46,7 @@ __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, 
     __syncthreads();
     // pairs of q, then pairs of k (stored only for slot >= 0), then v elements
     const int total = nq + (slot >= 0 ? nk + n_kv_heads * head_dim : 0);
-    for (int j = threadIdx.x; j < total; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < total; j += blockDim.x * gridDim.y) {
         if (j < nq + nk) {
             const bool is_q = j < nq;
             const int jj = is_q ? j : j - nq;
@@ -75,7 +75,8 @@ __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, 
     }
 }
 
-// grid.x = N tokens, blockDim.x = 128.
+// grid.x = N tokens, grid.y = blocks per token (a token's items spread over them: one item per
+// thread instead of a 28-step dependent loop at batch 1), any blockDim.x.
 #define ROPE_STORE_KERNEL(NAME, P, S, IL)                                                              \
     extern "C" __global__ void NAME(const float* __restrict__ q, i64 q_stride, const float* __restrict__ k, \
                                     i64 k_stride, const float* __restrict__ v, i64 v_stride,          \

@@ -6,6 +6,8 @@ import dataclasses
 import os
 from dataclasses import dataclass, fields
 
+from .quant.act_q8 import check_mode
+
 ENV_PREFIX = "POCKETCUPY_"
 
 
@@ -27,6 +29,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9    # CUDA: fraction of GPU memory for weights + KV + activations
     cuda_graphs: bool = True               # CUDA: replay decode steps as graphs (False = eager)
     tensor_parallel_size: int = 1          # ranks (one GPU each; processes on the CPU) the model is split over
+    quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -50,6 +53,7 @@ class EngineArgs:
             raise ValueError(f"scheduling_policy: must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}")
+        check_mode(self.quant_activations)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 

@@ -110,9 +110,9 @@ class Engine:
     def _make_ops(self):
         if self.device == "cpu":
             from .backend.ops_ref import NumpyOps
-            return NumpyOps()
+            return NumpyOps(self.args.quant_activations)
         from .backend.ops_cuda import CudaOps
-        return CudaOps()
+        return CudaOps(self.args.quant_activations)
 
     def _kv_block_bytes(self) -> int:
         c = self.config
@@ -124,8 +124,11 @@ class Engine:
         room for activations and CUDA graphs."""
         if self.device == "cpu":
             return CPU_KV_BYTES
+        import gc
+
         import cupy
 
+        gc.collect()    # engines dropped by the caller but still in reference cycles give their memory back
         cupy.get_default_memory_pool().free_all_blocks()
         free, total = cupy.cuda.runtime.memGetInfo()
         c = self.config

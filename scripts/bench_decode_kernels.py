@@ -4,7 +4,9 @@
     python scripts/bench_decode_kernels.py --only gemv --batches 1,2 --configs lanes:8:2,lanes:16:2,xs:4,xs:8
     python scripts/bench_decode_kernels.py --only small            # norms, rope+store: old vs new kernels
 
-GEMV: every config (lanes:L:R, xs:R, block:R; see linear_cuda.F32Gemv; "*" marks linear()'s default) on every
+GEMV: every config (lanes:L:R, xs:R, block:R; see linear_cuda.F32Gemv; "*" marks linear()'s default f32 shape; q8[:R[:T]]:
+llama.cpp's scheme, int8 activations and DP4A, R rows per block of T threads, the quantization of x
+included) on every
 shape, fp32 activations; weights cycled over copies larger than twice the L2 so they stream from
 HBM as in a decode step of a model bigger than the L2. Timing as in bench_kernels.py (CUDA-graph
 replay of back-to-back calls, median)."""
@@ -32,6 +34,8 @@ def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
+    if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), quantize included
+        return lc.F32Gemv("q8", int(nums[0]) if nums else 0, int(nums[1]) if len(nums) > 1 else 0)
     if kind == "lanes":
         return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
     return lc.F32Gemv(kind, int(nums[0]))
@@ -61,13 +65,19 @@ def bench_gemv(args) -> dict:
                 if cfg.rows_per_group * nb > 32 or (cfg.kind == "lanes" and cfg.lanes > 32):
                     continue
                 key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{cfg.kind}_r{cfg.rows_per_group}" + \
-                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else "") + ("*" if cfg == default else "")
+                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else f"_t{cfg.lanes}" if cfg.lanes else "") + \
+                    ("*" if cfg == default else "")
                 if key.rstrip("*") in {k.rstrip("*") for k in out}:
                     continue
                 it = iter(range(1 << 62))
 
                 def run():
-                    lc.launch_gemv_f32(copies[next(it) % len(copies)], x, None, y, nb, cfg)
+                    w = copies[next(it) % len(copies)]
+                    if cfg.kind == "q8":
+                        lc.launch_gemv_q8(w, *lc.quantize_x(x), None, y, nb, cfg.rows_per_group or None,
+                                          cfg.lanes or None)
+                    else:
+                        lc.launch_gemv_f32(w, x, None, y, nb, cfg)
                 try:
                     t = time_us(run, args.reps, len(copies) * max(1, 16 // len(copies)))
                 except Exception as e:                      # a config that does not compile / launch

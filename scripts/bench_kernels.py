@@ -13,6 +13,7 @@ fails. Weights are cycled over enough copies to exceed the L2 twice, so GEMVs st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -128,17 +129,16 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                     x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
                     y = cp.empty((nb, rows), cp.float32)
                     it = iter(range(1 << 62))
-                    lc.QUANT_ACTIVATIONS = act
+                    ws = [dataclasses.replace(c, act_q8=act == "q8") for c in copies]
 
                     def run():
-                        lc.linear(x, copies[next(it) % len(copies)], out=y)
-                    t = time_us(run, args.reps, len(copies) * max(1, 8 // len(copies)))
+                        lc.linear(x, ws[next(it) % len(ws)], out=y)
+                    t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
                     gbps = weight_bytes(w0) / t["us"] / 1e3
                     suffix = f"_{act}act" if qtype in lc.GGUF_QTYPES else ""
-                    out[f"{lc.gemv_variant(w0, nb)}{suffix}-{rows}x{cols}"] = {
+                    out[f"{lc.gemv_variant(ws[0], nb)}{suffix}-{rows}x{cols}"] = {
                         **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
-                lc.QUANT_ACTIVATIONS = "f32"
-            del copies, w0
+            del copies, ws, w0
         # cuBLAS GEMV baseline: [nb, K] x [K, N] fp16 (cupy matmul)
         wts = [cp.random.standard_normal((cols, rows), dtype=cp.float32).astype(cp.float16)
                for _ in range(max(1, -(-2 * L2_BYTES // (rows * cols * 2))))]
@@ -169,7 +169,7 @@ def bench_rows_per_block(args, copy_gbps: float) -> dict:
     for qtype in ("F16", "Q4_K"):
         w0 = make_weight(qtype, rows, cols, rng)
         copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
-        xq, xds = lc._quantize_x(x)
+        xq, xds = lc.quantize_x(x)
         for r in (1, 2, 4, 8):
             if qtype == "F16":
                 expr = f"gemv_dense<0, 1, {r}>"

@@ -4,7 +4,8 @@ Run a step under ncu (the step runs eagerly, one launch per kernel, between cuda
 cudaProfilerStop), then summarise ncu's CSV into one JSON object: total kernel time of the step
 and, per kernel name, its launches, microseconds and share.
 
-    ncu --clock-control none --profile-from-start off --csv --metrics gpu__time_duration.sum \\
+    ncu --clock-control none --profile-from-start off --csv \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
         python scripts/profile_kernels.py MODEL [--batch 1] [--context 512] > step.csv
     python scripts/profile_kernels.py --summarize step.csv [--top 25]
 """
@@ -17,7 +18,9 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-_US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+_US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3,
+                "s": 1e6}
+_BYTES_PER_UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
 def profile_step(model: str, batch: int, context: int) -> None:
@@ -26,7 +29,7 @@ def profile_step(model: str, batch: int, context: int) -> None:
     from pocketcupy import Engine, SamplingParams
 
     eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1))
-    p = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    p = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)  # none finishes before the profiled step
     for i in range(batch):
         eng.add_request(f"r{i}", [100 + (i * 7 + t) % 20000 for t in range(context)], p)
     produced = {f"r{i}": 0 for i in range(batch)}
@@ -41,22 +44,36 @@ def profile_step(model: str, batch: int, context: int) -> None:
 
 
 def summarize(path: str, top: int) -> dict:
+    """Per kernel name: launches, µs, share of the step; with dram__bytes_read.sum in the CSV also
+    the bytes read from DRAM and the achieved GB/s."""
     with open(path) as f:
         rows = list(csv.reader(line for line in f if line.startswith('"')))
     if not rows:
         raise SystemExit(f"{path}: no ncu CSV rows (was the step run under ncu --csv?)")
     head = rows[0]
-    name, value, unit = head.index("Kernel Name"), head.index("Metric Value"), head.index("Metric Unit")
-    per = collections.defaultdict(lambda: [0, 0.0])
+    name, metric, value, unit = (head.index(h) for h in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
+    us = collections.defaultdict(float)
+    nbytes = collections.defaultdict(float)
+    launches = collections.Counter()
     for r in rows[1:]:
-        us = float(r[value].replace(",", "")) * _US_PER_UNIT[r[unit]]
-        per[r[name].split("(")[0]][0] += 1
-        per[r[name].split("(")[0]][1] += us
-    total = sum(us for _, us in per.values())
-    ranked = sorted(per.items(), key=lambda kv: -kv[1][1])[:top]
-    return {"kernel_us_total": round(total, 1), "launches": sum(n for n, _ in per.values()),
-            "kernels": [{"name": k, "launches": n, "us": round(us, 1), "share": round(us / total, 3)}
-                        for k, (n, us) in ranked]}
+        k, v = r[name].split("(")[0].removeprefix("void "), float(r[value].replace(",", ""))
+        if r[metric] == "gpu__time_duration.sum":
+            launches[k] += 1
+            us[k] += v * _US_PER_UNIT[r[unit]]
+        elif r[metric] == "dram__bytes_read.sum":
+            nbytes[k] += v * _BYTES_PER_UNIT[r[unit]]
+    total = sum(us.values())
+    ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
+    kernels = []
+    for k, t in ranked:
+        row = {"name": k, "launches": launches[k], "us": round(t, 1), "share": round(t / total, 3)}
+        if k in nbytes:
+            row.update(MB=round(nbytes[k] / 1e6, 2), GBps=round(nbytes[k] / t / 1e3, 1))
+        kernels.append(row)
+    out = {"kernel_us_total": round(total, 1), "launches": sum(launches.values()), "kernels": kernels}
+    if nbytes:
+        out["dram_MB_total"] = round(sum(nbytes.values()) / 1e6, 1)
+    return out
 
 
 def main():

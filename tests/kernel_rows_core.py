@@ -39,7 +39,7 @@ ROWS = []
 
 # --- RMSNorm ----------------------------------------------------------------------------------
 for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64), (6, 2, 32), (5, 200), (3, 384),
-              (2, 1024), (1, 1025)]:
+              (2, 1024), (1, 1025), (3, 8192), (2, 5120), (1, 2048)]:
     def make(rng, shape=shape):
         return {"x": _randn(rng, *shape, scale=2.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-6}
 
@@ -49,7 +49,7 @@ for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64),
         cuda=lambda i, poison: _ew().rms_norm(_up(i["x"]), _up(i["w"]), i["eps"], out=poison(i["x"].shape, F32))))
 
 for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), ((2, 2050), True), ((5, 1024), False),
-                       ((9, 300), True), ((2, 130), False), ((1, 576), True)]:
+                       ((9, 300), True), ((2, 130), False), ((1, 576), True), ((2, 7168), True), ((1, 2048), False)]:
     def make(rng, shape=shape):
         return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
 

@@ -3,14 +3,16 @@ GEMM beyond) and get_rows, for every weight format the CUDA backend reads.
 
 Inputs: dense weights are random normals; GGUF blocks come from tests/gguf_blocks.py (the gguf
 quantizer where it has one, else random bytes with small fp16 scales). Reference: the weights
-dequantized by the gguf package, float64 NumPy. Tolerances: the quantized GEMV either keeps the
-activations fp32 (~1e-6) or quantizes them to int8 (normalised error ~5e-3); the GEMM path casts them to fp16 (~3e-4) or
-bf16 (~1e-3); the dense GEMV keeps them fp32."""
+dequantized by the gguf package, float64 NumPy, with the activations rounded to int8 blocks
+(act_q8.q8_roundtrip) where the weight takes int8 activations ("auto": rows longer than 2048).
+Tolerances: the GEMV's integer dot products are exact (~1e-6); the GEMM path casts the
+activations to fp16 (~3e-4) or bf16 (~1e-3); the dense GEMV keeps them fp32."""
 from __future__ import annotations
 
 import numpy as np
 
 from pocketcupy.backend.ops_ref import NumpyOps
+from pocketcupy.quant.act_q8 import q8_roundtrip, uses_q8
 from pocketcupy.quant.dequant import f32_to_bf16
 from pocketcupy.quant.qtensor import QTensor
 from tests.gguf_blocks import QTYPES, random_blocks
@@ -41,38 +43,50 @@ def _deq64(inp) -> np.ndarray:
     return QTensor(inp["qtype"], inp["shape"], inp["w"]).dequantize().astype(np.float64)
 
 
-def _make_linear(qtype: str, n: int, cols: int, bias: bool):
+def _make_linear(qtype: str, n: int, cols: int, bias: bool, act: str = "auto"):
     def make(rng):
         inp = {"qtype": qtype, "shape": (ROWS_OUT, cols), "w": _weight(rng, qtype, ROWS_OUT, cols),
-               "x": rng.standard_normal((n, cols), dtype=np.float32)}
+               "x": rng.standard_normal((n, cols), dtype=np.float32), "act": act}
         if bias:
             inp["bias"] = rng.standard_normal(ROWS_OUT, dtype=np.float32)
         return inp
     return make
 
 
+def _ref_x(inp, x) -> np.ndarray:
+    """The activations as the weight's linear sees them, float64."""
+    if uses_q8(inp["qtype"], inp["shape"][1], inp["act"]):
+        x = q8_roundtrip(x)
+    return x.astype(np.float64)
+
+
 def _ref_linear(inp):
     b = inp.get("bias")
-    return NumpyOps().linear(inp["x"].astype(np.float64), _deq64(inp), None if b is None else b.astype(np.float64))
+    return NumpyOps().linear(_ref_x(inp, inp["x"]), _deq64(inp), None if b is None else b.astype(np.float64))
 
 
-def _cuda_linear(tile_elems: int | None = None, activations: str = "q8"):
+def _cuda_weight(inp):
+    from pocketcupy.backend import linear_cuda
+
+    return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"])
+
+
+def _cuda_linear(tile_elems: int | None = None):
     def run(inp, poison):
         import cupy as cp
 
         from pocketcupy.backend import linear_cuda
 
-        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        w = _cuda_weight(inp)
         out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
         bias = cp.asarray(inp["bias"]) if "bias" in inp else None
-        saved = linear_cuda.DEQUANT_TILE_ELEMS, linear_cuda.QUANT_ACTIVATIONS
+        saved = linear_cuda.DEQUANT_TILE_ELEMS
         if tile_elems is not None:
             linear_cuda.DEQUANT_TILE_ELEMS = tile_elems
-        linear_cuda.QUANT_ACTIVATIONS = activations
         try:
             return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
         finally:
-            linear_cuda.DEQUANT_TILE_ELEMS, linear_cuda.QUANT_ACTIVATIONS = saved
+            linear_cuda.DEQUANT_TILE_ELEMS = saved
     return run
 
 
@@ -85,7 +99,7 @@ def _cuda_gemv_config(config: str):
 
         kind, *nums = config.split(":")
         cfg = linear_cuda.F32Gemv(kind, int(nums[-1]), int(nums[0]) if kind == "lanes" else 0)
-        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        w = _cuda_weight(inp)
         n = inp["x"].shape[0]
         out = poison((n, inp["shape"][0]), np.float32)
         bias = cp.asarray(inp["bias"]) if "bias" in inp else None
@@ -95,9 +109,8 @@ def _cuda_gemv_config(config: str):
 
 
 def _linear_tol(qtype: str, n: int) -> float:
-    quant = qtype in QTYPES
-    if quant and n <= 32:
-        return 2e-2                       # int8 activations
+    if qtype in QTYPES and n <= 32:
+        return 2e-5                       # exact integer dots (int8 activations) or fp32 activations
     if n <= 8 and qtype in ("F16", "BF16"):
         return 1e-5                       # fp32 activations, fp32 accumulation
     if qtype == "BF16":
@@ -115,13 +128,18 @@ def _linear_rows():
             path = (f"gemv_{qtype.lower()}_bs{n}" if n <= 8 else f"gemm_{qtype.lower()}_n{n}")
             rows.append(KernelRow("linear", f"{path}-{ROWS_OUT}x{cols}", _make_linear(qtype, n, cols, n == 2),
                                   _ref_linear, _cuda_linear(), _linear_tol(qtype, n)))
-    # quantized GEMV with fp32 activations (the default: the reference's math)
+    # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)
         for n in (1, 3, 8, 19):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
-                                  _make_linear(qtype, n, cols, n == 3), _ref_linear,
-                                  _cuda_linear(activations="f32"), 2e-5))
+                                  _make_linear(qtype, n, cols, n == 3, "f32"), _ref_linear, _cuda_linear(), 2e-5))
+    # int8 activations on short rows (quant_activations="q8"), and the GEMM path's fp16 rounded activations
+    for qtype, cols, n in (("Q4_1", 576, 1), ("Q8_0", 576, 3), ("Q6_K", 1792, 2), ("Q4_K", 256, 8), ("Q4_K", 4096, 4)):
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8act_bs{n}-{ROWS_OUT}x{cols}",
+                              _make_linear(qtype, n, cols, n == 3, "q8"), _ref_linear, _cuda_linear(), 2e-5))
+    rows.append(KernelRow("linear", f"gemm_q4_1_q8act_n40-{ROWS_OUT}x576", _make_linear("Q4_1", 40, 576, True, "q8"),
+                          _ref_linear, _cuda_linear(), 3e-3))
     # fp32 activations, every launch shape: lanes kernel (rows of <= 32 / <= 64 units: L = 16 / 32),
     # xs kernel (x staged in shared memory) with a partial last chunk and with rows of whole chunks
     for qtype, cols, ns in (("Q4_1", 576, (1, 2, 3, 8)), ("Q8_0", 576, (1, 5)), ("Q4_1", 1536, (1, 2, 4)),
@@ -129,26 +147,25 @@ def _linear_rows():
                             ("Q8_0", 8192, (1, 2, 7)), ("Q4_K", 12288, (1, 2, 3)), ("IQ2_XXS", 4352, (1, 6))):
         for n in ns:
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
-                                  _make_linear(qtype, n, cols, n == 2), _ref_linear,
-                                  _cuda_linear(activations="f32"), 2e-5))
+                                  _make_linear(qtype, n, cols, n == 2, "f32"), _ref_linear, _cuda_linear(), 2e-5))
     # launch shapes linear() does not pick by default (benchmark candidates), rows 16-byte aligned for xsw
     for qtype, cols in (("Q8_0", 4352), ("Q4_K", 5120), ("Q4_1", 4224)):
         for cfg, n in (("xsw:4", 1), ("xsw:2", 2), ("xsw:4", 3), ("xs:8", 1), ("lanes:8:2", 1), ("lanes:4:4", 2),
                        ("block:2", 1)):
             name = f"gemv_{qtype.lower()}_f32act_{cfg.replace(':', '_')}_bs{n}-{ROWS_OUT}x{cols}"
-            rows.append(KernelRow("linear", name, _make_linear(qtype, n, cols, n == 2), _ref_linear,
+            rows.append(KernelRow("linear", name, _make_linear(qtype, n, cols, n == 2, "f32"), _ref_linear,
                                   _cuda_gemv_config(cfg), 2e-5))
     # quantized GEMV over column tiles (9..32), bias on
     for qtype in ("Q4_K", "Q8_0", "IQ2_XXS"):
         cols = _cols(qtype)
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_tiled_n19-{ROWS_OUT}x{cols}",
-                              _make_linear(qtype, 19, cols, True), _ref_linear, _cuda_linear(), 2e-2))
-    # short rows: GEMV blocks of 32 / 64 threads
+                              _make_linear(qtype, 19, cols, True), _ref_linear, _cuda_linear(), 2e-5))
+    # short rows ("auto": fp32 activations)
     for qtype, cols, n in (("F16", 200, 1), ("BF16", 584, 5), ("Q8_0", 576, 1), ("Q4_1", 1536, 3),
                            ("Q4_K", 512, 1), ("Q6_K", 2048, 8)):
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_bs{n}_short-{ROWS_OUT}x{cols}",
                               _make_linear(qtype, n, cols, True), _ref_linear, _cuda_linear(),
-                              2e-2 if qtype in QTYPES else 1e-5))
+                              2e-5 if qtype in QTYPES else 1e-5))
     # quantized GEMM over several dequantized row tiles
     rows.append(KernelRow("linear", f"gemm_q6_k_n40_rowtiles-{ROWS_OUT}x5120", _make_linear("Q6_K", 40, 5120, True),
                           _ref_linear, _cuda_linear(tile_elems=16 * 5120), 3e-3))
@@ -179,7 +196,7 @@ def _cuda_get_rows(inp, poison):
 
     from pocketcupy.backend import linear_cuda
 
-    w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+    w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), "q8")
     out = poison((len(inp["ids"]), inp["shape"][1]), np.float32)
     return linear_cuda.get_rows(w, cp.asarray(inp["ids"]), out=out)
 
@@ -204,7 +221,8 @@ def _make_concat(parts, cols: int, n: int):
 
 def _ref_concat(inp):
     w = np.concatenate([QTensor(q, sh, d).dequantize().astype(np.float64) for q, sh, d in inp["parts"]])
-    return inp["x"].astype(np.float64) @ w.T
+    qtype, (_, cols), _ = inp["parts"][0]
+    return _ref_x({"qtype": qtype, "shape": (0, cols), "act": "auto"}, inp["x"]) @ w.T
 
 
 def _cuda_concat(inp, poison):
@@ -212,17 +230,15 @@ def _cuda_concat(inp, poison):
 
     from pocketcupy.backend import linear_cuda
 
-    ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+    parts = [QTensor(q, sh, d) for q, sh, d in inp["parts"]]
+    ws = [linear_cuda.prepare_weight(t) for t in parts]
     w = linear_cuda.concat_rows(ws)
     assert linear_cuda.concat_rows(ws + [linear_cuda.prepare_weight(QTensor(*inp["other"]))]) is None
-    assert w.shape == (sum(p.rows for p in ws), ws[0].cols) and w.qtype == ws[0].qtype
+    if not w.is_dense:   # parts whose activations differ (int8 / fp32) are not joined either
+        assert linear_cuda.concat_rows(ws[:1] + [linear_cuda.prepare_weight(parts[1], "f32" if w.act_q8 else "q8")]) is None
+    assert w.shape == (sum(p.rows for p in ws), ws[0].cols) and w.qtype == ws[0].qtype and w.act_q8 == ws[0].act_q8
     out = poison((inp["x"].shape[0], w.rows), np.float32)
-    saved = linear_cuda.QUANT_ACTIVATIONS
-    linear_cuda.QUANT_ACTIVATIONS = "f32"
-    try:
-        return linear_cuda.linear(cp.asarray(inp["x"]), w, out=out)
-    finally:
-        linear_cuda.QUANT_ACTIVATIONS = saved
+    return linear_cuda.linear(cp.asarray(inp["x"]), w, out=out)
 
 
 def _concat_rows():
@@ -236,17 +252,17 @@ def _concat_rows():
     return rows
 
 
-def _make_silu_linear(qtype: str, n: int, inter: int):
+def _make_silu_linear(qtype: str, n: int, inter: int, act: str):
     def make(rng):
         return {"qtype": qtype, "shape": (ROWS_OUT, inter), "w": _weight(rng, qtype, ROWS_OUT, inter),
-                "gu": (rng.standard_normal((n, 2 * inter)) * 3).astype(np.float32)}
+                "gu": (rng.standard_normal((n, 2 * inter)) * 3).astype(np.float32), "act": act}
     return make
 
 
 def _ref_silu_linear(inp):
     i = inp["shape"][1]
     act = NumpyOps().silu_mul(inp["gu"][:, :i], inp["gu"][:, i:])
-    return NumpyOps().linear(act.astype(np.float64), _deq64(inp))
+    return NumpyOps().linear(_ref_x(inp, act), _deq64(inp))
 
 
 def _cuda_silu_linear(views: bool):
@@ -256,32 +272,73 @@ def _cuda_silu_linear(views: bool):
         from pocketcupy.backend import linear_cuda
 
         i = inp["shape"][1]
-        w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]))
+        w = _cuda_weight(inp)
         gu = cp.asarray(inp["gu"])
         gate, up = gu[:, :i], gu[:, i:]
         if not views:
             gate, up = cp.ascontiguousarray(gate), cp.ascontiguousarray(up)
         out = poison((gu.shape[0], inp["shape"][0]), np.float32)
-        saved = linear_cuda.QUANT_ACTIVATIONS
-        linear_cuda.QUANT_ACTIVATIONS = "f32"
-        try:
-            got = linear_cuda.silu_mul_linear(gate, up, w, out=out)
-        finally:
-            linear_cuda.QUANT_ACTIVATIONS = saved
+        got = linear_cuda.silu_mul_linear(gate, up, w, out=out)
         assert got is out
         return got
     return run
 
 
 def _silu_linear_rows():
-    rows = []   # fused: lanes kernel (<= 64 units); the rest fall back to silu_mul + linear
-    for qtype, n, inter, views, tol in (("Q4_1", 1, 1536, True, 2e-5), ("Q4_1", 3, 1536, False, 2e-5),
-                                        ("Q8_0", 8, 576, True, 2e-5), ("Q4_K", 2, 1024, True, 2e-5),
-                                        ("Q4_1", 12, 1536, True, 2e-2), ("Q4_K", 1, 4096, True, 2e-5),
-                                        ("F16", 2, 1536, True, 1e-5)):
-        rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}" + ("-views" if views else ""),
-                              _make_silu_linear(qtype, n, inter), _ref_silu_linear, _cuda_silu_linear(views), tol))
+    # fused: fp32 lanes kernel (<= 64 units, batch <= 8) or the int8 quantizer (batch <= 32);
+    # the rest fall back to silu_mul + linear
+    rows = []
+    for qtype, n, inter, views, act, tol in (
+            ("Q4_1", 1, 1536, True, "auto", 2e-5), ("Q4_1", 3, 1536, False, "auto", 2e-5),
+            ("Q8_0", 8, 576, True, "auto", 2e-5), ("Q4_K", 2, 1024, True, "auto", 2e-5),
+            ("Q4_1", 12, 1536, True, "auto", 2e-5), ("Q4_K", 1, 4096, True, "f32", 2e-5),
+            ("Q4_K", 1, 4096, True, "auto", 2e-5), ("Q6_K", 19, 4096, True, "auto", 2e-5),
+            ("Q4_1", 3, 1536, False, "q8", 2e-5), ("Q8_0", 40, 4096, True, "auto", 3e-3),
+            ("F16", 2, 1536, True, "auto", 1e-5)):
+        rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-{act}" + ("-views" if views else ""),
+                              _make_silu_linear(qtype, n, inter, act), _ref_silu_linear, _cuda_silu_linear(views),
+                              tol))
     return rows
 
 
-ROWS = _linear_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows()
+def _make_linears(parts, cols: int, n: int):
+    def make(rng):
+        return {"parts": [(q, (r, cols), _weight(rng, q, r, cols)) for q, r in parts],
+                "bias": rng.standard_normal(parts[0][1], dtype=np.float32),
+                "x": rng.standard_normal((n, cols), dtype=np.float32)}
+    return make
+
+
+def _ref_linears(inp):
+    outs = []
+    for i, (q, sh, d) in enumerate(inp["parts"]):
+        one = {"qtype": q, "shape": sh, "w": d, "act": "auto", "x": inp["x"]}
+        if i == 0:
+            one["bias"] = inp["bias"]
+        outs.append(_ref_linear(one))
+    return tuple(outs)
+
+
+def _cuda_linears(inp, poison):
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+    biases = [cp.asarray(inp["bias"])] + [None] * (len(ws) - 1)
+    return tuple(linear_cuda.linears(cp.asarray(inp["x"]), ws, biases))
+
+
+def _linears_rows():
+    # unfused projections of one input: int8-activation weights share one quantization of x
+    rows = []
+    for name, parts, cols, n, tol in (("q4_k+q4_k+q6_k", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 3, 2e-5),
+                                      ("q8_0+f16", [("Q8_0", 33), ("F16", 20)], 4096, 1, 2e-5),
+                                      ("q4_1+q4_1-short", [("Q4_1", 20), ("Q4_1", 20)], 576, 2, 2e-5),
+                                      ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3)):
+        rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n), _ref_linears,
+                              _cuda_linears, tol))
+    return rows
+
+
+ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows()

@@ -29,6 +29,26 @@ def test_smollm2_greedy_matches_cpu(smollm2_gguf, cpu_tokens, graphs):
     assert together == cpu_tokens
 
 
+def test_int8_activations_match_cpu(smollm2_gguf):
+    """quant_activations="q8" (int8 activations on every quantized linear): the CUDA int8 GEMVs and
+    the NumPy reference's rounded activations agree, teacher-forced over the GPU's own greedy
+    continuations. (Greedy tokens cannot be compared exactly: an ulp of difference before the
+    rounding moves a value by a whole int8 step.)"""
+    gpu = Engine(smollm2_gguf, device="cuda", progress=False, quant_activations="q8")
+    assert gpu.model.layers[0].wo.act_q8 and gpu.model.lm_head.act_q8
+    seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in gpu.generate(PROMPTS, GREEDY64)]
+    cpu = Engine(smollm2_gguf, device="cpu", progress=False, quant_activations="q8")
+    teacher = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    diffs, agree, total = [], 0, 0
+    for ids in seqs:
+        g, c = (e.generate(ids, teacher)[0].prompt_logprobs for e in (gpu, cpu))
+        for i in range(1, len(ids)):
+            diffs.append(abs(g[i][ids[i]].logprob - c[i][ids[i]].logprob))
+            agree += max(g[i], key=lambda t: g[i][t].logprob) == max(c[i], key=lambda t: c[i][t].logprob)
+            total += 1
+    assert float(np.mean(diffs)) < 0.01 and agree / total >= 0.97, (float(np.mean(diffs)), agree / total)
+
+
 def test_chat_paris_on_gpu(smollm2_gguf):
     gpu = Engine(smollm2_gguf, device="cuda", progress=False)
     out = gpu.chat([{"role": "user", "content": "What is the capital of France?"}],

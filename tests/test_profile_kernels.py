@@ -8,16 +8,21 @@ HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","S
         '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
 
 
-def _row(i, kernel, unit, value):
+def _row(i, kernel, unit, value, metric="gpu__time_duration.sum"):
     return (f'"{i}","1","python3","h","{kernel}","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0",'
-            f'"Command line profiler metrics","gpu__time_duration.sum","{unit}","{value}"\n')
+            f'"Command line profiler metrics","{metric}","{unit}","{value}"\n')
 
 
-def test_summarize_sums_per_kernel(tmp_path):
+def _module():
     spec = importlib.util.spec_from_file_location("profile_kernels",
                                                   os.path.join(HERE, "..", "scripts", "profile_kernels.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summarize_sums_per_kernel(tmp_path):
+    mod = _module()
     gemv = "gemv_gguf_f32_xs<12, 1, 2, false>(const unsigned char *, long, int, int, const float *, float *)"
     csv = tmp_path / "step.csv"
     csv.write_text("==PROF== Connected to process 1\n" + HEAD + _row(0, gemv, "usecond", "12.5")
@@ -27,3 +32,12 @@ def test_summarize_sums_per_kernel(tmp_path):
     assert got["kernels"][0] == {"name": "gemv_gguf_f32_xs<12, 1, 2, false>", "launches": 2, "us": 20.0,
                                  "share": round(20 / 22.5, 3)}
     assert got["kernels"][1]["name"] == "rms_norm_f32" and got["kernels"][1]["us"] == 2.5
+
+
+def test_summarize_dram_bytes_give_bandwidth(tmp_path):
+    csv = tmp_path / "step.csv"
+    csv.write_text(HEAD + _row(0, "k", "usecond", "10") + _row(0, "k", "Mbyte", "20", "dram__bytes_read.sum")
+                   + _row(1, "k", "usecond", "10") + _row(1, "k", "Kbyte", "20,000", "dram__bytes_read.sum"))
+    got = _module().summarize(str(csv), top=10)
+    assert got["launches"] == 2 and got["dram_MB_total"] == 40.0
+    assert got["kernels"] == [{"name": "k", "launches": 2, "us": 20.0, "share": 1.0, "MB": 40.0, "GBps": 2000.0}]

@@ -69,9 +69,21 @@ NORM_WARP_DIMS = (128, 256, 512, 1024)      # rms_norm_warp_f32_d<D>: a warp per
 NORM_ROWS_PER_BLOCK = 4
 
 
+NORM_VEC_THREADS = 256                       # rms_norm_vec_f32_v<V>: a block per row, V float4 per thread
+NORM_VEC_MAX_V = 8
+
+
 def norm_warp_dim(dim: int) -> int | None:
     """The D of the warp-per-row norm kernels for rows of `dim` values (None: a block per row)."""
     return next((d for d in NORM_WARP_DIMS if dim <= d), None)
+
+
+def norm_vec_v(dim: int, *arrays) -> int | None:
+    """V of the register-resident block-per-row norm kernels for rows of `dim` values (None: the
+    loop kernels: dim not a multiple of 4, an array not 16-byte aligned, or rows too wide)."""
+    if dim % 4 or any(a.data.ptr % 16 for a in arrays):
+        return None
+    return next((v for v in (1, 2, 4, 8) if dim // 4 <= v * NORM_VEC_THREADS), None)
 
 
 @cuda_op("rms_norm")
@@ -92,6 +104,9 @@ def rms_norm(x, w, eps: float, out=None):
         rpb = NORM_ROWS_PER_BLOCK
         _k("norm.cu", f"rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                   (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
+    elif norm_vec_v(dim, x, w, out) is not None:
+        _k("norm.cu", f"rms_norm_vec_f32_v{norm_vec_v(dim)}")((rows,), (NORM_VEC_THREADS,),
+                                                              (x, w, out, _I32(dim), _F32(eps)))
     else:
         threads = min(1024, ((dim // 4 + 31) // 32) * 32)
         _k("norm.cu", "rms_norm_f32")((rows,), (threads,), (x, w, out, _I32(dim), _F32(eps)))
@@ -121,6 +136,9 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
         _k("norm.cu", f"add_rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                       (x, residual, w, out, residual_out, _I32(rows), _I32(dim),
                                                        _F32(eps)))
+    elif rows and norm_vec_v(dim, x, residual, w, out, residual_out) is not None:
+        _k("norm.cu", f"add_rms_norm_vec_f32_v{norm_vec_v(dim)}")(
+            (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
     elif rows:
         threads = min(1024, max(32, ((dim // 4 + 31) // 32) * 32))
         _k("norm.cu", "add_rms_norm_f32")((rows,), (threads,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
@@ -209,6 +227,8 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping):
 
 
 ROPE_MAX_HALF = 128                          # rope_store.cu
+ROPE_STORE_THREADS = 256
+ROPE_STORE_MIN_BLOCKS = 264                  # small batches: a token's items spread over blocks (2 per SM of an H200)
 
 
 @cuda_op("rope_store_kv")
@@ -237,7 +257,9 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
     if n:
         name = (f"rope_store_kv_{'interleaved' if interleaved else 'halves'}_f16"
                 f"_pos{32 if positions.dtype == np.int32 else 64}_slot{32 if slots.dtype == np.int32 else 64}")
-        _k("rope_store.cu", name)((n,), (128,), (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots,
-                                                out, k_cache, v_cache, _I32(n), _I32(hq), _I32(hkv), _I32(d),
-                                                _I32(rot_half)))
+        items = hq * d // 2 + hkv * d // 2 + hkv * d      # q pairs, k pairs, v values of one token
+        per_token = max(1, min(-(-items // ROPE_STORE_THREADS), max(1, ROPE_STORE_MIN_BLOCKS // n)))
+        _k("rope_store.cu", name)((n, per_token), (ROPE_STORE_THREADS,),
+                                  (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots, out, k_cache,
+                                   v_cache, _I32(n), _I32(hq), _I32(hkv), _I32(d), _I32(rot_half)))
     return out

@@ -1,9 +1,11 @@
 """Weights on the GPU in their stored format, and the matrix products that read them.
 
 `prepare_weight` uploads a QTensor: 2-D F16/BF16 stay dense (bf16 as uint16 bits), GGUF
-block types stay raw uint8 blocks [rows, bytes_per_row], 1-D tensors become float32.
+block types stay raw uint8 blocks [rows, bytes_per_row] (and note whether their activations are
+quantized to int8, quant/act_q8.py), 1-D tensors become float32.
 `linear(x [N, K] float32, w)` -> [N, rows] float32:
-  - N <= 8: GEMV kernels reading the stored weights (gemv.cu, gemv_gguf.cu);
+  - N <= 8: GEMV kernels reading the stored weights (gemv.cu; quantized: gemv_gguf.cu with int8
+    activations, gemv_gguf_f32.cu with fp32 activations);
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
     still beats dequantizing the whole matrix);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..quant.act_q8 import uses_q8
 from ..quant.qtensor import QTensor
 from .cublas_graph import gemm_ex
 from .kernels import cuda_op, kernel
@@ -32,10 +35,6 @@ GGUF_QTYPES = {
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
-# Activations of the quantized GEMV: "f32" dots dequantized weights with fp32 activations (the
-# NumPy reference's math: greedy tokens match it); "q8" quantizes them to int8 first and uses
-# __dp4a, as llama.cpp's MMVQ does (less ALU work, a small numerical difference).
-QUANT_ACTIVATIONS = "f32"
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
@@ -49,6 +48,7 @@ class CudaWeight:
     qtype: str            # "F16", "BF16" or a GGUF block type name
     shape: tuple          # (rows, cols), torch order
     data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
+    act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
 
     @property
     def rows(self) -> int:
@@ -63,7 +63,7 @@ class CudaWeight:
         return self.qtype in DENSE_QTYPES
 
 
-def prepare_weight(t: QTensor):
+def prepare_weight(t: QTensor, quant_activations: str = "auto"):
     """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases)."""
     import cupy as cp
 
@@ -81,7 +81,8 @@ def prepare_weight(t: QTensor):
         n = raw.size
         buf = cp.zeros(n + _PAD, dtype=cp.uint8)
         buf[:n].set(raw.reshape(-1))
-        return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]))
+        return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
+                          uses_q8(t.qtype, cols, quant_activations))
     # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
     w = t.dequantize().astype(np.float32)
     if np.abs(w).max(initial=0.0) < 65000.0:
@@ -100,8 +101,8 @@ def concat_rows(ws):
 
     if not ws or not all(isinstance(w, CudaWeight) for w in ws):
         return None
-    qtype, cols = ws[0].qtype, ws[0].cols
-    if any(w.qtype != qtype or w.cols != cols for w in ws):
+    qtype, cols, act_q8 = ws[0].qtype, ws[0].cols, ws[0].act_q8
+    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 for w in ws):
         return None
     rows = sum(w.rows for w in ws)
     if ws[0].is_dense:
@@ -112,7 +113,7 @@ def concat_rows(ws):
     for w in ws:
         buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
         r0 += w.rows
-    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr))
+    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8)
 
 
 # --- kernel variants -------------------------------------------------------------------------
@@ -131,7 +132,10 @@ def gemv_threads(work_items: int) -> int:
 def gemv_variant(w: CudaWeight, nb: int) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4,
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs1."""
-    if w.is_dense or QUANT_ACTIVATIONS != "f32":
+    if w.act_q8:
+        r, t = q8_gemv_launch(w.cols // 32, nb)
+        return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
+    if w.is_dense:
         return f"gemv_{w.qtype.lower()}_bs{nb}"
     cfg = f32_gemv_config(w.cols // 32, nb, w.qtype)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
@@ -145,11 +149,26 @@ def _dense_gemv(qtype: str, nb: int):
     return kernel("gemv.cu", exprs[nb - 1], name_expressions=exprs)
 
 
+def q8_gemv_launch(units: int, nb: int) -> tuple[int, int]:
+    """(rows per block, threads) of the int8-activation GEMV for rows of `units` 32-value units at
+    batch nb. Batch 1: 2 rows on up to 128 threads; larger batches: fewer threads per row (the
+    activations of nb columns are reused from registers), 2 rows per warp on rows of <= 128 units,
+    4 rows per 2 warps beyond (bench_decode_kernels.py sweep on the H200: 1.3-1.9x over 4 rows on
+    128 threads at batch 4)."""
+    if nb == 1:
+        return 2, gemv_threads(units)
+    return (2, 32) if units <= 128 else (4, 64)
+
+
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv(qtype: str, nb: int):
+def _gguf_gemv(qtype: str, nb: int, rows: int):
+    """The int8-activation GEMV: one module per type holds the default rows per block of every
+    batch; other row counts (benchmark sweeps) compile on their own."""
     tid = GGUF_QTYPES[qtype][0]
-    exprs = tuple(f"gemv_gguf<{tid}, {b}, {rows_per_block(b)}>" for b in range(1, GEMV_MAX_BATCH + 1))
-    return kernel("gemv_gguf.cu", exprs[nb - 1], name_expressions=exprs)
+    exprs = tuple(sorted({f"gemv_gguf<{tid}, {b}, {q8_gemv_launch(u, b)[0]}>"
+                          for b in range(1, GEMV_MAX_BATCH + 1) for u in (128, 129)}))
+    expr = f"gemv_gguf<{tid}, {nb}, {rows}>"
+    return kernel("gemv_gguf.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
 # fp32-activation quantized GEMV (gemv_gguf_f32.cu): a launch shape per row length, by units of
@@ -258,35 +277,57 @@ def _gemv_dense(x, w: CudaWeight, bias, out) -> None:
        (w.data, np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
 
 
-def _quantize_x(x):
-    """x [N, K] float32 -> (int8 [N, K], float32 [N, K/32, 4]) activation blocks."""
+_QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
+
+
+def quantize_x(x, up=None, half: bool = False):
+    """Activations [N, K] float32 (row stride allowed) -> (int8 [N, K], float32 [N, K/32, 4])
+    blocks for the int8 GEMV; with up, the activations are silu(x) * up. half: instead the
+    rounded values as float16 [N, K] (the GEMM path's input)."""
     import cupy as cp
 
     n, k = x.shape
-    xq = cp.empty((n, k), dtype=cp.int8)
-    xds = cp.empty((n, k // 32, 4), dtype=cp.float32)
-    total = n * k
-    kernel("gemv_gguf.cu", "quantize_q8_x")((_grid(total // 4, 256, 1 << 30),), (256,),
-                                            (x, np.int64(total), xq, xds))
-    return xq, xds
+    n4 = n * k // 4
+    if half:
+        xq = xds = _null()
+        xh = cp.empty((n, k), dtype=cp.float16)
+    else:
+        xq = cp.empty((n, k), dtype=cp.int8)
+        xds = cp.empty((n, k // 32, 4), dtype=cp.float32)
+        xh = _null()
+    src = x if up is None else up
+    fn = kernel("gemv_gguf.cu", f"quantize_q8_x<{str(up is not None).lower()}, {str(half).lower()}>",
+                name_expressions=_QUANTIZE_EXPRS)
+    fn((_grid(n4, 256, 1 << 30),), (256,), (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4),
+                                            np.int32(k), np.int64(n4), xq, xds, xh))
+    return xh if half else (xq, xds)
 
 
-def _gemv_gguf(x, w: CudaWeight, bias, out) -> None:
+def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | None = None,
+                   threads: int | None = None) -> None:
+    """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV,
+    `rows` rows per block of `threads` threads (defaults: q8_gemv_launch)."""
+    k = w.cols
+    r0, t0 = q8_gemv_launch(k // 32, nb)
+    r = rows or r0
+    _gguf_gemv(w.qtype, nb, r)(((w.rows + r - 1) // r,), (threads or t0,),
+                            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
+                             _null() if bias is None else bias, out))
+
+
+def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
+    """Quantized GEMV over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
+    (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd: x
+    already quantized (quantize_x)."""
     n, k = x.shape
-    exact = QUANT_ACTIVATIONS == "f32"
-    if not exact:
-        xq, xds = _quantize_x(x)
-    bpr = np.int64(w.data.shape[1])
-    b = _null() if bias is None else bias
+    if w.act_q8:
+        xq, xds = xqd or quantize_x(x, up)
     for n0 in range(0, n, GEMV_MAX_BATCH):
         nb = min(GEMV_MAX_BATCH, n - n0)
-        r = rows_per_block(nb)
-        grid, block = ((w.rows + r - 1) // r,), (gemv_threads(k // 32),)
-        if exact:
-            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype))
+        if w.act_q8:
+            launch_gemv_q8(w, xq[n0:], xds[n0:], bias, out[n0:], nb)
         else:
-            _gguf_gemv(w.qtype, nb)(grid, block, (w.data, bpr, np.int32(w.rows), np.int32(k), xq[n0:],
-                                                  xds[n0:], b, out[n0:]))
+            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype))
 
 
 def _cast(x, qtype: str):
@@ -314,7 +355,7 @@ def _gemm(x, w: CudaWeight, bias, out) -> None:
     if w.is_dense:
         _gemm_f32out(_cast(x, w.qtype), w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
     else:
-        x16 = _cast(x, "F16")
+        x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
         tile = max(1, min(w.rows, DEQUANT_TILE_ELEMS // k))
         scratch = cp.empty((tile, k), dtype=cp.float16)
         fn = _dequant_rows(w.qtype, True, False)
@@ -370,26 +411,55 @@ def linear(x, w, bias=None, out=None):
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
 
 
+@cuda_op("linears")
+def linears(x, ws, biases=None):
+    """[linear(x, w, b) for each weight]: the projections of one input (unfused QKV or gate/up of
+    mixed formats); weights with int8 activations share one quantization of x."""
+    import cupy as cp
+
+    biases = [None] * len(ws) if biases is None else biases
+    shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
+    lead = x.shape[:-1]
+    x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(-1, x.shape[-1])
+    if len(shared) < 2 or not 0 < x2.shape[0] <= QUANT_GEMV_MAX_BATCH or not _aligned16(x2) \
+            or any(w.cols != x2.shape[1] for w in shared):
+        return [linear(x, w, b) for w, b in zip(ws, biases)]
+    xqd = quantize_x(x2)
+    outs = []
+    for w, b in zip(ws, biases):
+        if isinstance(w, CudaWeight) and w.act_q8:
+            out = cp.empty((x2.shape[0], w.rows), dtype=cp.float32)
+            _gemv_gguf(x2, w, None if b is None else cp.ascontiguousarray(b, dtype=cp.float32), out, xqd=xqd)
+            outs.append(out.reshape(lead + (w.rows,)))
+        else:
+            outs.append(linear(x, w, b))
+    return outs
+
+
 @cuda_op("silu_mul_linear")
 def silu_mul_linear(gate, up, w, out=None):
     """linear(silu_mul(gate, up), w): gate, up [N, I] float32 (column views of one gate_up output
-    allowed). Quantized weights at batch <= 8 with short rows: one GEMV that computes silu(gate) * up
-    as it loads the activations (the same float32 expression as silu_mul, so the same result);
-    otherwise silu_mul, then linear."""
+    allowed). Quantized weights: with int8 activations (batch <= 32) silu(gate) * up is computed
+    by the activation quantizer; with fp32 activations on short rows (batch <= 8) by the GEMV as it
+    loads them (the same float32 expression as silu_mul, so the same result); otherwise silu_mul,
+    then linear."""
     import cupy as cp
 
     from .elementwise_cuda import silu_mul
 
     n, k = gate.shape
-    cfg = f32_gemv_config(k // 32, n, w.qtype) if isinstance(w, CudaWeight) and not w.is_dense else None
-    fused = (cfg is not None and cfg.kind == "lanes" and QUANT_ACTIVATIONS == "f32" and 0 < n <= GEMV_MAX_BATCH
-             and k == w.cols and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
-             and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
-             and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
-    if not fused:
+    quantized = isinstance(w, CudaWeight) and not w.is_dense and k == w.cols
+    shapes_ok = quantized and (0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
+                 and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
+                 and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
+    if quantized and shapes_ok and w.act_q8 and n <= QUANT_GEMV_MAX_BATCH:
+        out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
+        _gemv_gguf(gate, w, None, out, up=up)
+        return out
+    cfg = f32_gemv_config(k // 32, n, w.qtype) if quantized and not w.act_q8 else None
+    if not (cfg is not None and cfg.kind == "lanes" and shapes_ok and n <= GEMV_MAX_BATCH):
         return linear(silu_mul(gate, up), w, out=out)
-    if out is None:
-        out = cp.empty((n, w.rows), dtype=cp.float32)
+    out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
     launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
     return out
 

@@ -13,16 +13,19 @@ class CudaOps:
     name = "cuda"
     kv_dtype_bytes = 2  # float16 KV cache
 
-    def __init__(self):
+    def __init__(self, quant_activations: str = "auto"):
         import cupy
 
+        from ..quant.act_q8 import check_mode
+
         self.xp = cupy
+        self.quant_activations = check_mode(quant_activations)
 
     # --- data movement -------------------------------------------------------------------
     def weight(self, t):
         from . import linear_cuda
 
-        return linear_cuda.prepare_weight(t)
+        return linear_cuda.prepare_weight(t, self.quant_activations)
 
     def concat_rows(self, ws):
         """Fused QKV / gate+up weights (or their biases): one weight whose rows are those of ws,
@@ -75,6 +78,13 @@ class CudaOps:
         from . import linear_cuda
 
         return linear_cuda.linear(x, w, bias)
+
+    def linears(self, x, ws, biases=None):
+        """[linear(x, w, b) ...] for the projections of one input; int8-activation weights share
+        one quantization of x."""
+        from . import linear_cuda
+
+        return linear_cuda.linears(x, ws, biases)
 
     def silu_mul_linear(self, gate, up, w):
         """linear(silu_mul(gate, up), w); one kernel for quantized short-row weights at small batch."""

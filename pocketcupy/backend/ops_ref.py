@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..quant.act_q8 import Q8ActWeight, check_mode, q8_roundtrip, uses_q8
 from ..quant.qtensor import QTensor
 from .attention_meta import AttentionMetadata
 
@@ -13,17 +14,28 @@ class NumpyOps:
     xp = np
     kv_dtype_bytes = 4  # float32 KV cache
 
+    def __init__(self, quant_activations: str = "auto"):
+        self.quant_activations = check_mode(quant_activations)
+
     # --- data movement -------------------------------------------------------------------
     def weight(self, t: QTensor) -> np.ndarray:
-        """A stored weight in the form `linear`/`embedding` consume: float32 here."""
-        return t.dequantize()
+        """A stored weight in the form `linear`/`embedding` consume: float32 here (a Q8ActWeight
+        where its linears take int8-rounded activations, see quant/act_q8.py)."""
+        w = t.dequantize()
+        if w.ndim == 2 and uses_q8(t.qtype, w.shape[1], self.quant_activations):
+            return w.view(Q8ActWeight)
+        return w
 
     def concat_rows(self, ws):
         """One weight (or bias) whose rows are those of ws in order: fused QKV / gate+up
         projections whose outputs are split by column views. None if the parts cannot be joined."""
         if any(w is None for w in ws) or len({w.shape[1:] for w in ws}) != 1:
             return None
-        return np.concatenate(ws, axis=0)
+        kinds = {isinstance(w, Q8ActWeight) for w in ws}
+        if len(kinds) != 1:
+            return None
+        joined = np.concatenate([np.asarray(w) for w in ws], axis=0)
+        return joined.view(Q8ActWeight) if kinds == {True} else joined
 
     def asarray(self, a, dtype=None):
         return np.asarray(a, dtype=dtype)
@@ -41,7 +53,7 @@ class NumpyOps:
 
     # --- elementwise / normalisation -----------------------------------------------------
     def embedding(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        return table[ids]
+        return np.asarray(table)[ids]
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         var = np.mean(x * x, axis=-1, keepdims=True)
@@ -56,8 +68,14 @@ class NumpyOps:
         return gate / (1.0 + np.exp(-gate)) * up
 
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        y = x @ w.T
+        if isinstance(w, Q8ActWeight):
+            x = q8_roundtrip(x).astype(x.dtype, copy=False)
+        y = x @ np.asarray(w).T
         return y + bias if bias is not None else y
+
+    def linears(self, x: np.ndarray, ws, biases=None) -> list[np.ndarray]:
+        """[linear(x, w, b) ...]: the projections of one input (one quantization of x on CUDA)."""
+        return [self.linear(x, w, b) for w, b in zip(ws, biases or [None] * len(ws))]
 
     def silu_mul_linear(self, gate: np.ndarray, up: np.ndarray, w: np.ndarray) -> np.ndarray:
         """linear(silu_mul(gate, up), w): the down projection of a gated MLP."""

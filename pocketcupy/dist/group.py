@@ -203,7 +203,7 @@ class RankGroup:
             return f"stopped after rank {self.failure.rank} failed"
         p = self.procs[r]
         self._read_status(r)
-        p.join(1.0)
+        p.join(5.0)              # a killed rank tears down its memory before it can be reaped
         if r in self.errors:
             how = self.errors[r]
         elif p.exitcode is None:

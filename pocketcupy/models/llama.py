@@ -101,7 +101,7 @@ class LlamaModel:
                 gu = ops.linear(h, layer.w_gate_up)
                 gate, up = gu[:, :lay.intermediate_size], gu[:, lay.intermediate_size:]
             else:
-                gate, up = ops.linear(h, layer.w_gate), ops.linear(h, layer.w_up)
+                gate, up = ops.linears(h, [layer.w_gate, layer.w_up])
             x = self.tp.all_reduce(ops.silu_mul_linear(gate, up, layer.w_down))
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
@@ -114,9 +114,8 @@ class LlamaModel:
             qkv = ops.linear(h, layer.wqkv, layer.bqkv)
             return (qkv[:, :qd].reshape(n, hq, hd), qkv[:, qd:qd + kd].reshape(n, hkv, hd),
                     qkv[:, qd + kd:].reshape(n, hkv, hd))
-        return (ops.linear(h, layer.wq, layer.bq).reshape(n, hq, hd),
-                ops.linear(h, layer.wk, layer.bk).reshape(n, hkv, hd),
-                ops.linear(h, layer.wv, layer.bv).reshape(n, hkv, hd))
+        q, k, v = ops.linears(h, [layer.wq, layer.wk, layer.wv], [layer.bq, layer.bk, layer.bv])
+        return q.reshape(n, hq, hd), k.reshape(n, hkv, hd), v.reshape(n, hkv, hd)
 
     def compute_logits(self, hidden):
         return self.tp.logits(self.ops, self.ops.linear(hidden, self.lm_head))

@@ -1,0 +1,46 @@
+"""Activations of quantized linears: fp32, or int8 in blocks of 32 as llama.cpp's MMVQ does.
+
+With int8 activations the GPU's GEMV dots int8 weights with int8 activations (__dp4a): 2-2.5x
+faster on the long rows of 7B-class models (H200, `bench_decode_kernels.py`), at the cost of the
+activation rounding llama.cpp has too. Short rows (small models, launch-bound) gain nothing from
+it and pay a quantize launch per linear, so "auto" keeps them in fp32.
+
+Both backends follow the same choice, made per weight when it is loaded: the NumPy reference
+rounds x through `q8_roundtrip` (the CUDA quantizer's arithmetic) before its float32 matmul, so
+greedy tokens still agree between them."""
+from __future__ import annotations
+
+import numpy as np
+
+MODES = ("auto", "q8", "f32")
+AUTO_MIN_COLS = 2048 + 1     # "auto": int8 activations for rows longer than 2048 values
+DENSE = ("F32", "F16", "BF16")
+
+
+def check_mode(mode) -> str:
+    if mode not in MODES:
+        raise ValueError(f"quant_activations: must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def uses_q8(qtype: str, cols: int, mode: str) -> bool:
+    """Whether a weight of this type and row length gets int8 activations under mode."""
+    if check_mode(mode) == "f32" or qtype in DENSE or cols % 32:
+        return False
+    return mode == "q8" or cols >= AUTO_MIN_COLS
+
+
+def q8_roundtrip(x: np.ndarray) -> np.ndarray:
+    """x [..., K] (K a multiple of 32) -> float32 d * q per block of 32: d = amax / 127,
+    q = round-half-even(x * (127 / amax)), the CUDA kernel quantize_q8_x's float32 arithmetic."""
+    x = np.asarray(x, dtype=np.float32)
+    b = x.reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(x.shape)
+
+
+class Q8ActWeight(np.ndarray):
+    """A float32 weight (NumPy reference) whose linears take int8-rounded activations."""
