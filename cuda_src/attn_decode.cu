@@ -203,8 +203,8 @@ DECODE_KERNEL(attn_decode_split_f16_hd128, __half, 128)
 // Merges the splits: out[b, h] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
 // grid (Hq, B), block of >= head_dim threads (thread d owns column d). The split-KV prefill
 // (attn_prefill.cu) uses it too, with one b per query row. Warp 0 turns the log-sum-exps into
-// weights, 32 splits at a time, in shared memory; empty splits (lse = -inf, weight 0: their
-// partial output is not written) are skipped by every thread alike.
+// weights, 32 splits at a time, in shared memory (splits past num_splits and empty ones, lse =
+// -inf, get weight 0 and their partial outputs, not written, are not read).
 extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ part_o,
                                                    const float* __restrict__ part_lse,
                                                    float* __restrict__ out, i64 out_stride, int hq_total,
@@ -228,12 +228,14 @@ extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ par
             w_s[lane] = lse == pc_neg_inf() ? 0.0f : exp2f(lse - mx_s);
         }
         __syncthreads();
-        const int n = min(32, num_splits - s0);
-        for (int j = 0; j < n; ++j) {
-            const float w = w_s[j];
-            if (w == 0.0f) continue;
-            if (d < head_dim) num += w * part_o[(row + s0 + j) * head_dim + d];
-            den += w;
+        float o[32];                                  // every load issued before any is used
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            o[j] = w_s[j] != 0.0f && d < head_dim ? part_o[(row + s0 + j) * head_dim + d] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            num += w_s[j] * o[j];
+            den += w_s[j];
         }
     }
     if (d < head_dim) out[(i64)b * out_stride + (i64)hq * head_dim + d] = den > 0.0f ? num / den : 0.0f;

@@ -7,12 +7,12 @@
 // and used for all NB activation rows.  Grid: ceil(rows / R).
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
+#include "q8_act.cuh"
 
 using namespace pq;
 
 // x [rows, k] float32 (k a multiple of 32, row stride ldx) -> xq [rows * k] int8, xds [rows * k / 32]
-// float4 (d, d*sum32, d*sum of first 16, d*sum of last 16) per block of 32: d = amax / 127,
-// q = round-half-even(x * (127 / amax)) (act_q8.q8_roundtrip is the same arithmetic in NumPy).
+// float4 per block of 32 (q8_act.cuh).
 // SILU: the values are silu(x) * up (row stride ldu), the down projection's input of a gated MLP.
 // HALF: write the rounded values d * q as fp16 to xh [rows * k] instead (the GEMM path's input).
 // One thread per 4 values, 8 lanes per block of 32; grid covers rows * k / 4 threads.
@@ -31,29 +31,16 @@ __global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const 
             v = make_float4(silu_mul1(v.x, u.x), silu_mul1(v.y, u.y), silu_mul1(v.z, u.z), silu_mul1(v.w, u.w));
         }
     }
-    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const int q0 = __float2int_rn(v.x * id), q1 = __float2int_rn(v.y * id);
-    const int q2 = __float2int_rn(v.z * id), q3 = __float2int_rn(v.w * id);
+    const Q8x4 r = q8_round4(v);
     if constexpr (HALF) {
         if (ok) {
-            const unsigned lo = f2h(d * (float)q0) | ((unsigned)f2h(d * (float)q1) << 16);
-            const unsigned hi = f2h(d * (float)q2) | ((unsigned)f2h(d * (float)q3) << 16);
+            const unsigned lo = f2h(r.d * (float)r.q[0]) | ((unsigned)f2h(r.d * (float)r.q[1]) << 16);
+            const unsigned hi = f2h(r.d * (float)r.q[2]) | ((unsigned)f2h(r.d * (float)r.q[3]) << 16);
             ((uint2*)xh)[i] = make_uint2(lo, hi);
         }
-        return;
+    } else {
+        q8_store4(r, i, ok, xq, xds);
     }
-    int s16 = q0 + q1 + q2 + q3;
-    s16 += __shfl_xor_sync(0xffffffffu, s16, 1);
-    s16 += __shfl_xor_sync(0xffffffffu, s16, 2);
-    const int s16_other = __shfl_xor_sync(0xffffffffu, s16, 4);
-    if (!ok) return;
-    ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((unsigned)(q3 & 0xff) << 24);
-    if ((threadIdx.x & 7) == 0)
-        xds[i >> 3] = make_float4(d, d * (float)(s16 + s16_other), d * (float)s16, d * (float)s16_other);
 }
 
 template <int QT, int NB, int R>

@@ -1,6 +1,7 @@
 // RMSNorm over the last axis (float32 activations, float32 weight), and the fused
 // residual-add + RMSNorm. Per-head norms (Qwen3 q/k norm) are rows of length head_dim.
 #include "common.cuh"
+#include "q8_act.cuh"
 
 // One block per row (blockDim.x a multiple of 32); grid.x = rows.
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
@@ -92,10 +93,13 @@ RMS_NORM_WARP(1024)
 // --- a block of 256 threads per row, the row in registers as float4 (dim % 4 == 0, dim <= 1024 * V):
 // every load of the row issued at once, one block reduction (the loop kernels above wait on one
 // load per step: ~6 us for a 4096-wide row at batch 1).  blockDim.x = NORM_VEC_THREADS.
-template <int V>
+// Q: the output also quantized to int8 blocks of 32 (q8_act.cuh) into xq [rows * dim], xds
+// [rows * dim / 32], for linears with int8 activations (dim % 32 == 0).
+template <int V, bool Q>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* res,
                                                   const float* __restrict__ w, float* __restrict__ out,
-                                                  float* res_out, int dim, float eps) {
+                                                  float* res_out, int dim, float eps, signed char* xq = nullptr,
+                                                  float4* xds = nullptr) {
     __shared__ float scratch[32];
     const int n4 = dim >> 2;
     const i64 base = (i64)blockIdx.x * n4;
@@ -125,21 +129,28 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
 #pragma unroll
     for (int e = 0; e < V; ++e) {
         const int i = threadIdx.x + e * blockDim.x;
-        if (i < n4)
-            ((float4*)out)[base + i] = make_float4(h[e].x * r * wv[e].x, h[e].y * r * wv[e].y, h[e].z * r * wv[e].z,
-                                                   h[e].w * r * wv[e].w);
+        const float4 o = make_float4(h[e].x * r * wv[e].x, h[e].y * r * wv[e].y, h[e].z * r * wv[e].z,
+                                     h[e].w * r * wv[e].w);
+        if (i < n4) ((float4*)out)[base + i] = o;
+        if constexpr (Q) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
     }
 }
 
 #define RMS_NORM_VEC(V)                                                                               \
     extern "C" __global__ void rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* __restrict__ w, \
                                                      float* __restrict__ out, int dim, float eps) {  \
-        rms_norm_vec_body<V>(x, nullptr, w, out, nullptr, dim, eps);                                 \
+        rms_norm_vec_body<V, false>(x, nullptr, w, out, nullptr, dim, eps);                          \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                          const float* __restrict__ w, float* __restrict__ out, \
                                                          float* res_out, int dim, float eps) {       \
-        rms_norm_vec_body<V>(x, res, w, out, res_out, dim, eps);                                     \
+        rms_norm_vec_body<V, false>(x, res, w, out, res_out, dim, eps);                              \
+    }                                                                                               \
+    extern "C" __global__ void add_rms_norm_q8_vec_f32_v##V(const float* __restrict__ x, const float* res, \
+                                                            const float* __restrict__ w, float* __restrict__ out, \
+                                                            float* res_out, int dim, float eps,     \
+                                                            signed char* __restrict__ xq, float4* __restrict__ xds) { \
+        rms_norm_vec_body<V, true>(x, res, w, out, res_out, dim, eps, xq, xds);                      \
     }
 
 RMS_NORM_VEC(1)

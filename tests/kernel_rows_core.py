@@ -63,6 +63,32 @@ for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), (
     ROWS.append(KernelRow("add_rms_norm", "x".join(map(str, shape)) + ("-inplace" if inplace else ""), make,
                           ref=lambda i: REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"]), cuda=cuda))
 
+# --- add_rms_norm with the output quantized to int8 blocks (the int8-activation linears' input) ---
+for shape in [(1, 4096), (3, 2048), (2, 8192), (5, 1024)]:
+    def make(rng, shape=shape):
+        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+
+    def ref(i):
+        from pocketcupy.quant.act_q8 import q8_roundtrip
+
+        out, res = REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"])
+        return out, res, q8_roundtrip(out)
+
+    def cuda(i, poison):
+        """(out, residual, the int8 blocks dequantized); the blocks' sums checked against their values.
+        Tolerance: an ulp of difference in out can move one value by a whole int8 step (~4e-4 here)."""
+        cp = _cp()
+        res = _up(i["res"])
+        out, res_out, xq, xds = _ew().add_rms_norm_q8(_up(i["x"]), res, _up(i["w"]), i["eps"])
+        assert res_out is res
+        n, dim = xq.shape
+        q = xq.astype(cp.float32).reshape(n, dim // 32, 32)
+        cp.testing.assert_allclose(xds[..., 1], xds[..., 0] * q.sum(-1), rtol=1e-6, atol=1e-6)
+        cp.testing.assert_allclose(xds[..., 2], xds[..., 0] * q[..., :16].sum(-1), rtol=1e-6, atol=1e-6)
+        return out, res_out, (q * xds[..., :1]).reshape(n, dim)
+
+    ROWS.append(KernelRow("add_rms_norm_q8", "x".join(map(str, shape)), make, ref=ref, cuda=cuda, tol=2e-3))
+
 # --- SiLU * up, add ---------------------------------------------------------------------------
 for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
     def make(rng, rows_=rows_, cols=cols):

@@ -145,6 +145,31 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
     return out, residual_out
 
 
+@cuda_op("add_rms_norm_q8")
+def add_rms_norm_q8(x, residual, w, eps: float):
+    """add_rms_norm (residual updated in place) whose kernel also quantizes the output to int8
+    blocks of 32 for int8-activation linears: (out, residual, xq int8 [N, dim], xds float32
+    [N, dim / 32, 4]); None where the register-resident kernel does not apply (then call
+    add_rms_norm)."""
+    cp = _cp()
+    check_f32("add_rms_norm_q8", x)
+    check_f32("add_rms_norm_q8", residual)
+    if x.ndim != 2 or x.shape != residual.shape or not residual.flags.c_contiguous:
+        raise ValueError(f"add_rms_norm_q8: x {x.shape} and a contiguous residual of the same 2-D shape expected")
+    x = cp.ascontiguousarray(x)
+    w = cp.asarray(w, dtype=np.float32)
+    rows, dim = x.shape
+    out = _out(None, x.shape)
+    v = norm_vec_v(dim, x, residual, w)
+    if rows == 0 or dim % 32 or v is None:
+        return None
+    xq = cp.empty((rows, dim), cp.int8)
+    xds = cp.empty((rows, dim // 32, 4), cp.float32)
+    _k("norm.cu", f"add_rms_norm_q8_vec_f32_v{v}")(
+        (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual, _I32(dim), _F32(eps), xq, xds))
+    return out, residual, xq, xds
+
+
 @cuda_op("silu_mul")
 def silu_mul(gate, up, out=None):
     """silu(gate) * up for [N, I] float32 (gate/up may be column slices of one [N, 2I] array)."""

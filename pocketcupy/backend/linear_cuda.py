@@ -44,6 +44,15 @@ _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
 
 
 @dataclass
+class Q8Rows:
+    """Activations [N, K] float32 whose int8 blocks (quantize_x's layout) were computed by the
+    kernel that produced them (a fused norm); linears with int8 activations read xq / xds."""
+    x: Any
+    xq: Any
+    xds: Any
+
+
+@dataclass
 class CudaWeight:
     qtype: str            # "F16", "BF16" or a GGUF block type name
     shape: tuple          # (rows, cols), torch order
@@ -199,9 +208,13 @@ class F32Gemv:
 
 
 def f32_gemv_config(units: int, nb: int, qtype: str = "") -> F32Gemv:
-    """The fp32-activation GEMV launch for rows of `units` 32-value units at batch nb (1..8)."""
+    """The fp32-activation GEMV launch for rows of `units` 32-value units at batch nb (1..8).
+    Long rows at batch 1 (H200 sweep, bench_decode_kernels.py): Q4_K / Q5_K a warp per 4 rows
+    (1.9 vs 0.8 TB/s for xs:4 at 28672x4096), the rest xs with 8 rows (1.2-1.4x over 4)."""
     if units <= F32_SHORT_ROW_UNITS:
         return F32Gemv("lanes", 2 if nb <= 2 else 1, F32_LANES_SHORT if units <= 32 else 32)
+    if nb == 1:
+        return F32Gemv("lanes", 4, 32) if qtype in ("Q4_K", "Q5_K") else F32Gemv("xs", 2 * F32_XS_ROWS)
     return F32Gemv("xs", F32_XS_ROWS_HEAVY.get(qtype, F32_XS_ROWS) if nb >= 7 else F32_XS_ROWS)
 
 
@@ -303,6 +316,11 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
+def xqd_shape(xqd) -> tuple | None:
+    """The [N, K] shape of activations quantized by quantize_x (None for None)."""
+    return None if xqd is None else tuple(xqd[0].shape)
+
+
 def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | None = None,
                    threads: int | None = None) -> None:
     """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV,
@@ -372,8 +390,12 @@ def _gemm(x, w: CudaWeight, bias, out) -> None:
 
 @cuda_op("linear")
 def linear(x, w, bias=None, out=None):
-    """x [..., K] float32 @ w.T (+ bias) -> [..., rows] float32."""
+    """x [..., K] float32 (or Q8Rows) @ w.T (+ bias) -> [..., rows] float32."""
     import cupy as cp
+
+    xqd = None
+    if isinstance(x, Q8Rows):
+        x, xqd = x.x, (x.xq, x.xds)
 
     if not isinstance(w, CudaWeight):                      # a plain float32 matrix
         y = cp.matmul(cp.asarray(x, dtype=cp.float32), w.T.astype(cp.float32))
@@ -405,7 +427,7 @@ def linear(x, w, bias=None, out=None):
         else:
             _gemm(x, w, bias, y)
     elif n <= QUANT_GEMV_MAX_BATCH:
-        _gemv_gguf(x, w, bias, y)
+        _gemv_gguf(x, w, bias, y, xqd=xqd if x.shape == xqd_shape(xqd) else None)
     else:
         _gemm(x, w, bias, y)
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
@@ -418,6 +440,8 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
+    if isinstance(x, Q8Rows):                  # already quantized
+        return [linear(x, w, b) for w, b in zip(ws, biases)]
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
     lead = x.shape[:-1]
     x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(-1, x.shape[-1])

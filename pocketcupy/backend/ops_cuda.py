@@ -64,8 +64,18 @@ class CudaOps:
     def rms_norm(self, x, w, eps: float):
         return elementwise_cuda.rms_norm(x, w, eps)
 
-    def add_rms_norm(self, x, residual, w, eps: float):
-        """residual += x (in place); returns (rms_norm(residual) * w, residual)."""
+    def add_rms_norm(self, x, residual, w, eps: float, feeds=None):
+        """residual += x (in place); returns (rms_norm(residual) * w, residual). When every weight
+        in feeds takes int8 activations, the output comes with its int8 blocks (linear_cuda.Q8Rows,
+        quantized by the norm kernel itself) so those linears skip their own quantization."""
+        from . import linear_cuda
+
+        if feeds and x.shape[0] <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
+                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == x.shape[-1] for f in feeds):
+            fused = elementwise_cuda.add_rms_norm_q8(x, residual, w, eps)
+            if fused is not None:
+                out, residual, xq, xds = fused
+                return linear_cuda.Q8Rows(out, xq, xds), residual
         return elementwise_cuda.add_rms_norm(x, residual, w, eps)
 
     def silu_mul(self, gate, up):

@@ -59,8 +59,9 @@ class NumpyOps:
         var = np.mean(x * x, axis=-1, keepdims=True)
         return (x / np.sqrt(var + eps)) * w
 
-    def add_rms_norm(self, x, residual, w, eps):
-        """residual += x; return (rms_norm(residual), residual)."""
+    def add_rms_norm(self, x, residual, w, eps, feeds=None):
+        """residual += x; return (rms_norm(residual), residual). feeds: the weights that read the
+        output (the CUDA backend quantizes it in the same kernel for int8-activation linears)."""
         residual = x + residual
         return self.rms_norm(residual, w, eps), residual
 

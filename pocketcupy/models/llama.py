@@ -39,6 +39,16 @@ class LlamaLayer:
     bqkv: object = None
     w_gate_up: object = None     # fused [w_gate; w_up]
 
+    @property
+    def attn_inputs(self) -> list:
+        """The weights that read the attention norm's output."""
+        return [self.wqkv] if self.wqkv is not None else [self.wq, self.wk, self.wv]
+
+    @property
+    def ffn_inputs(self) -> list:
+        """The weights that read the MLP norm's output."""
+        return [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
+
 
 class LlamaModel:
     TP_SPLITS = TP_SPLITS
@@ -87,7 +97,7 @@ class LlamaModel:
                 residual = x
                 h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
             else:
-                h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
+                h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps, feeds=layer.attn_inputs)
             q, k, v = self._qkv(layer, h, n)
             if c.qk_norm:
                 q = ops.rms_norm(q, layer.q_norm, c.rms_eps)
@@ -96,7 +106,7 @@ class LlamaModel:
                                   meta.slot_mapping)
             attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale)
             x = self.tp.all_reduce(ops.linear(attn.reshape(n, lay.num_heads * c.head_dim), layer.wo))
-            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
+            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
             if layer.w_gate_up is not None:
                 gu = ops.linear(h, layer.w_gate_up)
                 gate, up = gu[:, :lay.intermediate_size], gu[:, lay.intermediate_size:]
