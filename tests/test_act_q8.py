@@ -61,5 +61,6 @@ def test_reference_linear_rounds_activations_of_flagged_weights():
 
 def test_engine_args_validate_quant_activations():
     assert EngineArgs(quant_activations="q8").quant_activations == "q8"
+    assert EngineArgs.from_env({"POCKETCUPY_QUANT_ACTIVATIONS": "f32"}).quant_activations == "f32"
     with pytest.raises(ValueError, match="quant_activations"):
         EngineArgs(quant_activations="int4")

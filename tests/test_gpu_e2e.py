@@ -29,35 +29,28 @@ def test_smollm2_greedy_matches_cpu(smollm2_gguf, cpu_tokens, graphs):
     assert together == cpu_tokens
 
 
-def _decode_vs_cpu(smollm2_gguf, quant_activations: str) -> tuple[float, float]:
-    """GPU greedy decode with log-probs against the CPU reference teacher-forced on the GPU's tokens:
-    (mean |difference| of the chosen tokens' log-probs, share of steps where the CPU's argmax agrees)."""
-    gpu = Engine(smollm2_gguf, device="cuda", progress=False, quant_activations=quant_activations)
-    outs = gpu.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=1))
-    cpu = Engine(smollm2_gguf, device="cpu", progress=False, quant_activations=quant_activations)
-    diffs, agree = [], []
-    for o in outs:
-        toks, p0 = o.outputs[0].token_ids, len(o.prompt_token_ids)
-        ref = cpu.generate(o.prompt_token_ids + toks, SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
-        for j, (tok, lp) in enumerate(zip(toks, o.outputs[0].logprobs)):
-            c = ref.prompt_logprobs[p0 + j]
-            diffs.append(abs(lp[tok].logprob - c[tok].logprob))
-            agree.append(max(c, key=lambda t: c[t].logprob) == tok)
-    return float(np.mean(diffs)), float(np.mean(agree))
-
-
 def test_int8_activations_match_cpu(smollm2_gguf):
-    """quant_activations="q8" (int8 activations on every quantized linear, the norm's output
-    quantized in the norm kernel): the CUDA int8 GEMVs against the NumPy reference's rounded
-    activations, step by step. Greedy tokens are not compared exactly: an ulp of difference before
-    the rounding moves a value by a whole int8 step; the fp32-activation pair is the yardstick."""
+    """quant_activations="q8" (int8 activations on every quantized linear, the norms' outputs
+    quantized by the norm kernel): teacher-forced log-probs of the GPU's greedy continuations against
+    the NumPy reference with the same int8 rounding. Not exact: an ulp of difference before the
+    rounding moves a value by a whole int8 step, and SmolLM2 amplifies that (on the CPU alone, ulp
+    noise before the rounding changes these log-probs by 0.037 on average; int8 against fp32
+    activations by 0.030). The kernels themselves are checked exactly in the kernel table.
+    H200 (2026-12-01): mean |difference| 0.050, top-1 agreement 0.981."""
     gpu = Engine(smollm2_gguf, device="cuda", progress=False, quant_activations="q8")
     assert gpu.model.layers[0].wo.act_q8 and gpu.model.lm_head.act_q8
-    del gpu
-    q8_diff, q8_agree = _decode_vs_cpu(smollm2_gguf, "q8")
-    f32_diff, f32_agree = _decode_vs_cpu(smollm2_gguf, "f32")
-    assert q8_diff <= max(0.02, 3 * f32_diff) and q8_agree >= min(0.97, f32_agree), (q8_diff, q8_agree, f32_diff,
-                                                                                      f32_agree)
+    seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in gpu.generate(PROMPTS, GREEDY64)]
+    cpu = Engine(smollm2_gguf, device="cpu", progress=False, quant_activations="q8")
+    teacher = SamplingParams(max_tokens=1, prompt_logprobs=1)
+    diffs, agree = [], []
+    for ids in seqs:
+        g, c = (e.generate(ids, teacher)[0].prompt_logprobs for e in (gpu, cpu))
+        for i in range(1, len(ids)):
+            diffs.append(abs(g[i][ids[i]].logprob - c[i][ids[i]].logprob))
+            agree.append(max(g[i], key=lambda t: g[i][t].logprob) == max(c[i], key=lambda t: c[i][t].logprob))
+    mean, share = float(np.mean(diffs)), float(np.mean(agree))
+    del gpu, cpu
+    assert mean < 0.1 and share >= 0.95, (mean, share)
 
 
 def test_chat_paris_on_gpu(smollm2_gguf):

@@ -69,8 +69,7 @@ NORM_WARP_DIMS = (128, 256, 512, 1024)      # rms_norm_warp_f32_d<D>: a warp per
 NORM_ROWS_PER_BLOCK = 4
 
 
-NORM_VEC_THREADS = 256                       # rms_norm_vec_f32_v<V>: a block per row, V float4 per thread
-NORM_VEC_MAX_V = 8
+NORM_VEC_THREADS = 256                       # rms_norm_vec_f32_v<V>: a block per row, V (1, 2, 4, 8) float4 per thread
 
 
 def norm_warp_dim(dim: int) -> int | None:
@@ -159,10 +158,10 @@ def add_rms_norm_q8(x, residual, w, eps: float):
     x = cp.ascontiguousarray(x)
     w = cp.asarray(w, dtype=np.float32)
     rows, dim = x.shape
-    out = _out(None, x.shape)
     v = norm_vec_v(dim, x, residual, w)
     if rows == 0 or dim % 32 or v is None:
         return None
+    out = _out(None, x.shape)
     xq = cp.empty((rows, dim), cp.int8)
     xds = cp.empty((rows, dim // 32, 4), cp.float32)
     _k("norm.cu", f"add_rms_norm_q8_vec_f32_v{v}")(

@@ -139,8 +139,8 @@ def gemv_threads(work_items: int) -> int:
 
 
 def gemv_variant(w: CudaWeight, nb: int) -> str:
-    """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_bs4,
-    gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs1."""
+    """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
+    gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1."""
     if w.act_q8:
         r, t = q8_gemv_launch(w.cols // 32, nb)
         return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
@@ -316,11 +316,6 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def xqd_shape(xqd) -> tuple | None:
-    """The [N, K] shape of activations quantized by quantize_x (None for None)."""
-    return None if xqd is None else tuple(xqd[0].shape)
-
-
 def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | None = None,
                    threads: int | None = None) -> None:
     """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV,
@@ -329,8 +324,8 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | Non
     r0, t0 = q8_gemv_launch(k // 32, nb)
     r = rows or r0
     _gguf_gemv(w.qtype, nb, r)(((w.rows + r - 1) // r,), (threads or t0,),
-                            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
-                             _null() if bias is None else bias, out))
+                               (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
+                                _null() if bias is None else bias, out))
 
 
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
@@ -427,7 +422,7 @@ def linear(x, w, bias=None, out=None):
         else:
             _gemm(x, w, bias, y)
     elif n <= QUANT_GEMV_MAX_BATCH:
-        _gemv_gguf(x, w, bias, y, xqd=xqd if x.shape == xqd_shape(xqd) else None)
+        _gemv_gguf(x, w, bias, y, xqd=xqd)
     else:
         _gemm(x, w, bias, y)
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
@@ -473,10 +468,11 @@ def silu_mul_linear(gate, up, w, out=None):
 
     n, k = gate.shape
     quantized = isinstance(w, CudaWeight) and not w.is_dense and k == w.cols
-    shapes_ok = quantized and (0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
-                 and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
-                 and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
-    if quantized and shapes_ok and w.act_q8 and n <= QUANT_GEMV_MAX_BATCH:
+    shapes_ok = quantized and (
+        0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
+        and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
+        and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
+    if shapes_ok and w.act_q8 and n <= QUANT_GEMV_MAX_BATCH:
         out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
         _gemv_gguf(gate, w, None, out, up=up)
         return out
