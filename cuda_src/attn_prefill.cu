@@ -187,38 +187,33 @@ __device__ __forceinline__ void prefill_plain_body(
     }
 }
 
-#define PREFILL_PLAIN_KERNEL(NAME, T, D)                                                            \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
-        const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,                   \
-        const T* __restrict__ v_cache, const int* __restrict__ query_start,                         \
-        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
-        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
-        int block_size, float scale_log2) {                                                         \
-        prefill_plain_body<T, D, false>(q, q_stride, k_cache, v_cache, query_start, seq_lens,       \
-                                        block_tables, bt_stride, num_seqs, out, out_stride,          \
-                                        num_kv_heads, group, block_size, scale_log2, nullptr, nullptr); \
+// The kernels' parameters, shared by the plain and the mma variants (T: the cache element type).
+#define PREFILL_PARAMS(T)                                                                            \
+    const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache, \
+        const int* __restrict__ query_start, const int* __restrict__ seq_lens,                     \
+        const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, \
+        i64 out_stride, int num_kv_heads, int group, int block_size, float scale_log2
+#define PREFILL_ARGS                                                                                 \
+    q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, bt_stride, num_seqs, out, out_stride, \
+        num_kv_heads, group, block_size, scale_log2
+
+// attn_prefill_<V>_f16_hd<D>: grid = (tiles + B, Hq); attn_prefill_<V>_split_f16_hd<D>: grid =
+// (tiles + B, Hq, S), partial outputs for the combine (out unused). BODY_FULL / BODY_SPLIT: the
+// variant's body instantiated with SPLIT false / true.
+#define PREFILL_KERNEL_PAIR(V, D, T, BODY_FULL, BODY_SPLIT)                                          \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_f16_hd##D(PREFILL_PARAMS(T)) { \
+        BODY_FULL(PREFILL_ARGS, nullptr, nullptr);                                                   \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_split_f16_hd##D(          \
+        PREFILL_PARAMS(T), float* __restrict__ part_o, float* __restrict__ part_lse) {             \
+        BODY_SPLIT(PREFILL_ARGS, part_o, part_lse);                                                  \
     }
 
-// grid = (N / 16 + B, Hq, S); out is unused (the combine writes it).
-#define PREFILL_PLAIN_SPLIT_KERNEL(NAME, T, D)                                                      \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
-        const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache,                   \
-        const T* __restrict__ v_cache, const int* __restrict__ query_start,                         \
-        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
-        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
-        int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) { \
-        prefill_plain_body<T, D, true>(q, q_stride, k_cache, v_cache, query_start, seq_lens,        \
-                                       block_tables, bt_stride, num_seqs, out, out_stride,           \
-                                       num_kv_heads, group, block_size, scale_log2, part_o, part_lse); \
-    }
-
-PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd16, __half, 16)
-PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd32, __half, 32)
-PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd64, __half, 64)
-PREFILL_PLAIN_KERNEL(attn_prefill_plain_f16_hd128, __half, 128)
-PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd16, __half, 16)
-PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd32, __half, 32)
-PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd64, __half, 64)
-PREFILL_PLAIN_SPLIT_KERNEL(attn_prefill_plain_split_f16_hd128, __half, 128)
+#define PREFILL_PLAIN_KERNELS(D) \
+    PREFILL_KERNEL_PAIR(plain, D, __half, (prefill_plain_body<__half, D, false>), (prefill_plain_body<__half, D, true>))
+PREFILL_PLAIN_KERNELS(16)
+PREFILL_PLAIN_KERNELS(32)
+PREFILL_PLAIN_KERNELS(64)
+PREFILL_PLAIN_KERNELS(128)
 
 #include "attn_prefill_mma.cuh"

@@ -246,37 +246,10 @@ __device__ __forceinline__ void prefill_mma_body(
 #endif
 }
 
-// grid = (N / 64 + B, Hq), block 128. Launch only on sm_80+.
-#define PREFILL_MMA_KERNEL(NAME, D)                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
-        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,              \
-        const __half* __restrict__ v_cache, const int* __restrict__ query_start,                    \
-        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
-        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
-        int block_size, float scale_log2) {                                                         \
-        prefill_mma_body<D, false>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, \
-                                   bt_stride, num_seqs, out, out_stride, num_kv_heads, group,       \
-                                   block_size, scale_log2, nullptr, nullptr);                      \
-    }
-
-// grid = (N / 64 + B, Hq, S), block 128; out is unused (the combine writes it). sm_80+ only.
-#define PREFILL_MMA_SPLIT_KERNEL(NAME, D)                                                           \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                         \
-        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,              \
-        const __half* __restrict__ v_cache, const int* __restrict__ query_start,                    \
-        const int* __restrict__ seq_lens, const int* __restrict__ block_tables, int bt_stride,       \
-        int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,         \
-        int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) { \
-        prefill_mma_body<D, true>(q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, \
-                                  bt_stride, num_seqs, out, out_stride, num_kv_heads, group,        \
-                                  block_size, scale_log2, part_o, part_lse);                       \
-    }
-
-PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd16, 16)
-PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd32, 32)
-PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd64, 64)
-PREFILL_MMA_KERNEL(attn_prefill_mma_f16_hd128, 128)
-PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd16, 16)
-PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd32, 32)
-PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd64, 64)
-PREFILL_MMA_SPLIT_KERNEL(attn_prefill_mma_split_f16_hd128, 128)
+// tiles of 64 query rows, block 128. Launch only on sm_80+.
+#define PREFILL_MMA_KERNELS(D) \
+    PREFILL_KERNEL_PAIR(mma, D, __half, (prefill_mma_body<D, false>), (prefill_mma_body<D, true>))
+PREFILL_MMA_KERNELS(16)
+PREFILL_MMA_KERNELS(32)
+PREFILL_MMA_KERNELS(64)
+PREFILL_MMA_KERNELS(128)

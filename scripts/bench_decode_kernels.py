@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -30,12 +31,20 @@ CONFIGS = ("lanes:32:1,lanes:32:2,lanes:16:1,lanes:16:2,lanes:8:2,lanes:8:4,lane
            "block:1,block:2,block:4")
 
 
+@dataclass(frozen=True)
+class Q8Gemv:
+    """A launch of the int8-activation GEMV: R rows per block of T threads (0: linear()'s choice)."""
+    rows_per_group: int = 0
+    threads: int = 0
+    kind: str = "q8"
+
+
 def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), quantize included
-        return lc.F32Gemv("q8", int(nums[0]) if nums else 0, int(nums[1]) if len(nums) > 1 else 0)
+        return Q8Gemv(*(int(v) for v in nums))
     if kind == "lanes":
         return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
     return lc.F32Gemv(kind, int(nums[0]))
@@ -65,7 +74,7 @@ def bench_gemv(args) -> dict:
                 if cfg.rows_per_group * nb > 32 or (cfg.kind == "lanes" and cfg.lanes > 32):
                     continue
                 key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{cfg.kind}_r{cfg.rows_per_group}" + \
-                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else f"_t{cfg.lanes}" if cfg.lanes else "") + \
+                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else f"_t{cfg.threads}" if cfg.kind == "q8" else "") + \
                     ("*" if cfg == default else "")
                 if key.rstrip("*") in {k.rstrip("*") for k in out}:
                     continue
@@ -75,7 +84,7 @@ def bench_gemv(args) -> dict:
                     w = copies[next(it) % len(copies)]
                     if cfg.kind == "q8":
                         lc.launch_gemv_q8(w, *lc.quantize_x(x), None, y, nb, cfg.rows_per_group or None,
-                                          cfg.lanes or None)
+                                          cfg.threads or None)
                     else:
                         lc.launch_gemv_f32(w, x, None, y, nb, cfg)
                 try:

@@ -103,9 +103,8 @@ def rms_norm(x, w, eps: float, out=None):
         rpb = NORM_ROWS_PER_BLOCK
         _k("norm.cu", f"rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                   (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
-    elif norm_vec_v(dim, x, w, out) is not None:
-        _k("norm.cu", f"rms_norm_vec_f32_v{norm_vec_v(dim)}")((rows,), (NORM_VEC_THREADS,),
-                                                              (x, w, out, _I32(dim), _F32(eps)))
+    elif (v := norm_vec_v(dim, x, w, out)) is not None:
+        _k("norm.cu", f"rms_norm_vec_f32_v{v}")((rows,), (NORM_VEC_THREADS,), (x, w, out, _I32(dim), _F32(eps)))
     else:
         threads = min(1024, ((dim // 4 + 31) // 32) * 32)
         _k("norm.cu", "rms_norm_f32")((rows,), (threads,), (x, w, out, _I32(dim), _F32(eps)))
@@ -135,8 +134,8 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
         _k("norm.cu", f"add_rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                       (x, residual, w, out, residual_out, _I32(rows), _I32(dim),
                                                        _F32(eps)))
-    elif rows and norm_vec_v(dim, x, residual, w, out, residual_out) is not None:
-        _k("norm.cu", f"add_rms_norm_vec_f32_v{norm_vec_v(dim)}")(
+    elif rows and (v := norm_vec_v(dim, x, residual, w, out, residual_out)) is not None:
+        _k("norm.cu", f"add_rms_norm_vec_f32_v{v}")(
             (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
     elif rows:
         threads = min(1024, max(32, ((dim // 4 + 31) // 32) * 32))
