@@ -31,10 +31,6 @@ __device__ __forceinline__ bool find_tile(const int* __restrict__ query_start, i
     return r0 < nq;
 }
 
-__device__ __forceinline__ i64 cache_slot(const int* __restrict__ table, int key, int block_size) {
-    return (i64)table[key / block_size] * block_size + key % block_size;
-}
-
 // Keys [k_begin, k_end) of split `split` (of num_splits) of a tile that needs keys [0, kend):
 // chunks of ceil(kend / num_splits) keys rounded up to PF_SPLIT_ALIGN (a multiple of every key
 // tile), so short tiles use fewer splits and the trailing ones are empty (k_begin >= k_end).

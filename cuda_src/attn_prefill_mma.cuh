@@ -6,48 +6,9 @@
 // it for sm_80+. The *_split_* kernels take one key split per block (see attn_prefill.cu).
 #pragma once
 
+#include "mma_prims.cuh"
+
 #define MMA_BQ 64
-
-__device__ __forceinline__ u32 pack_f2h2(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<u32*>(&h);
-}
-
-__device__ __forceinline__ u32 pack_h2(__half lo, __half hi) {
-    __half2 h = __halves2half2(lo, hi);
-    return *reinterpret_cast<u32*>(&h);
-}
-
-// c[16x8] += a[16x16] * b[16x8]; per-thread fragments as in the PTX ISA (groupID = lane / 4,
-// t = lane % 4): a: {(g, 2t..), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..)}; b: {(k 2t.., n g),
-// (k 2t+8.., n g)}; c: {(g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)}.
-__device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
-// lane l gets matrix i's (row l/4, cols 2(l%4)..+1) -- or with .trans its (rows 2(l%4)..+1, col l/4).
-__device__ __forceinline__ void ldsm_x4(u32* r, const __half* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-#endif
-}
-
-__device__ __forceinline__ void ldsm_x4_trans(u32* r, const __half* p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    const u32 a = (u32)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
-#endif
-}
 
 // cp.async of keys [k0, k0 + BK) of one KV head into a stage; keys >= ctx are zero-filled
 // (0 * garbage could be NaN in the PV product).

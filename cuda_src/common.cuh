@@ -56,6 +56,11 @@ template <> struct KvType<__half> {
     }
 };
 
+// Paged KV cache: the slot of position `key` of a sequence whose block table is `table`.
+__device__ __forceinline__ i64 cache_slot(const int* __restrict__ table, int key, int block_size) {
+    return (i64)table[key / block_size] * block_size + key % block_size;
+}
+
 // Reads an index array element stored as int32 or int64.
 template <typename I> __device__ __forceinline__ i64 load_index(const I* p, i64 i) { return (i64)p[i]; }
 

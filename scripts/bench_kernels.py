@@ -40,6 +40,7 @@ def _cp():
 def time_us(fn, reps: int, inner: int) -> dict:
     """Median microseconds per fn() call."""
     cp = _cp()
+    cp.cuda.Device().synchronize()   # fn's inputs, made on the legacy stream, which the one below does not wait for
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         fn()
@@ -209,7 +210,8 @@ def bench_gemm(args, peak_tflops: float) -> dict:
 
 
 def bench_attention(args, copy_gbps: float) -> dict:
-    """Decode attention at context 4096 / 32768, batch 1 / 16, prefill 2048, and a 48-token chunk
+    """Decode attention (plain and tensor-core kernels) at context 4096 / 32768 with batch 1 / 16 and
+    context 1024 with batch 64, prefill 2048, and a 48-token chunk
     over an 8064-token cached prefix with and without split-KV (Llama-3-8B heads: 32 q, 8 kv,
     dim 128, fp16 paged cache of 16-token blocks)."""
     try:
@@ -228,21 +230,24 @@ def bench_attention(args, copy_gbps: float) -> dict:
         tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
         return kc, vc, tables
 
-    for ctx in ((4096,) if args.quick else (4096, 32768)):
-        for batch in (1, 16):
-            kc, vc, tables = cache(batch, ctx)
-            meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),
-                                     tables, (tables[:, -1].astype(np.int64) * bs + (ctx - 1) % bs), bs,
-                                     decode_only=True)
-            dmeta = attn_cuda.device_meta(meta)
-            q = cp.random.standard_normal((batch, hq, d), dtype=cp.float32)
-            o = cp.empty_like(q)
-            t = time_us(lambda: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o), args.reps, 10)
-            kv_bytes = 2 * batch * ctx * hkv * d * 2
+    shapes = [(4096, 1), (4096, 16), (1024, 64)] + ([] if args.quick else [(32768, 1), (32768, 16)])
+    variants = ["plain"] + (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])
+    for ctx, batch in shapes:
+        kc, vc, tables = cache(batch, ctx)
+        meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),
+                                 tables, (tables[:, -1].astype(np.int64) * bs + (ctx - 1) % bs), bs,
+                                 decode_only=True)
+        dmeta = attn_cuda.device_meta(meta)
+        q = cp.random.standard_normal((batch, hq, d), dtype=cp.float32)
+        o = cp.empty_like(q)
+        kv_bytes = 2 * batch * ctx * hkv * d * 2
+        for variant in variants:
+            t = time_us(lambda: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o, variant=variant),
+                        args.reps, 10)
             gbps = kv_bytes / t["us"] / 1e3
-            out[f"attn_decode-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
-                                                     "frac_copy_bw": round(gbps / copy_gbps, 3)}
-            del kc, vc
+            out[f"attn_decode_{variant}-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
+                                                               "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        del kc, vc
     n = 2048
     kc, vc, tables = cache(1, n)
     meta = AttentionMetadata(np.array([0, n], np.int32), np.array([n], np.int32), tables,

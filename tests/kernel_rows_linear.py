@@ -135,7 +135,8 @@ def _linear_rows():
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32act_bs{n}-{ROWS_OUT}x{cols}",
                                   _make_linear(qtype, n, cols, n == 3, "f32"), _ref_linear, _cuda_linear(), 2e-5))
     # int8 activations on short rows (quant_activations="q8"), and the GEMM path's fp16 rounded activations
-    for qtype, cols, n in (("Q4_1", 576, 1), ("Q8_0", 576, 3), ("Q6_K", 1792, 2), ("Q4_K", 256, 8), ("Q4_K", 4096, 4)):
+    for qtype, cols, n in (("Q4_1", 576, 1), ("Q8_0", 576, 3), ("Q6_K", 1792, 2), ("Q4_K", 256, 8), ("Q4_K", 4096, 4),
+                           ("Q4_K", 4096, 1), ("Q4_K", 256, 1), ("Q5_K", 1280, 1), ("Q6_K", 1792, 1), ("Q2_K", 512, 1)):
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8act_bs{n}-{ROWS_OUT}x{cols}",
                               _make_linear(qtype, n, cols, n == 3, "q8"), _ref_linear, _cuda_linear(), 2e-5))
     rows.append(KernelRow("linear", f"gemm_q4_1_q8act_n40-{ROWS_OUT}x576", _make_linear("Q4_1", 40, 576, True, "q8"),

@@ -1,6 +1,7 @@
 """CuPy launchers for paged attention over the fp16 KV cache (cuda_src/attn_prefill.cu,
-attn_decode.cu): causal prefill (also covers prefix + chunk and mixed batches; split-KV when a
-short chunk over a long prefix gives too few blocks to fill the GPU) and split-K decode.
+attn_decode.cu, attn_decode_mma.cu): causal prefill (also covers prefix + chunk and mixed
+batches; split-KV when a short chunk over a long prefix gives too few blocks to fill the GPU)
+and split-K decode (tensor cores from sm_80 on, splits merged by the kernel's last block).
 
 Metadata arrays are device int32 arrays (`device_meta` uploads host ones). Grids depend only on
 array shapes (N, B, heads, block-table width), never on device values, so decode launches can be
@@ -22,7 +23,13 @@ LOG2E = 1.4426950408889634
 HEAD_DIMS = (16, 32, 64, 128)       # instantiated in the .cu files
 DECODE_MAX_GROUP = 16               # DEC_MAXG in attn_decode.cu
 DECODE_MAX_SPLITS = 64
-DECODE_MIN_CHUNK = 32               # DEC_MIN_CHUNK: one tile of keys; fewer per split is not worth a split
+DECODE_MIN_CHUNK = {"plain": 32, "mma": 64}   # DEC_MIN_CHUNK / DM_MIN_CHUNK: fewer keys per split is not worth one
+# blocks per SM a decode launch aims for: the mma kernel's warps stream their keys with loads in
+# flight, so a block per SM (each warp several 16-key steps) fills the memory pipe; more splits
+# only add merge work
+DECODE_BLOCKS_PER_SM = {"plain": 4, "mma": 1}
+DECODE_MMA_HEAD_DIMS = (64, 128)
+DECODE_COUNTERS = 1 << 16           # (sequence, KV head) pairs whose splits the mma kernel merges itself
 PREFILL_TILE = {"plain": 16, "mma": 64}
 PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
 PREFILL_SPLIT_MIN_CHUNK = 256       # fewest keys per split at the longest context
@@ -136,21 +143,39 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
     return out
 
 
-def decode_splits(batch: int, num_kv_heads: int, max_context: int) -> int:
-    """Fixed split count for a decode launch: enough blocks to fill the GPU a few times over,
-    no split shorter than DECODE_MIN_CHUNK keys at full context. Depends only on shapes."""
-    want = math.ceil(4 * num_sms() / max(1, batch * num_kv_heads))
-    return max(1, min(want, DECODE_MAX_SPLITS, math.ceil(max_context / DECODE_MIN_CHUNK)))
+def decode_variant(head_dim: int) -> str:
+    """Tensor cores (attn_decode_mma.cu) from sm_80 on for head dims 64 and 128; else the plain kernel."""
+    return "mma" if int(device_arch()[3:]) >= 80 and head_dim in DECODE_MMA_HEAD_DIMS else "plain"
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_context: int, variant: str = "plain") -> int:
+    """Fixed split count for a decode launch: DECODE_BLOCKS_PER_SM blocks per SM, no split shorter
+    than DECODE_MIN_CHUNK keys at full context. Depends only on shapes."""
+    want = math.ceil(DECODE_BLOCKS_PER_SM[variant] * num_sms() / max(1, batch * num_kv_heads))
+    return max(1, min(want, DECODE_MAX_SPLITS, math.ceil(max_context / DECODE_MIN_CHUNK[variant])))
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_counters(device_id: int):
+    """Zeroed int32 counters the mma decode kernel's blocks count themselves in (the last block of
+    a (sequence, KV head) merges the splits and resets its counter). Allocated once and never freed,
+    so captured CUDA graphs keep a valid pointer."""
+    return _cp().zeros(DECODE_COUNTERS, np.int32)
 
 
 @cuda_op("attn_decode")
-def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None):
-    """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D]."""
+def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None,
+                variant: str | None = None):
+    """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D].
+    variant: "mma" or "plain" (None: decode_variant's choice)."""
     cp = _cp()
     n, hq, d, hkv = _check(q, k_cache, v_cache)
     group = hq // hkv
     if group > DECODE_MAX_GROUP:
         return attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
+    variant = variant or decode_variant(d)
+    if variant not in DECODE_MIN_CHUNK or (variant == "mma" and d not in DECODE_MMA_HEAD_DIMS):
+        raise ValueError(f"attn_decode: no {variant!r} kernel for head_dim {d}")
     meta = device_meta(meta)
     b = int(meta.seq_lens.shape[0])
     if n != b:
@@ -159,6 +184,28 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     out = _out(out, (n, hq, d))
     if b == 0:
         return out
+    if num_splits is None:
+        num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
+    if not 1 <= num_splits <= DECODE_MAX_SPLITS:
+        raise ValueError(f"attn_decode: num_splits {num_splits} outside 1..{DECODE_MAX_SPLITS}")
+    if num_splits > 1:
+        part_o = cp.empty((b, hq, num_splits, d), np.float32)
+        part_lse = cp.empty((b, hq, num_splits), np.float32)
+    else:
+        part_o = part_lse = out              # unused by the kernel
+    head = (q, _I64(qs), k_cache, v_cache, meta.block_tables, _I32(meta.block_tables.shape[1]), meta.seq_lens,
+            out, _I64(hq * d), part_o, part_lse)
+    tail = (_I32(hkv), _I32(group), _I32(meta.block_size), _I32(num_splits), _F32(scale * LOG2E))
+    fused = variant == "mma" and b * hkv <= DECODE_COUNTERS
+    if variant == "mma":
+        counters = _decode_counters(cp.cuda.Device().id) if fused else np.uint64(0)   # null
+        _k("attn_decode_mma.cu", f"attn_decode_mma_f16_hd{d}")((num_splits, hkv, b), (128,), head + (counters,) + tail)
+    else:
+        _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")((num_splits, hkv, b), (128,), head + tail)
+    if num_splits > 1 and not fused:
+        _k("attn_decode.cu", "attn_decode_combine_f32")(
+            (hq, b), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
+    return out
     if num_splits is None:
         num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size)
     if num_splits > 1:

@@ -1,0 +1,295 @@
+// Tensor-core decode attention over the paged KV cache (sm_80+, head dims 64 and 128): the same
+// contract as attn_decode.cu's kernel (grid (num_splits, num_kv_heads, B), one query row per
+// sequence, split s of sequence b's context), but the G = Hq/Hkv query heads of a KV head are the
+// rows of an m16n8k16 tile (rows >= G are zero) and the four warps of a block work independently:
+// warp w takes keys [k0 + 16w, k0 + 16w + 16) of every 64 keys of the split, straight from global
+// memory into mma fragments, with its own online softmax; the warps merge through shared memory
+// at the end, with no barrier in the key loop.
+//
+// No shared-memory staging: fragments are loaded 16 bytes at a time, which a permutation makes
+// possible. QK^T sums over the head dimension in any order, so lane (g, t) loads dims
+// [32j + 8t, 32j + 8t + 8) of key g and uses them as the B fragments of k-steps 2j and 2j + 1; Q's
+// A fragments follow the same order. For PV the keys are the k dimension: lane (g, t) loads dims
+// [64h + 8g, 64h + 8g + 8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs the keys' halves with byte
+// permutes, so n-tile (h, e) holds dims 64h + 8n + e: lane (g, t) ends with dims
+// 64h + 16t .. 64h + 16t + 15 of rows g and g + 8.
+//
+// Splits: with counters != nullptr the last block of a (sequence, KV head) to finish merges the
+// splits' partial outputs itself (and resets its counter for the next launch, so CUDA-graph
+// replays find zeros); without, attn_decode_combine_f32 does. Q and P are rounded to fp16.
+#include "common.cuh"
+#include "mma_prims.cuh"
+
+#define DM_WARPS 4
+#define DM_THREADS (DM_WARPS * 32)
+#define DM_KEYS 16              // keys per warp step: one k-step of PV
+#define DM_MIN_CHUNK 64         // fewest keys per split: a step for each warp
+#define DM_MAXG 16              // query heads per KV head: the m16 rows
+#define DM_MAX_SPLITS 64        // DECODE_MAX_SPLITS in attn_cuda.py
+
+template <int D>
+__device__ __forceinline__ const uint4* kv_ptr(const __half* __restrict__ cache, const int* __restrict__ table,
+                                               int key, int block_size, int num_kv_heads, int kh, int col) {
+    return reinterpret_cast<const uint4*>(cache + (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + col);
+}
+
+// K fragments of keys [k0, k0 + 16): rows k0 + g (n-tile 0) and k0 + 8 + g (n-tile 1), dims
+// 32j + 8t .. + 8; keys past k_last read k_last (their scores are masked)
+template <int D>
+__device__ __forceinline__ void load_k(uint4 (&kr)[2][D / 32], const __half* __restrict__ k_cache,
+                                       const int* __restrict__ table, int k0, int k_last, int block_size,
+                                       int num_kv_heads, int kh, int g, int t) {
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+        const uint4* p = kv_ptr<D>(k_cache, table, min(k0 + 8 * nt + g, k_last), block_size, num_kv_heads, kh, 8 * t);
+#pragma unroll
+        for (int j = 0; j < D / 32; ++j) kr[nt][j] = p[4 * j];
+    }
+}
+
+// V of keys k0 + 2t, 2t + 1, 2t + 8, 2t + 9, dims 64h + 8g .. + 8 (P = 0 past k_last)
+template <int D>
+__device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* __restrict__ v_cache,
+                                       const int* __restrict__ table, int k0, int k_last, int block_size,
+                                       int num_kv_heads, int kh, int g, int t) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+        const uint4* p = kv_ptr<D>(v_cache, table, min(k0 + 2 * t + (r & 1) + 8 * (r >> 1), k_last), block_size,
+                                   num_kv_heads, kh, 8 * g);
+#pragma unroll
+        for (int h = 0; h < D / 64; ++h) vr[r][h] = p[8 * h];
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void decode_mma_body(
+    const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
+    const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,
+    const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
+    float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
+    int num_splits, float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int KJ = D / 32;          // 16-byte K loads per key row and lane
+    constexpr int KS = D / 16;          // k-steps of QK^T
+    constexpr int VH = D / 64;          // 16-byte V loads per key row and lane
+    constexpr int OSTR = D + 4;         // o_s row stride (floats)
+    __shared__ __align__(16) float o_s[DM_WARPS][DM_MAXG][OSTR];
+    __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
+    __shared__ float w_s[DM_MAXG][DM_MAX_SPLITS];
+    __shared__ int last_s;
+
+    const int split = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int hq_total = num_kv_heads * group, h0 = kh * group;
+    const int ctx = seq_lens[b];
+    int chunk = (ctx + num_splits - 1) / num_splits;
+    chunk = max(DM_MIN_CHUNK, (chunk + DM_KEYS - 1) / DM_KEYS * DM_KEYS);
+    const int k_begin = split * chunk, k_end = min(ctx, k_begin + chunk);
+    const int* table = block_tables + (i64)b * bt_stride;
+    const i64 prow0 = (i64)b * hq_total + h0;         // part row of head 0 (times num_splits)
+
+    if (k_begin < k_end || split == 0) {
+        const int k_last = k_end - 1;                  // keys past the split load this one (P = 0)
+        // the first step's K/V are requested before Q; step i + 1's K once QK^T of step i has used
+        // kr, its V once PV has used vr
+        uint4 kr[2][KJ], vr[4][VH];
+        const int k_first = k_begin + DM_KEYS * warp;
+        if (k_first < k_end) {
+            load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+        }
+        // Q fragments, rows g and g + 8 (zero past the group); dims in the permuted order above
+        u32 qf[KS][4];
+        {
+            const float* qa = q + (i64)b * q_stride + (i64)(h0 + g) * D;
+            const float* qb = qa + 8 * D;
+            const bool va = g < group, vb = g + 8 < group;
+#pragma unroll
+            for (int ks = 0; ks < KS; ++ks) {
+                const int c = 32 * (ks >> 1) + 8 * t + 4 * (ks & 1);
+                const float4 a = va ? *reinterpret_cast<const float4*>(qa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                const float4 bb = vb ? *reinterpret_cast<const float4*>(qb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                qf[ks][0] = pack_f2h2(a.x, a.y);
+                qf[ks][1] = pack_f2h2(bb.x, bb.y);
+                qf[ks][2] = pack_f2h2(a.z, a.w);
+                qf[ks][3] = pack_f2h2(bb.z, bb.w);
+            }
+        }
+        float o[VH][8][4];
+#pragma unroll
+        for (int h = 0; h < VH; ++h)
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[h][e][0] = o[h][e][1] = o[h][e][2] = o[h][e][3] = 0.0f;
+        float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
+        for (int k0 = k_first; k0 < k_end; k0 += DM_KEYS * DM_WARPS) {
+            const int k_next = k0 + DM_KEYS * DM_WARPS;
+            float s[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < KJ; ++j) {
+                    mma_16816(s[nt], qf[2 * j], kr[nt][j].x, kr[nt][j].y);
+                    mma_16816(s[nt], qf[2 * j + 1], kr[nt][j].z, kr[nt][j].w);
+                }
+            }
+            if (k_next < k_end) load_k<D>(kr, k_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+            float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const bool ok = k0 + 8 * nt + 2 * t + e < k_end;
+                    s[nt][e] = ok ? s[nt][e] * scale_log2 : pc_neg_inf();
+                    s[nt][2 + e] = ok ? s[nt][2 + e] * scale_log2 : pc_neg_inf();
+                    mx_a = fmaxf(mx_a, s[nt][e]);
+                    mx_b = fmaxf(mx_b, s[nt][2 + e]);
+                }
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
+            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key k0 is valid
+            const float al_a = exp2f(m_a - mn_a), al_b = exp2f(m_b - mn_b);
+            m_a = mn_a;
+            m_b = mn_b;
+            float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    s[nt][e] = exp2f(s[nt][e] - mn_a);
+                    s[nt][2 + e] = exp2f(s[nt][2 + e] - mn_b);
+                    sum_a += s[nt][e];
+                    sum_b += s[nt][2 + e];
+                }
+            l_a = l_a * al_a + sum_a;
+            l_b = l_b * al_b + sum_b;
+            const u32 pa[4] = {pack_f2h2(s[0][0], s[0][1]), pack_f2h2(s[0][2], s[0][3]),
+                               pack_f2h2(s[1][0], s[1][1]), pack_f2h2(s[1][2], s[1][3])};
+#pragma unroll
+            for (int h = 0; h < VH; ++h) {
+                const u32 w0[4] = {vr[0][h].x, vr[0][h].y, vr[0][h].z, vr[0][h].w};
+                const u32 w1[4] = {vr[1][h].x, vr[1][h].y, vr[1][h].z, vr[1][h].w};
+                const u32 w2[4] = {vr[2][h].x, vr[2][h].y, vr[2][h].z, vr[2][h].w};
+                const u32 w3[4] = {vr[3][h].x, vr[3][h].y, vr[3][h].z, vr[3][h].w};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) {
+                        const u32 sel = hi ? 0x7632u : 0x5410u;   // low or high halves of both keys
+                        float* c = o[h][2 * i + hi];
+                        c[0] *= al_a;
+                        c[1] *= al_a;
+                        c[2] *= al_b;
+                        c[3] *= al_b;
+                        mma_16816(c, pa, __byte_perm(w0[i], w1[i], sel), __byte_perm(w2[i], w3[i], sel));
+                    }
+                }
+            }
+            if (k_next < k_end) load_v<D>(vr, v_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+        }
+        l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 1);
+        l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
+        l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
+        l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 2);
+        // this warp's state to shared memory (a warp without keys has m = -inf, l = 0, o = 0)
+#pragma unroll
+        for (int rr = 0; rr < 2; ++rr) {
+            const int row = g + 8 * rr;
+            if (row < group) {
+#pragma unroll
+                for (int h = 0; h < VH; ++h)
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        o_s[warp][row][64 * h + 16 * t + e] = o[h][e][2 * rr];
+                        o_s[warp][row][64 * h + 16 * t + 8 + e] = o[h][e][2 * rr + 1];
+                    }
+                if (t == 0) {
+                    m_s[warp][row] = rr ? m_b : m_a;
+                    l_s[warp][row] = rr ? l_b : l_a;
+                }
+            }
+        }
+        __syncthreads();
+        for (int i = tid; i < group * D; i += DM_THREADS) {
+            const int row = i / D, d = i % D;
+            float mx = pc_neg_inf();
+#pragma unroll
+            for (int w = 0; w < DM_WARPS; ++w) mx = fmaxf(mx, m_s[w][row]);
+            float num = 0.0f, den = 0.0f;
+#pragma unroll
+            for (int w = 0; w < DM_WARPS; ++w) {
+                const float wt = m_s[w][row] == pc_neg_inf() ? 0.0f : exp2f(m_s[w][row] - mx);
+                num += wt * o_s[w][row][d];
+                den += wt * l_s[w][row];
+            }
+            const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+            if (num_splits == 1) {
+                out[(i64)b * out_stride + (i64)(h0 + row) * D + d] = num * inv;
+            } else {
+                const i64 pr = (prow0 + row) * num_splits + split;
+                part_o[pr * D + d] = num * inv;
+                if (d == 0) part_lse[pr] = den > 0.0f ? mx + log2f(den) : pc_neg_inf();
+            }
+        }
+    } else {                                           // empty split: only its weight (zero)
+        if (tid < group) part_lse[(prow0 + tid) * num_splits + split] = pc_neg_inf();
+    }
+    if (num_splits == 1 || counters == nullptr) return;
+
+    // the last block of this (sequence, KV head) to get here merges the splits
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* cnt = counters + (i64)b * num_kv_heads + kh;
+        last_s = atomicAdd(cnt, 1) == num_splits - 1;
+        if (last_s) *cnt = 0;                          // every block has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    for (int i = tid; i < group * num_splits; i += DM_THREADS) {   // all log-sum-exps at once
+        const int row = i / num_splits, s = i % num_splits;
+        w_s[row][s] = __ldcg(part_lse + (prow0 + row) * num_splits + s);
+    }
+    __syncthreads();
+    if (tid < group) {
+        float mx = pc_neg_inf();
+        for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, w_s[tid][s]);
+        for (int s = 0; s < num_splits; ++s)
+            w_s[tid][s] = w_s[tid][s] == pc_neg_inf() ? 0.0f : exp2f(w_s[tid][s] - mx);
+    }
+    __syncthreads();
+    for (int i = tid; i < group * D; i += DM_THREADS) {
+        const int row = i / D, d = i % D;
+        const float* po = part_o + (prow0 + row) * num_splits * D + d;
+        float num = 0.0f, den = 0.0f;
+#pragma unroll 16
+        for (int s = 0; s < num_splits; ++s) {         // every load issued; unwritten (empty) splits weigh 0
+            const float wt = w_s[row][s], v = __ldcg(po + (i64)s * D);
+            num += wt != 0.0f ? wt * v : 0.0f;
+            den += wt;
+        }
+        out[(i64)b * out_stride + (i64)(h0 + row) * D + d] = num / den;   // split 0 is never empty
+    }
+#else
+    __trap();
+#endif
+}
+
+#define DECODE_MMA_KERNEL(D)                                                                          \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_f16_hd##D(                \
+        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,                \
+        const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,      \
+        const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride,                    \
+        float* __restrict__ part_o, float* __restrict__ part_lse, int* __restrict__ counters,         \
+        int num_kv_heads, int group, int block_size, int num_splits, float scale_log2) {              \
+        decode_mma_body<D>(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,     \
+                           out_stride, part_o, part_lse, counters, num_kv_heads, group, block_size,   \
+                           num_splits, scale_log2);                                                   \
+    }
+
+DECODE_MMA_KERNEL(64)
+DECODE_MMA_KERNEL(128)
