@@ -230,7 +230,7 @@ def bench_attention(args, copy_gbps: float) -> dict:
         tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
         return kc, vc, tables
 
-    shapes = [(4096, 1), (4096, 16), (1024, 64)] + ([] if args.quick else [(32768, 1), (32768, 16)])
+    shapes = [(512, 1), (4096, 1), (4096, 16), (1024, 64)] + ([] if args.quick else [(32768, 1), (32768, 16)])
     variants = ["plain"] + (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])
     for ctx, batch in shapes:
         kc, vc, tables = cache(batch, ctx)
@@ -247,6 +247,11 @@ def bench_attention(args, copy_gbps: float) -> dict:
             gbps = kv_bytes / t["us"] / 1e3
             out[f"attn_decode_{variant}-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
                                                                "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        if batch == 1 and "mma" in variants:          # the launcher's split count against forced ones
+            for splits in (1, 2, 4, 8, 16, 32, 64):
+                t = time_us(lambda s=splits: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o, num_splits=s,
+                                                                   variant="mma"), args.reps, 10)
+                out[f"attn_decode_mma-ctx{ctx}-b{batch}-splits{splits}"] = t
         del kc, vc
     n = 2048
     kc, vc, tables = cache(1, n)
