@@ -158,10 +158,11 @@ def decode_splits(batch: int, num_kv_heads: int, max_context: int, variant: str 
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_counters(device_id: int):
+def _decode_counters(device_id: int, stream_ptr: int):
     """Zeroed int32 counters the mma decode kernel's blocks count themselves in (the last block of
-    a (sequence, KV head) merges the splits and resets its counter). Allocated once and never freed,
-    so captured CUDA graphs keep a valid pointer."""
+    a (sequence, KV head) merges the splits and resets its counter). One set per stream, since
+    launches on different streams may overlap; allocated once and never freed, so captured CUDA
+    graphs keep a valid pointer."""
     return _cp().zeros(DECODE_COUNTERS, np.int32)
 
 
@@ -200,27 +201,12 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     tail = (_I32(hkv), _I32(group), _I32(meta.block_size), _I32(num_splits), _F32(scale * LOG2E))
     fused = variant == "mma" and b * hkv <= DECODE_COUNTERS
     if variant == "mma":
-        counters = _decode_counters(cp.cuda.Device().id) if fused else np.uint64(0)   # null
+        counters = (_decode_counters(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr) if fused
+                    else np.uint64(0))   # null: attn_decode_combine_f32 merges
         _k("attn_decode_mma.cu", f"attn_decode_mma_f16_hd{d}")((num_splits, hkv, b), (128,), head + (counters,) + tail)
     else:
         _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")((num_splits, hkv, b), (128,), head + tail)
     if num_splits > 1 and not fused:
-        _k("attn_decode.cu", "attn_decode_combine_f32")(
-            (hq, b), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
-    return out
-    if num_splits is None:
-        num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size)
-    if num_splits > 1:
-        part_o = cp.empty((b, hq, num_splits, d), np.float32)
-        part_lse = cp.empty((b, hq, num_splits), np.float32)
-    else:
-        part_o = part_lse = out              # unused by the kernel
-    _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")(
-        (num_splits, hkv, b), (128,),
-        (q, _I64(qs), k_cache, v_cache, meta.block_tables, _I32(meta.block_tables.shape[1]), meta.seq_lens,
-         out, _I64(hq * d), part_o, part_lse, _I32(hkv), _I32(group), _I32(meta.block_size), _I32(num_splits),
-         _F32(scale * LOG2E)))
-    if num_splits > 1:
         _k("attn_decode.cu", "attn_decode_combine_f32")(
             (hq, b), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
     return out
