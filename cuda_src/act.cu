@@ -1,5 +1,6 @@
 // Elementwise float32 ops: SiLU(gate) * up, and a + b.
 #include "common.cuh"
+#include "gguf_prims.cuh"
 
 // gate, up: [rows, cols] with their own row strides (so both may be views of one fused
 // gate_up projection); out: [rows, cols] contiguous. grid.x = ceil(rows * cols / 256), block 256.
@@ -12,6 +13,21 @@ extern "C" __global__ void silu_mul_f32(const float* __restrict__ gate, const fl
     const float g = gate[r * gate_stride + c];
     out[i] = g / (1.0f + expf(-g)) * up[r * up_stride + c];
 }
+
+// The same values rounded to 16-bit floats (as cast_f32_f16 / cast_f32_bf16 round): the input of
+// a GEMM over fp16 / bf16 weights, written without the float32 copy.
+#define SILU_MUL_16(NAME, ROUND)                                                                      \
+    extern "C" __global__ void NAME(const float* __restrict__ gate, const float* __restrict__ up,     \
+                                    u16* __restrict__ out, int rows, int cols, i64 gate_stride,       \
+                                    i64 up_stride) {                                                  \
+        const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                     \
+        if (i >= (i64)rows * cols) return;                                                            \
+        const i64 r = i / cols, c = i - r * cols;                                                     \
+        const float g = gate[r * gate_stride + c];                                                    \
+        out[i] = ROUND(g / (1.0f + expf(-g)) * up[r * up_stride + c]);                                \
+    }
+SILU_MUL_16(silu_mul_f16out, pq::f2h)
+SILU_MUL_16(silu_mul_bf16out, pq::f2bf)
 
 // out = a + b over n contiguous elements. grid.x = ceil(n / 256), block 256.
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n) {

@@ -1,6 +1,7 @@
 // RMSNorm over the last axis (float32 activations, float32 weight), and the fused
 // residual-add + RMSNorm. Per-head norms (Qwen3 q/k norm) are rows of length head_dim.
 #include "common.cuh"
+#include "gguf_prims.cuh"
 #include "q8_act.cuh"
 
 // One block per row (blockDim.x a multiple of 32); grid.x = rows.
@@ -93,13 +94,17 @@ RMS_NORM_WARP(1024)
 // --- a block of 256 threads per row, the row in registers as float4 (dim % 4 == 0, dim <= 1024 * V):
 // every load of the row issued at once, one block reduction (the loop kernels above wait on one
 // load per step: ~6 us for a 4096-wide row at batch 1).  blockDim.x = NORM_VEC_THREADS.
-// Q: the output also quantized to int8 blocks of 32 (q8_act.cuh) into xq [rows * dim], xds
-// [rows * dim / 32], for linears with int8 activations (dim % 32 == 0).
-template <int V, bool Q>
+// EXTRA: a second copy of the output for the linears that read it -- NORM_Q8: int8 blocks of 32
+// (q8_act.cuh) into xq [rows * dim], xds [rows * dim / 32], for linears with int8 activations
+// (dim % 32 == 0); NORM_F16 / NORM_BF16: 16-bit floats into x16 [rows * dim] (the GEMM path's
+// cuBLAS input, rounded as cast_f32_f16 / cast_f32_bf16 in gemv.cu round).
+enum { NORM_PLAIN = 0, NORM_Q8 = 1, NORM_F16 = 2, NORM_BF16 = 3 };
+
+template <int V, int EXTRA>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* res,
                                                   const float* __restrict__ w, float* __restrict__ out,
                                                   float* res_out, int dim, float eps, signed char* xq = nullptr,
-                                                  float4* xds = nullptr) {
+                                                  float4* xds = nullptr, u16* x16 = nullptr) {
     __shared__ float scratch[32];
     const int n4 = dim >> 2;
     const i64 base = (i64)blockIdx.x * n4;
@@ -132,25 +137,46 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
         const float4 o = make_float4(h[e].x * r * wv[e].x, h[e].y * r * wv[e].y, h[e].z * r * wv[e].z,
                                      h[e].w * r * wv[e].w);
         if (i < n4) ((float4*)out)[base + i] = o;
-        if constexpr (Q) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
+        if constexpr (EXTRA == NORM_Q8) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
+        if constexpr (EXTRA == NORM_F16 || EXTRA == NORM_BF16) {
+            if (i < n4) {
+                const float f[4] = {o.x, o.y, o.z, o.w};
+                u32 p[2];
+#pragma unroll
+                for (int k = 0; k < 2; ++k)
+                    p[k] = EXTRA == NORM_F16 ? (u32)pq::f2h(f[2 * k]) | ((u32)pq::f2h(f[2 * k + 1]) << 16)
+                                             : (u32)pq::f2bf(f[2 * k]) | ((u32)pq::f2bf(f[2 * k + 1]) << 16);
+                ((uint2*)x16)[base + i] = make_uint2(p[0], p[1]);
+            }
+        }
     }
 }
 
 #define RMS_NORM_VEC(V)                                                                               \
     extern "C" __global__ void rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* __restrict__ w, \
                                                      float* __restrict__ out, int dim, float eps) {  \
-        rms_norm_vec_body<V, false>(x, nullptr, w, out, nullptr, dim, eps);                          \
+        rms_norm_vec_body<V, NORM_PLAIN>(x, nullptr, w, out, nullptr, dim, eps);                     \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                          const float* __restrict__ w, float* __restrict__ out, \
                                                          float* res_out, int dim, float eps) {       \
-        rms_norm_vec_body<V, false>(x, res, w, out, res_out, dim, eps);                              \
+        rms_norm_vec_body<V, NORM_PLAIN>(x, res, w, out, res_out, dim, eps);                         \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_q8_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                             const float* __restrict__ w, float* __restrict__ out, \
                                                             float* res_out, int dim, float eps,     \
                                                             signed char* __restrict__ xq, float4* __restrict__ xds) { \
-        rms_norm_vec_body<V, true>(x, res, w, out, res_out, dim, eps, xq, xds);                      \
+        rms_norm_vec_body<V, NORM_Q8>(x, res, w, out, res_out, dim, eps, xq, xds);                   \
+    }                                                                                               \
+    extern "C" __global__ void add_rms_norm_f16_vec_f32_v##V(const float* __restrict__ x, const float* res, \
+                                                             const float* __restrict__ w, float* __restrict__ out, \
+                                                             float* res_out, int dim, float eps, u16* __restrict__ x16) { \
+        rms_norm_vec_body<V, NORM_F16>(x, res, w, out, res_out, dim, eps, nullptr, nullptr, x16);    \
+    }                                                                                               \
+    extern "C" __global__ void add_rms_norm_bf16_vec_f32_v##V(const float* __restrict__ x, const float* res, \
+                                                              const float* __restrict__ w, float* __restrict__ out, \
+                                                              float* res_out, int dim, float eps, u16* __restrict__ x16) { \
+        rms_norm_vec_body<V, NORM_BF16>(x, res, w, out, res_out, dim, eps, nullptr, nullptr, x16);   \
     }
 
 RMS_NORM_VEC(1)

@@ -89,6 +89,39 @@ for shape in [(1, 4096), (3, 2048), (2, 8192), (5, 1024)]:
 
     ROWS.append(KernelRow("add_rms_norm_q8", "x".join(map(str, shape)), make, ref=ref, cuda=cuda, tol=2e-3))
 
+# --- add_rms_norm with a 16-bit copy of the output (the input of GEMMs over fp16 / bf16 weights) --
+def round16(x, qtype: str) -> np.ndarray:
+    """float32 -> its fp16 / bf16 rounding (nearest even), as float32."""
+    if qtype == "F16":
+        return x.astype(np.float16).astype(F32)
+    u = np.ascontiguousarray(x, F32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(F32)
+
+
+def widen16(x16, qtype: str):
+    """The CUDA side's fp16 array / bf16 bits (uint16) as float32."""
+    cp = _cp()
+    return x16.astype(cp.float32) if qtype == "F16" else (x16.astype(cp.uint32) << 16).view(cp.float32)
+
+
+for qtype, shape in [("BF16", (40, 4096)), ("F16", (33, 1024)), ("BF16", (9, 8192))]:
+    def make(rng, shape=shape):
+        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+
+    def ref(i, qtype=qtype):
+        out, res = REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"])
+        return out, res, round16(out, qtype)
+
+    def cuda(i, poison, qtype=qtype):
+        res = _up(i["res"])
+        out, res_out, x16 = _ew().add_rms_norm_h16(_up(i["x"]), res, _up(i["w"]), i["eps"], qtype)
+        assert res_out is res
+        return out, res_out, widen16(x16, qtype)
+
+    ROWS.append(KernelRow("add_rms_norm_h16", f"{qtype.lower()}-" + "x".join(map(str, shape)), make, ref=ref,
+                          cuda=cuda, tol=1e-4))
+
 # --- SiLU * up, add ---------------------------------------------------------------------------
 for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
     def make(rng, rows_=rows_, cols=cols):
@@ -103,6 +136,21 @@ for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
 
     ROWS.append(KernelRow("silu_mul", f"{rows_}x{cols}" + ("-views" if fused else ""), make,
                           ref=lambda i, cols=cols: REF.silu_mul(i["gu"][:, :cols], i["gu"][:, cols:]), cuda=cuda))
+
+for qtype, rows_, cols, fused in [("BF16", 40, 1536, True), ("F16", 9, 352, False)]:
+    def make(rng, rows_=rows_, cols=cols):
+        return {"gu": _randn(rng, rows_, 2 * cols, scale=3.0)}
+
+    def cuda(i, poison, cols=cols, fused=fused, qtype=qtype):
+        gu = _up(i["gu"])
+        gate, up = gu[:, :cols], gu[:, cols:]
+        if not fused:
+            gate, up = _cp().ascontiguousarray(gate), _cp().ascontiguousarray(up)
+        return widen16(_ew().silu_mul_h16(gate, up, qtype), qtype)
+
+    ROWS.append(KernelRow("silu_mul_h16", f"{qtype.lower()}-{rows_}x{cols}" + ("-views" if fused else ""), make,
+                          ref=lambda i, cols=cols, qtype=qtype: round16(
+                              REF.silu_mul(i["gu"][:, :cols], i["gu"][:, cols:]), qtype), cuda=cuda, tol=1e-4))
 
 for shape in [(1000,), (5, 4096)]:
     ROWS.append(KernelRow(

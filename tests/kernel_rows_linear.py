@@ -295,7 +295,8 @@ def _silu_linear_rows():
             ("Q4_1", 12, 1536, True, "auto", 2e-5), ("Q4_K", 1, 4096, True, "f32", 2e-5),
             ("Q4_K", 1, 4096, True, "auto", 2e-5), ("Q6_K", 19, 4096, True, "auto", 2e-5),
             ("Q4_1", 3, 1536, False, "q8", 2e-5), ("Q8_0", 40, 4096, True, "auto", 3e-3),
-            ("F16", 2, 1536, True, "auto", 1e-5)):
+            ("F16", 2, 1536, True, "auto", 1e-5), ("BF16", 40, 1024, True, "auto", 1e-2),
+            ("F16", 12, 1536, False, "auto", 3e-3)):
         rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-{act}" + ("-views" if views else ""),
                               _make_silu_linear(qtype, n, inter, act), _ref_silu_linear, _cuda_silu_linear(views),
                               tol))

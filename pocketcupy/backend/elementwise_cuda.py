@@ -143,17 +143,15 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
     return out, residual_out
 
 
-@cuda_op("add_rms_norm_q8")
-def add_rms_norm_q8(x, residual, w, eps: float):
-    """add_rms_norm (residual updated in place) whose kernel also quantizes the output to int8
-    blocks of 32 for int8-activation linears: (out, residual, xq int8 [N, dim], xds float32
-    [N, dim / 32, 4]); None where the register-resident kernel does not apply (then call
-    add_rms_norm)."""
+def _add_rms_norm_vec_extra(name: str, x, residual, w, eps: float, extra) -> tuple | None:
+    """The register-resident add_rms_norm kernel `name` (residual updated in place) with its extra
+    output arrays `extra(rows, dim)`: (out, residual, *extra); None where that kernel does not
+    apply (dim not a multiple of 32, misaligned arrays, rows too wide)."""
     cp = _cp()
-    check_f32("add_rms_norm_q8", x)
-    check_f32("add_rms_norm_q8", residual)
+    check_f32(name, x)
+    check_f32(name, residual)
     if x.ndim != 2 or x.shape != residual.shape or not residual.flags.c_contiguous:
-        raise ValueError(f"add_rms_norm_q8: x {x.shape} and a contiguous residual of the same 2-D shape expected")
+        raise ValueError(f"{name}: x {x.shape} and a contiguous residual of the same 2-D shape expected")
     x = cp.ascontiguousarray(x)
     w = cp.asarray(w, dtype=np.float32)
     rows, dim = x.shape
@@ -161,16 +159,35 @@ def add_rms_norm_q8(x, residual, w, eps: float):
     if rows == 0 or dim % 32 or v is None:
         return None
     out = _out(None, x.shape)
-    xq = cp.empty((rows, dim), cp.int8)
-    xds = cp.empty((rows, dim // 32, 4), cp.float32)
-    _k("norm.cu", f"add_rms_norm_q8_vec_f32_v{v}")(
-        (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual, _I32(dim), _F32(eps), xq, xds))
-    return out, residual, xq, xds
+    more = extra(rows, dim)
+    _k("norm.cu", f"{name}_vec_f32_v{v}")(
+        (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual, _I32(dim), _F32(eps)) + more)
+    return (out, residual) + more
 
 
-@cuda_op("silu_mul")
-def silu_mul(gate, up, out=None):
-    """silu(gate) * up for [N, I] float32 (gate/up may be column slices of one [N, 2I] array)."""
+@cuda_op("add_rms_norm_q8")
+def add_rms_norm_q8(x, residual, w, eps: float):
+    """add_rms_norm (residual updated in place) whose kernel also quantizes the output to int8
+    blocks of 32 for int8-activation linears: (out, residual, xq int8 [N, dim], xds float32
+    [N, dim / 32, 4]); None where the register-resident kernel does not apply (then call
+    add_rms_norm)."""
+    cp = _cp()
+    return _add_rms_norm_vec_extra("add_rms_norm_q8", x, residual, w, eps, lambda rows, dim: (
+        cp.empty((rows, dim), cp.int8), cp.empty((rows, dim // 32, 4), cp.float32)))
+
+
+@cuda_op("add_rms_norm_h16")
+def add_rms_norm_h16(x, residual, w, eps: float, qtype: str):
+    """add_rms_norm (residual updated in place) whose kernel also writes the output as 16-bit
+    floats, qtype "F16" (float16) or "BF16" (uint16 bits), rounded as linear()'s cast before a
+    GEMM over such weights: (out, residual, out16); None where the kernel does not apply."""
+    cp = _cp()
+    name = {"F16": "add_rms_norm_f16", "BF16": "add_rms_norm_bf16"}[qtype]
+    dt = cp.float16 if qtype == "F16" else cp.uint16
+    return _add_rms_norm_vec_extra(name, x, residual, w, eps, lambda rows, dim: (cp.empty((rows, dim), dt),))
+
+
+def _silu_mul_launch(kernel_name: str, gate, up, out_dtype, out=None):
     check_f32("silu_mul", gate)
     check_f32("silu_mul", up)
     if gate.shape != up.shape:
@@ -179,12 +196,27 @@ def silu_mul(gate, up, out=None):
     gate2, gs = row_view(gate.reshape(-1, cols) if gate.ndim != 2 else gate, cols)
     up2, us = row_view(up.reshape(-1, cols) if up.ndim != 2 else up, cols)
     rows = gate2.shape[0]
-    out = _out(out, gate.shape)
+    out = _out(out, gate.shape, out_dtype)
     n = rows * cols
     if n:
-        _k("act.cu", "silu_mul_f32")(((n + 255) // 256,), (256,),
-                                     (gate2, up2, out, _I32(rows), _I32(cols), _I64(gs), _I64(us)))
+        _k("act.cu", kernel_name)(((n + 255) // 256,), (256,),
+                                  (gate2, up2, out, _I32(rows), _I32(cols), _I64(gs), _I64(us)))
     return out
+
+
+@cuda_op("silu_mul")
+def silu_mul(gate, up, out=None):
+    """silu(gate) * up for [N, I] float32 (gate/up may be column slices of one [N, 2I] array)."""
+    return _silu_mul_launch("silu_mul_f32", gate, up, np.float32, out)
+
+
+@cuda_op("silu_mul_h16")
+def silu_mul_h16(gate, up, qtype: str):
+    """silu_mul rounded to 16-bit floats, qtype "F16" (float16) or "BF16" (uint16 bits), as
+    linear()'s cast before a GEMM over such weights rounds: that GEMM's input without the float32
+    copy."""
+    name = {"F16": "silu_mul_f16out", "BF16": "silu_mul_bf16out"}[qtype]
+    return _silu_mul_launch(name, gate, up, np.float16 if qtype == "F16" else np.uint16)
 
 
 @cuda_op("add")

@@ -53,6 +53,16 @@ class Q8Rows:
 
 
 @dataclass
+class Half16Rows:
+    """Activations [N, K] float32 with their fp16 / bf16 rounding (`qtype` "F16" / "BF16"),
+    written by the kernel that produced them (a fused norm): the GEMM over such weights reads x16
+    instead of casting x."""
+    x: Any
+    x16: Any
+    qtype: str
+
+
+@dataclass
 class CudaWeight:
     qtype: str            # "F16", "BF16" or a GGUF block type name
     shape: tuple          # (rows, cols), torch order
@@ -361,12 +371,18 @@ def _gemm_f32out(a16, w16, rows: int, dtype: int, out, col0: int = 0) -> None:
             out.data.ptr + col0 * 4, _F32, out.shape[1], _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
-def _gemm(x, w: CudaWeight, bias, out) -> None:
+def _gemm_dense(x16, w: CudaWeight, out) -> None:
+    """out = x16 @ w.T for fp16 / bf16 weights, x16 already rounded to the weight's type."""
+    _gemm_f32out(x16, w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
+
+
+def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
+    """x16: x rounded to w's 16-bit type by the kernel that made x (dense weights)."""
     import cupy as cp
 
     n, k = x.shape
     if w.is_dense:
-        _gemm_f32out(_cast(x, w.qtype), w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
+        _gemm_dense(_cast(x, w.qtype) if x16 is None else x16, w, out)
     else:
         x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
         tile = max(1, min(w.rows, DEQUANT_TILE_ELEMS // k))
@@ -388,9 +404,11 @@ def linear(x, w, bias=None, out=None):
     """x [..., K] float32 (or Q8Rows) @ w.T (+ bias) -> [..., rows] float32."""
     import cupy as cp
 
-    xqd = None
+    xqd = x16 = None
     if isinstance(x, Q8Rows):
         x, xqd = x.x, (x.xq, x.xds)
+    elif isinstance(x, Half16Rows):
+        x, x16 = x.x, (x.x16 if isinstance(w, CudaWeight) and w.qtype == x.qtype else None)
 
     if not isinstance(w, CudaWeight):                      # a plain float32 matrix
         y = cp.matmul(cp.asarray(x, dtype=cp.float32), w.T.astype(cp.float32))
@@ -420,7 +438,7 @@ def linear(x, w, bias=None, out=None):
         if n <= GEMV_MAX_BATCH and k % 8 == 0:
             _gemv_dense(x, w, bias, y)
         else:
-            _gemm(x, w, bias, y)
+            _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
     elif n <= QUANT_GEMV_MAX_BATCH:
         _gemv_gguf(x, w, bias, y, xqd=xqd)
     else:
@@ -435,7 +453,7 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
-    if isinstance(x, Q8Rows):                  # already quantized
+    if isinstance(x, (Q8Rows, Half16Rows)):    # already quantized / rounded
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
     lead = x.shape[:-1]
@@ -460,13 +478,19 @@ def silu_mul_linear(gate, up, w, out=None):
     """linear(silu_mul(gate, up), w): gate, up [N, I] float32 (column views of one gate_up output
     allowed). Quantized weights: with int8 activations (batch <= 32) silu(gate) * up is computed
     by the activation quantizer; with fp32 activations on short rows (batch <= 8) by the GEMV as it
-    loads them (the same float32 expression as silu_mul, so the same result); otherwise silu_mul,
-    then linear."""
+    loads them (the same float32 expression as silu_mul, so the same result). fp16 / bf16 weights
+    past the GEMV batches: silu_mul rounded to the weight's type by its kernel, then the GEMM.
+    Otherwise silu_mul, then linear."""
     import cupy as cp
 
-    from .elementwise_cuda import silu_mul
+    from .elementwise_cuda import silu_mul, silu_mul_h16
 
     n, k = gate.shape
+    if isinstance(w, CudaWeight) and w.is_dense and n > GEMV_MAX_BATCH and k == w.cols and gate.shape == up.shape \
+            and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)):
+        out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
+        _gemm_dense(silu_mul_h16(gate, up, w.qtype), w, out)
+        return out
     quantized = isinstance(w, CudaWeight) and not w.is_dense and k == w.cols
     shapes_ok = quantized and (
         0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape

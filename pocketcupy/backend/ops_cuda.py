@@ -67,15 +67,25 @@ class CudaOps:
     def add_rms_norm(self, x, residual, w, eps: float, feeds=None):
         """residual += x (in place); returns (rms_norm(residual) * w, residual). When every weight
         in feeds takes int8 activations, the output comes with its int8 blocks (linear_cuda.Q8Rows,
-        quantized by the norm kernel itself) so those linears skip their own quantization."""
+        quantized by the norm kernel itself) so those linears skip their own quantization; when
+        they are all fp16 (or all bf16) and the batch goes to cuBLAS, with its 16-bit rounding
+        (linear_cuda.Half16Rows) so the GEMMs skip their cast."""
         from . import linear_cuda
 
-        if feeds and x.shape[0] <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
-                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == x.shape[-1] for f in feeds):
-            fused = elementwise_cuda.add_rms_norm_q8(x, residual, w, eps)
-            if fused is not None:
-                out, residual, xq, xds = fused
-                return linear_cuda.Q8Rows(out, xq, xds), residual
+        cw = linear_cuda.CudaWeight
+        n, dim = x.shape[0], x.shape[-1]
+        if feeds and all(isinstance(f, cw) and f.cols == dim for f in feeds):
+            if n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(f.act_q8 for f in feeds):
+                fused = elementwise_cuda.add_rms_norm_q8(x, residual, w, eps)
+                if fused is not None:
+                    out, residual, xq, xds = fused
+                    return linear_cuda.Q8Rows(out, xq, xds), residual
+            qtype = feeds[0].qtype
+            if n > linear_cuda.GEMV_MAX_BATCH and qtype in ("F16", "BF16") and all(f.qtype == qtype for f in feeds):
+                fused = elementwise_cuda.add_rms_norm_h16(x, residual, w, eps, qtype)
+                if fused is not None:
+                    out, residual, x16 = fused
+                    return linear_cuda.Half16Rows(out, x16, qtype), residual
         return elementwise_cuda.add_rms_norm(x, residual, w, eps)
 
     def silu_mul(self, gate, up):
