@@ -401,7 +401,7 @@ def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
 
 @cuda_op("linear")
 def linear(x, w, bias=None, out=None):
-    """x [..., K] float32 (or Q8Rows) @ w.T (+ bias) -> [..., rows] float32."""
+    """x [..., K] float32 (or Q8Rows / Half16Rows) @ w.T (+ bias) -> [..., rows] float32."""
     import cupy as cp
 
     xqd = x16 = None
