@@ -184,6 +184,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     if n != b:
         raise ValueError(f"attn_decode: {n} query rows for {b} sequences")
     q, qs = row_view(q, hq * d)
+    if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
+        q, qs = row_view(cp.ascontiguousarray(q), hq * d)
     out = _out(out, (n, hq, d))
     if b == 0:
         return out
