@@ -146,26 +146,8 @@ __device__ __forceinline__ void decode_mma_body(
                     mx_a = fmaxf(mx_a, s[nt][e]);
                     mx_b = fmaxf(mx_b, s[nt][2 + e]);
                 }
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);   // finite: key k0 is valid
-            const float al_a = exp2f(m_a - mn_a), al_b = exp2f(m_b - mn_b);
-            m_a = mn_a;
-            m_b = mn_b;
-            float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    s[nt][e] = exp2f(s[nt][e] - mn_a);
-                    s[nt][2 + e] = exp2f(s[nt][2 + e] - mn_b);
-                    sum_a += s[nt][e];
-                    sum_b += s[nt][2 + e];
-                }
-            l_a = l_a * al_a + sum_a;
-            l_b = l_b * al_b + sum_b;
+            float al_a, al_b;
+            softmax_step<2>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
             const u32 pa[4] = {pack_f2h2(s[0][0], s[0][1]), pack_f2h2(s[0][2], s[0][3]),
                                pack_f2h2(s[1][0], s[1][1]), pack_f2h2(s[1][2], s[1][3])};
 #pragma unroll
@@ -190,10 +172,8 @@ __device__ __forceinline__ void decode_mma_body(
             }
             if (k_next < k_end) load_v<D>(vr, v_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
         }
-        l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 1);
-        l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
-        l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
-        l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 2);
+        l_a = quad_sum(l_a);
+        l_b = quad_sum(l_b);
         // this warp's state to shared memory (a warp without keys has m = -inf, l = 0, o = 0)
 #pragma unroll
         for (int rr = 0; rr < 2; ++rr) {

@@ -135,28 +135,8 @@ __device__ __forceinline__ void prefill_mma_body(
                     mx_a = fmaxf(mx_a, sa);
                     mx_b = fmaxf(mx_b, sb);
                 }
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 1));
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(PC_FULL_MASK, mx_a, 2));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 1));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(PC_FULL_MASK, mx_b, 2));
-            const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-            const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;   // a row with no key yet
-            const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
-            const float al_a = exp2f(m_a - ms_a), al_b = exp2f(m_b - ms_b);
-            m_a = mn_a;
-            m_b = mn_b;
-            float sum_a = 0.0f, sum_b = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NT; ++j)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    s[j][e] = exp2f(s[j][e] - ms_a);
-                    s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
-                    sum_a += s[j][e];
-                    sum_b += s[j][2 + e];
-                }
-            l_a = l_a * al_a + sum_a;
-            l_b = l_b * al_b + sum_b;
+            float al_a, al_b;
+            softmax_step<NT>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
 #pragma unroll
             for (int dn = 0; dn < DN; ++dn) {
                 o[dn][0] *= al_a;
@@ -181,10 +161,8 @@ __device__ __forceinline__ void prefill_mma_body(
         __syncthreads();                  // stage st is free for tile it + 2
     }
     cp_async_wait<0>();
-    l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 1);
-    l_a += __shfl_xor_sync(PC_FULL_MASK, l_a, 2);
-    l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 1);
-    l_b += __shfl_xor_sync(PC_FULL_MASK, l_b, 2);
+    l_a = quad_sum(l_a);
+    l_b = quad_sum(l_b);
     // split partials: l == 0 when no key of the split reaches the row (o is 0 then)
     const float inv_a = SPLIT && l_a == 0.0f ? 0.0f : 1.0f / l_a;
     const float inv_b = SPLIT && l_b == 0.0f ? 0.0f : 1.0f / l_b;

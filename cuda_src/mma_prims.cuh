@@ -44,3 +44,43 @@ __device__ __forceinline__ void ldsm_x4_trans(u32* r, const __half* p) {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 #endif
 }
+
+// Sum / max over the four lanes (t = lane % 4) that hold one row of an mma fragment.
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(PC_FULL_MASK, v, 1);
+    return v + __shfl_xor_sync(PC_FULL_MASK, v, 2);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(PC_FULL_MASK, v, 1));
+    return fmaxf(v, __shfl_xor_sync(PC_FULL_MASK, v, 2));
+}
+
+// One online-softmax step over the NT n-tiles of a score fragment (c layout of mma_16816: rows
+// g and g + 8, "a" and "b"): s holds log2-scaled scores, -inf where masked; mx_a / mx_b are this
+// lane's maxima of them; m_* / l_* the rows' running max and (lane-partial) sum. s becomes
+// exp2(s - max); al_* are the factors that rescale the rows' earlier output. A row with no key
+// yet keeps m = -inf and p = 0.
+template <int NT>
+__device__ __forceinline__ void softmax_step(float (&s)[NT][4], float mx_a, float mx_b, float& m_a, float& m_b,
+                                             float& l_a, float& l_b, float& al_a, float& al_b) {
+    const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));
+    const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;
+    const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
+    al_a = exp2f(m_a - ms_a);
+    al_b = exp2f(m_b - ms_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            s[j][e] = exp2f(s[j][e] - ms_a);
+            s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
+            sum_a += s[j][e];
+            sum_b += s[j][2 + e];
+        }
+    l_a = l_a * al_a + sum_a;
+    l_b = l_b * al_b + sum_b;
+}
