@@ -1,5 +1,7 @@
 """Kernel-table rows for the core ops: norms, activations, RoPE, KV store (attention rows are in
 kernel_rows_attn.py)."""
+import functools
+
 import numpy as np
 
 from pocketcupy.backend.attention_meta import AttentionMetadata
@@ -48,10 +50,14 @@ for shape in [(5, 4096), (3, 576), (7, 64), (2, 2050), (9, 8, 128), (4, 16, 64),
         ref=lambda i: REF.rms_norm(i["x"], i["w"], i["eps"]),
         cuda=lambda i, poison: _ew().rms_norm(_up(i["x"]), _up(i["w"]), i["eps"], out=poison(i["x"].shape, F32))))
 
+def _add_norm_case(rng, shape):
+    """Inputs of the residual-add + RMSNorm rows."""
+    return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+
+
 for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), ((2, 2050), True), ((5, 1024), False),
                        ((9, 300), True), ((2, 130), False), ((1, 576), True), ((2, 7168), True), ((1, 2048), False)]:
-    def make(rng, shape=shape):
-        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+    make = functools.partial(_add_norm_case, shape=shape)
 
     def cuda(i, poison, inplace=inplace):
         res = _up(i["res"])
@@ -65,8 +71,7 @@ for shape, inplace in [((4, 4096), False), ((3, 576), True), ((1, 64), False), (
 
 # --- add_rms_norm with the output quantized to int8 blocks (the int8-activation linears' input) ---
 for shape in [(1, 4096), (3, 2048), (2, 8192), (5, 1024)]:
-    def make(rng, shape=shape):
-        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+    make = functools.partial(_add_norm_case, shape=shape)
 
     def ref(i):
         from pocketcupy.quant.act_q8 import q8_roundtrip
@@ -106,8 +111,7 @@ def widen16(x16, qtype: str):
 
 
 for qtype, shape in [("BF16", (40, 4096)), ("F16", (33, 1024)), ("BF16", (9, 8192))]:
-    def make(rng, shape=shape):
-        return {"x": _randn(rng, *shape), "res": _randn(rng, *shape, scale=3.0), "w": _norm_w(rng, shape[-1]), "eps": 1e-5}
+    make = functools.partial(_add_norm_case, shape=shape)
 
     def ref(i, qtype=qtype):
         out, res = REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"])
