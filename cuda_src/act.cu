@@ -13,6 +13,7 @@ __device__ __forceinline__ float keep_f32(float x) { return x; }
     extern "C" __global__ void NAME(const float* __restrict__ gate, const float* __restrict__ up,     \
                                     OUT_T* __restrict__ out, int rows, int cols, i64 gate_stride,     \
                                     i64 up_stride) {                                                  \
+        pdl_wait();                                                                                   \
         const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;                                     \
         if (i >= (i64)rows * cols) return;                                                            \
         const i64 r = i / cols, c = i - r * cols;                                                     \
@@ -25,6 +26,7 @@ SILU_MUL(silu_mul_bf16out, u16, pq::f2bf)
 
 // out = a + b over n contiguous elements. grid.x = ceil(n / 256), block 256.
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n) {
+    pdl_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
 }

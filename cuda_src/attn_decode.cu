@@ -190,6 +190,7 @@ __device__ __forceinline__ void decode_body(
         const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride,                 \
         float* __restrict__ part_o, float* __restrict__ part_lse, int num_kv_heads, int group,     \
         int block_size, int num_splits, float scale_log2) {                                         \
+        pdl_wait();                                                                                 \
         decode_body<T, D>(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,    \
                           out_stride, part_o, part_lse, num_kv_heads, group, block_size, num_splits, \
                           scale_log2);                                                              \
@@ -209,6 +210,7 @@ extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ par
                                                    const float* __restrict__ part_lse,
                                                    float* __restrict__ out, i64 out_stride, int hq_total,
                                                    int head_dim, int num_splits) {
+    pdl_wait();
     __shared__ float w_s[32];
     __shared__ float mx_s;
     const int hq = blockIdx.x, b = blockIdx.y, d = threadIdx.x, lane = threadIdx.x & 31;

@@ -266,6 +266,7 @@ __device__ __forceinline__ void decode_mma_body(
         const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride,                    \
         float* __restrict__ part_o, float* __restrict__ part_lse, int* __restrict__ counters,         \
         int num_kv_heads, int group, int block_size, int num_splits, float scale_log2) {              \
+        pdl_wait();                                                                                   \
         decode_mma_body<D>(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,     \
                            out_stride, part_o, part_lse, counters, num_kv_heads, group, block_size,   \
                            num_splits, scale_log2);                                                   \

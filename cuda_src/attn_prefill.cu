@@ -198,10 +198,12 @@ __device__ __forceinline__ void prefill_plain_body(
 // variant's body instantiated with SPLIT false / true.
 #define PREFILL_KERNEL_PAIR(V, D, T, BODY_FULL, BODY_SPLIT)                                          \
     extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_f16_hd##D(PREFILL_PARAMS(T)) { \
+        pdl_wait();                                                                                     \
         BODY_FULL(PREFILL_ARGS, nullptr, nullptr);                                                   \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_split_f16_hd##D(          \
         PREFILL_PARAMS(T), float* __restrict__ part_o, float* __restrict__ part_lse) {             \
+        pdl_wait();                                                                                \
         BODY_SPLIT(PREFILL_ARGS, part_o, part_lse);                                                  \
     }
 

@@ -4,6 +4,8 @@
 
 #include <cuda_fp16.h>
 
+#include "pdl.cuh"
+
 typedef long long i64;
 typedef unsigned long long u64;
 typedef int i32;

@@ -1,6 +1,7 @@
 // GGUF blocks -> float (get_rows: embedding lookup) or fp16 (weights for the cuBLAS prefill
 // GEMM), and the gather of dense fp16 / bf16 rows.  One thread per 32-value unit.
 #include "gguf_units.cuh"
+#include "pdl.cuh"
 
 using namespace pq;
 
@@ -10,6 +11,7 @@ template <int QT, int OUT, typename IdxT>
 __global__ void __launch_bounds__(256)
 dequant_rows(const u8* __restrict__ W, long long bpr, int wrows, const IdxT* __restrict__ ids,
              int nrows, int K, void* __restrict__ out) {
+    pdl_wait();
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = nullptr;
@@ -58,6 +60,7 @@ template <int WT, typename IdxT>
 __global__ void __launch_bounds__(256)
 get_rows_dense(const u16* __restrict__ W, int wrows, int K, const IdxT* __restrict__ ids, int nrows,
                float* __restrict__ out) {
+    pdl_wait();
     const long long total = (long long)nrows * K;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (long long)gridDim.x * blockDim.x) {

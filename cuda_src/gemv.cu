@@ -6,6 +6,7 @@
 // so each thread keeps U*R 16-byte loads in flight.  Needs K % 8 == 0.  Grid: ceil(rows / R).
 #include "gguf_prims.cuh"
 #include "gemv_reduce.cuh"
+#include "pdl.cuh"
 
 using namespace pq;
 
@@ -41,6 +42,8 @@ gemv_dense(const u16* __restrict__ W, int rows, int K, const float* __restrict__
     const uint4* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = (const uint4*)(W + (long long)min(row0 + r, rows - 1) * K);
+    prefetch_l2(W + (long long)row0 * K, 2ll * K * (min(rows, row0 + R) - row0));
+    pdl_wait();
 
     float acc[R][NB];
 #pragma unroll
@@ -90,11 +93,13 @@ gemv_dense(const u16* __restrict__ W, int rows, int K, const float* __restrict__
 
 // y = x rounded to fp16 / bf16 bits
 extern "C" __global__ void cast_f32_f16(const float* __restrict__ x, u16* __restrict__ y, long long n) {
+    pdl_wait();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] = f2h(x[i]);
 }
 
 extern "C" __global__ void cast_f32_bf16(const float* __restrict__ x, u16* __restrict__ y, long long n) {
+    pdl_wait();
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         y[i] = f2bf(x[i]);
 }

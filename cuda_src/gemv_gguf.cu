@@ -8,6 +8,7 @@
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 #include "q8_act.cuh"
+#include "pdl.cuh"
 
 using namespace pq;
 
@@ -20,6 +21,7 @@ template <bool SILU, bool HALF>
 __global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const float* __restrict__ up,
                               long long ldu, int k, long long n4, i8* __restrict__ xq, float4* __restrict__ xds,
                               u16* __restrict__ xh) {
+    pdl_wait();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const bool ok = i < n4;
     float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -60,6 +62,8 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     const u8* wr[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+    prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
+    pdl_wait();
 
     float acc[R][NB];
 #pragma unroll

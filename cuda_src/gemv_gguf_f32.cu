@@ -19,6 +19,7 @@
 //                                   needs bytes per row % 16 == 0).
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
+#include "pdl.cuh"
 
 using namespace pq;
 
@@ -133,6 +134,7 @@ template <int QT, int NB, int R>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
               const float* __restrict__ bias, float* __restrict__ y) {
+    pdl_wait();
     constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
@@ -154,6 +156,7 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                     long long ldx, const float* __restrict__ up, long long ldu, const float* __restrict__ bias,
                     float* __restrict__ y) {
+    pdl_wait();
     static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
@@ -232,6 +235,7 @@ template <int QT, int NB, int R, bool WS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                  const float* __restrict__ bias, float* __restrict__ y) {
+    pdl_wait();
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     constexpr int NBS = NB <= 2 && !WS ? NB : 1;
     constexpr int XF4 = XS_CHUNK_F4 + (XS_CHUNK_F4 >> XPad<QT>::S);

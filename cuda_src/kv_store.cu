@@ -28,6 +28,7 @@ __device__ __forceinline__ void store_kv_body(const float* __restrict__ k, const
                                     T* __restrict__ k_cache, T* __restrict__ v_cache,              \
                                     const S* __restrict__ slot_mapping, int n_tok, int row_elems,   \
                                     i64 k_stride, i64 v_stride) {                                  \
+        pdl_wait();                                                                                \
         store_kv_body<T, S>(k, v, k_cache, v_cache, slot_mapping, n_tok, row_elems, k_stride, v_stride); \
     }
 

@@ -7,6 +7,7 @@
 // One block per row (blockDim.x a multiple of 32); grid.x = rows.
 extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float* __restrict__ w,
                                         float* __restrict__ out, int dim, float eps) {
+    pdl_wait();
     __shared__ float scratch[32];
     const float* xr = x + (i64)blockIdx.x * dim;
     float* orow = out + (i64)blockIdx.x * dim;
@@ -21,6 +22,7 @@ extern "C" __global__ void rms_norm_f32(const float* __restrict__ x, const float
 extern "C" __global__ void add_rms_norm_f32(const float* __restrict__ x, const float* res,
                                             const float* __restrict__ w, float* __restrict__ out,
                                             float* res_out, int dim, float eps) {
+    pdl_wait();
     __shared__ float scratch[32];
     const i64 base = (i64)blockIdx.x * dim;
     float ss = 0.0f;
@@ -77,12 +79,14 @@ __device__ __forceinline__ void rms_norm_warp_body(const float* __restrict__ x, 
                                                       const float* __restrict__ w,                  \
                                                       float* __restrict__ out, int rows, int dim,  \
                                                       float eps) {                                  \
+        pdl_wait();                                                                                 \
         rms_norm_warp_body<D / 32>(x, nullptr, w, out, nullptr, rows, dim, eps);                    \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_warp_f32_d##D(const float* __restrict__ x, const float* res, \
                                                           const float* __restrict__ w,              \
                                                           float* __restrict__ out, float* res_out,  \
                                                           int rows, int dim, float eps) {           \
+        pdl_wait();                                                                                 \
         rms_norm_warp_body<D / 32>(x, res, w, out, res_out, rows, dim, eps);                        \
     }
 
@@ -155,27 +159,32 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
 #define RMS_NORM_VEC(V)                                                                               \
     extern "C" __global__ void rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* __restrict__ w, \
                                                      float* __restrict__ out, int dim, float eps) {  \
+        pdl_wait();                                                                                  \
         rms_norm_vec_body<V, NORM_PLAIN>(x, nullptr, w, out, nullptr, dim, eps);                     \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                          const float* __restrict__ w, float* __restrict__ out, \
                                                          float* res_out, int dim, float eps) {       \
+        pdl_wait();                                                                                  \
         rms_norm_vec_body<V, NORM_PLAIN>(x, res, w, out, res_out, dim, eps);                         \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_q8_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                             const float* __restrict__ w, float* __restrict__ out, \
                                                             float* res_out, int dim, float eps,     \
                                                             signed char* __restrict__ xq, float4* __restrict__ xds) { \
+        pdl_wait();                                                                                                   \
         rms_norm_vec_body<V, NORM_Q8>(x, res, w, out, res_out, dim, eps, xq, xds);                   \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_f16_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                              const float* __restrict__ w, float* __restrict__ out, \
                                                              float* res_out, int dim, float eps, u16* __restrict__ x16) { \
+        pdl_wait();                                                                                                       \
         rms_norm_vec_body<V, NORM_F16>(x, res, w, out, res_out, dim, eps, nullptr, nullptr, x16);    \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_bf16_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                               const float* __restrict__ w, float* __restrict__ out, \
                                                               float* res_out, int dim, float eps, u16* __restrict__ x16) { \
+        pdl_wait();                                                                                                        \
         rms_norm_vec_body<V, NORM_BF16>(x, res, w, out, res_out, dim, eps, nullptr, nullptr, x16);   \
     }
 

@@ -42,6 +42,7 @@ __device__ __forceinline__ void rope_body(const float* x, float* out, const P* _
     extern "C" __global__ void NAME(const float* x, float* out, const P* __restrict__ positions,  \
                                     const float* __restrict__ inv_freq, int n_tok, int n_heads,   \
                                     int head_dim, int rot_half, i64 x_stride, i64 out_stride) {   \
+        pdl_wait();                                                                               \
         rope_body<P, IL>(x, out, positions, inv_freq, n_tok, n_heads, head_dim, rot_half,         \
                          x_stride, out_stride);                                                   \
     }

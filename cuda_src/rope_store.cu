@@ -84,6 +84,7 @@ __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, 
                                     const S* __restrict__ slot_mapping, float* __restrict__ q_out,    \
                                     __half* __restrict__ k_cache, __half* __restrict__ v_cache,       \
                                     int n_tok, int n_q_heads, int n_kv_heads, int head_dim, int rot_half) { \
+        pdl_wait();                                                                                         \
         rope_store_kv_body<P, S, __half, IL>(q, q_stride, k, k_stride, v, v_stride, positions, inv_freq, \
                                              slot_mapping, q_out, k_cache, v_cache, n_tok, n_q_heads,  \
                                              n_kv_heads, head_dim, rot_half);                          \

@@ -216,6 +216,7 @@ extern "C" __global__ void __launch_bounds__(SAMP_NT)
 sample_rows_f32(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ params,
                 const int* __restrict__ toks, const u32* __restrict__ masks, i64 mask_words,
                 float* __restrict__ work, i64 ld_work, int* __restrict__ cnt, i64 ld_cnt, int* __restrict__ out) {
+    pdl_wait();
     __shared__ SelShared s;
     const int row = blockIdx.x, tid = threadIdx.x;
     const int* P = params + (i64)row * SP_WORDS;
@@ -276,6 +277,7 @@ sample_rows_f32(const float* __restrict__ logits, i64 ld, int V, const int* __re
 extern "C" __global__ void __launch_bounds__(SAMP_NT)
 topk_logprobs_f32(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ tokens, int n,
                   int* __restrict__ out) {
+    pdl_wait();
     __shared__ SelShared s;
     const RowSrc raw = {logits + (i64)blockIdx.x * ld, nullptr, 1.0f, false};
     int* o = out + (i64)blockIdx.x * SO_WORDS;
@@ -289,6 +291,7 @@ topk_logprobs_f32(const float* __restrict__ logits, i64 ld, int V, const int* __
 
 extern "C" __global__ void __launch_bounds__(SAMP_NT)
 argmax_rows_f32(const float* __restrict__ logits, i64 ld, int V, int* __restrict__ out) {
+    pdl_wait();
     __shared__ SelShared s;
     const float* x = logits + (i64)blockIdx.x * ld;
     float av = pc_neg_inf();
@@ -301,6 +304,7 @@ argmax_rows_f32(const float* __restrict__ logits, i64 ld, int V, int* __restrict
 // Philox 4x32-10 blocks for the RNG's known-answer test: out[j] = philox(ctr[j], key).
 extern "C" __global__ void philox4x32_fill(const uint4* __restrict__ ctr, unsigned k0, unsigned k1,
                                            uint4* __restrict__ out, int n) {
+    pdl_wait();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j < n) out[j] = philox4x32_10(ctr[j], make_uint2(k0, k1));
 }

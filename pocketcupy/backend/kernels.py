@@ -49,5 +49,8 @@ def module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple
 
 
 def kernel(filename: str, name: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
-    """One kernel function; `name` may be a template instantiation listed in name_expressions."""
-    return module(filename, name_expressions, defines).get_function(name)
+    """One kernel function; `name` may be a template instantiation listed in name_expressions.
+    Called like CuPy's Function; inside pdl.enabled() it launches with programmatic dependencies."""
+    from .pdl import Kernel
+
+    return Kernel(module(filename, name_expressions, defines).get_function(name))
