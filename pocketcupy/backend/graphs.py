@@ -28,13 +28,24 @@ class DecodeGraphs:
         top = self.buckets[-1]
         self.pool = cupy.cuda.MemoryPool()
         self.stream = cupy.cuda.Stream(non_blocking=True)
+        # The graphs' inputs are views of one device buffer, filled by one copy a step from a
+        # pinned host twin: ids, pos, slots int64 [top], seq_lens int32 [top], tables int32 [top, W].
+        fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
+                  ("seq_lens", np.int32, (top,)), ("tables", np.int32, (top, max_blocks_per_seq))]
+        nbytes = sum(np.dtype(t).itemsize * int(np.prod(shape)) for _, t, shape in fields)
+        self._host_mem = cupy.cuda.alloc_pinned_memory(nbytes)
+        host = np.frombuffer(self._host_mem, np.uint8, nbytes)
         with cupy.cuda.using_allocator(self.pool.malloc):
-            self.ids = cupy.zeros(top, cupy.int64)
-            self.pos = cupy.zeros(top, cupy.int64)
-            self.slots = cupy.full(top, scratch_slot, cupy.int64)
-            self.seq_lens = cupy.ones(top, cupy.int32)
-            self.tables = cupy.zeros((top, max_blocks_per_seq), cupy.int32)
+            self._dev = cupy.zeros(nbytes, cupy.uint8)
             self.query_start = cupy.arange(top + 1, dtype=cupy.int32)
+        self.host, off = {}, 0
+        for name, t, shape in fields:
+            size = np.dtype(t).itemsize * int(np.prod(shape))
+            self.host[name] = host[off:off + size].view(t).reshape(shape)
+            setattr(self, name, self._dev[off:off + size].view(t).reshape(shape))
+            off += size
+        self._tables_off = off - self.host["tables"].nbytes
+        self._copied = None
         self.max_blocks_per_seq = max_blocks_per_seq
         self.graphs: dict[int, object] = {}
         self.logits: dict[int, object] = {}
@@ -53,8 +64,35 @@ class DecodeGraphs:
         hidden = self.model.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv_caches)
         return self.model.compute_logits(hidden)
 
+    def _set_padding(self, n: int, b: int) -> None:
+        """Host rows n..b-1 as padding: they write their K/V into the scratch slot and attend
+        over that one token."""
+        h = self.host
+        h["ids"][n:b] = 0
+        h["pos"][n:b] = 0
+        h["slots"][n:b] = self.scratch_slot
+        h["seq_lens"][n:b] = 1
+        h["tables"][n:b] = self.scratch_slot // self.block_size
+
+    def _wait_copy(self) -> None:
+        """Before writing the pinned buffer: the last copy has read it."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def _upload(self, b: int) -> None:
+        """The host buffer's first b rows (and every row of the small fields) to the device."""
+        cp = self.cp
+        nbytes = self._tables_off + self.host["tables"][:b].nbytes
+        cp.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_mem.ptr, nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+        self._copied = self.stream.record()
+
     def capture(self, b: int) -> None:
         cp = self.cp
+        top = len(self.host["ids"])
+        self._wait_copy()
+        self._set_padding(0, top)            # the warm-up forward must write no real KV slot
+        self._upload(top)
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
             self._forward(b)                 # compiles kernels and sizes the pool
             self.stream.synchronize()
@@ -75,19 +113,18 @@ class DecodeGraphs:
         b = self.bucket_for(n)
         if b not in self.graphs:
             self.capture(b)
+        self._wait_copy()
+        h = self.host
+        h["ids"][:n] = ids
+        h["pos"][:n] = pos
+        h["slots"][:n] = meta.slot_mapping
+        h["seq_lens"][:n] = meta.seq_lens
+        width = meta.block_tables.shape[1]
+        h["tables"][:n, :width] = meta.block_tables
+        h["tables"][:n, width:] = 0
+        self._set_padding(n, b)
         with self.stream:
-            self.ids[:n].set(ids)
-            self.pos[:n].set(pos)
-            self.slots[:n].set(meta.slot_mapping)
-            self.seq_lens[:n].set(meta.seq_lens)
-            width = meta.block_tables.shape[1]
-            tables = np.zeros((n, self.max_blocks_per_seq), np.int32)
-            tables[:, :width] = meta.block_tables
-            self.tables[:n].set(tables)
-            if b > n:  # padding rows: write their K/V into the scratch slot, attend over one token
-                self.slots[n:b].fill(self.scratch_slot)
-                self.seq_lens[n:b].fill(1)
-                self.tables[n:b].fill(self.scratch_slot // self.block_size)
+            self._upload(b)
             self.graphs[b].launch(self.stream)
         cp.cuda.get_current_stream().wait_event(self.stream.record())
         return self.logits[b][:n]
