@@ -1,5 +1,5 @@
 // Tensor-core primitives (sm_80+; empty bodies on older archs, whose launchers never pick
-// the kernels that use them): fp16 packing, mma.sync m16n8k16 and ldmatrix.
+// the kernels that use them): fp16 / bf16 packing, mma.sync m16n8k16 and ldmatrix.
 #pragma once
 
 #include "common.cuh"
@@ -25,6 +25,25 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
+}
+
+// The same with bf16 a and b.
+__device__ __forceinline__ void mma_16816_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ u32 pack_f2bf2(float lo, float hi) {
+    u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
 }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of

@@ -126,19 +126,26 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             w0 = make_weight(qtype, rows, cols, rng)
             copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
             for nb in batches:
-                for act in (("f32", "q8") if qtype in lc.GGUF_QTYPES else ("f32",)):
+                # GGUF: int8 and fp32 activations; dense past batch 1: the tensor-core GEMV and the fp32 one
+                kinds = ("f32", "q8") if qtype in lc.GGUF_QTYPES else (("mma", "plain") if nb > 1 else ("plain",))
+                for kind in kinds:
                     x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
                     y = cp.empty((nb, rows), cp.float32)
                     it = iter(range(1 << 62))
-                    ws = [dataclasses.replace(c, act_q8=act == "q8") for c in copies]
+                    ws = [dataclasses.replace(c, act_q8=kind == "q8") for c in copies]
 
                     def run():
-                        lc.linear(x, ws[next(it) % len(ws)], out=y)
+                        w = ws[next(it) % len(ws)]
+                        if w.is_dense:
+                            lc.gemv_dense(x, w, None, y, kind=kind)
+                        else:
+                            lc.linear(x, w, out=y)
                     t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
                     gbps = weight_bytes(w0) / t["us"] / 1e3
-                    suffix = f"_{act}act" if qtype in lc.GGUF_QTYPES else ""
-                    out[f"{lc.gemv_variant(ws[0], nb)}{suffix}-{rows}x{cols}"] = {
-                        **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
+                    name = lc.gemv_variant(ws[0], nb) + (f"_{kind}act" if qtype in lc.GGUF_QTYPES else "")
+                    if kind == "plain" and nb > 1:
+                        name = name.replace("_mma", "") + "_plain"
+                    out[f"{name}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
             del copies, ws, w0
         # cuBLAS GEMV baseline: [nb, K] x [K, N] fp16 (cupy matmul)
         wts = [cp.random.standard_normal((cols, rows), dtype=cp.float32).astype(cp.float16)

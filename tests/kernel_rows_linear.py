@@ -5,8 +5,9 @@ Inputs: dense weights are random normals; GGUF blocks come from tests/gguf_block
 quantizer where it has one, else random bytes with small fp16 scales). Reference: the weights
 dequantized by the gguf package, float64 NumPy, with the activations rounded to int8 blocks
 (act_q8.q8_roundtrip) where the weight takes int8 activations ("auto": rows longer than 2048).
-Tolerances: the GEMV's integer dot products are exact (~1e-6); the GEMM path casts the
-activations to fp16 (~3e-4) or bf16 (~1e-3); the dense GEMV keeps them fp32."""
+Tolerances: the GEMV's integer dot products are exact (~1e-6); the GEMM path and the tensor-core
+GEMV (dense, batch 2-8) cast the activations to fp16 (~3e-4) or bf16 (~1e-3); the batch-1 dense
+GEMV keeps them fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -128,6 +129,12 @@ def _linear_rows():
             path = (f"gemv_{qtype.lower()}_bs{n}" if n <= 8 else f"gemm_{qtype.lower()}_n{n}")
             rows.append(KernelRow("linear", f"{path}-{ROWS_OUT}x{cols}", _make_linear(qtype, n, cols, n == 2),
                                   _ref_linear, _cuda_linear(), _linear_tol(qtype, n)))
+    # fp16 / bf16 batch 2-8 on tensor cores (rows of whole 64-weight chunks; 17 of them: a warp's
+    # last pair of chunks is half past the end), x rounded to the weight's type
+    for qtype, tol in (("F16", 1e-3), ("BF16", 5e-3)):
+        for n in (2, 5, 8):
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_mma_bs{n}-{ROWS_OUT}x1088",
+                                  _make_linear(qtype, n, 1088, n == 5), _ref_linear, _cuda_linear(), tol))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)

@@ -16,7 +16,7 @@ import numpy as np
 
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
-from .kernels import cuda_op, device_arch
+from .kernels import cuda_op, has_tensor_cores
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 LOG2E = 1.4426950408889634
@@ -86,14 +86,9 @@ def _out(out, shape):
     return out
 
 
-def _tensor_cores() -> bool:
-    """mma.sync m16n8k16 (the *_mma kernels) needs sm_80+."""
-    return int(device_arch()[3:]) >= 80
-
-
 def prefill_variant(head_dim: int) -> str:
     """Tensor cores (mma.sync m16n8k16) from sm_80 on; the plain kernel elsewhere."""
-    return "mma" if _tensor_cores() and head_dim in HEAD_DIMS else "plain"
+    return "mma" if has_tensor_cores() and head_dim in HEAD_DIMS else "plain"
 
 
 def prefill_splits(tiles: int, num_heads: int, max_context: int, sms: int) -> int:
@@ -150,7 +145,7 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
 
 def decode_variant(head_dim: int) -> str:
     """Tensor cores (attn_decode_mma.cu) from sm_80 on for head dims 64 and 128; else the plain kernel."""
-    return "mma" if _tensor_cores() and head_dim in DECODE_MMA_HEAD_DIMS else "plain"
+    return "mma" if has_tensor_cores() and head_dim in DECODE_MMA_HEAD_DIMS else "plain"
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_context: int, variant: str = "plain") -> int:

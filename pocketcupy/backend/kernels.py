@@ -29,6 +29,11 @@ def device_arch() -> str:
     return f"sm_{cupy.cuda.Device().compute_capability}"
 
 
+def has_tensor_cores() -> bool:
+    """mma.sync m16n8k16 (the *_mma kernels) needs sm_80+."""
+    return int(device_arch()[3:]) >= 80
+
+
 def read_source(filename: str) -> str:
     path = os.path.join(CUDA_SRC, filename)
     with open(path) as f:

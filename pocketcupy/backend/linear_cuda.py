@@ -23,7 +23,7 @@ import numpy as np
 from ..quant.act_q8 import uses_q8
 from ..quant.qtensor import QTensor
 from .cublas_graph import gemm_ex
-from .kernels import cuda_op, kernel
+from .kernels import cuda_op, has_tensor_cores, kernel
 
 # GGUF block types the kernels read: ggml type id, values per block, bytes per block
 GGUF_QTYPES = {
@@ -148,6 +148,13 @@ def gemv_threads(work_items: int) -> int:
     return t
 
 
+def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
+    """"mma": tensor cores for fp16 / bf16 weights at batch 2-8 (sm_80+, rows of a multiple of 64
+    weights; x rounded to the weight's type), so the batch costs no more than batch 1; "plain": the
+    fp32-activation GEMV (batch 1, and elsewhere)."""
+    return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
+
+
 def gemv_variant(w: CudaWeight, nb: int) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1."""
@@ -155,7 +162,8 @@ def gemv_variant(w: CudaWeight, nb: int) -> str:
         r, t = q8_gemv_launch(w.cols // 32, nb)
         return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
     if w.is_dense:
-        return f"gemv_{w.qtype.lower()}_bs{nb}"
+        kind = "_mma" if dense_gemv_kind(w, nb) == "mma" else ""
+        return f"gemv_{w.qtype.lower()}{kind}_bs{nb}"
     cfg = f32_gemv_config(w.cols // 32, nb, w.qtype)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
     return f"gemv_{w.qtype.lower()}_f32_{shape}_r{cfg.rows_per_group}_bs{nb}"
@@ -291,8 +299,15 @@ def _grid(n: int, threads: int, cap: int = 1 << 16) -> int:
 
 
 # --- launchers -------------------------------------------------------------------------------
-def _gemv_dense(x, w: CudaWeight, bias, out) -> None:
+def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
+    """out [n, rows] = x [n, K] @ w.T (+ bias) for fp16 / bf16 w, n <= 8; kind: "mma" or "plain"
+    (None: dense_gemv_kind's choice)."""
     n, k = x.shape
+    if (kind or dense_gemv_kind(w, n)) == "mma":
+        kernel("gemv_dense_mma.cu", f"gemv_dense_mma<{DENSE_QTYPES[w.qtype]}>", name_expressions=_DENSE_MMA_EXPRS)(
+            (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
+            (w.data, np.int32(w.rows), np.int32(k), x, np.int32(n), _null() if bias is None else bias, out))
+        return
     r = rows_per_block(n)
     fn = _dense_gemv(w.qtype, n)
     unroll = 2 if r >= 4 else 4                            # U in gemv_dense
@@ -300,6 +315,8 @@ def _gemv_dense(x, w: CudaWeight, bias, out) -> None:
        (w.data, np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
 
 
+_DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
+DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
 
 
@@ -436,7 +453,7 @@ def linear(x, w, bias=None, out=None):
         return out
     if w.is_dense:
         if n <= GEMV_MAX_BATCH and k % 8 == 0:
-            _gemv_dense(x, w, bias, y)
+            gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
     elif n <= QUANT_GEMV_MAX_BATCH:
