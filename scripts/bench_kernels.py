@@ -127,22 +127,29 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
             for nb in batches:
                 # GGUF: int8 and fp32 activations; dense past batch 1: the tensor-core GEMV and the fp32 one
-                kinds = ("f32", "q8") if qtype in lc.GGUF_QTYPES else (("mma", "plain") if nb > 1 else ("plain",))
+                # (and their DP4A int8 GEMV where Q4_K / Q6_K take tensor cores)
+                if qtype in lc.GGUF_QTYPES:
+                    kinds = ("f32", "q8") + (("q8dp4a",) if nb > 1 and qtype in lc.GGUF_MMA_QTYPES else ())
+                else:
+                    kinds = ("mma", "plain") if nb > 1 else ("plain",)
                 for kind in kinds:
                     x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
                     y = cp.empty((nb, rows), cp.float32)
                     it = iter(range(1 << 62))
-                    ws = [dataclasses.replace(c, act_q8=kind == "q8") for c in copies]
+                    ws = [dataclasses.replace(c, act_q8=kind.startswith("q8")) for c in copies]
 
                     def run():
                         w = ws[next(it) % len(ws)]
                         if w.is_dense:
                             lc.gemv_dense(x, w, None, y, kind=kind)
+                        elif kind == "q8dp4a":
+                            lc.launch_gemv_q8(w, *lc.quantize_x(x), None, y, nb)
                         else:
                             lc.linear(x, w, out=y)
                     t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
                     gbps = weight_bytes(w0) / t["us"] / 1e3
-                    name = lc.gemv_variant(ws[0], nb) + (f"_{kind}act" if qtype in lc.GGUF_QTYPES else "")
+                    name = (f"gemv_{qtype.lower()}_q8dp4a_bs{nb}" if kind == "q8dp4a" else
+                            lc.gemv_variant(ws[0], nb) + (f"_{kind}act" if qtype in lc.GGUF_QTYPES else ""))
                     if kind == "plain" and nb > 1:
                         name = name.replace("_mma", "") + "_plain"
                     out[f"{name}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}

@@ -109,6 +109,21 @@ def _cuda_gemv_config(config: str):
     return run
 
 
+def _cuda_gemv_q8(inp, poison):
+    """The DP4A int8 GEMV (gemv_gguf.cu) itself, whatever linear() would pick."""
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    w = _cuda_weight(inp)
+    x = cp.asarray(inp["x"])
+    n = x.shape[0]
+    out = poison((n, inp["shape"][0]), np.float32)
+    xq, xds = linear_cuda.quantize_x(x)
+    linear_cuda.launch_gemv_q8(w, xq, xds, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n)
+    return out
+
+
 def _linear_tol(qtype: str, n: int) -> float:
     if qtype in QTYPES and n <= 32:
         return 2e-5                       # exact integer dots (int8 activations) or fp32 activations
@@ -135,6 +150,15 @@ def _linear_rows():
         for n in (2, 5, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_mma_bs{n}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 5), _ref_linear, _cuda_linear(), tol))
+    # Q4_K / Q6_K past batch 1 on int8 tensor cores (sm_80+): 2 and 4 tiles of 8 batch columns (the
+    # rows above cover one tile); and the DP4A GEMV, which older GPUs run instead
+    for qtype in ("Q4_K", "Q6_K"):
+        for n in (12, 29):
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8mma_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
+                                  _make_linear(qtype, n, _cols(qtype), n == 12), _ref_linear, _cuda_linear(), 2e-5))
+        for n in (2, 8):
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8dp4a_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
+                                  _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear, _cuda_gemv_q8, 2e-5))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)

@@ -155,9 +155,29 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
     return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
 
 
+GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_gguf_mma.cu
+GGUF_MMA_MAX_BATCH = QUANT_GEMV_MAX_BATCH          # past it dequantization + cuBLAS is faster (H200,
+                                                    # batch 64: 27.6 ms a step with 8 tiles, 22.3 the GEMM)
+GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_gguf_mma.cu
+
+
+def gguf_mma_tiles(w: CudaWeight, nb: int) -> int:
+    """Tiles of 8 batch columns (a power of two) of the int8 tensor-core K-quant kernel at batch nb
+    (2..32, sm_80+, rows of whole 256-value blocks); 0 where it does not apply."""
+    if not (w.act_q8 and w.qtype in GGUF_MMA_QTYPES and 2 <= nb <= GGUF_MMA_MAX_BATCH and w.cols % 256 == 0
+            and has_tensor_cores()):
+        return 0
+    nt = 1
+    while 8 * nt < nb:
+        nt *= 2
+    return nt
+
+
 def gemv_variant(w: CudaWeight, nb: int) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1."""
+    if gguf_mma_tiles(w, nb):
+        return f"gemv_{w.qtype.lower()}_q8mma_nt{gguf_mma_tiles(w, nb)}_bs{nb}"
     if w.act_q8:
         r, t = q8_gemv_launch(w.cols // 32, nb)
         return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
@@ -316,6 +336,7 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
+_GGUF_MMA_EXPRS = tuple(f"gemv_gguf_mma<{GGUF_QTYPES[q][0]}, {nt}>" for q in GGUF_MMA_QTYPES for nt in (1, 2, 4))
 DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
 
@@ -356,12 +377,20 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | Non
 
 
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
-    """Quantized GEMV over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
+    """Quantized GEMV: Q4_K / Q6_K past batch 1 on int8 tensor cores (gguf_mma_tiles), else over
+    column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
     (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd: x
     already quantized (quantize_x)."""
     n, k = x.shape
     if w.act_q8:
         xq, xds = xqd or quantize_x(x, up)
+    nt = gguf_mma_tiles(w, n)
+    if nt:
+        kernel("gemv_gguf_mma.cu", f"gemv_gguf_mma<{GGUF_QTYPES[w.qtype][0]}, {nt}>", name_expressions=_GGUF_MMA_EXPRS)(
+            (-(-w.rows // 16),), (GGUF_MMA_THREADS,),
+            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds, np.int32(n),
+             _null() if bias is None else bias, out))
+        return
     for n0 in range(0, n, GEMV_MAX_BATCH):
         nb = min(GEMV_MAX_BATCH, n - n0)
         if w.act_q8:
