@@ -4,7 +4,8 @@
 // (quantize_q8_x's blocks of 32) the 8 columns of each of NT B tiles; each tile's int32 result
 // is scaled by the weight's and the activations' block scales into fp32 accumulators.  The
 // weights are read once for the whole batch (H200, 14336x4096 at batch 8: 1.19 TB/s, the DP4A
-// GEMV 0.59).  Past 4 tiles the per-tile scaling makes it slower than dequantization + cuBLAS.
+// GEMV 0.59).  With 8 tiles (batch 64) the per-tile scaling made it slower than dequantization
+// + cuBLAS, so the launcher stops at 4.
 //
 // gemv_gguf_mma<QT, NT>: block of KM_WARPS warps on the same 16 rows, each warp a strided share of
 // the row's 256-value super-blocks, partial tiles summed through shared memory.  Lane (g, t) =
@@ -13,27 +14,10 @@
 // sub-blocks: low and high nibbles), the B fragment the same 8 activations -- a permutation of
 // k that A and B share.  Q6_K: lane t reads values 4t..4t+3 of each group of 16.
 // Grid: ceil(rows / 16).  Needs K % 256 == 0 and batch <= 8 * NT.
-#include "common.cuh"
 #include "gguf_units.cuh"
+#include "mma_prims.cuh"
 
 #define KM_WARPS 8
-
-__device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
-
-__device__ __forceinline__ void mma_s8_16816(int* c, u32 a0, u32 a1, u32 b0) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
-                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                 : "r"(a0), "r"(a1), "r"(b0));
-#endif
-}
 
 // One u32 at a 2-byte aligned address (Q6_K blocks are 210 bytes).
 __device__ __forceinline__ u32 ld32_a2(const u8* p) {

@@ -1,5 +1,5 @@
 // Tensor-core primitives (sm_80+; empty bodies on older archs, whose launchers never pick
-// the kernels that use them): fp16 / bf16 packing, mma.sync m16n8k16 and ldmatrix.
+// the kernels that use them): fp16 / bf16 packing, mma.sync (fp16, bf16, int8) and ldmatrix.
 #pragma once
 
 #include "common.cuh"
@@ -44,6 +44,26 @@ __device__ __forceinline__ u32 pack_f2bf2(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #endif
     return r;
+}
+
+// Integer tiles: c[16x8] (int32) += a (int8) * b (int8), fragments as above with 4 int8 per
+// register: m16n8k32 a: {(g, 4t..), (g+8, 4t..), (g, 16+4t..), (g+8, 16+4t..)}, b: {(k 4t.., n g),
+// (k 16+4t.., n g)}; m16n8k16 a: {(g, 4t..), (g+8, 4t..)}, b: (k 4t.., n g).
+__device__ __forceinline__ void mma_s8_16832(int* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ void mma_s8_16816(int* c, u32 a0, u32 a1, u32 b0) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+#endif
 }
 
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of

@@ -46,7 +46,6 @@ class DecodeGraphs:
             off += size
         self._tables_off = off - self.host["tables"].nbytes
         self._copied = None
-        self.max_blocks_per_seq = max_blocks_per_seq
         self.graphs: dict[int, object] = {}
         self.logits: dict[int, object] = {}
 
