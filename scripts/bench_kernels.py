@@ -153,10 +153,12 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                             lc.linear(x, w, out=y)
                     t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
                     gbps = weight_bytes(w0) / t["us"] / 1e3
-                    name = (f"gemv_{qtype.lower()}_q8dp4a_bs{nb}" if kind == "q8dp4a" else
-                            lc.gemv_variant(ws[0], nb) + (f"_{kind}act" if qtype in lc.GGUF_QTYPES else ""))
-                    if kind == "plain" and nb > 1:
-                        name = name.replace("_mma", "") + "_plain"
+                    if kind == "q8dp4a":
+                        name = f"gemv_{qtype.lower()}_q8dp4a_bs{nb}"
+                    elif qtype in lc.GGUF_QTYPES:
+                        name = f"{lc.gemv_variant(ws[0], nb)}_{kind}act"
+                    else:
+                        name = lc.gemv_variant(ws[0], nb, dense_kind=kind)
                     out[f"{name}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
             del copies, ws, w0
         # cuBLAS GEMV baseline: [nb, K] x [K, N] fp16 (cupy matmul)

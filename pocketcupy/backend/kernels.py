@@ -23,15 +23,20 @@ def cuda_op(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def device_arch() -> str:
+def compute_capability() -> int:
+    """The current device's, e.g. 90 for sm_90."""
     import cupy
 
-    return f"sm_{cupy.cuda.Device().compute_capability}"
+    return int(cupy.cuda.Device().compute_capability)
+
+
+def device_arch() -> str:
+    return f"sm_{compute_capability()}"
 
 
 def has_tensor_cores() -> bool:
     """mma.sync m16n8k16 (the *_mma kernels) needs sm_80+."""
-    return int(device_arch()[3:]) >= 80
+    return compute_capability() >= 80
 
 
 def read_source(filename: str) -> str:

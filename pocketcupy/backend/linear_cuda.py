@@ -173,16 +173,17 @@ def gguf_mma_tiles(w: CudaWeight, nb: int) -> int:
     return nt
 
 
-def gemv_variant(w: CudaWeight, nb: int) -> str:
+def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
-    gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1."""
-    if gguf_mma_tiles(w, nb):
-        return f"gemv_{w.qtype.lower()}_q8mma_nt{gguf_mma_tiles(w, nb)}_bs{nb}"
+    gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1, gemv_bf16_mma_bs4;
+    dense_kind: as gemv_dense's kind."""
+    if nt := gguf_mma_tiles(w, nb):
+        return f"gemv_{w.qtype.lower()}_q8mma_nt{nt}_bs{nb}"
     if w.act_q8:
         r, t = q8_gemv_launch(w.cols // 32, nb)
         return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
     if w.is_dense:
-        kind = "_mma" if dense_gemv_kind(w, nb) == "mma" else ""
+        kind = "_mma" if (dense_kind or dense_gemv_kind(w, nb)) == "mma" else ""
         return f"gemv_{w.qtype.lower()}{kind}_bs{nb}"
     cfg = f32_gemv_config(w.cols // 32, nb, w.qtype)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind

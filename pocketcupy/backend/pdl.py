@@ -32,12 +32,11 @@ class _Config(ctypes.Structure):
                 ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(_Attr)), ("num_attrs", ctypes.c_uint)]
 
 
-@functools.lru_cache(maxsize=None)
 def supported() -> bool:
     """sm_90 or newer, and not turned off by POCKETCUPY_PDL=0."""
-    import cupy
+    from .kernels import compute_capability
 
-    return os.environ.get("POCKETCUPY_PDL", "1") != "0" and int(cupy.cuda.Device().compute_capability) >= 90
+    return os.environ.get("POCKETCUPY_PDL", "1") != "0" and compute_capability() >= 90
 
 
 @functools.lru_cache(maxsize=None)
@@ -111,6 +110,3 @@ class Kernel:
             launch(self.fn, grid, block, args, shared_mem)
         else:
             self.fn(grid, block, args, shared_mem=shared_mem)
-
-    def __getattr__(self, name):
-        return getattr(self.fn, name)
