@@ -45,19 +45,63 @@ __global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const 
     }
 }
 
+// Accumulates units t = t0, t0 + stride, ... (< nunits) of rows wr[0..R) against NB activation
+// rows into acc, U units' weights loaded before any is used (loads in flight).
+template <int QT, int NB, int R, int U>
+__device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int t0, int stride, const u32* tab,
+                                           const i8* __restrict__ xq, const float4* __restrict__ xds,
+                                           float (&acc)[R][NB]) {
+    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
+    const int nunits = (K / QK) * NSUB;
+    const long long ldx = K, ldd = K / 32;
+    for (int tb = t0; tb < nunits; tb += U * stride) {
+        Unit u[U][R];
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int t = min(tb + i * stride, nunits - 1);       // past the end: a valid unit, unused
+#pragma unroll
+            for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)(t / NSUB) * TS, t % NSUB, tab, u[i][r]);
+        }
+#pragma unroll
+        for (int i = 0; i < U; ++i) {
+            const int t = tb + i * stride;
+            if (U > 1 && t >= nunits) break;
+            const int blk = t / NSUB;
+            int p0, p1;
+            unit_pos<QT>(t % NSUB, p0, p1);
+            const i8* xb = xq + (long long)blk * QK;
+            const float4* db = xds + (long long)blk * (QK / 32);
+#pragma unroll
+            for (int n = 0; n < NB; ++n) {
+                const int4 x0 = *(const int4*)(xb + n * ldx + p0);
+                const int4 x1 = *(const int4*)(xb + n * ldx + p1);
+                const float4 d0 = db[n * ldd + (p0 >> 5)];
+                const float4 d1 = db[n * ldd + (p1 >> 5)];
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][n] += unit_dot<QT>(u[i][r], x0, x1, d0, d1, p0, p1);
+            }
+        }
+    }
+}
+
+// IQ types' lookup table staged in shared memory (nullptr for the others); the whole block calls it
+template <int QT>
+__device__ __forceinline__ const u32* stage_table(u32* tab_s) {
+    if constexpr (QTraits<QT>::TAB > 0) {
+        const u32* src = table_src<QT>();
+        for (int i = threadIdx.x; i < QTraits<QT>::TAB; i += blockDim.x) tab_s[i] = src[i];
+        __syncthreads();
+        return tab_s;
+    }
+    return nullptr;
+}
+
 template <int QT, int NB, int R>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
           const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
-    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = nullptr;
-    if constexpr (TAB > 0) {
-        const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < TAB; i += blockDim.x) tab_s[i] = src[i];
-        __syncthreads();
-        tab = tab_s;
-    }
+    __shared__ u32 tab_s[QTraits<QT>::TAB > 0 ? QTraits<QT>::TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
 #pragma unroll
@@ -65,40 +109,32 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
     pdl_wait();
 
-    float acc[R][NB];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int n = 0; n < NB; ++n) acc[r][n] = 0.0f;
-
-    const int nunits = (K / QK) * NSUB;
-    const long long ldx = K, ldd = K / 32;
-    for (int t = threadIdx.x; t < nunits; t += blockDim.x) {
-        const int blk = t / NSUB, sub = t % NSUB;
-        Unit u[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
-        int p0, p1;
-        unit_pos<QT>(sub, p0, p1);
-        const i8* xb = xq + (long long)blk * QK;
-        const float4* db = xds + (long long)blk * (QK / 32);
-#pragma unroll
-        for (int n = 0; n < NB; ++n) {
-            const int4 x0 = *(const int4*)(xb + n * ldx + p0);
-            const int4 x1 = *(const int4*)(xb + n * ldx + p1);
-            const float4 d0 = db[n * ldd + (p0 >> 5)];
-            const float4 d1 = db[n * ldd + (p1 >> 5)];
-#pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float s0 = (float)dot16(u[r].w, x0), s1 = (float)dot16(u[r].w + 4, x1);
-                float v = u[r].a0 * d0.x * s0 + u[r].a1 * d1.x * s1;
-                if constexpr (QTraits<QT>::MIN)
-                    v += u[r].b0 * ((p0 & 16) ? d0.w : d0.z) + u[r].b1 * ((p1 & 16) ? d1.w : d1.z);
-                acc[r][n] += v;
-            }
-        }
-    }
+    float acc[R][NB] = {};
+    gemv_units<QT, NB, R, 1>(wr, K, threadIdx.x, blockDim.x, tab, xq, xds, acc);
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+}
+
+// gemv_gguf_warp<QT, NB, R, U>: a warp owns R rows (GEMV_THREADS / 32 warps a block), lane l takes
+// units l, l + 32, ..., U at a time; partials summed by shuffles, no shared memory or barrier.
+// Grid: ceil(rows / (R * GEMV_THREADS / 32)).
+template <int QT, int NB, int R, int U>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_warp(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
+               const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    __shared__ u32 tab_s[QTraits<QT>::TAB > 0 ? QTraits<QT>::TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
+    const u8* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+        if (lane * 128 < bpr) prefetch_l2_line(wr[r] + lane * 128);
+    }
+    pdl_wait();
+
+    float acc[R][NB] = {};
+    gemv_units<QT, NB, R, U>(wr, K, lane, 32, tab, xq, xds, acc);
+    gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y);
 }
 
 #ifndef __CUDACC_RTC__
@@ -108,9 +144,11 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
                                                  i8*, float4*, u16*);
 PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true)
 #undef PQ_INST_Q
-#define PQ_INST(T)                                                                             \
-    template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,     \
-                                                const float4*, const float*, float*);
+#define PQ_INST(T)                                                                                    \
+    template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,            \
+                                                const float4*, const float*, float*);                 \
+    template __global__ void gemv_gguf_warp<T, 1, 2, 2>(const u8*, long long, int, int, const i8*,    \
+                                                        const float4*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

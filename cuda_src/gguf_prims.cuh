@@ -20,6 +20,7 @@ PQ_DEV u32 vsub4(u32 a, u32 b) { return __vsub4(a, b); }
 PQ_DEV u32 bperm(u32 a, u32 b, u32 s) { return __byte_perm(a, b, s); }
 PQ_DEV u32 fshr(u32 lo, u32 hi, u32 s) { return __funnelshift_r(lo, hi, s); }
 PQ_DEV int popc(u32 x) { return __popc(x); }
+PQ_DEV u32 ldg32(const u32* p) { return __ldg(p); }   // weights: read-only for the whole kernel
 PQ_DEV float h2f(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
@@ -58,8 +59,8 @@ PQ_DEV void ldu(const u8* p, u32* out) {
     const u32 sh = (u32)(a & 3ull) * 8u;
     u32 w[N + 1];
 #pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = q[i];
-    w[N] = sh ? q[N] : 0u;
+    for (int i = 0; i < N; ++i) w[i] = ldg32(q + i);
+    w[N] = sh ? ldg32(q + N) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = fshr(w[i], w[i + 1], sh);
 }

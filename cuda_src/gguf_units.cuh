@@ -184,8 +184,9 @@ PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ 
             u.w[i] = lo;
             u.w[4 + i] = hi;
         }
-        const float d = h2f(ld16(blk)), dmin = h2f(ld16(blk + 2));
-        const u32 s0 = ld32(blk + 4), s1 = ld32(blk + 8), s2 = ld32(blk + 12);
+        const uint4 hd = *(const uint4*)blk;   // d, dmin, 12 bytes of scales (blocks are 16-byte aligned)
+        const float d = h2f((u16)(hd.x & 0xffffu)), dmin = h2f((u16)(hd.x >> 16));
+        const u32 s0 = hd.y, s1 = hd.z, s2 = hd.w;
         float sc, mn;
         scale_min_k4(s0, s1, s2, 2 * j, sc, mn);
         u.a0 = d * sc;
@@ -267,6 +268,17 @@ PQ_DEV int dot16(const u32* w, int4 x) {
     s = dp4a((int)w[1], x.y, s);
     s = dp4a((int)w[2], x.z, s);
     return dp4a((int)w[3], x.w, s);
+}
+
+// A unit's dot with int8 activations: x0 / x1 the 16 values at p0 / p1, d0 / d1 their 32-blocks'
+// (d, d*sum32, d*sum of the first 16, d*sum of the last 16)
+template <int QT>
+PQ_DEV float unit_dot(const Unit& u, int4 x0, int4 x1, float4 d0, float4 d1, int p0, int p1) {
+    const float s0 = (float)dot16(u.w, x0), s1 = (float)dot16(u.w + 4, x1);
+    float v = u.a0 * d0.x * s0 + u.a1 * d1.x * s1;
+    if constexpr (QTraits<QT>::MIN)
+        v += u.b0 * ((p0 & 16) ? d0.w : d0.z) + u.b1 * ((p1 & 16) ? d1.w : d1.z);
+    return v;
 }
 
 }  // namespace pq

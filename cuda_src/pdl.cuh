@@ -17,8 +17,12 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // The first blockDim.x 128-byte lines of [p, p + bytes) into L2, a line per thread.
 __device__ __forceinline__ void prefetch_l2(const void* p, long long bytes) {
     const long long o = (long long)threadIdx.x * 128;
-    if (o < bytes) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)p + o));
+    if (o < bytes) prefetch_l2_line((const char*)p + o);
 }

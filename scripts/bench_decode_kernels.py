@@ -4,10 +4,11 @@
     python scripts/bench_decode_kernels.py --only gemv --batches 1,2 --configs lanes:8:2,lanes:16:2,xs:4,xs:8
     python scripts/bench_decode_kernels.py --only small            # norms, rope+store: old vs new kernels
 
-GEMV: every config (lanes:L:R, xs:R, block:R; see linear_cuda.F32Gemv; "*" marks linear()'s default f32 shape; q8[:R[:T]]:
-llama.cpp's scheme, int8 activations and DP4A, R rows per block of T threads, the quantization of x
-included) on every
-shape, fp32 activations; weights cycled over copies larger than twice the L2 so they stream from
+GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
+linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
+T threads; plain q8: linear()'s launch) and q8w:R:U (the warp kernel: R rows per warp, U units in
+flight per lane), q8mma (int8 tensor cores, batch 2-32), kq:R:U (Q4_K / Q5_K / Q6_K over 64-value groups, gemv_kquant.cu), the activations quantized beforehand as the fused norm does. "*" marks linear()'s
+default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
 HBM as in a decode step of a model bigger than the L2. Timing as in bench_kernels.py (CUDA-graph
 replay of back-to-back calls, median)."""
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,20 +31,16 @@ CONFIGS = ("lanes:32:1,lanes:32:2,lanes:16:1,lanes:16:2,lanes:8:2,lanes:8:4,lane
            "block:1,block:2,block:4")
 
 
-@dataclass(frozen=True)
-class Q8Gemv:
-    """A launch of the int8-activation GEMV: R rows per block of T threads (0: linear()'s choice)."""
-    rows_per_group: int = 0
-    threads: int = 0
-    kind: str = "q8"
-
-
 def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
-    if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), quantize included
-        return Q8Gemv(*(int(v) for v in nums))
+    if kind == "q8mma":       # linear()'s K-quant route past batch 1: int8 tensor cores (gemv_gguf_mma.cu)
+        return kind
+    if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
+        return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
+    if kind in ("q8w", "kq"):  # q8w:R:U / kq:R:U: the warp / K-quant kernel, R rows per warp, U units in flight
+        return lc.Q8Gemv("warp" if kind == "q8w" else "kquant", int(nums[0]), unroll=int(nums[1]))
     if kind == "lanes":
         return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
     return lc.F32Gemv(kind, int(nums[0]))
@@ -70,21 +66,36 @@ def bench_gemv(args) -> dict:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
             y = cp.empty((nb, rows), cp.float32)
             default = lc.f32_gemv_config(cols // 32, nb, qtype)
+            xq, xds = lc.quantize_x(x)
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
-                if cfg.rows_per_group * nb > 32 or (cfg.kind == "lanes" and cfg.lanes > 32):
+                if cfg == "q8":
+                    cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
+                if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
+                        cfg == "q8mma" and not lc.gguf_mma_tiles(copies[0], nb):
                     continue
-                key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{cfg.kind}_r{cfg.rows_per_group}" + \
-                    (f"_l{cfg.lanes}" if cfg.kind == "lanes" else f"_t{cfg.threads}" if cfg.kind == "q8" else "") + \
-                    ("*" if cfg == default else "")
+                if cfg == "q8mma":
+                    key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-q8mma"
+                    it = iter(range(1 << 62))
+                    t = time_us(lambda: lc._gemv_gguf(x, copies[next(it) % len(copies)], None, y, xqd=(xq, xds)),
+                                args.reps, len(copies) * max(1, 16 // len(copies)))
+                    out[key] = {**t, "GBps": round(weight_bytes(w0) / t["us"] / 1e3, 1)}
+                    continue
+                if cfg.rows_per_group * nb > 32 if isinstance(cfg, lc.F32Gemv) else cfg.rows * nb > 32:
+                    continue
+                if isinstance(cfg, lc.Q8Gemv):
+                    name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")
+                else:
+                    name = f"{cfg.kind}_r{cfg.rows_per_group}" + (f"_l{cfg.lanes}" if cfg.kind == "lanes" else "") + \
+                        ("*" if cfg == default else "")
+                key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{name}"
                 if key.rstrip("*") in {k.rstrip("*") for k in out}:
                     continue
                 it = iter(range(1 << 62))
 
                 def run():
                     w = copies[next(it) % len(copies)]
-                    if cfg.kind == "q8":
-                        lc.launch_gemv_q8(w, *lc.quantize_x(x), None, y, nb, cfg.rows_per_group or None,
-                                          cfg.threads or None)
+                    if isinstance(cfg, lc.Q8Gemv):
+                        lc.launch_gemv_q8(w, xq, xds, None, y, nb, cfg)
                     else:
                         lc.launch_gemv_f32(w, x, None, y, nb, cfg)
                 try:

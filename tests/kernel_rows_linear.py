@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pocketcupy.backend.linear_cuda import KQUANT_QTYPES, Q8Gemv
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.quant.act_q8 import q8_roundtrip, uses_q8
 from pocketcupy.quant.dequant import f32_to_bf16
@@ -109,19 +110,22 @@ def _cuda_gemv_config(config: str):
     return run
 
 
-def _cuda_gemv_q8(inp, poison):
-    """The DP4A int8 GEMV (gemv_gguf.cu) itself, whatever linear() would pick."""
-    import cupy as cp
+def _cuda_gemv_q8(cfg=None):
+    """The DP4A int8 GEMV (gemv_gguf.cu) itself, whatever linear() would pick: launched as cfg
+    (linear_cuda.Q8Gemv; None: q8_gemv_launch's choice)."""
+    def run(inp, poison):
+        import cupy as cp
 
-    from pocketcupy.backend import linear_cuda
+        from pocketcupy.backend import linear_cuda
 
-    w = _cuda_weight(inp)
-    x = cp.asarray(inp["x"])
-    n = x.shape[0]
-    out = poison((n, inp["shape"][0]), np.float32)
-    xq, xds = linear_cuda.quantize_x(x)
-    linear_cuda.launch_gemv_q8(w, xq, xds, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n)
-    return out
+        w = _cuda_weight(inp)
+        x = cp.asarray(inp["x"])
+        n = x.shape[0]
+        out = poison((n, inp["shape"][0]), np.float32)
+        xq, xds = linear_cuda.quantize_x(x)
+        linear_cuda.launch_gemv_q8(w, xq, xds, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n, cfg)
+        return out
+    return run
 
 
 def _linear_tol(qtype: str, n: int) -> float:
@@ -158,7 +162,17 @@ def _linear_rows():
                                   _make_linear(qtype, n, _cols(qtype), n == 12), _ref_linear, _cuda_linear(), 2e-5))
         for n in (2, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8dp4a_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
-                                  _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear, _cuda_gemv_q8, 2e-5))
+                                  _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear, _cuda_gemv_q8(), 2e-5))
+    # the warp-per-row DP4A GEMV: R rows per warp, U units in flight per lane (rows of 129 / 160 units
+    # end inside a lane's last U-unit step)
+    # and the K-quant kernel over 64-value groups (rows of 80 groups)
+    for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "IQ2_XXS"):
+        for kind in ("warp", "kquant")[:1 + (qtype in KQUANT_QTYPES)]:
+            for r, u, n in ((1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 1), (1, 1, 5), (2, 1, 8)):
+                cfg = Q8Gemv(kind, r, unroll=u)
+                rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
+                                      _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear, _cuda_gemv_q8(cfg),
+                                      2e-5))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)

@@ -159,13 +159,16 @@ GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_gguf_mma.cu
 GGUF_MMA_MAX_BATCH = QUANT_GEMV_MAX_BATCH          # past it dequantization + cuBLAS is faster (H200,
                                                     # batch 64: 27.6 ms a step with 8 tiles, 22.3 the GEMM)
 GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_gguf_mma.cu
+KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
+KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 1}   # past it the tensor-core kernel
+KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
 
 
 def gguf_mma_tiles(w: CudaWeight, nb: int) -> int:
     """Tiles of 8 batch columns (a power of two) of the int8 tensor-core K-quant kernel at batch nb
-    (2..32, sm_80+, rows of whole 256-value blocks); 0 where it does not apply."""
-    if not (w.act_q8 and w.qtype in GGUF_MMA_QTYPES and 2 <= nb <= GGUF_MMA_MAX_BATCH and w.cols % 256 == 0
-            and has_tensor_cores()):
+    (past KQUANT_MAX_BATCH up to 32, sm_80+, rows of whole 256-value blocks); 0 where it does not apply."""
+    if not (w.act_q8 and w.qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[w.qtype] < nb <= GGUF_MMA_MAX_BATCH
+            and w.cols % 256 == 0 and has_tensor_cores()):
         return 0
     nt = 1
     while 8 * nt < nb:
@@ -180,8 +183,7 @@ def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     if nt := gguf_mma_tiles(w, nb):
         return f"gemv_{w.qtype.lower()}_q8mma_nt{nt}_bs{nb}"
     if w.act_q8:
-        r, t = q8_gemv_launch(w.cols // 32, nb)
-        return f"gemv_{w.qtype.lower()}_q8_r{r}_t{t}_bs{nb}"
+        return f"gemv_{w.qtype.lower()}_q8_{q8_gemv_launch(w.qtype, w.rows, w.cols, nb).name()}_bs{nb}"
     if w.is_dense:
         kind = "_mma" if (dense_kind or dense_gemv_kind(w, nb)) == "mma" else ""
         return f"gemv_{w.qtype.lower()}{kind}_bs{nb}"
@@ -197,26 +199,76 @@ def _dense_gemv(qtype: str, nb: int):
     return kernel("gemv.cu", exprs[nb - 1], name_expressions=exprs)
 
 
-def q8_gemv_launch(units: int, nb: int) -> tuple[int, int]:
-    """(rows per block, threads) of the int8-activation GEMV for rows of `units` 32-value units at
-    batch nb. Batch 1: 2 rows on up to 128 threads; larger batches: fewer threads per row (the
-    activations of nb columns are reused from registers), 2 rows per warp on rows of <= 128 units,
-    4 rows per 2 warps beyond (bench_decode_kernels.py sweep on the H200: 1.3-1.9x over 4 rows on
-    128 threads at batch 4)."""
+
+
+@dataclass(frozen=True)
+class Q8Gemv:
+    """A launch of the int8-activation GEMV. kind "block" (gemv_gguf.cu): R rows per block of
+    `threads` threads striding over the rows' 32-value units; "warp" (gemv_gguf.cu): R rows per
+    warp, 4 warps a block, each lane `unroll` units' weights in flight at once; "kquant"
+    (gemv_kquant.cu, Q4_K / Q5_K / Q6_K): as "warp" over 64-value groups."""
+    kind: str
+    rows: int
+    threads: int = GEMV_THREADS
+    unroll: int = 1
+
+    def expr(self, tid: int, nb: int) -> str:
+        if self.kind == "kquant":
+            return f"gemv_kquant<{tid}, {nb}, {self.rows}, {self.unroll}>"
+        if self.kind == "warp":
+            return f"gemv_gguf_warp<{tid}, {nb}, {self.rows}, {self.unroll}>"
+        return f"gemv_gguf<{tid}, {nb}, {self.rows}>"
+
+    @property
+    def source(self) -> str:
+        return "gemv_kquant.cu" if self.kind == "kquant" else "gemv_gguf.cu"
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads if self.kind == "block" else GEMV_THREADS
+
+    def rows_per_block(self) -> int:
+        return self.rows * (1 if self.kind == "block" else GEMV_THREADS // 32)
+
+    def name(self) -> str:
+        if self.kind == "block":
+            return f"r{self.rows}_t{self.threads}"
+        return f"{'kq' if self.kind == 'kquant' else 'w'}{self.rows}u{self.unroll}"
+
+
+
+
+def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
+    """The int8-activation GEMV for a [rows, cols] weight at batch nb (H200 sweeps,
+    bench_decode_kernels.py). K-quants of whole super-blocks at batch 1, and Q4_K / Q5_K at batch 2
+    (where they beat the tensor-core kernel: Q4_K 28672x4096 2.25 against 1.92 TB/s): the
+    64-value-group kernel with 2 rows per warp (Q4_K 28672x4096 at batch 1: 3.05 TB/s against 2.32
+    for 2 rows per 128-thread block; Q6_K 4096x14336 2.11 against 1.91); on short matrices at batch 1
+    Q4_K / Q5_K a row per warp and Q6_K the block kernel (1024x4096: 0.76 / 0.90 TB/s,
+    latency-bound). Other batch-1 types: 2 rows on up to 128 threads. Larger batches: fewer threads
+    per row (the activations of nb columns are reused from registers), 2 rows per warp on rows of
+    <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128 threads at batch 4)."""
+    units = cols // 32
+    if qtype in KQUANT_QTYPES and cols % 256 == 0 and nb <= KQUANT_MAX_BATCH[qtype]:
+        if rows > KQUANT_SMALL_ROWS or nb > 1:
+            return Q8Gemv("kquant", 2, unroll=1)
+        if qtype != "Q6_K":
+            return Q8Gemv("kquant", 1, unroll=1)
     if nb == 1:
-        return 2, gemv_threads(units)
-    return (2, 32) if units <= 128 else (4, 64)
+        return Q8Gemv("block", 2, gemv_threads(units))
+    return Q8Gemv("block", 2, 32) if units <= 128 else Q8Gemv("block", 4, 64)
 
 
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv(qtype: str, nb: int, rows: int):
-    """The int8-activation GEMV: one module per type holds the default rows per block of every
-    batch; other row counts (benchmark sweeps) compile on their own."""
+def _gguf_gemv(qtype: str, cfg: Q8Gemv, nb: int):
+    """The int8-activation GEMV: one module per (type, source) holds the default launches of every
+    batch; other launches (benchmark sweeps) compile on their own."""
     tid = GGUF_QTYPES[qtype][0]
-    exprs = tuple(sorted({f"gemv_gguf<{tid}, {b}, {q8_gemv_launch(u, b)[0]}>"
-                          for b in range(1, GEMV_MAX_BATCH + 1) for u in (128, 129)}))
-    expr = f"gemv_gguf<{tid}, {nb}, {rows}>"
-    return kernel("gemv_gguf.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
+    defaults = [(q8_gemv_launch(qtype, r, c, b), b) for b in range(1, GEMV_MAX_BATCH + 1) for r in (1024, 4096)
+                for c in (4096, 4128)]
+    exprs = tuple(sorted({c.expr(tid, b) for c, b in defaults if c.source == cfg.source}))
+    expr = cfg.expr(tid, nb)
+    return kernel(cfg.source, expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
 # fp32-activation quantized GEMV (gemv_gguf_f32.cu): a launch shape per row length, by units of
@@ -365,16 +417,18 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, rows: int | None = None,
-                   threads: int | None = None) -> None:
-    """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV,
-    `rows` rows per block of `threads` threads (defaults: q8_gemv_launch)."""
+def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | None = None) -> None:
+    """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV
+    launched as cfg (default: q8_gemv_launch)."""
     k = w.cols
-    r0, t0 = q8_gemv_launch(k // 32, nb)
-    r = rows or r0
-    _gguf_gemv(w.qtype, nb, r)(((w.rows + r - 1) // r,), (threads or t0,),
-                               (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
-                                _null() if bias is None else bias, out))
+    cfg = cfg or q8_gemv_launch(w.qtype, w.rows, k, nb)
+    rpb = cfg.rows_per_block()
+    if cfg.kind == "kquant" and (w.qtype not in KQUANT_QTYPES or k % 256):
+        raise ValueError(f"gemv_kquant: no kernel for {w.qtype} rows of {k} (Q4_K / Q5_K / Q6_K, whole super-blocks)")
+    _gguf_gemv(w.qtype, cfg, nb)(
+        ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
+        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
+         _null() if bias is None else bias, out))
 
 
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:

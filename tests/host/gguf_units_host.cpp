@@ -45,6 +45,7 @@ static inline u32_ fshr(u32_ lo, u32_ hi, u32_ s) {
     return (u32_)((((uint64_t)hi << 32) | lo) >> (s & 31));
 }
 static inline int popc(u32_ x) { return __builtin_popcount(x); }
+static inline u32_ ldg32(const u32_* p) { return *p; }
 static inline float h2f(unsigned short h) {
     const int e = (h >> 10) & 31, m = h & 1023;
     float v = e == 0 ? std::ldexp((float)m, -24) : std::ldexp((float)(m | 1024), e - 25);
@@ -76,10 +77,7 @@ static void run(const u8* blocks, int nblk, const int8_t* xq, const float4* xds,
             std::memcpy(&x0, xb + p[0], 16);
             std::memcpy(&x1, xb + p[1], 16);
             const float4 d0 = db[p[0] >> 5], d1 = db[p[1] >> 5];
-            const float s0 = (float)dot16(u.w, x0), s1 = (float)dot16(u.w + 4, x1);
-            float v = u.a0 * d0.x * s0 + u.a1 * d1.x * s1;
-            if (QTraits<QT>::MIN) v += u.b0 * ((p[0] & 16) ? d0.w : d0.z) + u.b1 * ((p[1] & 16) ? d1.w : d1.z);
-            total += v;
+            total += unit_dot<QT>(u, x0, x1, d0, d1, p[0], p[1]);
         }
     }
     *dot = total;
