@@ -47,10 +47,10 @@ template <int QT>
 PQ_DEV void kq_load(const u8* __restrict__ blk, int j, KqGroup<QT>& g) {
     if constexpr (QT == Q6_K) {
         const int n = j >> 1, i = j & 1;
-        ldu<4>(blk + 64 * n + 16 * i, g.l0);
-        ldu<4>(blk + 64 * n + 32 + 16 * i, g.l1);
-        ldu<4>(blk + 128 + 32 * n + 16 * i, g.h);
-        ldu<2>(blk + 192 + 8 * n, g.sc);
+        ldu<4, true>(blk + 64 * n + 16 * i, g.l0);
+        ldu<4, true>(blk + 64 * n + 32 + 16 * i, g.l1);
+        ldu<4, true>(blk + 128 + 32 * n + 16 * i, g.h);
+        ldu<2, true>(blk + 192 + 8 * n, g.sc);
         g.d = ld16(blk + 208);
     } else {
         constexpr int QS = QT == Q4_K ? 16 : 48;

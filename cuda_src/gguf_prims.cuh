@@ -51,16 +51,18 @@ PQ_DEV u32 ld32(const u8* p) { return *(const u32*)p; }
 
 // N 32-bit words starting at a 2-byte aligned address (most GGUF block sizes are even, not
 // multiples of 4): N+1 aligned loads and funnel shifts.  The extra word is read only when p
-// is misaligned; it lies inside the block for every caller.
-template <int N>
+// is misaligned; it lies inside the block for every caller.  GLOBAL: p is global memory that no
+// thread writes during the kernel (weights), read through the read-only path; otherwise p may
+// also point to shared memory (kernels that stage the blocks there).
+template <int N, bool GLOBAL = false>
 PQ_DEV void ldu(const u8* p, u32* out) {
     const unsigned long long a = (unsigned long long)p;
     const u32* q = (const u32*)(a & ~3ull);
     const u32 sh = (u32)(a & 3ull) * 8u;
     u32 w[N + 1];
 #pragma unroll
-    for (int i = 0; i < N; ++i) w[i] = ldg32(q + i);
-    w[N] = sh ? ldg32(q + N) : 0u;
+    for (int i = 0; i < N; ++i) w[i] = GLOBAL ? ldg32(q + i) : q[i];
+    w[N] = sh ? (GLOBAL ? ldg32(q + N) : q[N]) : 0u;
 #pragma unroll
     for (int i = 0; i < N; ++i) out[i] = fshr(w[i], w[i + 1], sh);
 }
