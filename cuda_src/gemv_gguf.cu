@@ -46,7 +46,8 @@ __global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const 
 }
 
 // Accumulates units t = t0, t0 + stride, ... (< nunits) of rows wr[0..R) against NB activation
-// rows into acc, U units' weights loaded before any is used (loads in flight).
+// rows into acc, U units' weights loaded before any is used (U = 1 below: 2-4 units in flight per
+// lane, tried in a warp-per-row kernel, measured no faster on the H200).
 template <int QT, int NB, int R, int U>
 __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int t0, int stride, const u32* tab,
                                            const i8* __restrict__ xq, const float4* __restrict__ xds,
@@ -114,29 +115,6 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
-// gemv_gguf_warp<QT, NB, R, U>: a warp owns R rows (GEMV_THREADS / 32 warps a block), lane l takes
-// units l, l + 32, ..., U at a time; partials summed by shuffles, no shared memory or barrier.
-// Grid: ceil(rows / (R * GEMV_THREADS / 32)).
-template <int QT, int NB, int R, int U>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_warp(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
-               const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
-    __shared__ u32 tab_s[QTraits<QT>::TAB > 0 ? QTraits<QT>::TAB : 1];
-    const u32* tab = stage_table<QT>(tab_s);
-    const int lane = threadIdx.x & 31, row0 = (blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
-    const u8* wr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
-        if (lane * 128 < bpr) prefetch_l2_line(wr[r] + lane * 128);
-    }
-    pdl_wait();
-
-    float acc[R][NB] = {};
-    gemv_units<QT, NB, R, U>(wr, K, lane, 32, tab, xq, xds, acc);
-    gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y);
-}
-
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile test) sees every type's code; NVRTC instantiates via name_expressions
 #define PQ_INST_Q(S, H) \
@@ -146,9 +124,7 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true)
 #undef PQ_INST_Q
 #define PQ_INST(T)                                                                                    \
     template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,            \
-                                                const float4*, const float*, float*);                 \
-    template __global__ void gemv_gguf_warp<T, 1, 2, 2>(const u8*, long long, int, int, const i8*,    \
-                                                        const float4*, const float*, float*);
+                                                const float4*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

@@ -8,7 +8,8 @@
 //   qh[32n + 16i] (n = g / 2, i = g % 2) hold the 6-bit values 128n + 16i + 32q + e, q = 0..3,
 //   e = 0..15; they are dotted unsigned (0..63, DP4A u8 x s8) and the offset 32 taken off with
 //   the activations' 16-value sums.
-// The 32-value units of gemv_gguf.cu cost ~3x the instructions per weight, which bounded them at
+// The 32-value units of gemv_gguf.cu cost over 2x the instructions per weight (SASS: ~125 per 32
+// Q4_K values against ~110 per 64 here), which bounded them at
 // ~2.0-2.3 TB/s on the H200 (bench_decode_kernels.py).
 //
 // gemv_kquant<QT, NB, R, U>: a warp owns R rows (GEMV_THREADS / 32 warps a block), lane l takes

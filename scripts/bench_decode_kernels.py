@@ -6,8 +6,9 @@
 
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
-T threads; plain q8: linear()'s launch) and q8w:R:U (the warp kernel: R rows per warp, U units in
-flight per lane), q8mma (int8 tensor cores, batch 2-32), kq:R:U (Q4_K / Q5_K / Q6_K over 64-value groups, gemv_kquant.cu), the activations quantized beforehand as the fused norm does. "*" marks linear()'s
+T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores, batch 2-32) and kq:R:U (Q4_K /
+Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
+activations quantized beforehand as the fused norm does. "*" marks linear()'s
 default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
 HBM as in a decode step of a model bigger than the L2. Timing as in bench_kernels.py (CUDA-graph
 replay of back-to-back calls, median)."""
@@ -39,8 +40,8 @@ def parse_config(s: str):
         return kind
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
-    if kind in ("q8w", "kq"):  # q8w:R:U / kq:R:U: the warp / K-quant kernel, R rows per warp, U units in flight
-        return lc.Q8Gemv("warp" if kind == "q8w" else "kquant", int(nums[0]), unroll=int(nums[1]))
+    if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane
+        return lc.Q8Gemv("kquant", int(nums[0]), unroll=int(nums[1]))
     if kind == "lanes":
         return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
     return lc.F32Gemv(kind, int(nums[0]))

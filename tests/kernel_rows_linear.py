@@ -163,16 +163,13 @@ def _linear_rows():
         for n in (2, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8dp4a_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
                                   _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear, _cuda_gemv_q8(), 2e-5))
-    # the warp-per-row DP4A GEMV: R rows per warp, U units in flight per lane (rows of 129 / 160 units
-    # end inside a lane's last U-unit step)
-    # and the K-quant kernel over 64-value groups (rows of 80 groups)
-    for qtype in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "IQ2_XXS"):
-        for kind in ("warp", "kquant")[:1 + (qtype in KQUANT_QTYPES)]:
-            for r, u, n in ((1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 1), (1, 1, 5), (2, 1, 8)):
-                cfg = Q8Gemv(kind, r, unroll=u)
-                rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
-                                      _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear, _cuda_gemv_q8(cfg),
-                                      2e-5))
+    # the K-quant kernel over 64-value groups: R rows per warp, U groups in flight per lane (rows of 80
+    # groups end inside a lane's last U-group step)
+    for qtype in KQUANT_QTYPES:
+        for r, u, n in ((1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 1), (1, 1, 5), (2, 1, 8)):
+            cfg = Q8Gemv("kquant", r, unroll=u)
+            rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
+                                  _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear, _cuda_gemv_q8(cfg), 2e-5))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)

@@ -204,9 +204,8 @@ def _dense_gemv(qtype: str, nb: int):
 @dataclass(frozen=True)
 class Q8Gemv:
     """A launch of the int8-activation GEMV. kind "block" (gemv_gguf.cu): R rows per block of
-    `threads` threads striding over the rows' 32-value units; "warp" (gemv_gguf.cu): R rows per
-    warp, 4 warps a block, each lane `unroll` units' weights in flight at once; "kquant"
-    (gemv_kquant.cu, Q4_K / Q5_K / Q6_K): as "warp" over 64-value groups."""
+    `threads` threads striding over the rows' 32-value units; "kquant" (gemv_kquant.cu, Q4_K / Q5_K /
+    Q6_K): R rows per warp, 4 warps a block, each lane `unroll` 64-value groups in flight at once."""
     kind: str
     rows: int
     threads: int = GEMV_THREADS
@@ -215,8 +214,6 @@ class Q8Gemv:
     def expr(self, tid: int, nb: int) -> str:
         if self.kind == "kquant":
             return f"gemv_kquant<{tid}, {nb}, {self.rows}, {self.unroll}>"
-        if self.kind == "warp":
-            return f"gemv_gguf_warp<{tid}, {nb}, {self.rows}, {self.unroll}>"
         return f"gemv_gguf<{tid}, {nb}, {self.rows}>"
 
     @property
@@ -233,7 +230,7 @@ class Q8Gemv:
     def name(self) -> str:
         if self.kind == "block":
             return f"r{self.rows}_t{self.threads}"
-        return f"{'kq' if self.kind == 'kquant' else 'w'}{self.rows}u{self.unroll}"
+        return f"kq{self.rows}u{self.unroll}"
 
 
 
