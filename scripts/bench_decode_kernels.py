@@ -81,7 +81,8 @@ def bench_gemv(args) -> dict:
                                 args.reps, len(copies) * max(1, 16 // len(copies)))
                     out[key] = {**t, "GBps": round(weight_bytes(w0) / t["us"] / 1e3, 1)}
                     continue
-                if cfg.rows_per_group * nb > 32 if isinstance(cfg, lc.F32Gemv) else cfg.rows * nb > 32:
+                f32 = isinstance(cfg, lc.F32Gemv)
+                if (cfg.rows_per_group if f32 else cfg.rows) * nb > 32 or (f32 and cfg.kind == "lanes" and cfg.lanes > 32):
                     continue
                 if isinstance(cfg, lc.Q8Gemv):
                     name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")

@@ -199,8 +199,6 @@ def _dense_gemv(qtype: str, nb: int):
     return kernel("gemv.cu", exprs[nb - 1], name_expressions=exprs)
 
 
-
-
 @dataclass(frozen=True)
 class Q8Gemv:
     """A launch of the int8-activation GEMV. kind "block" (gemv_gguf.cu): R rows per block of
@@ -231,8 +229,6 @@ class Q8Gemv:
         if self.kind == "block":
             return f"r{self.rows}_t{self.threads}"
         return f"kq{self.rows}u{self.unroll}"
-
-
 
 
 def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
