@@ -14,13 +14,7 @@ dequant_rows(const u8* __restrict__ W, long long bpr, int wrows, const IdxT* __r
     pdl_wait();
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = nullptr;
-    if constexpr (TAB > 0) {
-        const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < TAB; i += blockDim.x) tab_s[i] = src[i];
-        __syncthreads();
-        tab = tab_s;
-    }
+    const u32* tab = stage_table<QT>(tab_s);
     const long long upr = (long long)(K / QK) * NSUB;
     const long long total = (long long)nrows * upr;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;

@@ -85,18 +85,6 @@ __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int 
     }
 }
 
-// IQ types' lookup table staged in shared memory (nullptr for the others); the whole block calls it
-template <int QT>
-__device__ __forceinline__ const u32* stage_table(u32* tab_s) {
-    if constexpr (QTraits<QT>::TAB > 0) {
-        const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < QTraits<QT>::TAB; i += blockDim.x) tab_s[i] = src[i];
-        __syncthreads();
-        return tab_s;
-    }
-    return nullptr;
-}
-
 template <int QT, int NB, int R>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
@@ -105,8 +93,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+    row_ptrs<R>(W, bpr, row0, rows, wr);
     prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
     pdl_wait();
 

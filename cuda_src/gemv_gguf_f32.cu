@@ -102,25 +102,6 @@ PQ_DEV void unit_rows_global(const u8* const (&wr)[R], int t, const u32* tab, co
     }
 }
 
-// IQ grids staged in shared memory (a no-op for the other types); returns the table pointer
-template <int QT>
-PQ_DEV const u32* stage_table(u32* tab_s) {
-    if constexpr (QTraits<QT>::TAB > 0) {
-        const u32* src = table_src<QT>();
-        for (int i = threadIdx.x; i < QTraits<QT>::TAB; i += blockDim.x) tab_s[i] = src[i];
-        __syncthreads();
-        return tab_s;
-    } else {
-        return nullptr;
-    }
-}
-
-template <int R>
-PQ_DEV void row_ptrs(const u8* W, long long bpr, int row0, int rows, const u8* (&wr)[R]) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
-}
-
 template <int R, int NB>
 PQ_DEV void zero_acc(float (&acc)[R][NB]) {
 #pragma unroll

@@ -46,6 +46,29 @@ PQ_DEV const u32* table_src() {
     else return nullptr;
 }
 
+#ifndef PQ_HOST_SHIM
+// IQ grids staged in shared memory (a no-op for the other types); returns the table pointer the
+// decoders read. The whole block calls it.
+template <int QT>
+PQ_DEV const u32* stage_table(u32* tab_s) {
+    if constexpr (QTraits<QT>::TAB > 0) {
+        const u32* src = table_src<QT>();
+        for (int i = threadIdx.x; i < QTraits<QT>::TAB; i += blockDim.x) tab_s[i] = src[i];
+        __syncthreads();
+        return tab_s;
+    } else {
+        return nullptr;
+    }
+}
+
+// Rows row0 .. row0 + R - 1 of W (the last row repeated past the end: loaded, never stored)
+template <int R>
+PQ_DEV void row_ptrs(const u8* W, long long bpr, int row0, int rows, const u8* (&wr)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+}
+#endif
+
 struct Unit {
     u32 w[8];
     float a0, a1, b0, b1;
