@@ -46,41 +46,33 @@ __global__ void quantize_q8_x(const float* __restrict__ x, long long ldx, const 
 }
 
 // Accumulates units t = t0, t0 + stride, ... (< nunits) of rows wr[0..R) against NB activation
-// rows into acc, U units' weights loaded before any is used (U = 1 below: 2-4 units in flight per
-// lane, tried in a warp-per-row kernel, measured no faster on the H200).
-template <int QT, int NB, int R, int U>
+// rows into acc.
+template <int QT, int NB, int R>
 __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int t0, int stride, const u32* tab,
                                            const i8* __restrict__ xq, const float4* __restrict__ xds,
                                            float (&acc)[R][NB]) {
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
     const int nunits = (K / QK) * NSUB;
     const long long ldx = K, ldd = K / 32;
-    for (int tb = t0; tb < nunits; tb += U * stride) {
-        Unit u[U][R];
+    for (int t = t0; t < nunits; t += stride) {
+        // tc == t: the clamp left from a multi-unit form keeps this the machine code tested and
+        // measured on the H200 (without it ptxas allocates registers differently)
+        const int tc = min(t, nunits - 1), blk = t / NSUB;
+        Unit u[R];
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const int t = min(tb + i * stride, nunits - 1);       // past the end: a valid unit, unused
+        for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)(tc / NSUB) * TS, tc % NSUB, tab, u[r]);
+        int p0, p1;
+        unit_pos<QT>(t % NSUB, p0, p1);
+        const i8* xb = xq + (long long)blk * QK;
+        const float4* db = xds + (long long)blk * (QK / 32);
 #pragma unroll
-            for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)(t / NSUB) * TS, t % NSUB, tab, u[i][r]);
-        }
+        for (int n = 0; n < NB; ++n) {
+            const int4 x0 = *(const int4*)(xb + n * ldx + p0);
+            const int4 x1 = *(const int4*)(xb + n * ldx + p1);
+            const float4 d0 = db[n * ldd + (p0 >> 5)];
+            const float4 d1 = db[n * ldd + (p1 >> 5)];
 #pragma unroll
-        for (int i = 0; i < U; ++i) {
-            const int t = tb + i * stride;
-            if (U > 1 && t >= nunits) break;
-            const int blk = t / NSUB;
-            int p0, p1;
-            unit_pos<QT>(t % NSUB, p0, p1);
-            const i8* xb = xq + (long long)blk * QK;
-            const float4* db = xds + (long long)blk * (QK / 32);
-#pragma unroll
-            for (int n = 0; n < NB; ++n) {
-                const int4 x0 = *(const int4*)(xb + n * ldx + p0);
-                const int4 x1 = *(const int4*)(xb + n * ldx + p1);
-                const float4 d0 = db[n * ldd + (p0 >> 5)];
-                const float4 d1 = db[n * ldd + (p1 >> 5)];
-#pragma unroll
-                for (int r = 0; r < R; ++r) acc[r][n] += unit_dot<QT>(u[i][r], x0, x1, d0, d1, p0, p1);
-            }
+            for (int r = 0; r < R; ++r) acc[r][n] += unit_dot<QT>(u[r], x0, x1, d0, d1, p0, p1);
         }
     }
 }
@@ -98,7 +90,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     pdl_wait();
 
     float acc[R][NB] = {};
-    gemv_units<QT, NB, R, 1>(wr, K, threadIdx.x, blockDim.x, tab, xq, xds, acc);
+    gemv_units<QT, NB, R>(wr, K, threadIdx.x, blockDim.x, tab, xq, xds, acc);
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
