@@ -17,8 +17,16 @@
 // Splits: with counters != nullptr the last block of a (sequence, KV head) to finish merges the
 // splits' partial outputs itself (and resets its counter for the next launch, so CUDA-graph
 // replays find zeros); without, attn_decode_combine_f32 does. Q and P are rounded to fp16.
+// With xq, whoever writes the output (the block of a single split, or the merging block) also
+// writes its int8 blocks of 32 (q8_act.cuh), the input of the output projection's int8 GEMV, so
+// that projection needs no quantization launch of its own.
+//
+// PDL: keys before a sequence's newest have been in the cache since earlier steps, so a split
+// without the newest key issues its first loads before pdl_wait (the kernel before this one, RoPE
+// + KV store, writes only the newest); seq_lens and block tables are copied in before the graph.
 #include "common.cuh"
 #include "mma_prims.cuh"
+#include "q8_act.cuh"
 
 #define DM_WARPS 4
 #define DM_THREADS (DM_WARPS * 32)
@@ -61,13 +69,36 @@ __device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* __r
     }
 }
 
+// Output values 4i .. 4i + 3 of a (sequence, KV head)'s group x D block (out + o at value 0), and
+// with xq their int8 blocks (value 0 is value q of the [B, Hq * D] int8 rows, q % 32 == 0 and
+// i % 8 == threadIdx.x % 8). Every lane of the warp calls this (the quantizer shuffles).
+__device__ __forceinline__ void store_out4(float4 v, int i, bool ok, float* __restrict__ out, i64 o,
+                                           signed char* __restrict__ xq, float4* __restrict__ xds, i64 q) {
+    if (ok) {
+        float* p = out + o + 4 * i;
+        p[0] = v.x;
+        p[1] = v.y;
+        p[2] = v.z;
+        p[3] = v.w;
+    }
+    if (xq != nullptr) q8_store4(q8_round4(v), q / 4 + i, ok, xq, xds);
+}
+
+__device__ __forceinline__ float4 f4_fma(float w, float4 a, float4 acc) {
+    return make_float4(fmaf(w, a.x, acc.x), fmaf(w, a.y, acc.y), fmaf(w, a.z, acc.z), fmaf(w, a.w, acc.w));
+}
+
+__device__ __forceinline__ float4 f4_scale(float4 a, float w) {
+    return make_float4(a.x * w, a.y * w, a.z * w, a.w * w);
+}
+
 template <int D>
 __device__ __forceinline__ void decode_mma_body(
     const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
     const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
-    int num_splits, float scale_log2) {
+    int num_splits, float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int KJ = D / 32;          // 16-byte K loads per key row and lane
     constexpr int KS = D / 16;          // k-steps of QK^T
@@ -88,6 +119,8 @@ __device__ __forceinline__ void decode_mma_body(
     const int k_begin = split * chunk, k_end = min(ctx, k_begin + chunk);
     const int* table = block_tables + (i64)b * bt_stride;
     const i64 prow0 = (i64)b * hq_total + h0;         // part row of head 0 (times num_splits)
+    const i64 out0 = (i64)b * out_stride + (i64)h0 * D, q0 = prow0 * D;   // value 0 in out and in xq
+    const int n4 = group * D / 4;                      // output values of the block / 4
 
     if (k_begin < k_end || split == 0) {
         const int k_last = k_end - 1;                  // keys past the split load this one (P = 0)
@@ -95,7 +128,13 @@ __device__ __forceinline__ void decode_mma_body(
         // kr, its V once PV has used vr
         uint4 kr[2][KJ], vr[4][VH];
         const int k_first = k_begin + DM_KEYS * warp;
-        if (k_first < k_end) {
+        const bool old_keys = k_end < ctx;             // the newest key is not in this split
+        if (old_keys && k_first < k_end) {
+            load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+        }
+        pdl_wait();
+        if (!old_keys && k_first < k_end) {
             load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
             load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
@@ -193,28 +232,32 @@ __device__ __forceinline__ void decode_mma_body(
             }
         }
         __syncthreads();
-        for (int i = tid; i < group * D; i += DM_THREADS) {
-            const int row = i / D, d = i % D;
+        for (int i0 = 0; i0 < n4; i0 += DM_THREADS) {  // four values a thread; whole warps iterate
+            const int i = i0 + tid;
+            const bool ok = i < n4;
+            const int row = ok ? 4 * i / D : 0, d = 4 * i % D;
             float mx = pc_neg_inf();
 #pragma unroll
             for (int w = 0; w < DM_WARPS; ++w) mx = fmaxf(mx, m_s[w][row]);
-            float num = 0.0f, den = 0.0f;
+            float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+            float den = 0.0f;
 #pragma unroll
             for (int w = 0; w < DM_WARPS; ++w) {
                 const float wt = m_s[w][row] == pc_neg_inf() ? 0.0f : exp2f(m_s[w][row] - mx);
-                num += wt * o_s[w][row][d];
+                num = f4_fma(wt, *reinterpret_cast<const float4*>(&o_s[w][row][d]), num);
                 den += wt * l_s[w][row];
             }
-            const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+            const float4 v = f4_scale(num, den > 0.0f ? 1.0f / den : 0.0f);
             if (num_splits == 1) {
-                out[(i64)b * out_stride + (i64)(h0 + row) * D + d] = num * inv;
-            } else {
+                store_out4(v, i, ok, out, out0, xq, xds, q0);
+            } else if (ok) {
                 const i64 pr = (prow0 + row) * num_splits + split;
-                part_o[pr * D + d] = num * inv;
+                *reinterpret_cast<float4*>(part_o + pr * D + d) = v;
                 if (d == 0) part_lse[pr] = den > 0.0f ? mx + log2f(den) : pc_neg_inf();
             }
         }
     } else {                                           // empty split: only its weight (zero)
+        pdl_wait();
         if (tid < group) part_lse[(prow0 + tid) * num_splits + split] = pc_neg_inf();
     }
     if (num_splits == 1 || counters == nullptr) return;
@@ -242,17 +285,21 @@ __device__ __forceinline__ void decode_mma_body(
             w_s[tid][s] = w_s[tid][s] == pc_neg_inf() ? 0.0f : exp2f(w_s[tid][s] - mx);
     }
     __syncthreads();
-    for (int i = tid; i < group * D; i += DM_THREADS) {
-        const int row = i / D, d = i % D;
+    for (int i0 = 0; i0 < n4; i0 += DM_THREADS) {
+        const int i = i0 + tid;
+        const bool ok = i < n4;
+        const int row = ok ? 4 * i / D : 0, d = 4 * i % D;
         const float* po = part_o + (prow0 + row) * num_splits * D + d;
-        float num = 0.0f, den = 0.0f;
+        float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
+        float den = 0.0f;
 #pragma unroll 16
         for (int s = 0; s < num_splits; ++s) {         // every load issued; unwritten (empty) splits weigh 0
-            const float wt = w_s[row][s], v = __ldcg(po + (i64)s * D);
-            num += wt != 0.0f ? wt * v : 0.0f;
+            const float wt = w_s[row][s];
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(po + (i64)s * D));
+            if (wt != 0.0f) num = f4_fma(wt, v, num);
             den += wt;
         }
-        out[(i64)b * out_stride + (i64)(h0 + row) * D + d] = num / den;   // split 0 is never empty
+        store_out4(f4_scale(num, 1.0f / den), i, ok, out, out0, xq, xds, q0);   // split 0 is never empty
     }
 #else
     __trap();
@@ -265,11 +312,11 @@ __device__ __forceinline__ void decode_mma_body(
         const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,      \
         const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride,                    \
         float* __restrict__ part_o, float* __restrict__ part_lse, int* __restrict__ counters,         \
-        int num_kv_heads, int group, int block_size, int num_splits, float scale_log2) {              \
-        pdl_wait();                                                                                   \
+        int num_kv_heads, int group, int block_size, int num_splits, float scale_log2,                \
+        signed char* __restrict__ xq, float4* __restrict__ xds) {                                     \
         decode_mma_body<D>(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,     \
                            out_stride, part_o, part_lse, counters, num_kv_heads, group, block_size,   \
-                           num_splits, scale_log2);                                                   \
+                           num_splits, scale_log2, xq, xds); /* calls pdl_wait() */                   \
     }
 
 DECODE_MMA_KERNEL(64)

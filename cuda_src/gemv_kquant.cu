@@ -178,21 +178,26 @@ PQ_DEV void kq_q6k_step(const KqGroup<Q6_K> (&g)[R], int t, int j, int K, const 
     }
 }
 
-template <int QT, int NB, int R, int U>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_kquant(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
-            const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int TS = QTraits<QT>::TS;
-    const int lane = threadIdx.x & 31, j = lane & 3;
-    const int row0 = (blockIdx.x * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
-    const u8* wr[R];
+// The R rows of W a warp of grid block blk owns (clamped to the last row; returns the first), their
+// first bytes prefetched into L2: weights need no pdl_wait.
+template <int R>
+PQ_DEV int kq_rows(const u8* __restrict__ W, long long bpr, int rows, int blk, const u8* (&wr)[R]) {
+    const int lane = threadIdx.x & 31;
+    const int row0 = (blk * (GEMV_THREADS / 32) + (threadIdx.x >> 5)) * R;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
         if (lane * 128 < bpr) prefetch_l2_line(wr[r] + lane * 128);
     }
-    pdl_wait();
+    return row0;
+}
 
+// y[n, row] (+ bias) of the warp's rows against NB activation rows.
+template <int QT, int NB, int R, int U>
+PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, const i8* __restrict__ xq,
+                        const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int TS = QTraits<QT>::TS;
+    const int lane = threadIdx.x & 31, j = lane & 3;
     float acc[R][NB] = {};
     const int ngroups = K / 64;
     for (int tb = lane; tb < ngroups; tb += 32 * U) {
@@ -216,10 +221,49 @@ gemv_kquant(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* 
     gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y);
 }
 
+template <int QT, int NB, int R, int U>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kquant(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
+            const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    const u8* wr[R];
+    const int row0 = kq_rows<R>(W, bpr, rows, blockIdx.x, wr);
+    pdl_wait();
+    kq_rows_dot<QT, NB, R, U>(wr, row0, rows, K, xq, xds, bias, y);
+}
+
+// Two or three weights of one input in one launch (q, k, v projections of mixed types, as Q4_K_M
+// stores them): blocks [0, end_a) take weight a, [end_a, end_b) b, the rest c; each writes its
+// own output.  One launch instead of three saves two kernel transitions a layer, and the short
+// k / v matrices, latency-bound alone, ride in the grid of the long one.
+#define PQ_KQ_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
+                     float *__restrict__ y_##s
+template <int QA, int QB, int QC, int NB, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, int end_a, int end_b, PQ_KQ_SEG(a),
+             PQ_KQ_SEG(b), PQ_KQ_SEG(c)) {
+    const int blk = blockIdx.x, seg = blk < end_a ? 0 : blk < end_b ? 1 : 2;
+    const int rows = seg == 0 ? rows_a : seg == 1 ? rows_b : rows_c;
+    const u8* wr[R];
+    const int row0 = kq_rows<R>(seg == 0 ? Wa : seg == 1 ? Wb : Wc, seg == 0 ? bpr_a : seg == 1 ? bpr_b : bpr_c, rows,
+                                blk - (seg == 0 ? 0 : seg == 1 ? end_a : end_b), wr);
+    pdl_wait();
+    if (seg == 0)
+        kq_rows_dot<QA, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_a, y_a);
+    else if (seg == 1)
+        kq_rows_dot<QB, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_b, y_b);
+    else
+        kq_rows_dot<QC, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_c, y_c);
+}
+#undef PQ_KQ_SEG
+
 #ifndef __CUDACC_RTC__
 #define PQ_INST(T, NB, R, U)                                                                          \
     template __global__ void gemv_kquant<T, NB, R, U>(const u8*, long long, int, int, const i8*,     \
                                                       const float4*, const float*, float*);
 PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2)
 #undef PQ_INST
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_K, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
+                                                             long long, int, const float*, float*, const u8*,
+                                                             long long, int, const float*, float*, const u8*,
+                                                             long long, int, const float*, float*);
 #endif

@@ -10,7 +10,7 @@ import numpy as np
 from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.backend.ops_ref import NumpyOps
 
-from .kernel_table import KernelRow
+from .kernel_table import KernelRow, q8_blocks_dequantized
 
 REF = NumpyOps()
 F32, F16 = np.float32, np.float16
@@ -150,6 +150,41 @@ for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
             "attn_decode", f"{variant}-{name}",
             lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
             reference, cuda, tol if group <= 16 else 3e-3))
+
+# The mma decode kernel writing its output's int8 blocks too (the output projection's input): one
+# split, splits merged by the last block, and rows of the last 8-lane group past the block's values
+# (group 1 at head dim 64). The blocks must be exactly quantize_x of the kernel's own output.
+DECODE_Q8 = [  # id, context lengths, hkv, group, head_dim, num_splits
+    ("b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 1),
+    ("b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, None),
+    ("b2-splits5-hkv3-g1-d64", [900, 130], 3, 1, 64, 5),
+    ("b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 16),
+]
+for name, ctxs, hkv, group, d, splits in DECODE_Q8:
+    def ref_q8(i):
+        from pocketcupy.quant.act_q8 import q8_roundtrip
+
+        out = reference(i)
+        return out, q8_roundtrip(out.reshape(len(out), -1))
+
+    def cuda_q8(i, poison, splits=splits):
+        from pocketcupy.backend.linear_cuda import quantize_x
+
+        kc, vc = stored_caches(i)
+        cp = _cp()
+        args = (cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"])
+        for _ in range(2):     # twice: the split counters are back at zero after a launch
+            out, xq, xds = _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits,
+                                               variant="mma", q8_out=True)
+        xq2, xds2 = quantize_x(out.reshape(len(out), -1))
+        cp.testing.assert_array_equal(xq, xq2)
+        cp.testing.assert_array_equal(xds, xds2)
+        return out, q8_blocks_dequantized(xq, xds)
+
+    ROWS.append(KernelRow(
+        "attn_decode", f"mma-q8out-{name}",
+        lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
+        ref_q8, cuda_q8, 3e-3))
 
 OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
     ("prefill-b3-hkv2-g4-d64", [(50, 50), (80, 20), (9, 1)], 2, 4, 64, False),

@@ -329,7 +329,7 @@ def _cuda_silu_linear(views: bool):
 
 def _silu_linear_rows():
     # fused: fp32 lanes kernel (<= 64 units, batch <= 8) or the int8 quantizer (batch <= 32);
-    # the rest fall back to silu_mul + linear
+    # the rest fall back to silu_mul + linear (F16 at batch 2: the tensor-core GEMV, x rounded to fp16)
     rows = []
     for qtype, n, inter, views, act, tol in (
             ("Q4_1", 1, 1536, True, "auto", 2e-5), ("Q4_1", 3, 1536, False, "auto", 2e-5),
@@ -337,7 +337,7 @@ def _silu_linear_rows():
             ("Q4_1", 12, 1536, True, "auto", 2e-5), ("Q4_K", 1, 4096, True, "f32", 2e-5),
             ("Q4_K", 1, 4096, True, "auto", 2e-5), ("Q6_K", 19, 4096, True, "auto", 2e-5),
             ("Q4_1", 3, 1536, False, "q8", 2e-5), ("Q8_0", 40, 4096, True, "auto", 3e-3),
-            ("F16", 2, 1536, True, "auto", 1e-5), ("BF16", 40, 1024, True, "auto", 1e-2),
+            ("F16", 2, 1536, True, "auto", 1e-3), ("BF16", 40, 1024, True, "auto", 1e-2),
             ("F16", 12, 1536, False, "auto", 3e-3)):
         rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-{act}" + ("-views" if views else ""),
                               _make_silu_linear(qtype, n, inter, act), _ref_silu_linear, _cuda_silu_linear(views),
@@ -345,11 +345,11 @@ def _silu_linear_rows():
     return rows
 
 
-def _make_linears(parts, cols: int, n: int):
+def _make_linears(parts, cols: int, n: int, q8rows: bool = False):
     def make(rng):
         return {"parts": [(q, (r, cols), _weight(rng, q, r, cols)) for q, r in parts],
                 "bias": rng.standard_normal(parts[0][1], dtype=np.float32),
-                "x": rng.standard_normal((n, cols), dtype=np.float32)}
+                "x": rng.standard_normal((n, cols), dtype=np.float32), "q8rows": q8rows}
     return make
 
 
@@ -370,18 +370,24 @@ def _cuda_linears(inp, poison):
 
     ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
     biases = [cp.asarray(inp["bias"])] + [None] * (len(ws) - 1)
-    return tuple(linear_cuda.linears(cp.asarray(inp["x"]), ws, biases))
+    x = cp.asarray(inp["x"])
+    if inp["q8rows"]:                     # quantized by the kernel before (as the fused norm does)
+        x = linear_cuda.Q8Rows(x, *linear_cuda.quantize_x(x))
+    return tuple(linear_cuda.linears(x, ws, biases))
 
 
 def _linears_rows():
-    # unfused projections of one input: int8-activation weights share one quantization of x
+    # unfused projections of one input: int8-activation weights share one quantization of x; K-quants
+    # at batch 1-2 in one gemv_kquant3 launch (rows ending inside a block; x from a fused norm)
     rows = []
     for name, parts, cols, n, tol in (("q4_k+q4_k+q6_k", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 3, 2e-5),
+                                      ("q4_k+q4_k+q6_k-kq3", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 1, 2e-5),
+                                      ("q4_k+q5_k-kq3-q8rows", [("Q4_K", 17), ("Q5_K", 33)], 4096, 2, 2e-5),
                                       ("q8_0+f16", [("Q8_0", 33), ("F16", 20)], 4096, 1, 2e-5),
                                       ("q4_1+q4_1-short", [("Q4_1", 20), ("Q4_1", 20)], 576, 2, 2e-5),
                                       ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3)):
-        rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n), _ref_linears,
-                              _cuda_linears, tol))
+        rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n, "q8rows" in name),
+                              _ref_linears, _cuda_linears, tol))
     return rows
 
 

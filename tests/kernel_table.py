@@ -19,3 +19,17 @@ class KernelRow:
     cuda: Callable[[dict, Callable], Any]          # (inputs, poison) -> cupy output(s); call
                                                    # poison(shape, dtype) to allocate the out buffer
     tol: float = 1e-5                              # bound on the normalised error
+
+
+def q8_blocks_dequantized(xq, xds):
+    """int8 activation blocks (quantize_x's layout: xq [N, K], xds [N, K / 32, (d, d * sum, d * sum
+    of the first 16, of the last 16)]) -> d * q as float32 [N, K], after checking the sums against
+    the values."""
+    import cupy as cp
+
+    n, dim = xq.shape
+    q = xq.astype(cp.float32).reshape(n, dim // 32, 32)
+    cp.testing.assert_allclose(xds[..., 1], xds[..., 0] * q.sum(-1), rtol=1e-6, atol=1e-6)
+    cp.testing.assert_allclose(xds[..., 2], xds[..., 0] * q[..., :16].sum(-1), rtol=1e-6, atol=1e-6)
+    cp.testing.assert_allclose(xds[..., 3], xds[..., 0] * q[..., 16:].sum(-1), rtol=1e-6, atol=1e-6)
+    return (q * xds[..., :1]).reshape(n, dim)

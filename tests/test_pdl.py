@@ -13,6 +13,29 @@ from pocketcupy.backend import pdl
 from pocketcupy.backend.kernels import CUDA_SRC
 
 
+def _body(src: str, after: int) -> str:
+    """The brace-matched body of the function whose signature starts before `after`."""
+    start = src.index("{", after)
+    depth, i = 0, start
+    while True:
+        depth += {"{": 1, "}": -1}.get(src[i], 0)
+        if depth == 0:
+            return src[start + 1:i]
+        i += 1
+
+
+def _waiting_body(src: str, body: str) -> str:
+    """body, or where it has no pdl_wait() the body of the first device function of this file it
+    calls that has one (a kernel whose body function waits inside, after its pre-wait reads)."""
+    if "pdl_wait();" in body:
+        return body
+    for called in re.findall(r"(\w+)\s*(?:<[^<>()]*>)?\s*\(", body):
+        m = re.search(r"__device__[^;{]*?\b" + called + r"\s*\(", src)
+        if m and "pdl_wait();" in (inner := _body(src, m.end())):
+            return inner
+    return body
+
+
 def _kernel_bodies():
     for path in sorted(glob.glob(os.path.join(CUDA_SRC, "*.cu"))):
         src = open(path).read()
@@ -21,14 +44,8 @@ def _kernel_bodies():
             if "template __global__" in line:
                 continue
             start = src.index("{", m.end())
-            depth, i = 0, start
-            while True:
-                depth += {"{": 1, "}": -1}.get(src[i], 0)
-                if depth == 0:
-                    break
-                i += 1
             name = [w for w in re.findall(r"(\w+)\s*\(", src[m.end():start]) if w != "__launch_bounds__"][0]
-            yield f"{os.path.basename(path)}:{name}", src[start + 1:i]
+            yield f"{os.path.basename(path)}:{name}", _waiting_body(src, _body(src, m.end()))
 
 
 def test_every_kernel_waits_for_its_predecessor_before_returning():

@@ -166,16 +166,24 @@ def _decode_counters(device_id: int, stream_ptr: int):
     return _cp().zeros(DECODE_COUNTERS, np.int32)
 
 
+def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int) -> bool:
+    """Whether attn_decode of this launch can write its output's int8 blocks itself: the mma kernel
+    when one block writes each output (one split, or the splits merged by their last block)."""
+    return variant == "mma" and (num_splits == 1 or batch * num_kv_heads <= DECODE_COUNTERS)
+
+
 @cuda_op("attn_decode")
 def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None,
-                variant: str | None = None):
+                variant: str | None = None, q8_out: bool = False):
     """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D].
-    variant: "mma" or "plain" (None: decode_variant's choice)."""
+    variant: "mma" or "plain" (None: decode_variant's choice). q8_out: also the output's int8
+    blocks (quantize_x's layout, int8 [B, Hq * D] and float32 [B, Hq * D / 32, 4]), returned as
+    (out, xq, xds); None where the launch cannot write them (decode_writes_q8)."""
     cp = _cp()
     n, hq, d, hkv = _check(q, k_cache, v_cache)
     group = hq // hkv
     if group > DECODE_MAX_GROUP:
-        return attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
+        return None if q8_out else attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
     variant = variant or decode_variant(d)
     if variant not in DECODE_MIN_CHUNK or (variant == "mma" and d not in DECODE_MMA_HEAD_DIMS):
         raise ValueError(f"attn_decode: no {variant!r} kernel for head_dim {d}")
@@ -186,13 +194,15 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     q, qs = row_view(q, hq * d)
     if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
         q, qs = row_view(cp.ascontiguousarray(q), hq * d)
-    out = _out(out, (n, hq, d))
-    if b == 0:
-        return out
     if num_splits is None:
         num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"attn_decode: num_splits {num_splits} outside 1..{DECODE_MAX_SPLITS}")
+    if q8_out and (b == 0 or not decode_writes_q8(variant, num_splits, b, hkv)):
+        return None
+    out = _out(out, (n, hq, d))
+    if b == 0:
+        return out
     if num_splits > 1:
         part_o = cp.empty((b, hq, num_splits, d), np.float32)
         part_lse = cp.empty((b, hq, num_splits), np.float32)
@@ -205,7 +215,14 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     if variant == "mma":
         counters = (_decode_counters(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr) if fused
                     else np.uint64(0))   # null: attn_decode_combine_f32 merges
-        _k("attn_decode_mma.cu", f"attn_decode_mma_f16_hd{d}")((num_splits, hkv, b), (128,), head + (counters,) + tail)
+        if q8_out:
+            xq, xds = cp.empty((b, hq * d), np.int8), cp.empty((b, hq * d // 32, 4), np.float32)
+        else:
+            xq = xds = np.uint64(0)
+        _k("attn_decode_mma.cu", f"attn_decode_mma_f16_hd{d}")((num_splits, hkv, b), (128,),
+                                                                head + (counters,) + tail + (xq, xds))
+        if q8_out:
+            return out, xq, xds
     else:
         _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")((num_splits, hkv, b), (128,), head + tail)
     if num_splits > 1 and not fused:

@@ -15,6 +15,7 @@ CuPy is imported lazily: importing this module needs only NumPy."""
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -424,6 +425,35 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | N
          _null() if bias is None else bias, out))
 
 
+KQUANT3_ROWS = 2                  # rows per warp of the joined launch
+
+
+def kquant_joinable(ws, nb: int) -> bool:
+    """Whether gemv_kquant3 computes these 2-3 weights of one input in one launch at batch nb:
+    int8-activation K-quants of whole super-blocks, each within its gemv_kquant batch bound."""
+    return 2 <= len(ws) <= 3 and all(
+        isinstance(w, CudaWeight) and w.act_q8 and w.qtype in KQUANT_QTYPES and w.cols % 256 == 0
+        and w.cols == ws[0].cols and 1 <= nb <= KQUANT_MAX_BATCH[w.qtype] for w in ws)
+
+
+def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
+    """outs[i] [nb, ws[i].rows] = activations @ ws[i].T (+ biases[i]) for 2-3 K-quant weights
+    (kquant_joinable) in one gemv_kquant3 launch; a missing third weight repeats the second
+    with no blocks."""
+    rpb = KQUANT3_ROWS * GEMV_THREADS // 32
+    ends = list(itertools.accumulate(-(-w.rows // rpb) for w in ws))
+    segs = [(w, b, o) for w, b, o in zip(ws, biases, outs)]
+    if len(segs) == 2:
+        segs.append(segs[1])
+        ends.append(ends[1])
+    tids = ", ".join(str(GGUF_QTYPES[w.qtype][0]) for w, _, _ in segs)
+    args = [np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1])]
+    for w, b, o in segs:
+        args += [w.data, np.int64(w.data.shape[1]), np.int32(w.rows), _null() if b is None else b, o]
+    expr = f"gemv_kquant3<{tids}, {nb}, {KQUANT3_ROWS}>"
+    kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), tuple(args))
+
+
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
     """Quantized GEMV: Q4_K / Q6_K past batch 1 on int8 tensor cores (gguf_mma_tiles), else over
     column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
@@ -547,6 +577,9 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
+    if isinstance(x, Q8Rows) and x.x.ndim == 2 and kquant_joinable(ws, x.x.shape[0]) \
+            and all(w.cols == x.x.shape[1] for w in ws):
+        return _linears_kquant3(x.x, (x.xq, x.xds), ws, biases)
     if isinstance(x, (Q8Rows, Half16Rows)):    # already quantized / rounded
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
@@ -556,6 +589,8 @@ def linears(x, ws, biases=None):
             or any(w.cols != x2.shape[1] for w in shared):
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     xqd = quantize_x(x2)
+    if kquant_joinable(ws, x2.shape[0]):
+        return [o.reshape(lead + (w.rows,)) for o, w in zip(_linears_kquant3(x2, xqd, ws, biases), ws)]
     outs = []
     for w, b in zip(ws, biases):
         if isinstance(w, CudaWeight) and w.act_q8:
@@ -564,6 +599,17 @@ def linears(x, ws, biases=None):
             outs.append(out.reshape(lead + (w.rows,)))
         else:
             outs.append(linear(x, w, b))
+    return outs
+
+
+def _linears_kquant3(x2, xqd, ws, biases):
+    """linears of 2-D x (quantized as xqd) over kquant_joinable weights: one launch."""
+    import cupy as cp
+
+    n = x2.shape[0]
+    outs = [cp.empty((n, w.rows), dtype=cp.float32) for w in ws]
+    biases = [None if b is None else cp.ascontiguousarray(b, dtype=cp.float32) for b in biases]
+    launch_gemv_kquant3(ws, *xqd, biases, outs, n)
     return outs
 
 

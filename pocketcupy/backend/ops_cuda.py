@@ -131,10 +131,23 @@ class CudaOps:
         elementwise_cuda.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.paged_attention(q, k_cache, v_cache, meta, scale)
 
-    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None):
         """Causal attention over the paged cache (the new tokens already stored). Decode kernel
-        when every sequence has one row."""
+        when every sequence has one row. feeds: the weights that read the output; then it comes
+        as [N, Hq * D] rows, with their int8 blocks (linear_cuda.Q8Rows, written by the decode
+        kernel itself) when every weight in feeds takes int8 activations."""
+        from . import linear_cuda
+
         meta = attn_cuda.device_meta(meta)
-        if meta.decode_only or q.shape[0] == meta.num_seqs:   # every sequence has >= 1 row
-            return attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale)
-        return attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)
+        n, hq, d = q.shape
+        if not (meta.decode_only or n == meta.num_seqs):      # a sequence with several rows
+            out = attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)
+            return out if feeds is None else out.reshape(n, hq * d)
+        if feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
+                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds):
+            q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True)
+            if q8 is not None:
+                out, xq, xds = q8
+                return linear_cuda.Q8Rows(out.reshape(n, hq * d), xq, xds)
+        out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale)
+        return out if feeds is None else out.reshape(n, hq * d)

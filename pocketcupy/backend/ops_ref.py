@@ -118,9 +118,10 @@ class NumpyOps:
         self.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.paged_attention(q, k_cache, v_cache, meta, scale)
 
-    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> np.ndarray:
+    def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None) -> np.ndarray:
         """Causal attention of every query row q [N, Hq, D] over its sequence's context, all of it
-        (the new tokens included) already in the paged cache."""
+        (the new tokens included) already in the paged cache. feeds (the weights that read the
+        output; the CUDA backend quantizes for them): the output as [N, Hq * D] rows."""
         n_tok, hq, d = q.shape
         hkv = k_cache.shape[2]
         g = hq // hkv
@@ -141,4 +142,4 @@ class NumpyOps:
             p = np.exp(s)
             p /= p.sum(axis=-1, keepdims=True)
             out[q0:q1] = np.einsum("hgqc,chd->qhgd", p, vv).reshape(nq, hq, d)
-        return out
+        return out if feeds is None else out.reshape(n_tok, hq * d)
