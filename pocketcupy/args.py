@@ -30,6 +30,8 @@ class EngineArgs:
     cuda_graphs: bool = True               # CUDA: replay decode steps as graphs (False = eager)
     tensor_parallel_size: int = 1          # ranks (one GPU each; processes on the CPU) the model is split over
     quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
+    async_scheduling: str = "auto"         # launch step N+1 before step N's tokens reach the host: "auto" (on
+                                           # for CUDA on one rank) | "on" | "off"
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -54,6 +56,11 @@ class EngineArgs:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}")
         check_mode(self.quant_activations)
+        if self.async_scheduling not in ("auto", "on", "off"):
+            raise ValueError(f"async_scheduling: must be 'auto', 'on' or 'off', got {self.async_scheduling!r}")
+        if self.async_scheduling == "on" and self.tensor_parallel_size > 1:
+            raise ValueError("async_scheduling: 'on' needs one rank (tensor-parallel ranks get their input "
+                             "tokens from the host)")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 

@@ -13,7 +13,7 @@ from .args import EngineArgs
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from .sampling import SamplingParams
-from .sched.request import Request, RequestStatus
+from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .progress import ProgressDict
 from .request_state import RequestGroup, SequenceState
@@ -21,6 +21,29 @@ from .stop import StopStringMatcher
 
 log = logging.getLogger("pocketcupy")
 CPU_KV_BYTES = 512 << 20
+
+
+class LaunchedStep:
+    """A step whose forward and sampling are queued on the backend: its sampled sequences, the
+    index of each one's PENDING_TOKEN in its output ids, and the pending sample."""
+
+    def __init__(self, seqs: list, slots: list[int], sample):
+        self.seqs, self.slots, self.sample = seqs, slots, sample
+
+    def feed(self):
+        from .runner import TokenFeed
+
+        return TokenFeed(self.sample.tokens, {s.req.request_id: i for i, s in enumerate(self.seqs)})
+
+    def overlappable(self) -> bool:
+        """Whether the next step may be scheduled and launched before this one's tokens reach the
+        host: not when sampling the next token needs this one on the host (penalties over the
+        output so far, a structured-output matcher)."""
+        return all(s.matcher is None and not _penalized(s.group.params) for s in self.seqs)
+
+
+def _penalized(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 class Engine:
@@ -76,6 +99,9 @@ class Engine:
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
         self._lock = threading.RLock()
+        self._async = args.async_scheduling == "on" or (
+            args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None)
+        self._inflight: LaunchedStep | None = None   # async scheduling: the step whose tokens are awaited
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
         self.load_time_s = time.monotonic() - t0
@@ -232,7 +258,7 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
-            return self.scheduler.has_unfinished()
+            return self.scheduler.has_unfinished() or self._inflight is not None
 
     def has_pending_outputs(self) -> bool:
         """True when an aborted request still owes its final output to the next step()."""
@@ -257,24 +283,26 @@ class Engine:
 
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One scheduling step: returns an output for every request that progressed or finished."""
+        """One scheduling step: returns an output for every request that progressed or finished.
+        With async scheduling the step's sampled tokens reach the host during the next call, which
+        has already launched the step after it (so the device never waits for the host); a
+        request that stopped at a token then computed one step in vain, whose token is dropped."""
         with self._lock:
             touched = {gid: g for gid, g in self._groups.items() if g.finished}  # aborted since the last step
+            prev, self._inflight = self._inflight, None
+            if prev is not None and not prev.overlappable():
+                self._resolve(prev, touched)
+                prev = None
             sched_out = self.scheduler.schedule()
             for seq_id in sched_out.preempted_ids:
                 self._seqs[seq_id].prompt_chunks.clear()
-            if sched_out.scheduled:
-                run_out = self.runner.execute(sched_out)
-                seqs = [self._seqs[i] for i in run_out.sample_ids]
-                self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
-                self.scheduler.on_step_done(sched_out)
-                for seq_id, chunk in run_out.prompt_logits.items():
-                    self._collect_prompt_logits(self._seqs[seq_id], chunk)
-                if seqs:
-                    result = self.sampler(run_out.logits, [s.row for s in seqs])
-                    for s, tok, lp in zip(seqs, result.token_ids.tolist(), result.logprobs):  # Python ints
-                        self._append(s, tok, lp)
-                        touched[s.group.request_id] = s.group
+            cur = self._launch(sched_out, prev) if sched_out.scheduled else None
+            if prev is not None:
+                self._resolve(prev, touched)
+            if cur is not None and cur.seqs and self._async and cur.overlappable():
+                self._inflight = cur
+            elif cur is not None:
+                self._resolve(cur, touched)
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
                 if out.finished:
@@ -282,6 +310,35 @@ class Engine:
                     for s in g.seqs:
                         self._seqs.pop(s.req.request_id, None)
             return outputs
+
+    def _launch(self, sched_out, prev: LaunchedStep | None) -> LaunchedStep:
+        """Runs the forward and launches sampling; each sampled sequence gets a PENDING_TOKEN
+        (so the next schedule sees its gap). prev: the step whose tokens are still awaited."""
+        run_out = self.runner.execute(sched_out) if prev is None else self.runner.execute(sched_out, prev.feed())
+        seqs = [self._seqs[i] for i in run_out.sample_ids]
+        self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
+        self.scheduler.on_step_done(sched_out)
+        for seq_id, chunk in run_out.prompt_logits.items():
+            self._collect_prompt_logits(self._seqs[seq_id], chunk)
+        sample = self.sampler.launch(run_out.logits, [s.row for s in seqs]) if seqs else None
+        slots = []
+        for s in seqs:
+            slots.append(s.req.num_output_tokens)
+            self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
+        return LaunchedStep(seqs, slots, sample)
+
+    def _resolve(self, step: LaunchedStep, touched: dict) -> None:
+        """The launched step's tokens on the host: each replaces its PENDING_TOKEN and is appended
+        to its output (sequences that finished meanwhile drop theirs)."""
+        if not step.seqs:
+            return
+        result = step.sample.result()
+        for s, slot, tok, lp in zip(step.seqs, step.slots, result.token_ids.tolist(), result.logprobs):
+            if s.output.finished:
+                continue
+            s.req.output_token_ids[slot] = tok
+            self._append(s, tok, lp)
+            touched[s.group.request_id] = s.group
 
     def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
         s.prompt_chunks.append(chunk)
@@ -298,8 +355,8 @@ class Engine:
         return positions
 
     def _append(self, s: SequenceState, tok: int, logprobs) -> None:
+        """tok (already in the request's token ids) into the sequence's output; stop checks."""
         p, out = s.group.params, s.output
-        self.scheduler.append_token(s.req.request_id, tok)
         structure_done = s.matcher is not None and s.matcher.accept(tok)
         out.token_ids.append(tok)
         out.delta_token_ids.append(tok)
@@ -317,7 +374,7 @@ class Engine:
             self._finish(s, RequestStatus.FINISHED_STOPPED)
         elif structure_done:  # the structure is complete
             self._finish(s, RequestStatus.FINISHED_STOPPED)
-        elif len(out.token_ids) >= s.req.max_tokens or s.req.num_tokens >= self.max_model_len:
+        elif len(out.token_ids) >= s.req.max_tokens or len(s.group.prompt_ids) + len(out.token_ids) >= self.max_model_len:
             self._finish(s, RequestStatus.FINISHED_LENGTH)
 
     def _emit(self, s: SequenceState, delta: str) -> None:

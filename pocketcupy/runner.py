@@ -8,6 +8,7 @@ import numpy as np
 
 from .backend.attention_meta import AttentionMetadata
 from .sched.output import SchedulerOutput
+from .sched.request import PENDING_TOKEN
 
 
 @dataclass
@@ -15,6 +16,26 @@ class RunnerOutput:
     sample_ids: list[str]                   # requests to sample for, in row order of `logits`
     logits: object                          # [len(sample_ids), vocab] on the backend
     prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
+
+
+@dataclass
+class TokenFeed:
+    """The previous step's sampled ids where the backend keeps them (async scheduling): `tokens`
+    [B] int32, and each request's row in it. A scheduled token PENDING_TOKEN is taken from here."""
+    tokens: object
+    rows: dict[str, int]
+
+    def rows_for(self, out: SchedulerOutput, ids: np.ndarray, query_start: np.ndarray) -> tuple[list, list]:
+        """(flat rows of ids holding PENDING_TOKEN, their rows in tokens)."""
+        dst = np.flatnonzero(ids == PENDING_TOKEN).tolist()
+        items = np.searchsorted(query_start, dst, side="right") - 1
+        src = []
+        for r, i in zip(dst, items.tolist()):
+            s = out.scheduled[i]
+            if r != query_start[i + 1] - 1 or s.request_id not in self.rows:
+                raise RuntimeError(f"{s.request_id}: a pending token that the previous step did not sample")
+            src.append(self.rows[s.request_id])
+        return dst, src
 
 
 class FlatBatchBuilder:
@@ -73,18 +94,26 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, ops, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
                                        block_size, scratch_slot=num_blocks * block_size)
 
-    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+    def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None) -> RunnerOutput:
+        """One step. feed: the previous step's sampled ids, for scheduled PENDING_TOKENs."""
         ops = self.ops
         ids, pos, meta = self.build_batch(out)
         meta.decode_only = len(ids) == meta.num_seqs
+        dst, src = feed.rows_for(out, ids, meta.query_start) if feed is not None else ([], [])
+        if dst == [] and (ids == PENDING_TOKEN).any():
+            raise RuntimeError("a pending token without the previous step's sampled ids")
+        fed = (dst, feed.tokens, src) if dst else None
         if (self.graphs is not None and meta.decode_only and self.graphs.bucket_for(len(ids))
                 and not any(s.prompt_logits for s in out.scheduled)):
-            logits = self.graphs.run(ids, pos, meta)
+            logits = self.graphs.run(ids, pos, meta, fed)
             rows = [i for i, s in enumerate(out.scheduled) if s.sample]
             if len(rows) < len(ids):  # a prompt chunk of one token that does not end the prompt
                 logits = logits[ops.asarray(np.asarray(rows, np.int64))]
             return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {})
-        hidden = self.model.forward(ops.asarray(ids), ops.asarray(pos), ops.upload_meta(meta), self.kv_caches)
+        ids_dev = ops.asarray(ids)
+        if fed is not None:
+            ops.scatter_tokens(ids_dev, *fed)
+        hidden = self.model.forward(ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches)
         sample_rows, sample_ids, prompt_logits = [], [], {}
         query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):

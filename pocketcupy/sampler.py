@@ -56,6 +56,19 @@ class SamplerOutput:
     logprobs: list[PositionLogprobs | None]  # None where params.logprobs is None
 
 
+class PendingSample:
+    """A sampling step launched on the backend. `tokens`: the sampled ids (int32 [B]; a device
+    array on CUDA, possibly strided) for the next step's inputs before they reach the host;
+    result() waits for the host copy."""
+
+    def __init__(self, tokens, result):
+        self.tokens = tokens
+        self._result = result
+
+    def result(self) -> SamplerOutput:
+        return self._result()
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
@@ -186,6 +199,11 @@ def prompt_logprobs(logits: np.ndarray, prompt_ids: Sequence[int], k: int) -> li
 class Sampler:
     def __init__(self, eos_token_ids: Iterable[int] = ()):
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+
+    def launch(self, logits: np.ndarray, rows: Sequence[SamplingRow]) -> PendingSample:
+        """The NumPy sampler is synchronous: the result is ready at once."""
+        out = self(logits, rows)
+        return PendingSample(out.token_ids.astype(np.int32), lambda: out)
 
     def __call__(
         self,

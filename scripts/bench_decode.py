@@ -88,7 +88,7 @@ def bench_model(path: str, args, bandwidth) -> dict:
     t0 = time.perf_counter()
     engine = Engine(path, device=args.device, progress=False, max_num_batched_tokens=max(2048, args.prefill[-1]),
                     max_num_seqs=8, kv_cache_memory=args.kv_cache_gb << 30,
-                    tensor_parallel_size=args.tensor_parallel_size)
+                    tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
     try:
         return _bench_engine(engine, path, time.perf_counter() - t0, args, bandwidth)
     finally:
@@ -98,7 +98,7 @@ def bench_model(path: str, args, bandwidth) -> dict:
 def _bench_engine(engine, path: str, load_s: float, args, bandwidth) -> dict:
     rng = np.random.default_rng(0)
     res = {"model": path, "load_s": round(load_s, 2), "device": engine.device,
-           "tensor_parallel_size": args.tensor_parallel_size}
+           "tensor_parallel_size": args.tensor_parallel_size, "async_scheduling": args.async_scheduling}
     wbytes = weight_bytes(engine)
     res["weight_gb"] = round(wbytes / 1e9, 3)
     for n in args.prefill:
@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--kv-cache-gb", type=int, default=4, help="KV pool per model (several models load in turn)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (GPUs) each model is split over")
+    ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
+                    help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
     args = ap.parse_args()
     device = "cuda" if args.device == "auto" and _has_cuda() else args.device
     bw = copy_bandwidth(device)

@@ -51,9 +51,12 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--output", type=int, default=256)
     ap.add_argument("--prefix-tokens", type=int, default=8192 - 128)
+    ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
+                    help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
     a = ap.parse_args()
     top = max(a.concurrency)
-    engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192)
+    engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192,
+                    async_scheduling=a.async_scheduling)
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 
@@ -61,7 +64,8 @@ def main():
         return [rng.integers(100, vocab - 100, length).tolist() for _ in range(n)]
 
     run_batch(engine, prompts(2, 64), 8)  # warm-up: kernels compiled, graphs captured
-    res = {"model": a.model, "device": engine.device, "prompt": a.prompt, "output": a.output, "runs": {}}
+    res = {"model": a.model, "device": engine.device, "prompt": a.prompt, "output": a.output,
+           "async_scheduling": a.async_scheduling, "runs": {}}
     for c in a.concurrency:
         wall, ttft, tpot, n_out = run_batch(engine, prompts(c, a.prompt), a.output)
         res["runs"][str(c)] = {"output_tok_s": round(n_out / wall, 1), "wall_s": round(wall, 2),

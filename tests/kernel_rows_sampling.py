@@ -214,3 +214,24 @@ for n, key in [(1000, 0x0123456789ABCDEF), (3, 0)]:
                           cuda=lambda i, poison, key=key: _sc().philox4x32(_cp().asarray(i["c"]), key,
                                                                            out=poison(i["c"].shape, np.uint32)),
                           tol=0.0))
+
+# --- the previous step's sampled ids into this step's input ids (async scheduling) --------------
+for n_ids, B, n in [(7, 5, 3), (300, 64, 64), (1, 1, 1)]:
+    def make(rng, n_ids=n_ids, B=B, n=n):
+        res = rng.integers(0, 49152, size=(B, 48)).astype(np.int32)    # sampler result rows: ids in column 0
+        return {"ids": rng.integers(0, 49152, size=n_ids).astype(np.int64), "res": res,
+                "dst": rng.permutation(n_ids)[:n].tolist(), "src": rng.integers(0, B, size=n).tolist()}
+
+    def ref(i):
+        ids = i["ids"].copy()
+        ids[i["dst"]] = i["res"][i["src"], 0]
+        return ids
+
+    def cuda(i, poison):
+        from pocketcupy.backend import elementwise_cuda
+
+        ids = _cp().asarray(i["ids"])
+        elementwise_cuda.scatter_tokens(ids, i["dst"], _cp().asarray(i["res"])[:, 0], i["src"])
+        return ids
+
+    ROWS.append(KernelRow("scatter_tokens", f"{n}-of-{n_ids}-from-{B}", make, ref=ref, cuda=cuda, tol=0.0))

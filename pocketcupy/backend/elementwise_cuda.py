@@ -318,3 +318,21 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
                                   (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots, out, k_cache,
                                    v_cache, _I32(n), _I32(hq), _I32(hkv), _I32(d), _I32(rot_half)))
     return out
+
+
+@cuda_op("scatter_tokens")
+def scatter_tokens(ids, dst_rows, tokens, src_rows) -> None:
+    """ids[dst_rows] = tokens[src_rows] in place: ids a contiguous device int64 array; tokens the
+    sampler's device int32 ids (a strided column allowed); the row lists are host integers."""
+    cp = _cp()
+    n = len(dst_rows)
+    if ids.dtype != np.int64 or not ids.flags.c_contiguous or tokens.dtype != np.int32 or tokens.ndim != 1:
+        raise TypeError(f"scatter_tokens: ids must be contiguous int64 and tokens int32 [B], got {ids.dtype}, "
+                        f"{tokens.dtype} {tokens.shape}")
+    if n != len(src_rows):
+        raise ValueError(f"scatter_tokens: {n} destination rows for {len(src_rows)} source rows")
+    if n == 0:
+        return
+    rows = cp.asarray(np.asarray([*dst_rows, *src_rows], np.int32))
+    _k("tokens.cu", "scatter_tokens")(((n + 127) // 128,), (128,),
+                                      (tokens, _I64(tokens.strides[0] // 4), rows, _I32(n), ids))

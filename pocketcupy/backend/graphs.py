@@ -106,8 +106,11 @@ class DecodeGraphs:
         for b in self.buckets:
             self.capture(b)
 
-    def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata):
-        """Replay the bucket's graph for a decode batch of len(ids) rows; returns logits [n, vocab]."""
+    def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None):
+        """Replay the bucket's graph for a decode batch of len(ids) rows; returns logits [n, vocab].
+        fed: (rows, tokens, token rows): ids[rows] = tokens[token rows] on the device first (the
+        previous step's sampled ids, async scheduling). The replay waits for the work queued on the
+        current stream (that step's sampler reads the logits buffer this replay overwrites)."""
         cp, n = self.cp, len(ids)
         b = self.bucket_for(n)
         if b not in self.graphs:
@@ -122,8 +125,11 @@ class DecodeGraphs:
         h["tables"][:n, :width] = meta.block_tables
         h["tables"][:n, width:] = 0
         self._set_padding(n, b)
+        self.stream.wait_event(cp.cuda.get_current_stream().record())
         with self.stream:
             self._upload(b)
+            if fed is not None:
+                self.ops.scatter_tokens(self.ids, *fed)
             self.graphs[b].launch(self.stream)
         cp.cuda.get_current_stream().wait_event(self.stream.record())
         return self.logits[b][:n]

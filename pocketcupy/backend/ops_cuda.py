@@ -44,6 +44,10 @@ class CudaOps:
     def to_host(self, a) -> np.ndarray:
         return self.xp.asnumpy(a) if isinstance(a, self.xp.ndarray) else np.asarray(a)
 
+    def scatter_tokens(self, ids, dst_rows, tokens, src_rows) -> None:
+        """ids[dst_rows] = tokens[src_rows] on the device (the previous step's sampled ids)."""
+        elementwise_cuda.scatter_tokens(ids, dst_rows, tokens, src_rows)
+
     def upload_meta(self, meta: AttentionMetadata) -> AttentionMetadata:
         """Attention metadata with its arrays on the device (int32)."""
         return attn_cuda.device_meta(meta)

@@ -43,6 +43,10 @@ class NumpyOps:
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
 
+    def scatter_tokens(self, ids, dst_rows, tokens, src_rows) -> None:
+        """ids[dst_rows] = tokens[src_rows] in place (the previous step's sampled ids)."""
+        ids[list(dst_rows)] = np.asarray(tokens)[list(src_rows)]
+
     def upload_meta(self, meta: AttentionMetadata) -> AttentionMetadata:
         """Attention metadata where the attention op reads it (host memory here)."""
         return meta

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..sampler import Logprob, PositionLogprobs, SamplerOutput, SamplingRow
+from ..sampler import Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow
 from .kernels import cuda_op, kernel
 
 SRC = "sampling.cu"
@@ -251,6 +251,8 @@ class CudaSampler:
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._work = None
         self._cnt = None
+        self._pinned = [None, None]  # host buffers of the results, alternating: one step may be in flight
+        self._turn = 0
         self.last_raw: np.ndarray | None = None  # the last [B, SO_WORDS] result (tests, debugging)
 
     def _scratch(self, name: str, rows: int, V: int, dtype):
@@ -263,23 +265,51 @@ class CudaSampler:
         return buf
 
     def __call__(self, logits, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int] | None = None) -> SamplerOutput:
+        return self.launch(logits, rows, eos_token_ids).result()
+
+    def _host_buffer(self, nbytes: int) -> np.ndarray:
+        """The next of the two pinned result buffers, at least nbytes (uint8)."""
+        cp = _cp()
+        self._turn ^= 1
+        buf = self._pinned[self._turn]
+        if buf is None or buf.nbytes < nbytes:
+            mem = cp.cuda.alloc_pinned_memory(max(nbytes, 4096))
+            buf = self._pinned[self._turn] = np.frombuffer(mem, np.uint8, mem.size())
+        return buf
+
+    def launch(self, logits, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int] | None = None) -> PendingSample:
+        """Launches the sampler kernel and the copy of its result to the host; returns at once.
+        The pending sample's tokens are the device's int32 ids (a column of the result)."""
+        cp = _cp()
         x, _ = _rows_f32(logits)
         if x.shape[0] != len(rows):
             raise ValueError(f"logits must be [B={len(rows)}, V], got {x.shape}")
         B, V = x.shape
         eos = self.eos_token_ids if eos_token_ids is None else tuple(int(t) for t in eos_token_ids)
         if B == 0:
-            return SamplerOutput(token_ids=np.empty(0, np.int64), logprobs=[])
+            empty = SamplerOutput(token_ids=np.empty(0, np.int64), logprobs=[])
+            return PendingSample(cp.empty(0, np.int32), lambda: empty)
         batch = PackedBatch(rows, V, eos)
         params, toks, masks = batch.upload()
         work = self._scratch("_work", B, V, np.float32)
         cnt = self._scratch("_cnt", batch.n_cnt, V, np.int32)
-        res = sample_rows(x, params, toks, masks, batch.mask_words, work, cnt).get()
-        self.last_raw = res
-        token_ids = res[:, SO_TOK].astype(np.int64)
-        logprobs: list[PositionLogprobs | None] = [
-            None if r.params.logprobs is None else decode_logprobs(res[i], token_ids[i]) for i, r in enumerate(rows)]
-        return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+        dev = sample_rows(x, params, toks, masks, batch.mask_words, work, cnt)
+        host = self._host_buffer(dev.nbytes)[:dev.nbytes].view(np.int32).reshape(dev.shape)
+        stream = cp.cuda.get_current_stream()
+        cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, dev.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                    stream.ptr)
+        done = stream.record()
+
+        def result() -> SamplerOutput:
+            done.synchronize()
+            res = host.copy()
+            self.last_raw = res
+            token_ids = res[:, SO_TOK].astype(np.int64)
+            logprobs: list[PositionLogprobs | None] = [
+                None if r.params.logprobs is None else decode_logprobs(res[i], token_ids[i])
+                for i, r in enumerate(rows)]
+            return SamplerOutput(token_ids=token_ids, logprobs=logprobs)
+        return PendingSample(dev[:, SO_TOK], result)
 
 
 def prompt_logprobs_cuda(logits, prompt_ids: Sequence[int], k: int) -> list[PositionLogprobs | None]:

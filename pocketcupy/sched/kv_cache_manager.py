@@ -7,7 +7,7 @@ matches. A hit is also verified against the stored token ids and parent hash.
 from __future__ import annotations
 
 from .block_pool import BlockPool, KVCacheBlock
-from .request import Request
+from .request import PENDING_TOKEN, Request
 
 
 def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -29,14 +29,18 @@ class KVCacheManager:
 
     # --- hashes --------------------------------------------------------------------------
     def update_block_hashes(self, req: Request) -> list[int]:
-        """Extends `req.block_hashes` to every full block of the request's known tokens."""
+        """Extends `req.block_hashes` to every full block of the request's known tokens (up to the
+        first block holding a PENDING_TOKEN, whose id is not known yet)."""
         bs, hashes = self.block_size, req.block_hashes
         n_full = req.num_tokens // bs
         if len(hashes) < n_full:
             toks = req.all_token_ids
             parent = hashes[-1] if hashes else None
             for i in range(len(hashes), n_full):
-                parent = hash_block_tokens(parent, tuple(toks[i * bs:(i + 1) * bs]))
+                block = tuple(toks[i * bs:(i + 1) * bs])
+                if PENDING_TOKEN in block:
+                    break
+                parent = hash_block_tokens(parent, block)
                 hashes.append(parent)
         return hashes
 
@@ -109,6 +113,7 @@ class KVCacheManager:
         if n_full <= start:
             return
         hashes = self.update_block_hashes(req)
+        n_full = min(n_full, len(hashes))    # a block with a pending token waits for a later call
         for i in range(start, n_full):
             b = blocks[i]
             if b.block_hash is None:

@@ -11,6 +11,12 @@ import time
 from dataclasses import dataclass, field
 
 
+# An output token not yet known on the host: with async scheduling the engine appends it when it
+# launches the step that samples it, and writes the real id in once that step's result arrives.
+# The runner takes such a token from the device (the previous step's sampled ids).
+PENDING_TOKEN = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -47,6 +53,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

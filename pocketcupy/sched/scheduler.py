@@ -164,7 +164,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if n <= 0:
+            if n <= 0 or req.num_output_tokens >= req.max_tokens:   # the last token needs no K/V
                 i += 1
                 continue
             while kv.allocate_slots(req, n) is None:

@@ -1,0 +1,123 @@
+"""Async scheduling on the CPU with the real SmolLM2: step N+1 is scheduled and launched before
+step N's tokens reach the host (a PENDING_TOKEN stands in for each), then N's tokens are
+resolved. Every output must be what the synchronous engine gives: preemption, stops that leave
+one step computed in vain, aborts while a step is in flight, prefix caching, and the requests
+that fall back to synchronous steps (penalties, structured output)."""
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+from pocketcupy.sched.request import PENDING_TOKEN
+
+from .test_batching_smollm2 import LONG_PREFIX, MAX_TOKENS, PROMPTS, alone, greedy, reference, run  # noqa: F401
+
+
+def engine(path, mode, **kw):
+    return Engine(path, device="cpu", progress=False, async_scheduling=mode, **kw)
+
+
+def test_async_with_preemption_matches_alone(smollm2_gguf, alone):  # noqa: F811
+    tiny = engine(smollm2_gguf, "on", num_kv_blocks=12, block_size=4, max_num_batched_tokens=48)
+    final, _ = run(tiny, [(f"r{i}", p, greedy(m), 0) for i, (p, m) in enumerate(zip(PROMPTS, MAX_TOKENS))])
+    assert [final[f"r{i}"].outputs[0].token_ids for i in range(len(PROMPTS))] == alone
+    st = tiny.stats()
+    assert st["num_preemptions"] > 0
+    assert st["kv_blocks_used"] == 0 and st["num_running"] == 0 and st["num_waiting"] == 0
+    assert not tiny.has_unfinished_requests()
+
+
+MIXED = [  # stops by EOS / stop string / length, seeded sampling with logprobs, n = 2, penalties, JSON
+    ("Name three colours:", SamplingParams(temperature=0, max_tokens=40, stop=[","])),
+    ("Hello! How are you today?", SamplingParams(temperature=0, max_tokens=60)),
+    ("Once upon a time", SamplingParams(temperature=0.9, seed=11, max_tokens=12, logprobs=3, ignore_eos=True)),
+    ("A list of fruits:", SamplingParams(n=2, temperature=0.7, seed=5, max_tokens=9, ignore_eos=True)),
+    ("Repeat after me: la la la", SamplingParams(temperature=0, max_tokens=10, repetition_penalty=1.3,
+                                                 ignore_eos=True)),
+    ("A person as JSON:", SamplingParams(temperature=0, max_tokens=20, structured_outputs={
+        "json": {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}})),
+]
+
+
+def summary(outputs):
+    return [[(c.token_ids, c.text, c.finish_reason, c.stop_reason,
+              None if c.logprobs is None else [{t: round(lp.logprob, 4) for t, lp in pos.items()} for pos in c.logprobs])
+             for c in o.outputs] for o in outputs]
+
+
+def test_async_outputs_equal_sync(smollm2_gguf):
+    prompts, params = zip(*MIXED)
+    sync = engine(smollm2_gguf, "off").generate(list(prompts), list(params))
+    eng = engine(smollm2_gguf, "on")
+    got = eng.generate(list(prompts), list(params))
+    assert summary(got) == summary(sync)
+    assert sync[0].outputs[0].finish_reason == "stop" and sync[2].outputs[0].finish_reason == "length"
+    # a request that stopped early left at most one step in flight; the next call settles it
+    eng.generate("Hi", greedy(2))
+    assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
+
+
+STOPS = [("Name three colours:", SamplingParams(temperature=0, max_tokens=40, stop=[","])),
+         ("Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[28])),
+         ("The capital of France is", SamplingParams(temperature=0, max_tokens=25, stop=["."]))]
+
+
+def test_stops_leave_one_step_in_vain(smollm2_gguf):
+    """Greedy only, so every step overlaps the next: a stop string or stop token is seen one step
+    late, and the token computed meanwhile is dropped."""
+    prompts, params = zip(*STOPS)
+    sync_eng, async_eng = engine(smollm2_gguf, "off"), engine(smollm2_gguf, "on")
+    want, got = (e.generate(list(prompts), list(params)) for e in (sync_eng, async_eng))
+    assert summary(got) == summary(want)
+    assert [o.outputs[0].finish_reason for o in want] == ["stop", "stop", "stop"]
+    wasted = async_eng.stats()["num_computed_tokens_total"] - sync_eng.stats()["num_computed_tokens_total"]
+    assert 0 < wasted <= len(STOPS)
+
+
+def test_abort_while_a_step_is_in_flight(smollm2_gguf, alone):  # noqa: F811
+    eng = engine(smollm2_gguf, "on")
+    eng.add_request("keep", PROMPTS[0], greedy(MAX_TOKENS[0]))
+    eng.add_request("drop", PROMPTS[2], greedy(40))
+    finals = {}
+    while len(eng.scheduler.requests["drop"].output_token_ids) < 3:
+        for out in eng.step():
+            finals[out.request_id] = out
+    assert eng._inflight is not None and eng.scheduler.requests["drop"].output_token_ids[-1] == PENDING_TOKEN
+    eng.abort_request("drop")
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                finals[out.request_id] = out
+    assert finals["drop"].outputs[0].finish_reason == "abort"
+    assert PENDING_TOKEN not in finals["drop"].outputs[0].token_ids
+    assert finals["keep"].outputs[0].token_ids == alone[0]
+    assert eng.stats()["kv_blocks_used"] == 0
+
+
+def test_prompt_prefilled_in_chunks_alone(smollm2_gguf):
+    """Steps that sample nothing (prompt chunks) leave nothing in flight."""
+    prompt, p = LONG_PREFIX + "Which planet is the largest?", greedy(5)
+    want = engine(smollm2_gguf, "off", max_num_batched_tokens=32).generate(prompt, p)[0].outputs[0].token_ids
+    assert engine(smollm2_gguf, "on", max_num_batched_tokens=32).generate(prompt, p)[0].outputs[0].token_ids == want
+
+
+def test_async_prefix_cache_hit(smollm2_gguf, reference):  # noqa: F811
+    first, second = LONG_PREFIX + "Which planet is the largest?", LONG_PREFIX + "Which planet is closest to the Sun?"
+    want = reference.generate(second, greedy(4))[0].outputs[0].token_ids
+    eng = engine(smollm2_gguf, "on", block_size=8)
+    eng.generate(first, greedy(4))
+    b = eng.generate(second, greedy(4))[0]
+    assert b.outputs[0].token_ids == want and b.num_cached_tokens >= 48
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_cpu_engine_steps_synchronously_unless_asked(smollm2_gguf, mode):
+    eng = engine(smollm2_gguf, mode)
+    eng.add_request("a", "Hi", greedy(3))
+    outs = eng.step()
+    assert eng._inflight is None and outs and outs[0].outputs[0].token_ids
+
+
+def test_async_scheduling_setting_is_checked():
+    with pytest.raises(ValueError, match="async_scheduling"):
+        Engine(device="cpu", async_scheduling="yes")
+    with pytest.raises(ValueError, match="async_scheduling: 'on' needs one rank"):
+        Engine(device="cpu", async_scheduling="on", tensor_parallel_size=2)
