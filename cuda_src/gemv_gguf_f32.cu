@@ -302,6 +302,6 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
     template __global__ void gemv_gguf_f32_xs<T, 1, 4, true>(const u8*, long long, int, int,           \
                                                              const float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
-PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
+PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST
 #endif

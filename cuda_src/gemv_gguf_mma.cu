@@ -19,8 +19,11 @@
 
 #define KM_WARPS 8
 
-// One u32 at a 2-byte aligned address (Q6_K blocks are 210 bytes).
-__device__ __forceinline__ u32 ld32_a2(const u8* p) {
+// One u32 of a Q6_K block at a 4-byte aligned offset: aligned in Q6_KP's 224-byte blocks, only
+// 2-byte aligned in raw 210-byte ones.
+template <int QT>
+__device__ __forceinline__ u32 ld32_q6(const u8* p) {
+    if constexpr (QT == pq::Q6_KP) return *reinterpret_cast<const u32*>(p);
     u32 w;
     pq::ldu<1>(p, &w);
     return w;
@@ -86,17 +89,22 @@ __device__ __forceinline__ void kquant_superblock(const u8* __restrict__ ra, con
         }
     } else {   // Q6_K: ql[128], qh[64], int8 scales[16], fp16 d
         u32 sa[4], sbw[4];
-        pq::ldu<4>(ra + 192, sa);
-        pq::ldu<4>(rb + 192, sbw);
+        if constexpr (QT == pq::Q6_KP) {
+            pq::ld16b<1>(ra + 192, sa);
+            pq::ld16b<1>(rb + 192, sbw);
+        } else {
+            pq::ldu<4>(ra + 192, sa);
+            pq::ldu<4>(rb + 192, sbw);
+        }
         const float da = pq::h2f(pq::ld16(ra + 208)), db = pq::h2f(pq::ld16(rb + 208));
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
             for (int lh = 0; lh < 2; ++lh) {
                 const int l = 16 * lh + 4 * t;
-                const u32 qla0 = ld32_a2(ra + 64 * n + l), qla1 = ld32_a2(ra + 64 * n + 32 + l);
-                const u32 qlb0 = ld32_a2(rb + 64 * n + l), qlb1 = ld32_a2(rb + 64 * n + 32 + l);
-                const u32 qha = ld32_a2(ra + 128 + 32 * n + l), qhb = ld32_a2(rb + 128 + 32 * n + l);
+                const u32 qla0 = ld32_q6<QT>(ra + 64 * n + l), qla1 = ld32_q6<QT>(ra + 64 * n + 32 + l);
+                const u32 qlb0 = ld32_q6<QT>(rb + 64 * n + l), qlb1 = ld32_q6<QT>(rb + 64 * n + 32 + l);
+                const u32 qha = ld32_q6<QT>(ra + 128 + 32 * n + l), qhb = ld32_q6<QT>(rb + 128 + 32 * n + l);
 #pragma unroll
                 for (int qq = 0; qq < 4; ++qq) {   // values 128n + 32qq + l .. +3
                     const u32 la = qq & 1 ? qla1 : qla0, lb = qq & 1 ? qlb1 : qlb0;
@@ -173,5 +181,6 @@ gemv_gguf_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const si
                                                  const float4*, int, const float*, float*);
 PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4)
 PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4)
+PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4)
 #undef PQ_INST
 #endif

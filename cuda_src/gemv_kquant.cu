@@ -4,10 +4,11 @@
 //   Q4_K / Q5_K: 32 bytes of nibbles whose low halves are sub-block 2g and high halves 2g + 1, so
 //   each 32-value activation block meets one weight scale and min; per 64 weights two 16-byte
 //   loads, the 16-byte header (shared by the group's four lanes) and 16 DP4A.
-//   Q6_K (210-byte blocks, 2-byte aligned): 16 bytes each of ql[64n + 16i], ql[64n + 32 + 16i] and
-//   qh[32n + 16i] (n = g / 2, i = g % 2) hold the 6-bit values 128n + 16i + 32q + e, q = 0..3,
-//   e = 0..15; they are dotted unsigned (0..63, DP4A u8 x s8) and the offset 32 taken off with
-//   the activations' 16-value sums.
+//   Q6_K: 16 bytes each of ql[64n + 16i], ql[64n + 32 + 16i] and qh[32n + 16i] (n = g / 2,
+//   i = g % 2) hold the 6-bit values 128n + 16i + 32q + e, q = 0..3, e = 0..15; they are dotted
+//   unsigned (0..63, DP4A u8 x s8) and the offset 32 taken off with the activations' 16-value
+//   sums. Q6_KP (the blocks padded to 224 bytes at upload) reads those runs with 16-byte loads;
+//   raw 210-byte blocks are only 2-byte aligned (word loads and funnel shifts).
 // The 32-value units of gemv_gguf.cu cost over 2x the instructions per weight (SASS: ~125 per 32
 // Q4_K values against ~110 per 64 here), which bounded them at
 // ~2.0-2.3 TB/s on the H200 (bench_decode_kernels.py).
@@ -37,16 +38,26 @@ struct KqGroup {                // one row's loads for one 64-value group
     uint4 h0, h1;               // Q5_K: the 32 high-bit bytes (unused for Q4_K)
 };
 
-template <>
-struct KqGroup<Q6_K> {
+struct KqGroup6 {
     u32 l0[4], l1[4], h[4];     // ql[64n + 16i], ql[64n + 32 + 16i], qh[32n + 16i] (16 bytes each)
     u32 sc[2];                  // scale bytes 192 + 8n .. + 7 (the group's four: i, i + 2, i + 4, i + 6)
     u16 d;
 };
+template <> struct KqGroup<Q6_K> : KqGroup6 {};
+template <> struct KqGroup<Q6_KP> : KqGroup6 {};
 
 template <int QT>
 PQ_DEV void kq_load(const u8* __restrict__ blk, int j, KqGroup<QT>& g) {
-    if constexpr (QT == Q6_K) {
+    if constexpr (QT == Q6_KP) {
+        const int n = j >> 1, i = j & 1;
+        ld16b<1>(blk + 64 * n + 16 * i, g.l0);
+        ld16b<1>(blk + 64 * n + 32 + 16 * i, g.l1);
+        ld16b<1>(blk + 128 + 32 * n + 16 * i, g.h);
+        const uint2 sc = *(const uint2*)(blk + 192 + 8 * n);
+        g.sc[0] = sc.x;
+        g.sc[1] = sc.y;
+        g.d = ld16(blk + 208);
+    } else if constexpr (QT == Q6_K) {
         const int n = j >> 1, i = j & 1;
         ldu<4, true>(blk + 64 * n + 16 * i, g.l0);
         ldu<4, true>(blk + 64 * n + 32 + 16 * i, g.l1);
@@ -101,7 +112,7 @@ PQ_DEV int dot32(const u32 (&w)[8], int4 x0, int4 x1) {
 
 // Q6_K: the group's four 16-value pieces q as unsigned 6-bit values w[q] (4 words each) and their
 // scales times the block's d
-PQ_DEV void q6k_unpack(const KqGroup<Q6_K>& g, int i, u32 (&w)[4][4], float (&sc)[4]) {
+PQ_DEV void q6k_unpack(const KqGroup6& g, int i, u32 (&w)[4][4], float (&sc)[4]) {
     const float d = h2f(g.d);
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -150,8 +161,8 @@ PQ_DEV void kq_q45k_step(const KqGroup<QT> (&g)[R], int t, int j, int K, const i
 }
 
 // The same for Q6_K: group t is super-block t / 4, group j = t % 4 = (n, i).
-template <int NB, int R>
-PQ_DEV void kq_q6k_step(const KqGroup<Q6_K> (&g)[R], int t, int j, int K, const i8* __restrict__ xq,
+template <int QT, int NB, int R>
+PQ_DEV void kq_q6k_step(const KqGroup<QT> (&g)[R], int t, int j, int K, const i8* __restrict__ xq,
                         const float4* __restrict__ xds, float (&acc)[R][NB]) {
     const int n = j >> 1, i = j & 1;
     const long long v0 = 256ll * (t >> 2) + 128 * n + 16 * i;     // value index of piece 0
@@ -212,8 +223,8 @@ PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, con
         for (int i = 0; i < U; ++i) {
             const int t = tb + 32 * i;
             if (U > 1 && t >= ngroups) break;
-            if constexpr (QT == Q6_K)
-                kq_q6k_step<NB, R>(g[i], t, j, K, xq, xds, acc);
+            if constexpr (IS_Q6K<QT>)
+                kq_q6k_step<QT, NB, R>(g[i], t, j, K, xq, xds, acc);
             else
                 kq_q45k_step<QT, NB, R>(g[i], t, j, K, xq, xds, acc);
         }
@@ -260,9 +271,9 @@ gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, i
 #define PQ_INST(T, NB, R, U)                                                                          \
     template __global__ void gemv_kquant<T, NB, R, U>(const u8*, long long, int, int, const i8*,     \
                                                       const float4*, const float*, float*);
-PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2)
+PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KP, 1, 2, 1)
 #undef PQ_INST
-template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_K, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
                                                              long long, int, const float*, float*, const u8*,
                                                              long long, int, const float*, float*, const u8*,
                                                              long long, int, const float*, float*);

@@ -54,6 +54,19 @@ PQ_DEV u32 ld32(const u8* p) { return *(const u32*)p; }
 // is misaligned; it lies inside the block for every caller.  GLOBAL: p is global memory that no
 // thread writes during the kernel (weights), read through the read-only path; otherwise p may
 // also point to shared memory (kernels that stage the blocks there).
+// N 16-byte vectors from a 16-byte aligned address, as 4N words
+template <int N>
+PQ_DEV void ld16b(const u8* p, u32* out) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const uint4 v = ((const uint4*)p)[i];
+        out[4 * i] = v.x;
+        out[4 * i + 1] = v.y;
+        out[4 * i + 2] = v.z;
+        out[4 * i + 3] = v.w;
+    }
+}
+
 template <int N, bool GLOBAL = false>
 PQ_DEV void ldu(const u8* p, u32* out) {
     const unsigned long long a = (unsigned long long)p;

@@ -16,8 +16,11 @@ namespace pq {
 // ggml type ids (gguf GGMLQuantizationType)
 enum {
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ3_XXS = 18, IQ4_XS = 23
+    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ3_XXS = 18, IQ4_XS = 23,
+    Q6_KP = 114     // ours: Q6_K with each 210-byte block padded to 224 (16-byte aligned), as uploaded
 };
+
+template <int QT> constexpr bool IS_Q6K = QT == Q6_K || QT == Q6_KP;
 
 template <int QT> struct QTraits;
 // QK values per block, TS bytes per block, MIN: segments have an additive b, TAB: words of
@@ -34,6 +37,7 @@ PQ_TRAITS(Q3_K, 256, 110, 0, 0)
 PQ_TRAITS(Q4_K, 256, 144, 1, 0)
 PQ_TRAITS(Q5_K, 256, 176, 1, 0)
 PQ_TRAITS(Q6_K, 256, 210, 0, 0)
+PQ_TRAITS(Q6_KP, 256, 224, 0, 0)
 PQ_TRAITS(IQ2_XXS, 256, 66, 0, 512)
 PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
 PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
@@ -217,11 +221,16 @@ PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ 
         scale_min_k4(s0, s1, s2, 2 * j + 1, sc, mn);
         u.a1 = d * sc;
         u.b1 = -(dmin * mn);
-    } else if constexpr (QT == Q6_K) {
+    } else if constexpr (IS_Q6K<QT>) {
         const int H = sub >> 2, k = sub & 3;
         u32 ql[8], qh[8];
-        ldu<8>(blk + 64 * H + 32 * (k & 1), ql);
-        ldu<8>(blk + 128 + 32 * H, qh);
+        if constexpr (QT == Q6_KP) {           // 16-byte aligned runs
+            ld16b<2>(blk + 64 * H + 32 * (k & 1), ql);
+            ld16b<2>(blk + 128 + 32 * H, qh);
+        } else {
+            ldu<8>(blk + 64 * H + 32 * (k & 1), ql);
+            ldu<8>(blk + 128 + 32 * H, qh);
+        }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const u32 q = ((ql[i] >> (4 * (k >> 1))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);

@@ -60,9 +60,14 @@ def bench_gemv(args) -> dict:
             q, rc = s.split(":")
             shapes.append((q, *(int(v) for v in rc.split("x"))))
     out = {}
-    for qtype, rows, cols in shapes:
+    layouts, pad = args.q6k_layouts.split(","), lc.PAD_Q6K
+    for qtype, rows, cols, layout in [(q, r, c, lay) for q, r, c in shapes
+                                      for lay in (layouts if q in lc.PADDED_QTYPES else ["padded"])]:
+        lc.PAD_Q6K = layout == "padded"
         w0 = make_weight(qtype, rows, cols, rng)
         copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+        lc.PAD_Q6K = pad
+        tag = "" if layout == "padded" else f"-{layout}"
         for nb in [int(b) for b in args.batches.split(",")]:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
             y = cp.empty((nb, rows), cp.float32)
@@ -75,7 +80,7 @@ def bench_gemv(args) -> dict:
                         cfg == "q8mma" and not lc.gguf_mma_tiles(copies[0], nb):
                     continue
                 if cfg == "q8mma":
-                    key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-q8mma"
+                    key = f"{qtype.lower()}{tag}-{rows}x{cols}-bs{nb}-q8mma"
                     it = iter(range(1 << 62))
                     t = time_us(lambda: lc._gemv_gguf(x, copies[next(it) % len(copies)], None, y, xqd=(xq, xds)),
                                 args.reps, len(copies) * max(1, 16 // len(copies)))
@@ -89,7 +94,7 @@ def bench_gemv(args) -> dict:
                 else:
                     name = f"{cfg.kind}_r{cfg.rows_per_group}" + (f"_l{cfg.lanes}" if cfg.kind == "lanes" else "") + \
                         ("*" if cfg == default else "")
-                key = f"{qtype.lower()}-{rows}x{cols}-bs{nb}-{name}"
+                key = f"{qtype.lower()}{tag}-{rows}x{cols}-bs{nb}-{name}"
                 if key.rstrip("*") in {k.rstrip("*") for k in out}:
                     continue
                 it = iter(range(1 << 62))
@@ -157,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=CONFIGS, help="lanes:L:R, xs:R, block:R list, e.g. lanes:16:2,xs:4,block:2")
     ap.add_argument("--shapes", default="", help="QTYPE:ROWSxCOLS list, e.g. Q4_1:960x576,Q8_0:14336x4096")
     ap.add_argument("--small-only", action="store_true", help="GEMV: SmolLM2 shapes only")
+    ap.add_argument("--q6k-layouts", default="padded", help="Q6_K upload layouts to time: padded,raw")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     only = set(args.only.split(","))

@@ -114,6 +114,13 @@ def make_weight(qtype: str, rows: int, cols: int, rng):
 
 
 def weight_bytes(w) -> int:
+    """The weight's bytes as its file stores them (GB/s figures stay comparable across the padded
+    upload layouts, linear_cuda.PADDED_QTYPES)."""
+    from pocketcupy.backend import linear_cuda as lc
+
+    if getattr(w, "qtype", None) in lc.GGUF_QTYPES:
+        _, qk, ts = lc.GGUF_QTYPES[w.qtype]
+        return w.rows * (w.cols // qk) * ts
     return int(w.data.nbytes)
 
 

@@ -68,9 +68,14 @@ def _ref_linear(inp):
 
 
 def _cuda_weight(inp):
+    """The weight uploaded as linear_cuda does; inp["raw"]: Q6_K kept in its 210-byte blocks."""
     from pocketcupy.backend import linear_cuda
 
-    return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"])
+    saved, linear_cuda.PAD_Q6K = linear_cuda.PAD_Q6K, not inp.get("raw", False)
+    try:
+        return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"])
+    finally:
+        linear_cuda.PAD_Q6K = saved
 
 
 def _cuda_linear(tile_elems: int | None = None):
@@ -170,6 +175,12 @@ def _linear_rows():
             cfg = Q8Gemv("kquant", r, unroll=u)
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
                                   _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear, _cuda_gemv_q8(cfg), 2e-5))
+    # Q6_K in its raw 210-byte blocks (uploads pad them to 224 bytes): the word-load paths
+    for n, cfg in ((1, Q8Gemv("kquant", 2)), (2, None), (12, None)):
+        make = _make_linear("Q6_K", n, _cols("Q6_K"), True)
+        rows.append(KernelRow("linear", f"gemv_q6_k_raw_{'q8kq2u1' if cfg else 'q8'}_bs{n}-{ROWS_OUT}x{_cols('Q6_K')}",
+                              lambda rng, make=make: {**make(rng), "raw": True}, _ref_linear,
+                              _cuda_gemv_q8(cfg) if cfg else _cuda_linear(), 2e-5))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)
@@ -289,7 +300,8 @@ def _concat_rows():
     for name, parts, cols, n, tol in (("q4_1-qkv", [("Q4_1", 576), ("Q4_1", 192), ("Q4_1", 192)], 576, 1, 2e-5),
                                       ("q8_0-gate_up", [("Q8_0", 67), ("Q8_0", 67)], 1024, 3, 2e-5),
                                       ("q4_k-qkv", [("Q4_K", 40), ("Q4_K", 9), ("Q4_K", 9)], 4096, 2, 2e-5),
-                                      ("f16-qkv", [("F16", 50), ("F16", 13), ("F16", 13)], 1024, 2, 1e-5)):
+                                      # batch 2: the tensor-core GEMV, x rounded to fp16
+                                      ("f16-qkv", [("F16", 50), ("F16", 13), ("F16", 13)], 1024, 2, 1e-3)):
         rows.append(KernelRow("concat_rows", f"{name}-{cols}", _make_concat(parts, cols, n), _ref_concat,
                               _cuda_concat, tol))
     return rows

@@ -27,18 +27,20 @@ def host_bin(tmp_path_factory):
     return str(out)
 
 
-@pytest.mark.parametrize("align", [0, 2])
-@pytest.mark.parametrize("qtype", list(QTYPES))
-def test_units_match_gguf(host_bin, qtype, align):
-    rng = np.random.default_rng(QTYPES[qtype][0] * 10 + align)
+def check_decoder(host_bin, rng, qtype, nblk, align, pad_to=None):
+    """Decodes random qtype blocks with the host build (as kernel type qtype, or padded to pad_to
+    bytes as our padded type) and checks values and unit dots against the gguf package."""
     tid, qk, ts = QTYPES[qtype]
-    nblk = 6 if qk == 256 else 40
     cols = nblk * qk
     for use_quantizer in (True, False):
         blocks = random_blocks(rng, qtype, 1, cols, use_quantizer)
+        stored = blocks
+        if pad_to is not None:
+            tid, stored = PADDED[qtype], np.zeros((nblk, pad_to), np.uint8)
+            stored[:, :ts] = blocks.reshape(nblk, ts)
         x = rng.standard_normal((1, cols)).astype(np.float32)
         xq, ds = quantize_q8_x(x)
-        payload = struct.pack("<iii", tid, nblk, align) + blocks.tobytes() + xq.tobytes() + ds.tobytes()
+        payload = struct.pack("<iii", tid, nblk, align) + stored.tobytes() + xq.tobytes() + ds.tobytes()
         r = subprocess.run([host_bin], input=payload, capture_output=True)
         assert r.returncode == 0, r.returncode
         deq = np.frombuffer(r.stdout[:cols * 4], np.float32)
@@ -48,6 +50,25 @@ def test_units_match_gguf(host_bin, qtype, align):
         ref_dot = float(ref.astype(np.float64) @ dequantize_q8_x(xq, ds)[0])
         scale = float(np.abs(ref).astype(np.float64) @ np.abs(dequantize_q8_x(xq, ds)[0]))
         assert abs(dot - ref_dot) <= 1e-5 * scale, (dot, ref_dot)
+
+
+PADDED = {"Q6_K": 114}   # pq::Q6_KP
+
+
+@pytest.mark.parametrize("align", [0, 2])
+@pytest.mark.parametrize("qtype", list(QTYPES))
+def test_units_match_gguf(host_bin, qtype, align):
+    rng = np.random.default_rng(QTYPES[qtype][0] * 10 + align)
+    check_decoder(host_bin, rng, qtype, 6 if QTYPES[qtype][1] == 256 else 40, align)
+
+
+def test_padded_q6k_decodes_as_q6k(host_bin):
+    """Q6_KP: Q6_K blocks padded to 224 bytes, as linear_cuda uploads them (16-byte aligned)."""
+    from pocketcupy.backend.linear_cuda import PADDED_QTYPES
+
+    name, tid, size = PADDED_QTYPES["Q6_K"]
+    assert (tid, name) == (PADDED["Q6_K"], "Q6_KP")
+    check_decoder(host_bin, np.random.default_rng(114), "Q6_K", 6, 0, pad_to=size)
 
 
 def test_tables_header_is_current():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,12 @@ GGUF_QTYPES = {
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
     "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
 }
+# Q6_K is uploaded with each 210-byte block padded to 224 bytes, kernel type "Q6_KP" (pq::Q6_KP):
+# every block then starts 16-byte aligned and the GEMVs read it with 16-byte loads instead of
+# 2-byte aligned words and funnel shifts, for 6.7% more bytes (H200 figures: README).
+PADDED_QTYPES = {"Q6_K": ("Q6_KP", 114, 224)}
+KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **{p[0]: p[1] for p in PADDED_QTYPES.values()}}
+PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # "0": raw 210-byte blocks, for comparisons
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
@@ -69,6 +76,7 @@ class CudaWeight:
     shape: tuple          # (rows, cols), torch order
     data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
     act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
+    padded: bool = False  # blocks padded as PADDED_QTYPES says (kernel_qtype names that layout)
 
     @property
     def rows(self) -> int:
@@ -81,6 +89,15 @@ class CudaWeight:
     @property
     def is_dense(self) -> bool:
         return self.qtype in DENSE_QTYPES
+
+    @property
+    def kernel_qtype(self) -> str:
+        """The block layout the kernels are instantiated for (KERNEL_TYPE_IDS)."""
+        return PADDED_QTYPES[self.qtype][0] if self.padded else self.qtype
+
+    @property
+    def type_id(self) -> int:
+        return KERNEL_TYPE_IDS[self.kernel_qtype]
 
 
 def prepare_weight(t: QTensor, quant_activations: str = "auto"):
@@ -98,11 +115,18 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto"):
         return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
     if t.qtype in GGUF_QTYPES:
         raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
+        padded = PAD_Q6K and t.qtype in PADDED_QTYPES
+        if padded:
+            ts, pts = GGUF_QTYPES[t.qtype][2], PADDED_QTYPES[t.qtype][2]
+            blocks = raw.reshape(rows, -1, ts)
+            raw = np.zeros((rows, blocks.shape[1], pts), np.uint8)
+            raw[:, :, :ts] = blocks
+            raw = raw.reshape(rows, -1)
         n = raw.size
         buf = cp.zeros(n + _PAD, dtype=cp.uint8)
         buf[:n].set(raw.reshape(-1))
         return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
-                          uses_q8(t.qtype, cols, quant_activations))
+                          uses_q8(t.qtype, cols, quant_activations), padded)
     # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
     w = t.dequantize().astype(np.float32)
     if np.abs(w).max(initial=0.0) < 65000.0:
@@ -121,8 +145,8 @@ def concat_rows(ws):
 
     if not ws or not all(isinstance(w, CudaWeight) for w in ws):
         return None
-    qtype, cols, act_q8 = ws[0].qtype, ws[0].cols, ws[0].act_q8
-    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 for w in ws):
+    qtype, cols, act_q8, padded = ws[0].qtype, ws[0].cols, ws[0].act_q8, ws[0].padded
+    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 or w.padded != padded for w in ws):
         return None
     rows = sum(w.rows for w in ws)
     if ws[0].is_dense:
@@ -133,7 +157,7 @@ def concat_rows(ws):
     for w in ws:
         buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
         r0 += w.rows
-    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8)
+    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, padded)
 
 
 # --- kernel variants -------------------------------------------------------------------------
@@ -161,7 +185,9 @@ GGUF_MMA_MAX_BATCH = QUANT_GEMV_MAX_BATCH          # past it dequantization + cu
                                                     # batch 64: 27.6 ms a step with 8 tiles, 22.3 the GEMM)
 GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_gguf_mma.cu
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
-KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 1}   # past it the tensor-core kernel
+# past it the tensor-core kernel (H200, batch 2: Q4_K 28672x4096 2.25 against 1.92 TB/s; padded Q6_K
+# 4096x14336 2.03 against 1.79, 49152x4096 2.53 against 1.93)
+KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
 KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
 
 
@@ -234,10 +260,10 @@ class Q8Gemv:
 
 def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     """The int8-activation GEMV for a [rows, cols] weight at batch nb (H200 sweeps,
-    bench_decode_kernels.py). K-quants of whole super-blocks at batch 1, and Q4_K / Q5_K at batch 2
-    (where they beat the tensor-core kernel: Q4_K 28672x4096 2.25 against 1.92 TB/s): the
+    bench_decode_kernels.py). K-quants of whole super-blocks at batches 1-2 (KQUANT_MAX_BATCH): the
     64-value-group kernel with 2 rows per warp (Q4_K 28672x4096 at batch 1: 3.05 TB/s against 2.32
-    for 2 rows per 128-thread block; Q6_K 4096x14336 2.11 against 1.91); on short matrices at batch 1
+    for 2 rows per 128-thread block; padded Q6_K 4096x14336 2.69, raw 2.11 against 1.91; file bytes
+    per second); on short matrices at batch 1
     Q4_K / Q5_K a row per warp and Q6_K the block kernel (1024x4096: 0.76 / 0.90 TB/s,
     latency-bound). Other batch-1 types: 2 rows on up to 128 threads. Larger batches: fewer threads
     per row (the activations of nb columns are reused from registers), 2 rows per warp on rows of
@@ -254,10 +280,10 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
 
 
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv(qtype: str, cfg: Q8Gemv, nb: int):
-    """The int8-activation GEMV: one module per (type, source) holds the default launches of every
-    batch; other launches (benchmark sweeps) compile on their own."""
-    tid = GGUF_QTYPES[qtype][0]
+def _gguf_gemv(qtype: str, kqtype: str, cfg: Q8Gemv, nb: int):
+    """The int8-activation GEMV for qtype weights in layout kqtype: one module per (type, source)
+    holds the default launches of every batch; other launches (benchmark sweeps) compile on their own."""
+    tid = KERNEL_TYPE_IDS[kqtype]
     defaults = [(q8_gemv_launch(qtype, r, c, b), b) for b in range(1, GEMV_MAX_BATCH + 1) for r in (1024, 4096)
                 for c in (4096, 4128)]
     exprs = tuple(sorted({c.expr(tid, b) for c, b in defaults if c.source == cfg.source}))
@@ -303,18 +329,18 @@ def f32_gemv_config(units: int, nb: int, qtype: str = "") -> F32Gemv:
     return F32Gemv("xs", F32_XS_ROWS_HEAVY.get(qtype, F32_XS_ROWS) if nb >= 7 else F32_XS_ROWS)
 
 
-def _default_f32_exprs(qtype: str, kind: str) -> tuple[str, ...]:
-    tid = GGUF_QTYPES[qtype][0]
+def _default_f32_exprs(qtype: str, kqtype: str, kind: str) -> tuple[str, ...]:
+    tid = KERNEL_TYPE_IDS[kqtype]
     cfgs = {c.expr(tid, nb, silu) for u in (32, 64, 128) for nb in range(1, GEMV_MAX_BATCH + 1)
             for c in [f32_gemv_config(u, nb, qtype)] if c.kind == kind for silu in (False, True)[:1 + (kind == "lanes")]}
     return tuple(sorted(cfgs))
 
 
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv_f32(qtype: str, kind: str, expr: str):
-    """One compiled module per (qtype, kind) holds every default launch shape of that kind;
+def _gguf_gemv_f32(qtype: str, kqtype: str, kind: str, expr: str):
+    """One compiled module per (qtype, layout, kind) holds every default launch shape of that kind;
     other shapes (benchmark sweeps) compile on their own."""
-    exprs = _default_f32_exprs(qtype, kind)
+    exprs = _default_f32_exprs(qtype, kqtype, kind)
     return kernel("gemv_gguf_f32.cu", expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
@@ -323,7 +349,7 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     contiguous (x may have a row stride for the lanes kernel). up (lanes kernel only): the
     activations are silu(x) * up instead."""
     k = w.cols
-    tid = GGUF_QTYPES[w.qtype][0]
+    tid = w.type_id
     rpb = cfg.rows_per_block()
     threads = GEMV_THREADS if cfg.kind != "block" else gemv_threads(k // 32)
     if cfg.kind == "xsw" and w.data.shape[1] % 16:
@@ -334,13 +360,13 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     if cfg.kind == "lanes":
         ldx = np.int64(x.strides[0] // 4 if x.ndim == 2 else k)
         head += (ldx, x, ldx) if up is None else (ldx, up, np.int64(up.strides[0] // 4))
-    _gguf_gemv_f32(w.qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(
+    _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(
         ((w.rows + rpb - 1) // rpb,), (threads,), head + (_null() if bias is None else bias, out))
 
 
 @functools.lru_cache(maxsize=None)
-def _dequant_rows(qtype: str, out_f16: bool, idx64: bool):
-    tid = GGUF_QTYPES[qtype][0]
+def _dequant_rows(kqtype: str, out_f16: bool, idx64: bool):
+    tid = KERNEL_TYPE_IDS[kqtype]
     exprs = tuple(f"dequant_rows<{tid}, {o}, {i}>" for o in (0, 1) for i in ("int", "long long"))
     return kernel("dequant.cu", f"dequant_rows<{tid}, {int(out_f16)}, {'long long' if idx64 else 'int'}>",
                   name_expressions=exprs)
@@ -383,7 +409,9 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
-_GGUF_MMA_EXPRS = tuple(f"gemv_gguf_mma<{GGUF_QTYPES[q][0]}, {nt}>" for q in GGUF_MMA_QTYPES for nt in (1, 2, 4))
+_GGUF_MMA_EXPRS = tuple(f"gemv_gguf_mma<{KERNEL_TYPE_IDS[q]}, {nt}>"
+                        for q in GGUF_MMA_QTYPES + tuple(PADDED_QTYPES[q][0] for q in GGUF_MMA_QTYPES if q in PADDED_QTYPES)
+                        for nt in (1, 2, 4))
 DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
 
@@ -419,7 +447,7 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | N
     rpb = cfg.rows_per_block()
     if cfg.kind == "kquant" and (w.qtype not in KQUANT_QTYPES or k % 256):
         raise ValueError(f"gemv_kquant: no kernel for {w.qtype} rows of {k} (Q4_K / Q5_K / Q6_K, whole super-blocks)")
-    _gguf_gemv(w.qtype, cfg, nb)(
+    _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb)(
         ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
          _null() if bias is None else bias, out))
@@ -446,7 +474,7 @@ def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
     if len(segs) == 2:
         segs.append(segs[1])
         ends.append(ends[1])
-    tids = ", ".join(str(GGUF_QTYPES[w.qtype][0]) for w, _, _ in segs)
+    tids = ", ".join(str(w.type_id) for w, _, _ in segs)
     args = [np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1])]
     for w, b, o in segs:
         args += [w.data, np.int64(w.data.shape[1]), np.int32(w.rows), _null() if b is None else b, o]
@@ -464,7 +492,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
         xq, xds = xqd or quantize_x(x, up)
     nt = gguf_mma_tiles(w, n)
     if nt:
-        kernel("gemv_gguf_mma.cu", f"gemv_gguf_mma<{GGUF_QTYPES[w.qtype][0]}, {nt}>", name_expressions=_GGUF_MMA_EXPRS)(
+        kernel("gemv_gguf_mma.cu", f"gemv_gguf_mma<{w.type_id}, {nt}>", name_expressions=_GGUF_MMA_EXPRS)(
             (-(-w.rows // 16),), (GGUF_MMA_THREADS,),
             (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds, np.int32(n),
              _null() if bias is None else bias, out))
@@ -511,7 +539,7 @@ def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
         x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
         tile = max(1, min(w.rows, DEQUANT_TILE_ELEMS // k))
         scratch = cp.empty((tile, k), dtype=cp.float16)
-        fn = _dequant_rows(w.qtype, True, False)
+        fn = _dequant_rows(w.kernel_qtype, True, False)
         bpr = np.int64(w.data.shape[1])
         upr = k // 32
         for r0 in range(0, w.rows, tile):
@@ -674,7 +702,7 @@ def get_rows(w, ids, out=None):
         fn((_grid(n * w.cols, 256, 8192),), (256,),
            (w.data, np.int32(w.rows), np.int32(w.cols), ids, np.int32(n), out))
     else:
-        fn = _dequant_rows(w.qtype, False, idx64)
+        fn = _dequant_rows(w.kernel_qtype, False, idx64)
         fn((_grid(n * (w.cols // 32), 256, 8192),), (256,),
            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), ids, np.int32(n), np.int32(w.cols), out))
     return out

@@ -90,7 +90,7 @@ int main() {
     int qk = 0, ts = 0;
     switch (qt) {
 #define C(T) case T: qk = QTraits<T>::QK; ts = QTraits<T>::TS; break;
-        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K)
+        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KP)
         C(IQ2_XXS) C(IQ3_XXS) C(IQ4_XS)
 #undef C
         default: return 3;
@@ -107,7 +107,7 @@ int main() {
     double dot = 0;
     switch (qt) {
 #define C(T) case T: run<T>(blocks, nblk, xq.data(), xds.data(), deq.data(), &dot); break;
-        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K)
+        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KP)
         C(IQ2_XXS) C(IQ3_XXS) C(IQ4_XS)
 #undef C
     }
