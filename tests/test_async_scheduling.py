@@ -72,6 +72,12 @@ def test_stops_leave_one_step_in_vain(smollm2_gguf):
     assert 0 < wasted <= len(STOPS)
 
 
+def test_n_samples_and_logprobs(smollm2_gguf):
+    p = SamplingParams(n=3, temperature=0.8, seed=9, max_tokens=10, logprobs=2, ignore_eos=True)
+    want = engine(smollm2_gguf, "off").generate("A list of fruits:", p)
+    assert summary(engine(smollm2_gguf, "on").generate("A list of fruits:", p)) == summary(want)
+
+
 def test_abort_while_a_step_is_in_flight(smollm2_gguf, alone):  # noqa: F811
     eng = engine(smollm2_gguf, "on")
     eng.add_request("keep", PROMPTS[0], greedy(MAX_TOKENS[0]))

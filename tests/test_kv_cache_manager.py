@@ -175,3 +175,26 @@ def test_lookup_stats_in_tokens():
 def test_bad_block_size():
     with pytest.raises(ValueError, match="block_size"):
         KVCacheManager(4, 0)
+
+
+def test_a_pending_token_holds_back_its_block_hash():
+    """Async scheduling: a block that a PENDING_TOKEN fills is neither hashed nor cached until the
+    token is known; the next cache_blocks call enters it."""
+    from pocketcupy.sched.request import PENDING_TOKEN
+
+    kv = KVCacheManager(10, BS)
+    a = req("a", range(7))
+    admit(kv, a)                                          # blocks 1 (full, cached) and 2 (3 of 4 tokens)
+    a.output_token_ids.append(PENDING_TOKEN)              # launched: its token not on the host yet
+    assert kv.allocate_slots(a, 1) == []
+    kv.cache_blocks(a, 8)
+    assert len(a.block_hashes) == 1 and kv.block_pool.blocks[2].block_hash is None
+    a.output_token_ids[-1] = 70                           # the token arrived
+    a.num_computed_tokens = 8
+    a.output_token_ids.append(PENDING_TOKEN)
+    kv.allocate_slots(a, 1)
+    kv.cache_blocks(a, 9)
+    assert a.block_hashes[1] == hash_block_tokens(a.block_hashes[0], (4, 5, 6, 70))
+    assert kv.block_pool.blocks[2].block_hash == a.block_hashes[1]
+    b = req("b", [0, 1, 2, 3, 4, 5, 6, 70, 71])
+    assert kv.get_computed_blocks(b)[1] == 8

@@ -240,3 +240,20 @@ def test_engine_args_scheduling_fields():
         EngineArgs(enable_prefix_caching="yes")
     env = EngineArgs.from_env({"POCKETCUPY_SCHEDULING_POLICY": "priority", "POCKETCUPY_ENABLE_PREFIX_CACHING": "0"})
     assert env.scheduling_policy == "priority" and env.enable_prefix_caching is False
+
+
+def test_a_request_whose_last_token_is_pending_is_not_scheduled():
+    """Async scheduling: the token that reaches max_tokens needs no K/V, so a request whose
+    output is full (its last token still pending) computes nothing more."""
+    from pocketcupy.sched.request import PENDING_TOKEN
+
+    s = make()
+    add(s, "a", 3, max_tokens=2)
+    add(s, "b", 3, max_tokens=4)
+    for _ in range(2):
+        out = s.schedule()
+        s.on_step_done(out)
+        for item in out.scheduled:
+            s.append_token(item.request_id, PENDING_TOKEN)
+    assert plan(out) == [("a", 3, 1, True), ("b", 3, 1, True)]
+    assert plan(s.schedule()) == [("b", 4, 1, True)]
