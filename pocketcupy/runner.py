@@ -25,9 +25,8 @@ class TokenFeed:
     tokens: object
     rows: dict[str, int]
 
-    def rows_for(self, out: SchedulerOutput, ids: np.ndarray, query_start: np.ndarray) -> tuple[list, list]:
-        """(flat rows of ids holding PENDING_TOKEN, their rows in tokens)."""
-        dst = np.flatnonzero(ids == PENDING_TOKEN).tolist()
+    def rows_for(self, out: SchedulerOutput, dst: list[int], query_start: np.ndarray) -> list[int]:
+        """The rows in tokens of the flat batch rows dst, which hold PENDING_TOKEN."""
         items = np.searchsorted(query_start, dst, side="right") - 1
         src = []
         for r, i in zip(dst, items.tolist()):
@@ -35,7 +34,7 @@ class TokenFeed:
             if r != query_start[i + 1] - 1 or s.request_id not in self.rows:
                 raise RuntimeError(f"{s.request_id}: a pending token that the previous step did not sample")
             src.append(self.rows[s.request_id])
-        return dst, src
+        return src
 
 
 class FlatBatchBuilder:
@@ -99,10 +98,10 @@ class ModelRunner:
         ops = self.ops
         ids, pos, meta = self.build_batch(out)
         meta.decode_only = len(ids) == meta.num_seqs
-        dst, src = feed.rows_for(out, ids, meta.query_start) if feed is not None else ([], [])
-        if dst == [] and (ids == PENDING_TOKEN).any():
+        dst = np.flatnonzero(ids == PENDING_TOKEN).tolist()
+        if dst and feed is None:
             raise RuntimeError("a pending token without the previous step's sampled ids")
-        fed = (dst, feed.tokens, src) if dst else None
+        fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
         if (self.graphs is not None and meta.decode_only and self.graphs.bucket_for(len(ids))
                 and not any(s.prompt_logits for s in out.scheduled)):
             logits = self.graphs.run(ids, pos, meta, fed)
