@@ -49,3 +49,22 @@ def test_flat_batch_equals_per_request_reference(decode_only, bs):
             assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
             np.testing.assert_array_equal(got[name], want, err_msg=name)
         assert meta.block_size == bs and meta.num_seqs == len(out.scheduled)
+
+
+def test_token_feed_maps_pending_rows_to_the_previous_samples():
+    from pocketcupy.runner import TokenFeed
+    from pocketcupy.sched.request import PENDING_TOKEN
+
+    out = SchedulerOutput([ScheduledRequest("a", [5, 6, 7], 0, [1], True, False),
+                           ScheduledRequest("b", [PENDING_TOKEN], 9, [2], True, False),
+                           ScheduledRequest("c", [PENDING_TOKEN], 4, [3], True, False)])
+    ids, _, meta = FlatBatchBuilder(16)(out)
+    dst = np.flatnonzero(ids == PENDING_TOKEN).tolist()
+    assert dst == [3, 4]
+    assert TokenFeed(np.array([11, 22, 33], np.int32), {"c": 0, "b": 2}).rows_for(out, dst, meta.query_start) == [2, 0]
+    with pytest.raises(RuntimeError, match="c: a pending token"):
+        TokenFeed(np.array([11], np.int32), {"b": 0}).rows_for(out, dst, meta.query_start)
+    mid = SchedulerOutput([ScheduledRequest("d", [PENDING_TOKEN, 8], 0, [1], True, False)])
+    ids, _, meta = FlatBatchBuilder(16)(mid)
+    with pytest.raises(RuntimeError, match="d: a pending token"):
+        TokenFeed(np.array([11], np.int32), {"d": 0}).rows_for(mid, [0], meta.query_start)
