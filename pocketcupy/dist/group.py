@@ -93,6 +93,9 @@ class RankGroup:
         self.comm = None
         self.ready = self.closing = False
         self._lock = threading.Lock()
+        # every poll / join of a rank's process: multiprocessing's Popen is not thread-safe, and the
+        # thread whose waitpid loses the race to another would read a killed rank as still running
+        self._reap = threading.RLock()
         self._stopped = threading.Event()   # set once every worker rank has been reaped
         uid = None
         if self.device == "cuda":
@@ -176,7 +179,7 @@ class RankGroup:
                 msg = self._read_status(r)
                 if msg is not None and msg[0] == "ready":
                     capacity[r] = int(msg[1])
-                elif msg is not None or not self.procs[r].is_alive():
+                elif msg is not None or not self._alive(r):
                     raise RankFailedError(r, self.describe(r))
         return capacity
 
@@ -192,9 +195,13 @@ class RankGroup:
             self.errors[r] = msg[1]
         return msg
 
+    def _alive(self, r: int) -> bool:
+        with self._reap:
+            return self.procs[r].is_alive()
+
     def _raise_if_dead(self) -> None:
-        for r, p in self.procs.items():
-            if not p.is_alive():
+        for r in self.procs:
+            if not self._alive(r):
                 raise RankFailedError(r, self.describe(r))
 
     def describe(self, r: int) -> str:
@@ -203,18 +210,20 @@ class RankGroup:
             return f"stopped after rank {self.failure.rank} failed"
         p = self.procs[r]
         self._read_status(r)
-        p.join(5.0)              # a killed rank tears down its memory before it can be reaped
+        with self._reap:
+            p.join(5.0)          # a killed rank tears down its memory before it can be reaped
+            exitcode = p.exitcode
         if r in self.errors:
             how = self.errors[r]
-        elif p.exitcode is None:
+        elif exitcode is None:
             how = "its connection closed while the process still runs"
-        elif p.exitcode < 0:
+        elif exitcode < 0:
             try:
-                how = f"killed by signal {signal.Signals(-p.exitcode).name}"
+                how = f"killed by signal {signal.Signals(-exitcode).name}"
             except ValueError:
-                how = f"killed by signal {-p.exitcode}"
+                how = f"killed by signal {-exitcode}"
         else:
-            how = f"exited with code {p.exitcode}"
+            how = f"exited with code {exitcode}"
         return f"{how} (pid {p.pid})"
 
     # --- steps and failures ----------------------------------------------------------------
@@ -250,11 +259,12 @@ class RankGroup:
 
     def _stop_workers(self, grace: float) -> None:
         deadline = time.monotonic() + grace
-        for p in self.procs.values():
-            p.join(max(deadline - time.monotonic(), 0.0))
-            if p.is_alive():
-                p.kill()
-                p.join(STOP_TIMEOUT_S)
+        with self._reap:
+            for p in self.procs.values():
+                p.join(max(deadline - time.monotonic(), 0.0))
+                if p.is_alive():
+                    p.kill()
+                    p.join(STOP_TIMEOUT_S)
 
     def close(self) -> None:
         """Tell every rank to stop, wait for them (SIGKILL after STOP_TIMEOUT_S) and reap them."""
