@@ -39,11 +39,7 @@ class LaunchedStep:
         """Whether the next step may be scheduled and launched before this one's tokens reach the
         host: not when sampling the next token needs this one on the host (penalties over the
         output so far, a structured-output matcher)."""
-        return all(s.matcher is None and not _penalized(s.group.params) for s in self.seqs)
-
-
-def _penalized(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+        return all(s.matcher is None and not s.group.params.has_penalties for s in self.seqs)
 
 
 class Engine:

@@ -122,7 +122,7 @@ def apply_penalties(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
     V = logits.shape[1]
     for i, r in enumerate(rows):
         p = r.params
-        if p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0:
+        if not p.has_penalties:
             continue
         out = np.asarray(r.output_ids, dtype=np.int64)
         if p.repetition_penalty != 1.0:

@@ -116,6 +116,11 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
+    @property
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalty: sampling reads the tokens so far."""
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
     def clone(self, **overrides) -> "SamplingParams":
         base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}
         base.update(overrides)
