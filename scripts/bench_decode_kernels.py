@@ -60,13 +60,13 @@ def bench_gemv(args) -> dict:
             q, rc = s.split(":")
             shapes.append((q, *(int(v) for v in rc.split("x"))))
     out = {}
-    layouts, pad = args.q6k_layouts.split(","), lc.PAD_Q6K
+    layouts = args.q6k_layouts.split(",")
     for qtype, rows, cols, layout in [(q, r, c, lay) for q, r, c in shapes
                                       for lay in (layouts if q in lc.PADDED_QTYPES else ["padded"])]:
-        lc.PAD_Q6K = layout == "padded"
-        w0 = make_weight(qtype, rows, cols, rng)
-        copies = [w0] + [make_weight(qtype, rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
-        lc.PAD_Q6K = pad
+        pad = layout == "padded"
+        w0 = make_weight(qtype, rows, cols, rng, pad)
+        copies = [w0] + [make_weight(qtype, rows, cols, rng, pad)
+                         for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
         tag = "" if layout == "padded" else f"-{layout}"
         for nb in [int(b) for b in args.batches.split(",")]:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)

@@ -97,8 +97,9 @@ def gemm_peak(reps: int, n: int = 8192) -> dict:
     return {**t, "TFLOPs": round(2 * n ** 3 / t["us"] / 1e6, 1)}
 
 
-def make_weight(qtype: str, rows: int, cols: int, rng):
-    """A CudaWeight of random data in the given format (valid blocks: small fp16 scales)."""
+def make_weight(qtype: str, rows: int, cols: int, rng, pad: bool | None = None):
+    """A CudaWeight of random data in the given format (valid blocks: small fp16 scales); pad as
+    linear_cuda.prepare_weight's."""
     from pocketcupy.backend import linear_cuda as lc
 
     if qtype in ("F16", "BF16"):
@@ -110,7 +111,7 @@ def make_weight(qtype: str, rows: int, cols: int, rng):
     b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
     for off in _SCALE_FIELDS[qtype]:
         b[:, off:off + 2] = np.array([0.02], np.float16).view(np.uint8)
-    return lc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)))
+    return lc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)), pad=pad)
 
 
 def weight_bytes(w) -> int:

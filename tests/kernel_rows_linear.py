@@ -71,11 +71,8 @@ def _cuda_weight(inp):
     """The weight uploaded as linear_cuda does; inp["raw"]: Q6_K kept in its 210-byte blocks."""
     from pocketcupy.backend import linear_cuda
 
-    saved, linear_cuda.PAD_Q6K = linear_cuda.PAD_Q6K, not inp.get("raw", False)
-    try:
-        return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"])
-    finally:
-        linear_cuda.PAD_Q6K = saved
+    return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"],
+                                      pad=False if inp.get("raw") else None)
 
 
 def _cuda_linear(tile_elems: int | None = None):

@@ -39,7 +39,7 @@ GGUF_QTYPES = {
 # 2-byte aligned words and funnel shifts, for 6.7% more bytes (H200 figures: README).
 PADDED_QTYPES = {"Q6_K": ("Q6_KP", 114, 224)}
 KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **{p[0]: p[1] for p in PADDED_QTYPES.values()}}
-PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # "0": raw 210-byte blocks, for comparisons
+PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # default of prepare_weight's pad ("0": raw, for comparisons)
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
@@ -100,8 +100,9 @@ class CudaWeight:
         return KERNEL_TYPE_IDS[self.kernel_qtype]
 
 
-def prepare_weight(t: QTensor, quant_activations: str = "auto"):
-    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases)."""
+def prepare_weight(t: QTensor, quant_activations: str = "auto", pad: bool | None = None):
+    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). pad: blocks
+    of PADDED_QTYPES padded on upload (None: PAD_Q6K)."""
     import cupy as cp
 
     if len(t.shape) == 1:
@@ -115,7 +116,7 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto"):
         return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
     if t.qtype in GGUF_QTYPES:
         raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
-        padded = PAD_Q6K and t.qtype in PADDED_QTYPES
+        padded = (PAD_Q6K if pad is None else pad) and t.qtype in PADDED_QTYPES
         if padded:
             ts, pts = GGUF_QTYPES[t.qtype][2], PADDED_QTYPES[t.qtype][2]
             blocks = raw.reshape(rows, -1, ts)
