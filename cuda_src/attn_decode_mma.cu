@@ -21,12 +21,19 @@
 // writes its int8 blocks of 32 (q8_act.cuh), the input of the output projection's int8 GEMV, so
 // that projection needs no quantization launch of its own.
 //
+// RoPE (the _rope kernels): q and the new token's k, v come straight from the QKV projection; the
+// block rotates its q rows while loading them, and the split holding the newest key rotates that
+// key and stores it with its value into the cache before its loads (the cache pointers carry no
+// __restrict__: the same kernel writes and then reads that slot), so no RoPE + KV store launch
+// runs between the projection and the attention. The angles are computed before pdl_wait.
+//
 // PDL: keys before a sequence's newest have been in the cache since earlier steps, so a split
 // without the newest key issues its first loads before pdl_wait (the kernel before this one, RoPE
 // + KV store, writes only the newest); seq_lens and block tables are copied in before the graph.
 #include "common.cuh"
 #include "mma_prims.cuh"
 #include "q8_act.cuh"
+#include "rope_prims.cuh"
 
 #define DM_WARPS 4
 #define DM_THREADS (DM_WARPS * 32)
@@ -36,7 +43,7 @@
 #define DM_MAX_SPLITS 64        // DECODE_MAX_SPLITS in attn_cuda.py
 
 template <int D>
-__device__ __forceinline__ const uint4* kv_ptr(const __half* __restrict__ cache, const int* __restrict__ table,
+__device__ __forceinline__ const uint4* kv_ptr(const __half* cache, const int* __restrict__ table,
                                                int key, int block_size, int num_kv_heads, int kh, int col) {
     return reinterpret_cast<const uint4*>(cache + (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + col);
 }
@@ -44,7 +51,7 @@ __device__ __forceinline__ const uint4* kv_ptr(const __half* __restrict__ cache,
 // K fragments of keys [k0, k0 + 16): rows k0 + g (n-tile 0) and k0 + 8 + g (n-tile 1), dims
 // 32j + 8t .. + 8; keys past k_last read k_last (their scores are masked)
 template <int D>
-__device__ __forceinline__ void load_k(uint4 (&kr)[2][D / 32], const __half* __restrict__ k_cache,
+__device__ __forceinline__ void load_k(uint4 (&kr)[2][D / 32], const __half* k_cache,
                                        const int* __restrict__ table, int k0, int k_last, int block_size,
                                        int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
@@ -57,7 +64,7 @@ __device__ __forceinline__ void load_k(uint4 (&kr)[2][D / 32], const __half* __r
 
 // V of keys k0 + 2t, 2t + 1, 2t + 8, 2t + 9, dims 64h + 8g .. + 8 (P = 0 past k_last)
 template <int D>
-__device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* __restrict__ v_cache,
+__device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* v_cache,
                                        const int* __restrict__ table, int k0, int k_last, int block_size,
                                        int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
@@ -92,13 +99,54 @@ __device__ __forceinline__ float4 f4_scale(float4 a, float w) {
     return make_float4(a.x * w, a.y * w, a.z * w, a.w * w);
 }
 
-template <int D>
+// The RoPE kernels' extra inputs: the new tokens' k and v rows [B, Hkv, D] (token strides given),
+// int64 positions and cache slots [B] (a negative slot stores nothing), inv_freq [rot_half].
+struct DecodeRope {
+    const float* k;
+    i64 k_stride;
+    const float* v;
+    i64 v_stride;
+    const i64* positions;
+    const i64* slots;
+    const float* inv_freq;
+    int rot_half;
+    bool interleaved;
+};
+
+// Values c .. c + 3 of a q row (x, already loaded; `row` is the whole head) rotated as
+// rope_store_kv rotates them; halves layout: rot_half % 4 == 0, so the four share a side.
+__device__ __forceinline__ float4 rope_q4(float4 x, const float* row, int c, const float (&cs)[2][64],
+                                          const DecodeRope& r) {
+    float v[4] = {x.x, x.y, x.z, x.w};
+    if (r.interleaved) {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int i = c / 2 + p;
+            if (i < r.rot_half) rope_rotate(v[2 * p], v[2 * p + 1], cs[0][i], cs[1][i]);
+        }
+    } else if (c < 2 * r.rot_half) {
+        const bool first = c < r.rot_half;
+        const int i0 = first ? c : c - r.rot_half;
+        const float4 px = *reinterpret_cast<const float4*>(row + (first ? c + r.rot_half : i0));
+        const float pv[4] = {px.x, px.y, px.z, px.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float a = first ? v[e] : pv[e], b = first ? pv[e] : v[e];
+            rope_rotate(a, b, cs[0][i0 + e], cs[1][i0 + e]);
+            v[e] = first ? a : b;
+        }
+    }
+    return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+template <int D, bool ROPE>
 __device__ __forceinline__ void decode_mma_body(
-    const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
-    const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,
+    const float* __restrict__ q, i64 q_stride, const __half* k_cache,
+    const __half* v_cache, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
-    int num_splits, float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds) {
+    int num_splits, float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds,
+    const DecodeRope& rope) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int KJ = D / 32;          // 16-byte K loads per key row and lane
     constexpr int KS = D / 16;          // k-steps of QK^T
@@ -108,6 +156,7 @@ __device__ __forceinline__ void decode_mma_body(
     __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
     __shared__ float w_s[DM_MAXG][DM_MAX_SPLITS];
     __shared__ int last_s;
+    __shared__ float cs[2][64];                        // RoPE: cos, sin of the token's angles
 
     const int split = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -128,13 +177,46 @@ __device__ __forceinline__ void decode_mma_body(
         // kr, its V once PV has used vr
         uint4 kr[2][KJ], vr[4][VH];
         const int k_first = k_begin + DM_KEYS * warp;
-        const bool old_keys = k_end < ctx;             // the newest key is not in this split
-        if (old_keys && k_first < k_end) {
+        // the newest key (written by the kernel before, or by this block under RoPE) is read only
+        // by the warp whose step holds it (keys past k_last read k_last), so every other warp
+        // requests its first step's K/V before pdl_wait
+        const int newest = ctx - 1;
+        const bool has_newest = k_last == newest;
+        const int newest_warp = has_newest ? (newest - k_begin) / DM_KEYS % DM_WARPS : -1;
+        const bool early = k_first < k_end && !(has_newest && k_first + DM_KEYS > newest);
+        if (early) {
             load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
             load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
+        if constexpr (ROPE) {
+            const float pos = (float)rope.positions[b];
+            for (int i = tid; i < rope.rot_half; i += DM_THREADS) sincosf(pos * rope.inv_freq[i], &cs[1][i], &cs[0][i]);
+            __syncthreads();
+        }
         pdl_wait();
-        if (!old_keys && k_first < k_end) {
+        if constexpr (ROPE) {
+            const i64 slot = rope.slots[b];
+            if (warp == newest_warp && slot >= 0) {    // the newest key and value into the cache
+                const float* kt = rope.k + (i64)b * rope.k_stride + (i64)kh * D;
+                const float* vt = rope.v + (i64)b * rope.v_stride + (i64)kh * D;
+                __half* kc = const_cast<__half*>(k_cache) + (slot * num_kv_heads + kh) * D;
+                __half* vc = const_cast<__half*>(v_cache) + (slot * num_kv_heads + kh) * D;
+                for (int j = lane; j < D / 2 + D; j += 32) {
+                    if (j < D / 2) {
+                        int ia, ib;
+                        rope_pair_index(j, rope.rot_half, rope.interleaved, ia, ib);
+                        float a = kt[ia], bv = kt[ib];
+                        if (j < rope.rot_half) rope_rotate(a, bv, cs[0][j], cs[1][j]);
+                        kc[ia] = KvType<__half>::store(a);
+                        kc[ib] = KvType<__half>::store(bv);
+                    } else {
+                        vc[j - D / 2] = KvType<__half>::store(vt[j - D / 2]);
+                    }
+                }
+            }
+            __syncwarp();                              // the warp's stores are visible to its loads
+        }
+        if (!early && k_first < k_end) {
             load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
             load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
@@ -147,8 +229,12 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks) {
                 const int c = 32 * (ks >> 1) + 8 * t + 4 * (ks & 1);
-                const float4 a = va ? *reinterpret_cast<const float4*>(qa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
-                const float4 bb = vb ? *reinterpret_cast<const float4*>(qb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                float4 a = va ? *reinterpret_cast<const float4*>(qa + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                float4 bb = vb ? *reinterpret_cast<const float4*>(qb + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+                if constexpr (ROPE) {
+                    if (va) a = rope_q4(a, qa, c, cs, rope);
+                    if (vb) bb = rope_q4(bb, qb, c, cs, rope);
+                }
                 qf[ks][0] = pack_f2h2(a.x, a.y);
                 qf[ks][1] = pack_f2h2(bb.x, bb.y);
                 qf[ks][2] = pack_f2h2(a.z, a.w);
@@ -306,17 +392,30 @@ __device__ __forceinline__ void decode_mma_body(
 #endif
 }
 
+// RESTRICT: __restrict__ on the caches where the kernel only reads them (their loads may take the
+// read-only path), empty where it writes them too
+#define DECODE_MMA_PARAMS(RESTRICT)                                                                   \
+    const float* __restrict__ q, i64 q_stride, const __half* RESTRICT k_cache, const __half* RESTRICT v_cache, \
+        const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ seq_lens,        \
+        float* __restrict__ out, i64 out_stride, float* __restrict__ part_o, float* __restrict__ part_lse, \
+        int* __restrict__ counters, int num_kv_heads, int group, int block_size, int num_splits,      \
+        float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds
+#define DECODE_MMA_ARGS                                                                               \
+    q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, out_stride, part_o, part_lse, \
+        counters, num_kv_heads, group, block_size, num_splits, scale_log2, xq, xds
+
+// attn_decode_mma_f16_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_f16_hd<D>:
+// q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xds).
 #define DECODE_MMA_KERNEL(D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_f16_hd##D(                \
-        const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,                \
-        const __half* __restrict__ v_cache, const int* __restrict__ block_tables, int bt_stride,      \
-        const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride,                    \
-        float* __restrict__ part_o, float* __restrict__ part_lse, int* __restrict__ counters,         \
-        int num_kv_heads, int group, int block_size, int num_splits, float scale_log2,                \
-        signed char* __restrict__ xq, float4* __restrict__ xds) {                                     \
-        decode_mma_body<D>(q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out,     \
-                           out_stride, part_o, part_lse, counters, num_kv_heads, group, block_size,   \
-                           num_splits, scale_log2, xq, xds); /* calls pdl_wait() */                   \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_f16_hd##D(DECODE_MMA_PARAMS(__restrict__)) { \
+        decode_mma_body<D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */               \
+    }                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_f16_hd##D(           \
+        DECODE_MMA_PARAMS(), const float* __restrict__ k_new, i64 k_stride, const float* __restrict__ v_new, \
+        i64 v_stride, const i64* __restrict__ positions, const i64* __restrict__ slots,                \
+        const float* __restrict__ inv_freq, int rot_half, int interleaved) {                          \
+        decode_mma_body<D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
+                                                             slots, inv_freq, rot_half, interleaved != 0}); \
     }
 
 DECODE_MMA_KERNEL(64)

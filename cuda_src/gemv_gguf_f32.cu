@@ -115,13 +115,14 @@ template <int QT, int NB, int R>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
               const float* __restrict__ bias, float* __restrict__ y) {
-    pdl_wait();
     constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
     row_ptrs<R>(W, bpr, row0, rows, wr);
+    prefetch_l2(wr[0], bpr * (min(rows, row0 + R) - row0));   // the rows are consecutive
+    pdl_wait();
     float acc[R][NB];
     zero_acc<R, NB>(acc);
     const int nunits = (K / QTraits<QT>::QK) * NSUB;
@@ -129,17 +130,31 @@ gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const fl
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
+// Units t and t2 (= t + L, or t again past the end: loads stay unconditional) of the R rows
+template <int QT, int R, int L>
+PQ_DEV void decode_unit_pair(const u8* const (&wr)[R], int t, int nunits, const u32* tab, Unit (&u)[R],
+                             Unit (&u2)[R]) {
+    constexpr int TS = QTraits<QT>::TS, NSUB = QTraits<QT>::QK / 32;
+    const int t2 = t + L < nunits ? t + L : t;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        decode<QT>(wr[r] + (long long)(t / NSUB) * TS, t % NSUB, tab, u[r]);
+        decode<QT>(wr[r] + (long long)(t2 / NSUB) * TS, t2 % NSUB, tab, u2[r]);
+    }
+}
+
 // Grid: ceil(rows / (R * 128 / L)); block: 128 threads.  Lane l of a group takes units l,
-// l + L, ... two at a time (both units' loads issued before either is used).  Activations: row n
-// at x + n * ldx; SILU: silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP.
+// l + L, ... two at a time (both units' loads issued before either is used; the first two before
+// pdl_wait, since weights are constant: for short rows that is all of them, and only the
+// activations' latency follows the kernel before).  Activations: row n at x + n * ldx; SILU:
+// silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP.
 template <int QT, int NB, int R, int L, bool SILU>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                     long long ldx, const float* __restrict__ up, long long ldu, const float* __restrict__ bias,
                     float* __restrict__ y) {
-    pdl_wait();
     static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
     const int l = threadIdx.x & (L - 1);
@@ -149,16 +164,14 @@ gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, co
     float acc[R][NB];
     zero_acc<R, NB>(acc);
     const int nunits = (K / QK) * NSUB;
+    Unit u[R], u2[R];
+    if (l < nunits) decode_unit_pair<QT, R, L>(wr, l, nunits, tab, u, u2);
+    pdl_wait();
     for (int t = l; t < nunits; t += 2 * L) {
         const bool two = t + L < nunits;
-        const int t2 = two ? t + L : t;               // a valid unit either way: loads stay unconditional
+        const int t2 = two ? t + L : t;
         const int blk = t / NSUB, sub = t % NSUB, blk2 = t2 / NSUB, sub2 = t2 % NSUB;
-        Unit u[R], u2[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
-            decode<QT>(wr[r] + (long long)blk2 * TS, sub2, tab, u2[r]);
-        }
+        if (t != l) decode_unit_pair<QT, R, L>(wr, t, nunits, tab, u, u2);
         int p[4];
         unit_pos<QT>(sub, p[0], p[1]);
         unit_pos<QT>(sub2, p[2], p[3]);
@@ -216,7 +229,6 @@ template <int QT, int NB, int R, bool WS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                  const float* __restrict__ bias, float* __restrict__ y) {
-    pdl_wait();
     constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     constexpr int NBS = NB <= 2 && !WS ? NB : 1;
     constexpr int XF4 = XS_CHUNK_F4 + (XS_CHUNK_F4 >> XPad<QT>::S);
@@ -230,6 +242,8 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
     row_ptrs<R>(W, bpr, row0, rows, wr);
+    prefetch_l2(wr[0], bpr * (min(rows, row0 + R) - row0));
+    pdl_wait();
     float acc[R][NB];
     zero_acc<R, NB>(acc);
     const int nunits = (K / QK) * NSUB;

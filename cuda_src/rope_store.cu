@@ -6,19 +6,9 @@
 // fused QKV projection output. The token's rot_half sin/cos pairs are computed once.
 // positions: int32/int64 [N]; inv_freq: float32 [rot_half], rot_half <= ROPE_MAX_HALF.
 #include "common.cuh"
+#include "rope_prims.cuh"
 
 #define ROPE_MAX_HALF 128
-
-template <bool INTERLEAVED>
-__device__ __forceinline__ void rope_pair_index(int i, int rot_half, int& ia, int& ib) {
-    if (i < rot_half) {
-        ia = INTERLEAVED ? 2 * i : i;
-        ib = INTERLEAVED ? 2 * i + 1 : i + rot_half;
-    } else {                                  // pass-through dims beyond the rotary part
-        ia = 2 * i;
-        ib = 2 * i + 1;
-    }
-}
 
 template <typename P, typename S, typename T, bool INTERLEAVED>
 __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, i64 q_stride,
@@ -52,15 +42,10 @@ __device__ __forceinline__ void rope_store_kv_body(const float* __restrict__ q, 
             const int jj = is_q ? j : j - nq;
             const int h = jj / half_dim, i = jj - h * half_dim;
             int ia, ib;
-            rope_pair_index<INTERLEAVED>(i, rot_half, ia, ib);
+            rope_pair_index(i, rot_half, INTERLEAVED, ia, ib);
             const float* xh = (is_q ? qt : kt) + (i64)h * head_dim;
             float a = xh[ia], b = xh[ib];
-            if (i < rot_half) {
-                const float c = cs[0][i], s = cs[1][i];
-                const float ra = a * c - b * s, rb = b * c + a * s;
-                a = ra;
-                b = rb;
-            }
+            if (i < rot_half) rope_rotate(a, b, cs[0][i], cs[1][i]);
             if (is_q) {
                 qo[(i64)h * head_dim + ia] = a;
                 qo[(i64)h * head_dim + ib] = b;

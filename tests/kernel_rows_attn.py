@@ -186,6 +186,60 @@ for name, ctxs, hkv, group, d, splits in DECODE_Q8:
         lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
         ref_q8, cuda_q8, 3e-3))
 
+# The mma decode kernel applying RoPE and storing the new K/V itself (q, k, v column views of one
+# QKV row, as the model passes them): its output and the stored slots against rope_store_kv +
+# paged attention; with int8 output blocks (then exactly quantize_x of its own output) and without.
+DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interleaved, num_splits, q8
+    ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1, False),
+    ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, True),
+    ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5, True),
+    ("interleaved-b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 64, True, 16, False),
+    ("halves-b1-ctx1-hkv1-g9-d64", [1], 1, 9, 64, 32, False, None, True),
+]
+for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
+    def make_rope(rng, ctxs=ctxs, hkv=hkv, group=group, d=d, rot=rot):
+        from .kernel_rows_core import _inv_freq
+
+        i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
+        i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
+        i["inv"] = _inv_freq(2 * rot)
+        return i
+
+    def ref_rope(i, interleaved=interleaved, q8=q8):
+        from pocketcupy.quant.act_q8 import q8_roundtrip
+
+        kc, vc, slots = i["kc"].copy(), i["vc"].copy(), i["meta"].slot_mapping
+        q = REF.rope_store_kv(i["q"], i["k"], i["v"], i["pos"], i["inv"], interleaved, kc, vc, slots)
+        out = REF.paged_attention(q, kc.astype(F32), vc.astype(F32), i["meta"], i["scale"])
+        stored = [c.reshape(-1, *c.shape[2:])[slots].astype(F32) for c in (kc, vc)]
+        return (out, *stored) + ((q8_roundtrip(out.reshape(len(out), -1)),) if q8 else ())
+
+    def cuda_rope(i, poison, hkv=hkv, d=d, interleaved=interleaved, splits=splits, q8=q8):
+        from pocketcupy.backend.linear_cuda import quantize_x
+
+        cp, at = _cp(), _attn()
+        n, hq = i["q"].shape[:2]
+        qkv = cp.asarray(np.concatenate([i[x].reshape(n, -1) for x in ("q", "k", "v")], axis=1))
+        q, k, v = (qkv[:, :hq * d].reshape(n, hq, d), qkv[:, hq * d:(hq + hkv) * d].reshape(n, hkv, d),
+                   qkv[:, (hq + hkv) * d:].reshape(n, hkv, d))
+        kc, vc = cp.asarray(i["kc"]), cp.asarray(i["vc"])
+        meta = at.device_meta(i["meta"])
+        rope = at.DecodeRope(k, v, cp.asarray(i["pos"]), cp.asarray(i["inv"]), interleaved)
+        assert at.decode_fuses_rope(q, kc, meta, rope)
+        for _ in range(2):     # twice: the split counters are back at zero after a launch
+            got = at.attn_decode(q, kc, vc, meta, i["scale"], out=poison((n, hq, d), F32), num_splits=splits,
+                                 q8_out=q8, rope=rope)
+        out = got[0] if q8 else got
+        stored = [c.reshape(-1, *c.shape[2:])[meta.slot_mapping].astype(F32) for c in (kc, vc)]
+        if not q8:
+            return (out, *stored)
+        xq2, xds2 = quantize_x(out.reshape(n, -1))
+        cp.testing.assert_array_equal(got[1], xq2)
+        cp.testing.assert_array_equal(got[2], xds2)
+        return out, *stored, q8_blocks_dequantized(got[1], got[2])
+
+    ROWS.append(KernelRow("attn_decode", f"mma-rope-{name}", make_rope, ref_rope, cuda_rope, 3e-3))
+
 OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
     ("prefill-b3-hkv2-g4-d64", [(50, 50), (80, 20), (9, 1)], 2, 4, 64, False),
     ("decode-flag-b3-hkv2-g4-d128", [(1, 1), (40, 1), (300, 1)], 2, 4, 128, True),

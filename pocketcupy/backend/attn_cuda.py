@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -166,6 +167,28 @@ def _decode_counters(device_id: int, stream_ptr: int):
     return _cp().zeros(DECODE_COUNTERS, np.int32)
 
 
+class DecodeRope(NamedTuple):
+    """RoPE and the KV store for the tensor-core decode kernel to do itself (q then comes straight
+    from the projection): the new tokens' k, v [B, Hkv, D] float32 (rows may be strided, e.g. views
+    of one QKV output), positions and the cache slots int64 [B] (meta.slot_mapping), inv_freq."""
+    k: object
+    v: object
+    positions: object
+    inv_freq: object
+    interleaved: bool
+
+
+def decode_fuses_rope(q, k_cache, meta: AttentionMetadata, rope: DecodeRope) -> bool:
+    """Whether attn_decode can take `rope` for this launch: the mma kernel, int64 positions and
+    slots, a rotary part its q loads can rotate (halves layout: rot_half a multiple of 4)."""
+    n, hq, d = q.shape
+    rot_half = int(rope.inv_freq.shape[0])
+    return (decode_variant(d) == "mma" and hq // k_cache.shape[2] <= DECODE_MAX_GROUP
+            and rope.positions.dtype == np.int64 and meta.slot_mapping.dtype == np.int64
+            and 2 * rot_half <= d and (rope.interleaved or rot_half % 4 == 0)
+            and rope.k.dtype == np.float32 and rope.v.dtype == np.float32)
+
+
 def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int) -> bool:
     """Whether attn_decode of this launch can write its output's int8 blocks itself: the mma kernel
     when one block writes each output (one split, or the splits merged by their last block)."""
@@ -174,11 +197,12 @@ def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: in
 
 @cuda_op("attn_decode")
 def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None,
-                variant: str | None = None, q8_out: bool = False):
+                variant: str | None = None, q8_out: bool = False, rope: DecodeRope | None = None):
     """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D].
     variant: "mma" or "plain" (None: decode_variant's choice). q8_out: also the output's int8
     blocks (quantize_x's layout, int8 [B, Hq * D] and float32 [B, Hq * D / 32, 4]), returned as
-    (out, xq, xds); None where the launch cannot write them (decode_writes_q8)."""
+    (out, xq, xds); None where the launch cannot write them (decode_writes_q8). rope: q is not yet
+    rotated and the new tokens not yet stored; the kernel does both (decode_fuses_rope must hold)."""
     cp = _cp()
     n, hq, d, hkv = _check(q, k_cache, v_cache)
     group = hq // hkv
@@ -191,6 +215,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     b = int(meta.seq_lens.shape[0])
     if n != b:
         raise ValueError(f"attn_decode: {n} query rows for {b} sequences")
+    if rope is not None and (variant != "mma" or not decode_fuses_rope(q, k_cache, meta, rope)):
+        raise ValueError("attn_decode: this launch cannot apply RoPE itself (see decode_fuses_rope)")
     q, qs = row_view(q, hq * d)
     if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
         q, qs = row_view(cp.ascontiguousarray(q), hq * d)
@@ -219,8 +245,15 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             xq, xds = cp.empty((b, hq * d), np.int8), cp.empty((b, hq * d // 32, 4), np.float32)
         else:
             xq = xds = np.uint64(0)
-        _k("attn_decode_mma.cu", f"attn_decode_mma_f16_hd{d}")((num_splits, hkv, b), (128,),
-                                                                head + (counters,) + tail + (xq, xds))
+        args = head + (counters,) + tail + (xq, xds)
+        if rope is not None:
+            k, ks = row_view(rope.k, hkv * d)
+            v, vs = row_view(rope.v, hkv * d)
+            args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
+                     _cp().asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
+                     _I32(rope.interleaved))
+        _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_f16_hd{d}")(
+            (num_splits, hkv, b), (128,), args)
         if q8_out:
             return out, xq, xds
     else:

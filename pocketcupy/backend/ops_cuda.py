@@ -135,23 +135,45 @@ class CudaOps:
         elementwise_cuda.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.paged_attention(q, k_cache, v_cache, meta, scale)
 
+    def rope_attention(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache,
+                       meta: AttentionMetadata, scale: float, feeds=None):
+        """rope_store_kv then paged_attention (same contract); a decode batch on the tensor-core
+        kernel does it in one launch, the kernel rotating q and storing the new K/V itself."""
+        meta = attn_cuda.device_meta(meta)
+        if meta.decode_only or q.shape[0] == meta.num_seqs:
+            rope = attn_cuda.DecodeRope(k, v, elementwise_cuda.index_array(positions), inv_freq, interleaved)
+            if attn_cuda.decode_fuses_rope(q, k_cache, meta, rope):
+                out = self._decode_attention(q, k_cache, v_cache, meta, scale, feeds, rope)
+                if out is not None:
+                    return out
+        q = self.rope_store_kv(q, k, v, positions, inv_freq, interleaved, k_cache, v_cache, meta.slot_mapping)
+        return self.paged_attention(q, k_cache, v_cache, meta, scale, feeds)
+
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None):
         """Causal attention over the paged cache (the new tokens already stored). Decode kernel
         when every sequence has one row. feeds: the weights that read the output; then it comes
         as [N, Hq * D] rows, with their int8 blocks (linear_cuda.Q8Rows, written by the decode
         kernel itself) when every weight in feeds takes int8 activations."""
-        from . import linear_cuda
-
         meta = attn_cuda.device_meta(meta)
         n, hq, d = q.shape
         if not (meta.decode_only or n == meta.num_seqs):      # a sequence with several rows
             out = attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)
             return out if feeds is None else out.reshape(n, hq * d)
+        return self._decode_attention(q, k_cache, v_cache, meta, scale, feeds)
+
+    def _decode_attention(self, q, k_cache, v_cache, meta, scale, feeds, rope=None):
+        """The decode kernel's output as paged_attention returns it; None where `rope` is given
+        and the launch cannot also write the int8 blocks the feeds want."""
+        from . import linear_cuda
+
+        n, hq, d = q.shape
         if feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
                 isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds):
-            q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True)
+            q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True, rope=rope)
             if q8 is not None:
                 out, xq, xds = q8
                 return linear_cuda.Q8Rows(out.reshape(n, hq * d), xq, xds)
-        out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale)
+            if rope is not None:
+                return None
+        out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope)
         return out if feeds is None else out.reshape(n, hq * d)

@@ -122,6 +122,12 @@ class NumpyOps:
         self.store_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         return self.paged_attention(q, k_cache, v_cache, meta, scale)
 
+    def rope_attention(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache,
+                       meta: AttentionMetadata, scale: float, feeds=None) -> np.ndarray:
+        """RoPE on q and k, k and v of the new tokens into the cache, then paged_attention."""
+        q = self.rope_store_kv(q, k, v, positions, inv_freq, interleaved, k_cache, v_cache, meta.slot_mapping)
+        return self.paged_attention(q, k_cache, v_cache, meta, scale, feeds)
+
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None) -> np.ndarray:
         """Causal attention of every query row q [N, Hq, D] over its sequence's context, all of it
         (the new tokens included) already in the paged cache. feeds (the weights that read the

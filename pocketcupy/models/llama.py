@@ -102,9 +102,8 @@ class LlamaModel:
             if c.qk_norm:
                 q = ops.rms_norm(q, layer.q_norm, c.rms_eps)
                 k = ops.rms_norm(k, layer.k_norm, c.rms_eps)
-            q = ops.rope_store_kv(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache,
-                                  meta.slot_mapping)
-            attn = ops.paged_attention(q, k_cache, v_cache, meta, self.scale, feeds=[layer.wo])   # [n, Hq * D]
+            attn = ops.rope_attention(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache, meta,
+                                      self.scale, feeds=[layer.wo])   # [n, Hq * D]
             x = self.tp.all_reduce(ops.linear(attn, layer.wo))
             h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
             if layer.w_gate_up is not None:
