@@ -197,22 +197,30 @@ __device__ __forceinline__ void decode_mma_body(
         if constexpr (ROPE) {
             const i64 slot = rope.slots[b];
             if (warp == newest_warp && slot >= 0) {    // the newest key and value into the cache
-                const float* kt = rope.k + (i64)b * rope.k_stride + (i64)kh * D;
-                const float* vt = rope.v + (i64)b * rope.v_stride + (i64)kh * D;
+                const float* __restrict__ kt = rope.k + (i64)b * rope.k_stride + (i64)kh * D;
+                const float* __restrict__ vt = rope.v + (i64)b * rope.v_stride + (i64)kh * D;
                 __half* kc = const_cast<__half*>(k_cache) + (slot * num_kv_heads + kh) * D;
                 __half* vc = const_cast<__half*>(v_cache) + (slot * num_kv_heads + kh) * D;
-                for (int j = lane; j < D / 2 + D; j += 32) {
-                    if (j < D / 2) {
-                        int ia, ib;
-                        rope_pair_index(j, rope.rot_half, rope.interleaved, ia, ib);
-                        float a = kt[ia], bv = kt[ib];
-                        if (j < rope.rot_half) rope_rotate(a, bv, cs[0][j], cs[1][j]);
-                        kc[ia] = KvType<__half>::store(a);
-                        kc[ib] = KvType<__half>::store(bv);
-                    } else {
-                        vc[j - D / 2] = KvType<__half>::store(vt[j - D / 2]);
-                    }
+                constexpr int KP = D / 64, VE = D / 32;   // k pairs and v values per lane
+                int ia[KP], ib[KP];
+                float ka[KP], kb[KP], vv[VE];
+#pragma unroll
+                for (int p = 0; p < KP; ++p) {           // every load issued before the first store
+                    rope_pair_index(lane + 32 * p, rope.rot_half, rope.interleaved, ia[p], ib[p]);
+                    ka[p] = kt[ia[p]];
+                    kb[p] = kt[ib[p]];
                 }
+#pragma unroll
+                for (int e = 0; e < VE; ++e) vv[e] = vt[lane + 32 * e];
+#pragma unroll
+                for (int p = 0; p < KP; ++p) {
+                    const int j = lane + 32 * p;
+                    if (j < rope.rot_half) rope_rotate(ka[p], kb[p], cs[0][j], cs[1][j]);
+                    kc[ia[p]] = KvType<__half>::store(ka[p]);
+                    kc[ib[p]] = KvType<__half>::store(kb[p]);
+                }
+#pragma unroll
+                for (int e = 0; e < VE; ++e) vc[lane + 32 * e] = KvType<__half>::store(vv[e]);
             }
             __syncwarp();                              // the warp's stores are visible to its loads
         }

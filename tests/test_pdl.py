@@ -30,7 +30,7 @@ def _waiting_body(src: str, body: str) -> str:
     if "pdl_wait();" in body:
         return body
     for called in re.findall(r"(\w+)\s*(?:<[^<>()]*>)?\s*\(", body):
-        m = re.search(r"__device__[^;{]*?\b" + called + r"\s*\(", src)
+        m = re.search(r"(?:__device__|PQ_DEV)[^;{]*?\b" + called + r"\s*\(", src)
         if m and "pdl_wait();" in (inner := _body(src, m.end())):
             return inner
     return body
