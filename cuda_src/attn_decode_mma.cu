@@ -22,14 +22,15 @@
 // that projection needs no quantization launch of its own.
 //
 // RoPE (the _rope kernels): q and the new token's k, v come straight from the QKV projection; the
-// block rotates its q rows while loading them, and the split holding the newest key rotates that
-// key and stores it with its value into the cache before its loads (the cache pointers carry no
+// block rotates its q rows while loading them, and the warp that reads the newest key rotates it
+// and stores it with its value into the cache before loading it (the cache pointers carry no
 // __restrict__: the same kernel writes and then reads that slot), so no RoPE + KV store launch
 // runs between the projection and the attention. The angles are computed before pdl_wait.
 //
-// PDL: keys before a sequence's newest have been in the cache since earlier steps, so a split
-// without the newest key issues its first loads before pdl_wait (the kernel before this one, RoPE
-// + KV store, writes only the newest); seq_lens and block tables are copied in before the graph.
+// PDL: keys before a sequence's newest have been in the cache since earlier steps, so every warp
+// whose first step does not hold the newest key issues its first loads before pdl_wait (the kernel
+// before this one, RoPE + KV store, writes only the newest); seq_lens, block tables and positions
+// are copied in before the graph.
 #include "common.cuh"
 #include "mma_prims.cuh"
 #include "q8_act.cuh"

@@ -250,7 +250,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             k, ks = row_view(rope.k, hkv * d)
             v, vs = row_view(rope.v, hkv * d)
             args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
-                     _cp().asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
+                     cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
         _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_f16_hd{d}")(
             (num_splits, hkv, b), (128,), args)
