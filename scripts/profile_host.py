@@ -39,8 +39,8 @@ class StepClock:
         model = eng.runner.model
         for name in ("forward", "compute_logits"):
             setattr(model, name, self._timed_model(getattr(model, name)))
-        sampler = eng.sampler
-        eng.sampler = lambda logits, rows, *a, **k: self._timed_sampler(sampler, logits, rows, *a, **k)
+        launch = eng.sampler.launch   # the engine's one call into the sampler (synchronous on NumPy)
+        eng.sampler.launch = lambda logits, rows: self._timed_sampler(launch, logits, rows)
 
     def virtual(self) -> float:
         now = time.perf_counter() if self._frozen_at is None else self._frozen_at
@@ -58,14 +58,14 @@ class StepClock:
                 self._frozen_at = None
         return wrapped
 
-    def _timed_sampler(self, sampler, logits, rows, *args, **kwargs):
+    def _timed_sampler(self, sampler, logits, rows):
         t0 = time.perf_counter()
-        out = sampler(logits, rows, *args, **kwargs)
+        out = sampler(logits, rows)
         if self.split_sampler:
             # the same call on [B, 1] logits: the row handling without the [B, V] array math (greedy
             # rows without masks or penalties keep no state, so the second call changes nothing)
             t1 = self._frozen_at = time.perf_counter()
-            sampler(np.ascontiguousarray(logits[:, :1]), rows, *args, **kwargs)
+            sampler(np.ascontiguousarray(logits[:, :1]), rows)
             t2 = time.perf_counter()
             self.sampler_array_s += max((t1 - t0) - (t2 - t1), 0.0)
             self.replica_s += t2 - t1
