@@ -49,11 +49,6 @@ PQ_DEV u16 f2bf(float f) {   // round to nearest even (NaN stays NaN)
 PQ_DEV u16 ld16(const u8* p) { return *(const u16*)p; }
 PQ_DEV u32 ld32(const u8* p) { return *(const u32*)p; }
 
-// N 32-bit words starting at a 2-byte aligned address (most GGUF block sizes are even, not
-// multiples of 4): N+1 aligned loads and funnel shifts.  The extra word is read only when p
-// is misaligned; it lies inside the block for every caller.  GLOBAL: p is global memory that no
-// thread writes during the kernel (weights), read through the read-only path; otherwise p may
-// also point to shared memory (kernels that stage the blocks there).
 // N 16-byte vectors from a 16-byte aligned address, as 4N words
 template <int N>
 PQ_DEV void ld16b(const u8* p, u32* out) {
@@ -67,6 +62,11 @@ PQ_DEV void ld16b(const u8* p, u32* out) {
     }
 }
 
+// N 32-bit words starting at a 2-byte aligned address (most GGUF block sizes are even, not
+// multiples of 4): N+1 aligned loads and funnel shifts.  The extra word is read only when p
+// is misaligned; it lies inside the block for every caller.  GLOBAL: p is global memory that no
+// thread writes during the kernel (weights), read through the read-only path; otherwise p may
+// also point to shared memory (kernels that stage the blocks there).
 template <int N, bool GLOBAL = false>
 PQ_DEV void ldu(const u8* p, u32* out) {
     const unsigned long long a = (unsigned long long)p;

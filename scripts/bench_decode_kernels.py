@@ -79,17 +79,13 @@ def bench_gemv(args) -> dict:
                 if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
                         cfg == "q8mma" and not lc.gguf_mma_tiles(copies[0], nb):
                     continue
-                if cfg == "q8mma":
-                    key = f"{qtype.lower()}{tag}-{rows}x{cols}-bs{nb}-q8mma"
-                    it = iter(range(1 << 62))
-                    t = time_us(lambda: lc._gemv_gguf(x, copies[next(it) % len(copies)], None, y, xqd=(xq, xds)),
-                                args.reps, len(copies) * max(1, 16 // len(copies)))
-                    out[key] = {**t, "GBps": round(weight_bytes(w0) / t["us"] / 1e3, 1)}
-                    continue
                 f32 = isinstance(cfg, lc.F32Gemv)
-                if (cfg.rows_per_group if f32 else cfg.rows) * nb > 32 or (f32 and cfg.kind == "lanes" and cfg.lanes > 32):
+                if cfg != "q8mma" and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
+                                       or (f32 and cfg.kind == "lanes" and cfg.lanes > 32)):
                     continue
-                if isinstance(cfg, lc.Q8Gemv):
+                if cfg == "q8mma":
+                    name = cfg
+                elif isinstance(cfg, lc.Q8Gemv):
                     name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")
                 else:
                     name = f"{cfg.kind}_r{cfg.rows_per_group}" + (f"_l{cfg.lanes}" if cfg.kind == "lanes" else "") + \
@@ -101,7 +97,9 @@ def bench_gemv(args) -> dict:
 
                 def run():
                     w = copies[next(it) % len(copies)]
-                    if isinstance(cfg, lc.Q8Gemv):
+                    if cfg == "q8mma":
+                        lc._gemv_gguf(x, w, None, y, xqd=(xq, xds))
+                    elif isinstance(cfg, lc.Q8Gemv):
                         lc.launch_gemv_q8(w, xq, xds, None, y, nb, cfg)
                     else:
                         lc.launch_gemv_f32(w, x, None, y, nb, cfg)

@@ -55,6 +55,17 @@ def stored_caches(i):
     return kc, vc
 
 
+def own_q8_blocks(out, xq, xds):
+    """The int8 blocks a decode kernel wrote of its output, dequantized, after checking that they
+    are exactly quantize_x of that output."""
+    from pocketcupy.backend.linear_cuda import quantize_x
+
+    xq2, xds2 = quantize_x(out.reshape(len(out), -1))
+    _cp().testing.assert_array_equal(xq, xq2)
+    _cp().testing.assert_array_equal(xds, xds2)
+    return q8_blocks_dequantized(xq, xds)
+
+
 def _cp():
     import cupy
 
@@ -168,18 +179,13 @@ for name, ctxs, hkv, group, d, splits in DECODE_Q8:
         return out, q8_roundtrip(out.reshape(len(out), -1))
 
     def cuda_q8(i, poison, splits=splits):
-        from pocketcupy.backend.linear_cuda import quantize_x
-
         kc, vc = stored_caches(i)
         cp = _cp()
         args = (cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"])
         for _ in range(2):     # twice: the split counters are back at zero after a launch
             out, xq, xds = _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits,
                                                variant="mma", q8_out=True)
-        xq2, xds2 = quantize_x(out.reshape(len(out), -1))
-        cp.testing.assert_array_equal(xq, xq2)
-        cp.testing.assert_array_equal(xds, xds2)
-        return out, q8_blocks_dequantized(xq, xds)
+        return out, own_q8_blocks(out, xq, xds)
 
     ROWS.append(KernelRow(
         "attn_decode", f"mma-q8out-{name}",
@@ -215,8 +221,6 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
         return (out, *stored) + ((q8_roundtrip(out.reshape(len(out), -1)),) if q8 else ())
 
     def cuda_rope(i, poison, hkv=hkv, d=d, interleaved=interleaved, splits=splits, q8=q8):
-        from pocketcupy.backend.linear_cuda import quantize_x
-
         cp, at = _cp(), _attn()
         n, hq = i["q"].shape[:2]
         qkv = cp.asarray(np.concatenate([i[x].reshape(n, -1) for x in ("q", "k", "v")], axis=1))
@@ -231,12 +235,7 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
                                  q8_out=q8, rope=rope)
         out = got[0] if q8 else got
         stored = [c.reshape(-1, *c.shape[2:])[meta.slot_mapping].astype(F32) for c in (kc, vc)]
-        if not q8:
-            return (out, *stored)
-        xq2, xds2 = quantize_x(out.reshape(n, -1))
-        cp.testing.assert_array_equal(got[1], xq2)
-        cp.testing.assert_array_equal(got[2], xds2)
-        return out, *stored, q8_blocks_dequantized(got[1], got[2])
+        return (out, *stored) + ((own_q8_blocks(out, got[1], got[2]),) if q8 else ())
 
     ROWS.append(KernelRow("attn_decode", f"mma-rope-{name}", make_rope, ref_rope, cuda_rope, 3e-3))
 

@@ -471,7 +471,7 @@ def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
     with no blocks."""
     rpb = KQUANT3_ROWS * GEMV_THREADS // 32
     ends = list(itertools.accumulate(-(-w.rows // rpb) for w in ws))
-    segs = [(w, b, o) for w, b, o in zip(ws, biases, outs)]
+    segs = list(zip(ws, biases, outs))
     if len(segs) == 2:
         segs.append(segs[1])
         ends.append(ends[1])

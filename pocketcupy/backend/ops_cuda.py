@@ -9,6 +9,11 @@ from . import attn_cuda, elementwise_cuda
 from .attention_meta import AttentionMetadata
 
 
+def _decode_batch(q, meta: AttentionMetadata) -> bool:
+    """Every sequence has one query row (the decode kernels' case); else some has several."""
+    return meta.decode_only or q.shape[0] == meta.num_seqs
+
+
 class CudaOps:
     name = "cuda"
     kv_dtype_bytes = 2  # float16 KV cache
@@ -140,7 +145,7 @@ class CudaOps:
         """rope_store_kv then paged_attention (same contract); a decode batch on the tensor-core
         kernel does it in one launch, the kernel rotating q and storing the new K/V itself."""
         meta = attn_cuda.device_meta(meta)
-        if meta.decode_only or q.shape[0] == meta.num_seqs:
+        if _decode_batch(q, meta):
             rope = attn_cuda.DecodeRope(k, v, elementwise_cuda.index_array(positions), inv_freq, interleaved)
             if attn_cuda.decode_fuses_rope(q, k_cache, meta, rope):
                 out = self._decode_attention(q, k_cache, v_cache, meta, scale, feeds, rope)
@@ -156,7 +161,7 @@ class CudaOps:
         kernel itself) when every weight in feeds takes int8 activations."""
         meta = attn_cuda.device_meta(meta)
         n, hq, d = q.shape
-        if not (meta.decode_only or n == meta.num_seqs):      # a sequence with several rows
+        if not _decode_batch(q, meta):
             out = attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)
             return out if feeds is None else out.reshape(n, hq * d)
         return self._decode_attention(q, k_cache, v_cache, meta, scale, feeds)
