@@ -43,6 +43,16 @@ PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
 PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
 #undef PQ_TRAITS
 
+// One u32 of a Q6_K block at a 4-byte aligned offset: aligned in Q6_KP's 224-byte blocks, only
+// 2-byte aligned in raw 210-byte ones.
+template <int QT>
+PQ_DEV u32 ld32_q6(const u8* p) {
+    if constexpr (QT == Q6_KP) return *reinterpret_cast<const u32*>(p);
+    u32 w;
+    ldu<1>(p, &w);
+    return w;
+}
+
 template <int QT>
 PQ_DEV const u32* table_src() {
     if constexpr (QT == IQ2_XXS) return IQ2XXS_GRID;

@@ -101,14 +101,41 @@ RMS_NORM_WARP(1024)
 // EXTRA: a second copy of the output for the linears that read it -- NORM_Q8: int8 blocks of 32
 // (q8_act.cuh) into xq [rows * dim], xds [rows * dim / 32], for linears with int8 activations
 // (dim % 32 == 0); NORM_F16 / NORM_BF16: 16-bit floats into x16 [rows * dim] (the GEMM path's
-// cuBLAS input, rounded as cast_f32_f16 / cast_f32_bf16 in gemv.cu round).
-enum { NORM_PLAIN = 0, NORM_Q8 = 1, NORM_F16 = 2, NORM_BF16 = 3 };
+// cuBLAS input, rounded as cast_f32_f16 / cast_f32_bf16 in gemv.cu round); NORM_Q8K: int8 per 256
+// values into xq, xd [rows * dim / 256], xb [rows * dim / 32] (quantize_q8k_x's layout, the K-quant
+// tensor-core linears' input; dim % 256 == 0).
+enum { NORM_PLAIN = 0, NORM_Q8 = 1, NORM_F16 = 2, NORM_BF16 = 3, NORM_Q8K = 4 };
+
+// The 256 values of a super-block are 64 consecutive threads' float4s: two warps of the block
+// (blockDim.x a multiple of 64), whose maxima meet in wmax. The whole block calls it.
+__device__ __forceinline__ void q8k_store4(float4 o, i64 i, bool ok, float* wmax, signed char* __restrict__ xq,
+                                           float* __restrict__ xd, short* __restrict__ xb) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    __syncthreads();                                 // wmax may still be read by a previous call (or block_sum)
+    if (lane == 0) wmax[warp] = amax;
+    __syncthreads();
+    amax = fmaxf(wmax[warp & ~1], wmax[warp | 1]);
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id);
+    const int q2 = __float2int_rn(o.z * id), q3 = __float2int_rn(o.w * id);
+    int s = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);   // the 8 lanes of one 32
+    if (!ok) return;
+    ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((unsigned)(q3 & 0xff) << 24);
+    if ((lane & 7) == 0) xb[i >> 3] = (short)s;
+    if ((threadIdx.x & 63) == 0) xd[i >> 6] = amax / 127.0f;
+}
 
 template <int V, int EXTRA>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* res,
                                                   const float* __restrict__ w, float* __restrict__ out,
                                                   float* res_out, int dim, float eps, signed char* xq = nullptr,
-                                                  float4* xds = nullptr, u16* x16 = nullptr) {
+                                                  float4* xds = nullptr, u16* x16 = nullptr,
+                                                  float* xd = nullptr, short* xb = nullptr) {
     __shared__ float scratch[32];
     const int n4 = dim >> 2;
     const i64 base = (i64)blockIdx.x * n4;
@@ -142,6 +169,7 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
                                      h[e].w * r * wv[e].w);
         if (i < n4) ((float4*)out)[base + i] = o;
         if constexpr (EXTRA == NORM_Q8) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
+        if constexpr (EXTRA == NORM_Q8K) q8k_store4(o, base + i, i < n4, scratch, xq, xd, xb);
         if constexpr (EXTRA == NORM_F16 || EXTRA == NORM_BF16) {
             if (i < n4) {
                 const float f[4] = {o.x, o.y, o.z, o.w};
@@ -174,6 +202,14 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
                                                             signed char* __restrict__ xq, float4* __restrict__ xds) { \
         pdl_wait();                                                                                                   \
         rms_norm_vec_body<V, NORM_Q8>(x, res, w, out, res_out, dim, eps, xq, xds);                   \
+    }                                                                                               \
+    extern "C" __global__ void add_rms_norm_q8k_vec_f32_v##V(const float* __restrict__ x, const float* res, \
+                                                             const float* __restrict__ w, float* __restrict__ out, \
+                                                             float* res_out, int dim, float eps,     \
+                                                             signed char* __restrict__ xq, float* __restrict__ xd, \
+                                                             short* __restrict__ xb) {                \
+        pdl_wait();                                                                                  \
+        rms_norm_vec_body<V, NORM_Q8K>(x, res, w, out, res_out, dim, eps, xq, nullptr, nullptr, xd, xb); \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_f16_vec_f32_v##V(const float* __restrict__ x, const float* res, \
                                                              const float* __restrict__ w, float* __restrict__ out, \

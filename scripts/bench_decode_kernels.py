@@ -6,7 +6,7 @@
 
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
-T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores, batch 2-32) and kq:R:U (Q4_K /
+T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores with activations per 256, batch 3-32) and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
 default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
@@ -36,7 +36,7 @@ def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
-    if kind == "q8mma":       # linear()'s K-quant route past batch 1: int8 tensor cores (gemv_gguf_mma.cu)
+    if kind == "q8mma":       # linear()'s K-quant route past batch 2: int8 tensor cores (gemv_kquant_mma.cu)
         return kind
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
@@ -73,6 +73,7 @@ def bench_gemv(args) -> dict:
             y = cp.empty((nb, rows), cp.float32)
             default = lc.f32_gemv_config(cols // 32, nb, qtype)
             xq, xds = lc.quantize_x(x)
+            xk = lc.quantize_x_q8k(x) if cols % 256 == 0 else None
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
@@ -98,7 +99,7 @@ def bench_gemv(args) -> dict:
                 def run():
                     w = copies[next(it) % len(copies)]
                     if cfg == "q8mma":
-                        lc._gemv_gguf(x, w, None, y, xqd=(xq, xds))
+                        lc.launch_gemv_kquant_mma(w, xk, None, y, nb, lc.gguf_mma_tiles(w, nb))
                     elif isinstance(cfg, lc.Q8Gemv):
                         lc.launch_gemv_q8(w, xq, xds, None, y, nb, cfg)
                     else:

@@ -7,7 +7,7 @@ import numpy as np
 from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.backend.ops_ref import NumpyOps
 
-from .kernel_table import KernelRow, q8_blocks_dequantized
+from .kernel_table import KernelRow, q8_blocks_dequantized, q8k_blocks_dequantized
 
 REF = NumpyOps()
 F32 = np.float32
@@ -88,6 +88,25 @@ for shape in [(1, 4096), (3, 2048), (2, 8192), (5, 1024)]:
         return out, res_out, q8_blocks_dequantized(xq, xds)
 
     ROWS.append(KernelRow("add_rms_norm_q8", "x".join(map(str, shape)), make, ref=ref, cuda=cuda, tol=2e-3))
+
+# --- the same quantized per 256 values (the K-quant tensor-core linears' input); 4096: several
+# super-blocks per thread column, 1280: a partial last pass of the block's threads ---
+for shape in [(1, 4096), (3, 1280), (2, 8192)]:
+    make = functools.partial(_add_norm_case, shape=shape)
+
+    def ref(i):
+        from pocketcupy.quant.act_q8 import q8k_roundtrip
+
+        out, res = REF.add_rms_norm(i["x"], i["res"], i["w"], i["eps"])
+        return out, res, q8k_roundtrip(out)
+
+    def cuda(i, poison):
+        res = _up(i["res"])
+        out, res_out, *xk = _ew().add_rms_norm_q8k(_up(i["x"]), res, _up(i["w"]), i["eps"])
+        assert res_out is res
+        return out, res_out, q8k_blocks_dequantized(*xk)
+
+    ROWS.append(KernelRow("add_rms_norm_q8k", "x".join(map(str, shape)), make, ref=ref, cuda=cuda, tol=2e-3))
 
 # --- add_rms_norm with a 16-bit copy of the output (the input of GEMMs over fp16 / bf16 weights) --
 def round16(x, qtype: str) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 
 from pocketcupy.backend.linear_cuda import KQUANT_QTYPES, Q8Gemv
 from pocketcupy.backend.ops_ref import NumpyOps
-from pocketcupy.quant.act_q8 import q8_roundtrip, uses_q8
+from pocketcupy.quant.act_q8 import q8_roundtrip, q8k_roundtrip, uses_q8
 from pocketcupy.quant.dequant import f32_to_bf16
 from pocketcupy.quant.qtensor import QTensor
 from tests.gguf_blocks import QTYPES, random_blocks
@@ -56,15 +56,25 @@ def _make_linear(qtype: str, n: int, cols: int, bias: bool, act: str = "auto"):
 
 
 def _ref_x(inp, x) -> np.ndarray:
-    """The activations as the weight's linear sees them, float64."""
-    if uses_q8(inp["qtype"], inp["shape"][1], inp["act"]):
-        x = q8_roundtrip(x)
+    """The activations as the weight's linear sees them, float64: rounded to int8 per 32 values, or
+    per 256 on the K-quant tensor-core path."""
+    from pocketcupy.backend.linear_cuda import kquant_mma_applies
+
+    qtype, cols = inp["qtype"], inp["shape"][1]
+    if uses_q8(qtype, cols, inp["act"]):
+        k256 = kquant_mma_applies(qtype, cols, x.shape[0], True) and not inp.get("per32")
+        x = q8k_roundtrip(x) if k256 else q8_roundtrip(x)
     return x.astype(np.float64)
 
 
 def _ref_linear(inp):
     b = inp.get("bias")
     return NumpyOps().linear(_ref_x(inp, inp["x"]), _deq64(inp), None if b is None else b.astype(np.float64))
+
+
+def _ref_linear_per32(inp):
+    """_ref_linear for the rows that launch a per-32 int8 kernel themselves (_cuda_gemv_q8)."""
+    return _ref_linear({**inp, "per32": True})
 
 
 def _cuda_weight(inp):
@@ -130,6 +140,31 @@ def _cuda_gemv_q8(cfg=None):
     return run
 
 
+def _cuda_gemv_kquant_mma(inp, poison):
+    """The per-256 int8 tensor-core GEMV (gemv_kquant_mma.cu) itself, its activations quantized by
+    quantize_x_q8k (inp["up"]: of silu(x) * up)."""
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    w = _cuda_weight(inp)
+    x = cp.asarray(inp["x"])
+    n = x.shape[0]
+    out = poison((n, inp["shape"][0]), np.float32)
+    xk = linear_cuda.quantize_x_q8k(x, cp.asarray(inp["up"]) if "up" in inp else None)
+    nt = -(-n // 8)
+    linear_cuda.launch_gemv_kquant_mma(w, xk, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n,
+                                       1 << (nt - 1).bit_length())
+    return out
+
+
+def _ref_kquant_mma(inp):
+    x = inp["x"] if "up" not in inp else NumpyOps().silu_mul(inp["x"], inp["up"])
+    b = inp.get("bias")
+    return NumpyOps().linear(q8k_roundtrip(x).astype(np.float64), _deq64(inp),
+                             None if b is None else b.astype(np.float64))
+
+
 def _linear_tol(qtype: str, n: int) -> float:
     if qtype in QTYPES and n <= 32:
         return 2e-5                       # exact integer dots (int8 activations) or fp32 activations
@@ -164,20 +199,36 @@ def _linear_rows():
                                   _make_linear(qtype, n, _cols(qtype), n == 12), _ref_linear, _cuda_linear(), 2e-5))
         for n in (2, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8dp4a_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
-                                  _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear, _cuda_gemv_q8(), 2e-5))
+                                  _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear_per32, _cuda_gemv_q8(), 2e-5))
+    # the same with activations rounded per 256 (gemv_kquant_mma.cu), 1, 2 and 4 tiles; raw Q6_K
+    # blocks; silu(x) * up quantized by the same kernel
+    for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
+                            ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
+                            ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True})):
+        make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
+        tag = "".join(f"-{k}" for k in extra)
+
+        def make_k(rng, make=make, extra=extra):
+            inp = {**make(rng), **extra}
+            if extra.get("up"):
+                inp["up"] = rng.standard_normal(inp["x"].shape, dtype=np.float32)
+            return inp
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8kmma_bs{n}{tag}-{ROWS_OUT}x{_cols(qtype)}",
+                              make_k, _ref_kquant_mma, _cuda_gemv_kquant_mma, 2e-5))
     # the K-quant kernel over 64-value groups: R rows per warp, U groups in flight per lane (rows of 80
     # groups end inside a lane's last U-group step)
     for qtype in KQUANT_QTYPES:
         for r, u, n in ((1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 1), (1, 1, 5), (2, 1, 8)):
             cfg = Q8Gemv("kquant", r, unroll=u)
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
-                                  _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear, _cuda_gemv_q8(cfg), 2e-5))
+                                  _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear_per32, _cuda_gemv_q8(cfg), 2e-5))
     # Q6_K in its raw 210-byte blocks (uploads pad them to 224 bytes): the word-load paths
     for n, cfg in ((1, Q8Gemv("kquant", 2)), (2, None), (12, None)):
         make = _make_linear("Q6_K", n, _cols("Q6_K"), True)
         rows.append(KernelRow("linear", f"gemv_q6_k_raw_{'q8kq2u1' if cfg else 'q8'}_bs{n}-{ROWS_OUT}x{_cols('Q6_K')}",
-                              lambda rng, make=make: {**make(rng), "raw": True}, _ref_linear,
-                              _cuda_gemv_q8(cfg) if cfg else _cuda_linear(), 2e-5))
+                              lambda rng, make=make: {**make(rng), "raw": True},
+                              _ref_linear_per32 if cfg else _ref_linear, _cuda_gemv_q8(cfg) if cfg else _cuda_linear(),
+                              2e-5))
     # quantized GEMV with fp32 activations (quant_activations="f32"; "auto" on rows <= 2048)
     for qtype in QTYPES:
         cols = _cols(qtype)

@@ -33,3 +33,14 @@ def q8_blocks_dequantized(xq, xds):
     cp.testing.assert_allclose(xds[..., 2], xds[..., 0] * q[..., :16].sum(-1), rtol=1e-6, atol=1e-6)
     cp.testing.assert_allclose(xds[..., 3], xds[..., 0] * q[..., 16:].sum(-1), rtol=1e-6, atol=1e-6)
     return (q * xds[..., :1]).reshape(n, dim)
+
+
+def q8k_blocks_dequantized(xq, xd, xb):
+    """Per-256 int8 activations (quantize_x_q8k's layout: xq [N, K], xd [N, K / 256], xb [N, K / 32]
+    the sums of each 32) -> d * q as float32 [N, K], after checking the sums against the values."""
+    import cupy as cp
+
+    n, dim = xq.shape
+    q = xq.astype(cp.int32)
+    assert (xb.astype(cp.int32) == q.reshape(n, dim // 32, 32).sum(-1)).all(), "xb: not the sums of the int8 values"
+    return (q.reshape(n, dim // 256, 256).astype(cp.float32) * xd[..., None]).reshape(n, dim)

@@ -53,11 +53,13 @@ _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
 
 @dataclass
 class Q8Rows:
-    """Activations [N, K] float32 whose int8 blocks (quantize_x's layout) were computed by the
-    kernel that produced them (a fused norm); linears with int8 activations read xq / xds."""
+    """Activations [N, K] float32 whose int8 blocks were computed by the kernel that produced them
+    (a fused norm): per 32 (quantize_x's layout) in xq / xds, which linears with int8 activations
+    read, or per 256 (quantize_x_q8k's) in xk, which the K-quant tensor-core linears read."""
     x: Any
     xq: Any
     xds: Any
+    xk: Any = None
 
 
 @dataclass
@@ -181,10 +183,10 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
     return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
 
 
-GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_gguf_mma.cu
+GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_kquant_mma.cu
 GGUF_MMA_MAX_BATCH = QUANT_GEMV_MAX_BATCH          # past it dequantization + cuBLAS is faster (H200,
                                                     # batch 64: 27.6 ms a step with 8 tiles, 22.3 the GEMM)
-GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_gguf_mma.cu
+GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_kquant_mma.cu
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
 # past it the tensor-core kernel (H200, batch 2: Q4_K 28672x4096 2.25 against 1.92 TB/s; padded Q6_K
 # 4096x14336 2.03 against 1.79, 49152x4096 2.53 against 1.93)
@@ -192,11 +194,18 @@ KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
 KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
 
 
+def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
+    """Whether a linear of this weight at batch nb runs on the int8 tensor-core K-quant kernel
+    (past KQUANT_MAX_BATCH up to 32, sm_80+, rows of whole 256-value blocks), whose activations
+    are rounded per 256 values (act_q8.q8k_roundtrip) instead of per 32."""
+    return (act_q8 and qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[qtype] < nb <= GGUF_MMA_MAX_BATCH
+            and cols % 256 == 0 and has_tensor_cores())
+
+
 def gguf_mma_tiles(w: CudaWeight, nb: int) -> int:
-    """Tiles of 8 batch columns (a power of two) of the int8 tensor-core K-quant kernel at batch nb
-    (past KQUANT_MAX_BATCH up to 32, sm_80+, rows of whole 256-value blocks); 0 where it does not apply."""
-    if not (w.act_q8 and w.qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[w.qtype] < nb <= GGUF_MMA_MAX_BATCH
-            and w.cols % 256 == 0 and has_tensor_cores()):
+    """Tiles of 8 batch columns (a power of two) of the int8 tensor-core K-quant kernel at batch nb;
+    0 where it does not apply (kquant_mma_applies)."""
+    if not kquant_mma_applies(w.qtype, w.cols, nb, w.act_q8):
         return 0
     nt = 1
     while 8 * nt < nb:
@@ -410,9 +419,6 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
-_GGUF_MMA_EXPRS = tuple(f"gemv_gguf_mma<{KERNEL_TYPE_IDS[q]}, {nt}>"
-                        for q in GGUF_MMA_QTYPES + tuple(PADDED_QTYPES[q][0] for q in GGUF_MMA_QTYPES if q in PADDED_QTYPES)
-                        for nt in (1, 2, 4))
 DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
 
@@ -438,6 +444,39 @@ def quantize_x(x, up=None, half: bool = False):
     fn((_grid(n4, 256, 1 << 30),), (256,), (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4),
                                             np.int32(k), np.int64(n4), xq, xds, xh))
     return xh if half else (xq, xds)
+
+
+_Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
+_KQUANT_MMA_EXPRS = tuple(f"gemv_kquant_mma<{KERNEL_TYPE_IDS[q]}, {nt}>"
+                          for q in GGUF_MMA_QTYPES + tuple(PADDED_QTYPES[q][0] for q in GGUF_MMA_QTYPES if q in PADDED_QTYPES)
+                          for nt in (1, 2, 4))
+
+
+def quantize_x_q8k(x, up=None):
+    """Activations [N, K] float32 (K a multiple of 256, row stride allowed) -> int8 [N, K], float32
+    scales [N, K/256], int16 sums [N, K/32]: int8 per 256 values (llama.cpp's Q8_K), the input of
+    gemv_kquant_mma; with up, the activations are silu(x) * up."""
+    import cupy as cp
+
+    n, k = x.shape
+    xq = cp.empty((n, k), dtype=cp.int8)
+    xd = cp.empty((n, k // 256), dtype=cp.float32)
+    xb = cp.empty((n, k // 32), dtype=cp.int16)
+    src = x if up is None else up
+    nsb = n * k // 256
+    kernel("gemv_kquant_mma.cu", _Q8K_EXPRS[up is not None], name_expressions=_Q8K_EXPRS)(
+        (_grid(nsb * 32, 256, 1 << 30),), (256,),
+        (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4), np.int32(k), np.int64(nsb), xq, xd, xb))
+    return xq, xd, xb
+
+
+def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int) -> None:
+    """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
+    nt tiles of 8 batch columns (gemv_kquant_mma.cu)."""
+    kernel("gemv_kquant_mma.cu", f"gemv_kquant_mma<{w.type_id}, {nt}>", name_expressions=_KQUANT_MMA_EXPRS)(
+        (-(-w.rows // 16),), (GGUF_MMA_THREADS,),
+        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
+         _null() if bias is None else bias, out))
 
 
 def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | None = None) -> None:
@@ -483,21 +522,18 @@ def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
     kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), tuple(args))
 
 
-def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None) -> None:
-    """Quantized GEMV: Q4_K / Q6_K past batch 1 on int8 tensor cores (gguf_mma_tiles), else over
-    column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
-    (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd: x
-    already quantized (quantize_x)."""
+def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
+    """Quantized GEMV: Q4_K / Q6_K past KQUANT_MAX_BATCH on int8 tensor cores (gguf_mma_tiles),
+    else over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
+    (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd / xk:
+    x already quantized (quantize_x / quantize_x_q8k)."""
     n, k = x.shape
-    if w.act_q8:
-        xq, xds = xqd or quantize_x(x, up)
     nt = gguf_mma_tiles(w, n)
     if nt:
-        kernel("gemv_gguf_mma.cu", f"gemv_gguf_mma<{w.type_id}, {nt}>", name_expressions=_GGUF_MMA_EXPRS)(
-            (-(-w.rows // 16),), (GGUF_MMA_THREADS,),
-            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds, np.int32(n),
-             _null() if bias is None else bias, out))
+        launch_gemv_kquant_mma(w, xk or quantize_x_q8k(x, up), bias, out, n, nt)
         return
+    if w.act_q8:
+        xq, xds = xqd or quantize_x(x, up)
     for n0 in range(0, n, GEMV_MAX_BATCH):
         nb = min(GEMV_MAX_BATCH, n - n0)
         if w.act_q8:
@@ -557,9 +593,9 @@ def linear(x, w, bias=None, out=None):
     """x [..., K] float32 (or Q8Rows / Half16Rows) @ w.T (+ bias) -> [..., rows] float32."""
     import cupy as cp
 
-    xqd = x16 = None
+    xqd = xk = x16 = None
     if isinstance(x, Q8Rows):
-        x, xqd = x.x, (x.xq, x.xds)
+        x, xqd, xk = x.x, (x.xq, x.xds) if x.xq is not None else None, x.xk
     elif isinstance(x, Half16Rows):
         x, x16 = x.x, (x.x16 if isinstance(w, CudaWeight) and w.qtype == x.qtype else None)
 
@@ -593,7 +629,7 @@ def linear(x, w, bias=None, out=None):
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
     elif n <= QUANT_GEMV_MAX_BATCH:
-        _gemv_gguf(x, w, bias, y, xqd=xqd)
+        _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
         _gemm(x, w, bias, y)
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
@@ -606,7 +642,7 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
-    if isinstance(x, Q8Rows) and x.x.ndim == 2 and kquant_joinable(ws, x.x.shape[0]) \
+    if isinstance(x, Q8Rows) and x.xq is not None and x.x.ndim == 2 and kquant_joinable(ws, x.x.shape[0]) \
             and all(w.cols == x.x.shape[1] for w in ws):
         return _linears_kquant3(x.x, (x.xq, x.xds), ws, biases)
     if isinstance(x, (Q8Rows, Half16Rows)):    # already quantized / rounded
@@ -617,14 +653,16 @@ def linears(x, ws, biases=None):
     if len(shared) < 2 or not 0 < x2.shape[0] <= QUANT_GEMV_MAX_BATCH or not _aligned16(x2) \
             or any(w.cols != x2.shape[1] for w in shared):
         return [linear(x, w, b) for w, b in zip(ws, biases)]
-    xqd = quantize_x(x2)
     if kquant_joinable(ws, x2.shape[0]):
-        return [o.reshape(lead + (w.rows,)) for o, w in zip(_linears_kquant3(x2, xqd, ws, biases), ws)]
+        return [o.reshape(lead + (w.rows,)) for o, w in zip(_linears_kquant3(x2, quantize_x(x2), ws, biases), ws)]
+    n = x2.shape[0]
+    xqd = quantize_x(x2) if any(not gguf_mma_tiles(w, n) for w in shared) else None
+    xk = quantize_x_q8k(x2) if any(gguf_mma_tiles(w, n) for w in shared) else None
     outs = []
     for w, b in zip(ws, biases):
         if isinstance(w, CudaWeight) and w.act_q8:
-            out = cp.empty((x2.shape[0], w.rows), dtype=cp.float32)
-            _gemv_gguf(x2, w, None if b is None else cp.ascontiguousarray(b, dtype=cp.float32), out, xqd=xqd)
+            out = cp.empty((n, w.rows), dtype=cp.float32)
+            _gemv_gguf(x2, w, None if b is None else cp.ascontiguousarray(b, dtype=cp.float32), out, xqd=xqd, xk=xk)
             outs.append(out.reshape(lead + (w.rows,)))
         else:
             outs.append(linear(x, w, b))

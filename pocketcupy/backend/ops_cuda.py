@@ -76,7 +76,8 @@ class CudaOps:
     def add_rms_norm(self, x, residual, w, eps: float, feeds=None):
         """residual += x (in place); returns (rms_norm(residual) * w, residual). When every weight
         in feeds takes int8 activations, the output comes with its int8 blocks (linear_cuda.Q8Rows,
-        quantized by the norm kernel itself) so those linears skip their own quantization; when
+        quantized by the norm kernel itself: per 256 values when they all run on the K-quant tensor-core
+        kernel at this batch, else per 32) so those linears skip their own quantization; when
         they are all fp16 (or all bf16) and the batch goes to cuBLAS, with its 16-bit rounding
         (linear_cuda.Half16Rows) so the GEMMs skip their cast."""
         from . import linear_cuda
@@ -84,6 +85,11 @@ class CudaOps:
         cw = linear_cuda.CudaWeight
         n, dim = x.shape[0], x.shape[-1]
         if feeds and all(isinstance(f, cw) and f.cols == dim for f in feeds):
+            if all(linear_cuda.gguf_mma_tiles(f, n) for f in feeds):
+                fused = elementwise_cuda.add_rms_norm_q8k(x, residual, w, eps)
+                if fused is not None:
+                    out, residual, *xk = fused
+                    return linear_cuda.Q8Rows(out, None, None, tuple(xk)), residual
             if n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(f.act_q8 for f in feeds):
                 fused = elementwise_cuda.add_rms_norm_q8(x, residual, w, eps)
                 if fused is not None:
@@ -173,7 +179,8 @@ class CudaOps:
 
         n, hq, d = q.shape
         if feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
-                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds):
+                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == hq * d
+                and not linear_cuda.gguf_mma_tiles(f, n) for f in feeds):   # those quantize per 256
             q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True, rope=rope)
             if q8 is not None:
                 out, xq, xds = q8

@@ -32,16 +32,22 @@ def uses_q8(qtype: str, cols: int, mode: str) -> bool:
     return mode == "q8" or cols >= AUTO_MIN_COLS
 
 
-def q8_roundtrip(x: np.ndarray) -> np.ndarray:
-    """x [..., K] (K a multiple of 32) -> float32 d * q per block of 32: d = amax / 127,
+def q8_roundtrip(x: np.ndarray, block: int = 32) -> np.ndarray:
+    """x [..., K] (K a multiple of block) -> float32 d * q per block: d = amax / 127,
     q = round-half-even(x * (127 / amax)), the CUDA kernel quantize_q8_x's float32 arithmetic."""
     x = np.asarray(x, dtype=np.float32)
-    b = x.reshape(-1, 32)
+    b = x.reshape(-1, block)
     amax = np.abs(b).max(axis=1, keepdims=True)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127.0) / amax, np.float32(0.0)).astype(np.float32)
     q = np.rint(b * inv)
     return (q * (amax / np.float32(127.0))).astype(np.float32).reshape(x.shape)
+
+
+def q8k_roundtrip(x: np.ndarray) -> np.ndarray:
+    """q8_roundtrip with one scale per 256 values (llama.cpp's Q8_K), the arithmetic of the CUDA
+    quantize_q8k_x: the input of the K-quant tensor-core GEMV at batches 3-32 (gemv_kquant_mma.cu)."""
+    return q8_roundtrip(x, 256)
 
 
 class Q8ActWeight(np.ndarray):

@@ -1,0 +1,267 @@
+// Q4_K / Q6_K linear for decode batches 3-32 on int8 tensor cores (sm_80+), with the activations
+// quantized per 256-value super-block (llama.cpp's Q8_K: one scale per 256, plus the integer sum of
+// every 32) instead of per 32. With one activation scale across a weight super-block, the weight's
+// integer sub-block scales (and Q4_K's mins) apply to the int32 mma results in integer arithmetic,
+// and floats appear once per super-block rather than once per sub-block and output -- the float
+// epilogue had been half of the instructions of the per-32 kernel, which issue-bound it at
+// ~1.7 TB/s.
+//
+// quantize_q8k_x<SILU>: x [n, K] float32 (row stride ldx; SILU: silu(x) * up) -> xq int8 [n, K],
+// xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
+// One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
+//
+// gemv_kquant_mma<QT, NT>: block of KM_WARPS warps on the same 16 rows, each warp a strided share
+// of the rows' super-blocks, partial tiles summed through shared memory. Lane (g, t) = (lane / 4,
+// lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each of NT 8-column tiles.
+// Q4_K: lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
+// sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
+// Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
+// sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
+// 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
+// Grid: ceil(rows / 16). Needs K % 256 == 0 and batch <= 8 * NT.
+#include "gguf_units.cuh"
+#include "mma_prims.cuh"
+#include "pdl.cuh"
+
+#define KM_WARPS 8
+
+template <bool SILU>
+__global__ void quantize_q8k_x(const float* __restrict__ x, long long ldx, const float* __restrict__ up,
+                               long long ldu, int k, long long nsb, signed char* __restrict__ xq,
+                               float* __restrict__ xd, short* __restrict__ xb) {
+    pdl_wait();
+    const long long sb = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;   // one warp per super-block
+    const int lane = threadIdx.x & 31;
+    if (sb >= nsb) return;                                                             // whole warps exit
+    const long long row = sb * 256 / k, col = sb * 256 - row * k + 8 * lane;
+    float v[8];
+    *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(x + row * ldx + col);
+    *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(x + row * ldx + col + 4);
+    if constexpr (SILU) {
+        float u[8];
+        *reinterpret_cast<float4*>(u) = *reinterpret_cast<const float4*>(up + row * ldu + col);
+        *reinterpret_cast<float4*>(u + 4) = *reinterpret_cast<const float4*>(up + row * ldu + col + 4);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = pq::silu_mul1(v[i], u[i]);
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int q[8], s = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        q[i] = __float2int_rn(v[i] * id);
+        s += q[i];
+    }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);        // the 4 lanes of one 32
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    u32 lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo |= (u32)(q[i] & 0xff) << (8 * i);
+        hi |= (u32)(q[4 + i] & 0xff) << (8 * i);
+    }
+    *reinterpret_cast<uint2*>(xq + sb * 256 + 8 * lane) = make_uint2(lo, hi);
+    if ((lane & 3) == 0) xb[sb * 8 + (lane >> 2)] = (short)s;
+    if (lane == 0) xd[sb] = amax / 127.0f;
+}
+
+// The activations of the lane's batch columns: B fragment words at element k of column 8 * nt + g
+// (zero past the batch); the scale and the eight 32-sums of super-block `sblk` of column
+// 8 * nt + 2t + j.
+template <int NT>
+struct ActsK {
+    const signed char* xq;
+    const float* xd;
+    const short* xb;
+    int K, nb, g, t;
+
+    __device__ __forceinline__ uint2 b8(int nt, int k) const {
+        const int col = 8 * nt + g;
+        return col < nb ? *reinterpret_cast<const uint2*>(xq + (i64)col * K + k) : make_uint2(0u, 0u);
+    }
+    __device__ __forceinline__ u32 b4(int nt, int k) const {
+        const int col = 8 * nt + g;
+        return col < nb ? *reinterpret_cast<const u32*>(xq + (i64)col * K + k) : 0u;
+    }
+    __device__ __forceinline__ int column(int nt, int j) const { return min(8 * nt + 2 * t + j, nb - 1); }
+    __device__ __forceinline__ float d(int nt, int j, int sblk) const {
+        return xd[(i64)column(nt, j) * (K / 256) + sblk];
+    }
+    __device__ __forceinline__ uint4 sums(int nt, int j, int sblk) const {   // int16 pairs
+        return *reinterpret_cast<const uint4*>(xb + (i64)column(nt, j) * (K / 32) + 8 * sblk);
+    }
+};
+
+__device__ __forceinline__ u32 byte_u(u32 w, int b) { return __byte_perm(w, 0u, 0x4440u | b); }
+__device__ __forceinline__ int byte_s(u32 w, int b) { return (int)(signed char)((w >> (8 * b)) & 0xffu); }
+
+// sum over the 8 sub-blocks of mins (bytes of m_lo: 0-3, m_hi: 4-7) times the int16 sums s
+__device__ __forceinline__ int min_dot(u32 m_lo, u32 m_hi, uint4 s) {
+    int r = __dp2a_lo((int)s.x, (int)m_lo, 0);
+    r = __dp2a_hi((int)s.y, (int)m_lo, r);
+    r = __dp2a_lo((int)s.z, (int)m_hi, r);
+    return __dp2a_hi((int)s.w, (int)m_hi, r);
+}
+
+template <int QT, int NT>
+__device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
+                                                    const ActsK<NT>& x, float (&acc)[NT][4]) {
+    const int t = x.t, kb = 256 * sblk;
+    int isum[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+    if constexpr (QT == pq::Q4_K) {
+        const uint4 ha = *reinterpret_cast<const uint4*>(ra), hb = *reinterpret_cast<const uint4*>(rb);
+        uint2 qa[4], qb[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            qa[j] = *reinterpret_cast<const uint2*>(ra + 16 + 32 * j + 8 * t);
+            qb[j] = *reinterpret_cast<const uint2*>(rb + 16 + 32 * j + 8 * t);
+        }
+        // 6-bit scales and mins, one byte per sub-block: [0..3] and [4..7] (get_scale_min_k4)
+        const u32 sa_lo = ha.y & 0x3f3f3f3fu, ma_lo = ha.z & 0x3f3f3f3fu;
+        const u32 sa_hi = (ha.w & 0x0f0f0f0fu) | ((ha.y >> 2) & 0x30303030u);
+        const u32 ma_hi = ((ha.w >> 4) & 0x0f0f0f0fu) | ((ha.z >> 2) & 0x30303030u);
+        const u32 sb_lo = hb.y & 0x3f3f3f3fu, mb_lo = hb.z & 0x3f3f3f3fu;
+        const u32 sb_hi = (hb.w & 0x0f0f0f0fu) | ((hb.y >> 2) & 0x30303030u);
+        const u32 mb_hi = ((hb.w >> 4) & 0x0f0f0f0fu) | ((hb.z >> 2) & 0x30303030u);
+#pragma unroll
+        for (int sb = 0; sb < 8; ++sb) {
+            const int j = sb >> 1, sh = 4 * (sb & 1);
+            const u32 a0 = (qa[j].x >> sh) & 0x0f0f0f0fu, a2 = (qa[j].y >> sh) & 0x0f0f0f0fu;
+            const u32 a1 = (qb[j].x >> sh) & 0x0f0f0f0fu, a3 = (qb[j].y >> sh) & 0x0f0f0f0fu;
+            const int sca = (int)byte_u(sb < 4 ? sa_lo : sa_hi, sb & 3);
+            const int scb = (int)byte_u(sb < 4 ? sb_lo : sb_hi, sb & 3);
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const uint2 xb = x.b8(nt, kb + 32 * sb + 8 * t);
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a0, a1, a2, a3, xb.x, xb.y);
+                isum[nt][0] += sca * c[0];
+                isum[nt][1] += sca * c[1];
+                isum[nt][2] += scb * c[2];
+                isum[nt][3] += scb * c[3];
+            }
+        }
+        const float da = pq::h2f((u16)(ha.x & 0xffffu)), ma = pq::h2f((u16)(ha.x >> 16));
+        const float db = pq::h2f((u16)(hb.x & 0xffffu)), mb = pq::h2f((u16)(hb.x >> 16));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint4 s0 = x.sums(nt, 0, sblk), s1 = x.sums(nt, 1, sblk);
+            const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
+            acc[nt][0] += x0 * (da * (float)isum[nt][0] - ma * (float)min_dot(ma_lo, ma_hi, s0));
+            acc[nt][1] += x1 * (da * (float)isum[nt][1] - ma * (float)min_dot(ma_lo, ma_hi, s1));
+            acc[nt][2] += x0 * (db * (float)isum[nt][2] - mb * (float)min_dot(mb_lo, mb_hi, s0));
+            acc[nt][3] += x1 * (db * (float)isum[nt][3] - mb * (float)min_dot(mb_lo, mb_hi, s1));
+        }
+    } else {   // Q6_K: ql[128], qh[64], int8 scales[16], fp16 d
+        u32 sa[4], sbw[4];
+        if constexpr (QT == pq::Q6_KP) {
+            pq::ld16b<1>(ra + 192, sa);
+            pq::ld16b<1>(rb + 192, sbw);
+        } else {
+            pq::ldu<4>(ra + 192, sa);
+            pq::ldu<4>(rb + 192, sbw);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int lh = 0; lh < 2; ++lh) {
+                const int l = 16 * lh + 4 * t;
+                const u32 qla0 = pq::ld32_q6<QT>(ra + 64 * n + l), qla1 = pq::ld32_q6<QT>(ra + 64 * n + 32 + l);
+                const u32 qlb0 = pq::ld32_q6<QT>(rb + 64 * n + l), qlb1 = pq::ld32_q6<QT>(rb + 64 * n + 32 + l);
+                const u32 qha = pq::ld32_q6<QT>(ra + 128 + 32 * n + l), qhb = pq::ld32_q6<QT>(rb + 128 + 32 * n + l);
+#pragma unroll
+                for (int qq = 0; qq < 4; ++qq) {   // values 128n + 32qq + l .. +3
+                    const u32 la = qq & 1 ? qla1 : qla0, lb = qq & 1 ? qlb1 : qlb0;
+                    const int ls = 4 * (qq >> 1), hs = 2 * qq;
+                    const u32 wa = pq::vsub4(((la >> ls) & 0x0f0f0f0fu) | (((qha >> hs) & 0x03030303u) << 4), 0x20202020u);
+                    const u32 wb = pq::vsub4(((lb >> ls) & 0x0f0f0f0fu) | (((qhb >> hs) & 0x03030303u) << 4), 0x20202020u);
+                    const int si = 8 * n + lh + 2 * qq;                       // scale index
+                    const int sca = byte_s(sa[si >> 2], si & 3), scb = byte_s(sbw[si >> 2], si & 3);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        int c[4] = {0, 0, 0, 0};
+                        mma_s8_16816(c, wa, wb, x.b4(nt, kb + 128 * n + 32 * qq + l));
+                        isum[nt][0] += sca * c[0];
+                        isum[nt][1] += sca * c[1];
+                        isum[nt][2] += scb * c[2];
+                        isum[nt][3] += scb * c[3];
+                    }
+                }
+            }
+        }
+        const float da = pq::h2f(pq::ld16(ra + 208)), db = pq::h2f(pq::ld16(rb + 208));
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
+            acc[nt][0] += x0 * da * (float)isum[nt][0];
+            acc[nt][1] += x1 * da * (float)isum[nt][1];
+            acc[nt][2] += x0 * db * (float)isum[nt][2];
+            acc[nt][3] += x1 * db * (float)isum[nt][3];
+        }
+    }
+}
+
+template <int QT, int NT>
+__global__ void __launch_bounds__(KM_WARPS * 32, NT <= 2 ? 2 : 1)
+gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
+                const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
+                float* __restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int TS = pq::QTraits<QT>::TS;
+    __shared__ float red[KM_WARPS - 1][NT * 4][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const u8* ra = W + (i64)min(row0 + g, rows - 1) * bpr;
+    const u8* rb = W + (i64)min(row0 + g + 8, rows - 1) * bpr;
+    prefetch_l2(W + (i64)row0 * bpr, bpr * (min(rows, row0 + 16) - row0));
+    pdl_wait();
+    const ActsK<NT> x{xq, xd, xb, K, nb, g, t};
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    const int nblk = K / 256;
+    for (int b = warp; b < nblk; b += KM_WARPS)
+        kquant_superblock_k<QT, NT>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, acc);
+    if (warp > 0) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[warp - 1][4 * nt + i][lane] = acc[nt][i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float v = acc[nt][i];
+#pragma unroll
+            for (int w = 0; w < KM_WARPS - 1; ++w) v += red[w][4 * nt + i][lane];
+            const int row = row0 + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment layout
+            if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
+        }
+    }
+#else
+    pdl_wait();
+#endif
+}
+
+#ifndef __CUDACC_RTC__
+template __global__ void quantize_q8k_x<false>(const float*, long long, const float*, long long, int, long long,
+                                               signed char*, float*, short*);
+template __global__ void quantize_q8k_x<true>(const float*, long long, const float*, long long, int, long long,
+                                              signed char*, float*, short*);
+#define PQ_INST(T, N)                                                                                       \
+    template __global__ void gemv_kquant_mma<T, N>(const u8*, long long, int, int, const signed char*,      \
+                                                   const float*, const short*, int, const float*, float*);
+PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4)
+PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4)
+PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4)
+#undef PQ_INST
+#endif
