@@ -1,4 +1,4 @@
-// Q4_K / Q6_K linear for decode batches 3-32 on int8 tensor cores (sm_80+), with the activations
+// Q4_K / Q6_K linear for decode batches 3-64 on int8 tensor cores (sm_80+), with the activations
 // quantized per 256-value super-block (llama.cpp's Q8_K: one scale per 256, plus the integer sum of
 // every 32) instead of per 32. With one activation scale across a weight super-block, the weight's
 // integer sub-block scales (and Q4_K's mins) apply to the int32 mma results in integer arithmetic,
@@ -260,8 +260,8 @@ template __global__ void quantize_q8k_x<true>(const float*, long long, const flo
 #define PQ_INST(T, N)                                                                                       \
     template __global__ void gemv_kquant_mma<T, N>(const u8*, long long, int, int, const signed char*,      \
                                                    const float*, const short*, int, const float*, float*);
-PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4)
-PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4)
-PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4)
+PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4) PQ_INST(pq::Q4_K, 8)
+PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4) PQ_INST(pq::Q6_K, 8)
+PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4) PQ_INST(pq::Q6_KP, 8)
 #undef PQ_INST
 #endif

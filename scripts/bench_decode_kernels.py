@@ -6,7 +6,8 @@
 
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
-T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores with activations per 256, batch 3-32) and kq:R:U (Q4_K /
+T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores with activations per 256, batch 3-64), gemm
+(dequantization + cuBLAS) and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
 default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
@@ -36,8 +37,8 @@ def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
-    if kind == "q8mma":       # linear()'s K-quant route past batch 2: int8 tensor cores (gemv_kquant_mma.cu)
-        return kind
+    if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
+        return kind                 # dequantization + cuBLAS (linear()'s path past the GEMV batches)
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
     if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane
@@ -81,10 +82,10 @@ def bench_gemv(args) -> dict:
                         cfg == "q8mma" and not lc.gguf_mma_tiles(copies[0], nb):
                     continue
                 f32 = isinstance(cfg, lc.F32Gemv)
-                if cfg != "q8mma" and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
+                if cfg not in ("q8mma", "gemm") and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
                                        or (f32 and cfg.kind == "lanes" and cfg.lanes > 32)):
                     continue
-                if cfg == "q8mma":
+                if cfg in ("q8mma", "gemm"):
                     name = cfg
                 elif isinstance(cfg, lc.Q8Gemv):
                     name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")
@@ -100,6 +101,8 @@ def bench_gemv(args) -> dict:
                     w = copies[next(it) % len(copies)]
                     if cfg == "q8mma":
                         lc.launch_gemv_kquant_mma(w, xk, None, y, nb, lc.gguf_mma_tiles(w, nb))
+                    elif cfg == "gemm":
+                        lc._gemm(x, w, None, y)
                     elif isinstance(cfg, lc.Q8Gemv):
                         lc.launch_gemv_q8(w, xq, xds, None, y, nb, cfg)
                     else:

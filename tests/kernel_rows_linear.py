@@ -204,7 +204,7 @@ def _linear_rows():
     # blocks; silu(x) * up quantized by the same kernel
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
-                            ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True})):
+                            ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
         tag = "".join(f"-{k}" for k in extra)
 

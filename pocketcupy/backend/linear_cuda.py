@@ -7,7 +7,8 @@ quantized to int8, quant/act_q8.py), 1-D tensors become float32.
   - N <= 8: GEMV kernels reading the stored weights (gemv.cu; quantized: gemv_gguf.cu with int8
     activations, gemv_gguf_f32.cu with fp32 activations);
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
-    still beats dequantizing the whole matrix);
+    still beats dequantizing the whole matrix); Q4_K / Q6_K at N 3-64 on int8 tensor cores
+    (gemv_kquant_mma.cu);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
     quantized weights dequantized to fp16 in row tiles first (dequant.cu).
 `get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
@@ -184,8 +185,9 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
 
 
 GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_kquant_mma.cu
-GGUF_MMA_MAX_BATCH = QUANT_GEMV_MAX_BATCH          # past it dequantization + cuBLAS is faster (H200,
-                                                    # batch 64: 27.6 ms a step with 8 tiles, 22.3 the GEMM)
+# 8 tiles; past it dequantization + cuBLAS (H200, Q4_K 28672x4096 at batch 64: 170 us against 234;
+# a Q4_K_M decode step at batch 64 12.9 ms against 16.7)
+GGUF_MMA_MAX_BATCH = 64
 GGUF_MMA_THREADS = 256                              # KM_WARPS * 32 in gemv_kquant_mma.cu
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
 # past it the tensor-core kernel (H200, batch 2: Q4_K 28672x4096 2.25 against 1.92 TB/s; padded Q6_K
@@ -196,7 +198,7 @@ KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more war
 
 def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
     """Whether a linear of this weight at batch nb runs on the int8 tensor-core K-quant kernel
-    (past KQUANT_MAX_BATCH up to 32, sm_80+, rows of whole 256-value blocks), whose activations
+    (past KQUANT_MAX_BATCH up to GGUF_MMA_MAX_BATCH, sm_80+, rows of whole 256-value blocks), whose activations
     are rounded per 256 values (act_q8.q8k_roundtrip) instead of per 32."""
     return (act_q8 and qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[qtype] < nb <= GGUF_MMA_MAX_BATCH
             and cols % 256 == 0 and has_tensor_cores())
@@ -449,7 +451,7 @@ def quantize_x(x, up=None, half: bool = False):
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
 _KQUANT_MMA_EXPRS = tuple(f"gemv_kquant_mma<{KERNEL_TYPE_IDS[q]}, {nt}>"
                           for q in GGUF_MMA_QTYPES + tuple(PADDED_QTYPES[q][0] for q in GGUF_MMA_QTYPES if q in PADDED_QTYPES)
-                          for nt in (1, 2, 4))
+                          for nt in (1, 2, 4, 8))
 
 
 def quantize_x_q8k(x, up=None):
@@ -628,7 +630,7 @@ def linear(x, w, bias=None, out=None):
             gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
-    elif n <= QUANT_GEMV_MAX_BATCH:
+    elif n <= QUANT_GEMV_MAX_BATCH or gguf_mma_tiles(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
         _gemm(x, w, bias, y)
@@ -703,7 +705,7 @@ def silu_mul_linear(gate, up, w, out=None):
         0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
         and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
         and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
-    if shapes_ok and w.act_q8 and n <= QUANT_GEMV_MAX_BATCH:
+    if shapes_ok and w.act_q8 and (n <= QUANT_GEMV_MAX_BATCH or gguf_mma_tiles(w, n)):
         out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
         _gemv_gguf(gate, w, None, out, up=up)
         return out
