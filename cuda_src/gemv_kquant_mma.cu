@@ -10,7 +10,7 @@
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
 // One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
 //
-// gemv_kquant_mma<QT, NT>: block of KM_WARPS warps on the same 16 rows, each warp a strided share
+// gemv_kquant_mma<QT, NT, TG, WARPS>: block of WARPS warps on the same 16 rows, each warp a strided share
 // of the rows' super-blocks, partial tiles summed through shared memory. Lane (g, t) = (lane / 4,
 // lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each of NT 8-column tiles.
 // Q4_K: lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
@@ -207,27 +207,37 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
     }
 }
 
-template <int QT, int NT>
-__global__ void __launch_bounds__(KM_WARPS * 32, NT <= 2 ? 2 : 1)
+// TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
+// after the first), so that a warp holds TG tiles' integer sums instead of NT's and more warps fit
+// an SM; WARPS: warps per block (linear_cuda.kquant_mma_groups picks both).
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS>
+__global__ void __launch_bounds__(WARPS * 32, (TG <= 2 ? 16 : 8) / WARPS)
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
                 float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    static_assert(NT % TG == 0, "TG divides NT");
     constexpr int TS = pq::QTraits<QT>::TS;
-    __shared__ float red[KM_WARPS - 1][NT * 4][32];
+    __shared__ float red[WARPS - 1][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16;
     const u8* ra = W + (i64)min(row0 + g, rows - 1) * bpr;
     const u8* rb = W + (i64)min(row0 + g + 8, rows - 1) * bpr;
     prefetch_l2(W + (i64)row0 * bpr, bpr * (min(rows, row0 + 16) - row0));
     pdl_wait();
-    const ActsK<NT> x{xq, xd, xb, K, nb, g, t};
     float acc[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     const int nblk = K / 256;
-    for (int b = warp; b < nblk; b += KM_WARPS)
-        kquant_superblock_k<QT, NT>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, acc);
+#pragma unroll
+    for (int p = 0; p < NT / TG; ++p) {
+        const int c0 = 8 * TG * p;                       // first batch column of this pass
+        const ActsK<TG> x{xq + (i64)c0 * K, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K, max(nb - c0, 1), g, t};
+        float(&accp)[TG][4] = *reinterpret_cast<float(*)[TG][4]>(&acc[TG * p]);
+        if (c0 < nb)
+            for (int b = warp; b < nblk; b += WARPS)
+                kquant_superblock_k<QT, TG>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
+    }
     if (warp > 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
@@ -242,7 +252,7 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
         for (int i = 0; i < 4; ++i) {
             float v = acc[nt][i];
 #pragma unroll
-            for (int w = 0; w < KM_WARPS - 1; ++w) v += red[w][4 * nt + i][lane];
+            for (int w = 0; w < WARPS - 1; ++w) v += red[w][4 * nt + i][lane];
             const int row = row0 + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment layout
             if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
         }
@@ -257,11 +267,14 @@ template __global__ void quantize_q8k_x<false>(const float*, long long, const fl
                                                signed char*, float*, short*);
 template __global__ void quantize_q8k_x<true>(const float*, long long, const float*, long long, int, long long,
                                               signed char*, float*, short*);
-#define PQ_INST(T, N)                                                                                       \
-    template __global__ void gemv_kquant_mma<T, N>(const u8*, long long, int, int, const signed char*,      \
-                                                   const float*, const short*, int, const float*, float*);
+#define PQ_INST(T, N) PQ_INST4(T, N, N, KM_WARPS)
+#define PQ_INST4(T, N, G, W)                                                                                \
+    template __global__ void gemv_kquant_mma<T, N, G, W>(const u8*, long long, int, int, const signed char*, \
+                                                         const float*, const short*, int, const float*, float*);
 PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4) PQ_INST(pq::Q4_K, 8)
 PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4) PQ_INST(pq::Q6_K, 8)
 PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4) PQ_INST(pq::Q6_KP, 8)
+PQ_INST4(pq::Q4_K, 4, 4, 4) PQ_INST4(pq::Q4_K, 8, 4, 4) PQ_INST4(pq::Q4_K, 8, 2, 8)
+#undef PQ_INST4
 #undef PQ_INST
 #endif

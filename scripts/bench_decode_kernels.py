@@ -38,7 +38,7 @@ def parse_config(s: str):
 
     kind, *nums = s.split(":")
     if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
-        return kind                 # dequantization + cuBLAS (linear()'s path past the GEMV batches)
+        return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W: TG tiles a pass, W warps
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
     if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane
@@ -79,14 +79,14 @@ def bench_gemv(args) -> dict:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
                 if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
-                        cfg == "q8mma" and not lc.gguf_mma_tiles(copies[0], nb):
+                        str(cfg).startswith("q8mma") and not lc.gguf_mma_tiles(copies[0], nb):
                     continue
                 f32 = isinstance(cfg, lc.F32Gemv)
-                if cfg not in ("q8mma", "gemm") and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
+                if not str(cfg).startswith(("q8mma", "gemm")) and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
                                        or (f32 and cfg.kind == "lanes" and cfg.lanes > 32)):
                     continue
-                if cfg in ("q8mma", "gemm"):
-                    name = cfg
+                if str(cfg).startswith(("q8mma", "gemm")):
+                    name = cfg.replace(":", "_")
                 elif isinstance(cfg, lc.Q8Gemv):
                     name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")
                 else:
@@ -99,8 +99,9 @@ def bench_gemv(args) -> dict:
 
                 def run():
                     w = copies[next(it) % len(copies)]
-                    if cfg == "q8mma":
-                        lc.launch_gemv_kquant_mma(w, xk, None, y, nb, lc.gguf_mma_tiles(w, nb))
+                    if str(cfg).startswith("q8mma"):
+                        groups = tuple(int(v) for v in cfg.split(":")[1:]) or None
+                        lc.launch_gemv_kquant_mma(w, xk, None, y, nb, lc.gguf_mma_tiles(w, nb), groups)
                     elif cfg == "gemm":
                         lc._gemm(x, w, None, y)
                     elif isinstance(cfg, lc.Q8Gemv):

@@ -154,7 +154,7 @@ def _cuda_gemv_kquant_mma(inp, poison):
     xk = linear_cuda.quantize_x_q8k(x, cp.asarray(inp["up"]) if "up" in inp else None)
     nt = -(-n // 8)
     linear_cuda.launch_gemv_kquant_mma(w, xk, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n,
-                                       1 << (nt - 1).bit_length())
+                                       1 << (nt - 1).bit_length(), inp.get("groups"))
     return out
 
 
@@ -204,9 +204,11 @@ def _linear_rows():
     # blocks; silu(x) * up quantized by the same kernel
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
-                            ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {})):
+                            ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {}),
+                            ("Q4_K", 64, {"groups": (2, 8)}), ("Q6_K", 29, {"groups": (2, 4)}),
+                            ("Q4_K", 40, {"groups": (4, 4)})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
-        tag = "".join(f"-{k}" for k in extra)
+        tag = "".join(f"-{k}" + ("".join(f"_{v}" for v in x) if isinstance(x, tuple) else "") for k, x in extra.items())
 
         def make_k(rng, make=make, extra=extra):
             inp = {**make(rng), **extra}
