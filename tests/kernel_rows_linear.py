@@ -57,13 +57,14 @@ def _make_linear(qtype: str, n: int, cols: int, bias: bool, act: str = "auto"):
 
 def _ref_x(inp, x) -> np.ndarray:
     """The activations as the weight's linear sees them, float64: rounded to int8 per 32 values, or
-    per 256 on the K-quant tensor-core path."""
+    per 256 on the K-quant tensor-core path (inp["act_block"]: that block size whatever linear picks,
+    for rows that launch a kernel themselves)."""
     from pocketcupy.backend.linear_cuda import kquant_mma_applies
 
     qtype, cols = inp["qtype"], inp["shape"][1]
     if uses_q8(qtype, cols, inp["act"]):
-        k256 = kquant_mma_applies(qtype, cols, x.shape[0], True) and not inp.get("per32")
-        x = q8k_roundtrip(x) if k256 else q8_roundtrip(x)
+        block = inp.get("act_block") or (256 if kquant_mma_applies(qtype, cols, x.shape[0], True) else 32)
+        x = q8k_roundtrip(x) if block == 256 else q8_roundtrip(x)
     return x.astype(np.float64)
 
 
@@ -74,7 +75,7 @@ def _ref_linear(inp):
 
 def _ref_linear_per32(inp):
     """_ref_linear for the rows that launch a per-32 int8 kernel themselves (_cuda_gemv_q8)."""
-    return _ref_linear({**inp, "per32": True})
+    return _ref_linear({**inp, "act_block": 32})
 
 
 def _cuda_weight(inp):
@@ -160,9 +161,7 @@ def _cuda_gemv_kquant_mma(inp, poison):
 
 def _ref_kquant_mma(inp):
     x = inp["x"] if "up" not in inp else NumpyOps().silu_mul(inp["x"], inp["up"])
-    b = inp.get("bias")
-    return NumpyOps().linear(q8k_roundtrip(x).astype(np.float64), _deq64(inp),
-                             None if b is None else b.astype(np.float64))
+    return _ref_linear({**inp, "x": x, "act_block": 256})
 
 
 def _linear_tol(qtype: str, n: int) -> float:
@@ -200,8 +199,9 @@ def _linear_rows():
         for n in (2, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8dp4a_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
                                   _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear_per32, _cuda_gemv_q8(), 2e-5))
-    # the same with activations rounded per 256 (gemv_kquant_mma.cu), 1, 2 and 4 tiles; raw Q6_K
-    # blocks; silu(x) * up quantized by the same kernel
+    # the tensor-core kernel launched directly (gemv_kquant_mma.cu, activations per 256): 1-8 tiles,
+    # raw Q6_K blocks, silu(x) * up quantized by quantize_x_q8k, and tiles in passes of TG with W warps
+    # a block (groups: (TG, W))
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
                             ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {}),
