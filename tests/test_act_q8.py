@@ -5,7 +5,7 @@ import pytest
 
 from pocketcupy import EngineArgs
 from pocketcupy.backend.ops_ref import NumpyOps
-from pocketcupy.quant.act_q8 import Q8ActWeight, q8_roundtrip, uses_q8
+from pocketcupy.quant.act_q8 import Q8ActWeight, q8_roundtrip, q8k_roundtrip, uses_q8
 from pocketcupy.quant.qtensor import QTensor
 from pocketcupy.quant.quantize import quantize_tensor
 
@@ -34,6 +34,27 @@ def test_roundtrip_is_blockwise_int8():
     # the block's largest value is kept exactly (q = +-127)
     i = np.abs(blocks).argmax(axis=1)
     assert np.allclose(got[np.arange(len(i)), i], blocks[np.arange(len(i)), i], rtol=1e-6)
+
+
+def test_q8k_roundtrip_shares_one_scale_per_256():
+    """The K-quant tensor-core path's rounding (act_q8.q8k_roundtrip): one scale per 256 values, so
+    a block's small values lose precision next to a large one that a per-32 scale would have kept."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    x[0, 300] = 50.0                                        # an outlier in the second super-block of row 0
+    y = q8k_roundtrip(x)
+    assert y.dtype == np.float32 and y.shape == x.shape
+    for blk, got in zip(x.reshape(-1, 256), y.reshape(-1, 256)):
+        d = np.abs(blk).max() / np.float32(127)
+        q = got / d
+        assert np.allclose(q, np.rint(q), atol=1e-3) and np.abs(q).max() <= 127 + 1e-3
+        assert np.all(np.abs(got - blk) <= d / 2 * (1 + 1e-5))
+    # next to the outlier its whole super-block is rounded on a 50 / 127 grid, far coarser than
+    # per-32 scales (only the outlier's own 32 values pay that there)
+    err256 = np.abs(y[0, 256:] - x[0, 256:]).mean()
+    err32 = np.abs(q8_roundtrip(x)[0, 256:] - x[0, 256:]).mean()
+    assert err256 > 5 * err32
+    assert np.array_equal(q8k_roundtrip(x[:, :256]), y[:, :256])   # super-blocks are independent
 
 
 def test_reference_linear_rounds_activations_of_flagged_weights():
