@@ -23,6 +23,7 @@
 #include "gguf_units.cuh"
 #include "mma_prims.cuh"
 #include "pdl.cuh"
+#include "q8_act.cuh"
 
 #define KM_WARPS 8
 
@@ -50,7 +51,7 @@ __global__ void quantize_q8k_x(const float* __restrict__ x, long long ldx, const
     for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float id = q8_inv_scale(amax);
     int q[8], s = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -59,13 +60,8 @@ __global__ void quantize_q8k_x(const float* __restrict__ x, long long ldx, const
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);        // the 4 lanes of one 32
     s += __shfl_xor_sync(0xffffffffu, s, 2);
-    u32 lo = 0, hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        lo |= (u32)(q[i] & 0xff) << (8 * i);
-        hi |= (u32)(q[4 + i] & 0xff) << (8 * i);
-    }
-    *reinterpret_cast<uint2*>(xq + sb * 256 + 8 * lane) = make_uint2(lo, hi);
+    *reinterpret_cast<uint2*>(xq + sb * 256 + 8 * lane) =
+        make_uint2(q8_pack4(q[0], q[1], q[2], q[3]), q8_pack4(q[4], q[5], q[6], q[7]));
     if ((lane & 3) == 0) xb[sb * 8 + (lane >> 2)] = (short)s;
     if (lane == 0) xd[sb] = amax / 127.0f;
 }

@@ -118,14 +118,14 @@ __device__ __forceinline__ void q8k_store4(float4 o, i64 i, bool ok, float* wmax
     if (lane == 0) wmax[warp] = amax;
     __syncthreads();
     amax = fmaxf(wmax[warp & ~1], wmax[warp | 1]);
-    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float id = q8_inv_scale(amax);
     const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id);
     const int q2 = __float2int_rn(o.z * id), q3 = __float2int_rn(o.w * id);
     int s = q0 + q1 + q2 + q3;
 #pragma unroll
     for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);   // the 8 lanes of one 32
     if (!ok) return;
-    ((int*)xq)[i] = (q0 & 0xff) | ((q1 & 0xff) << 8) | ((q2 & 0xff) << 16) | ((unsigned)(q3 & 0xff) << 24);
+    ((unsigned*)xq)[i] = q8_pack4(q0, q1, q2, q3);
     if ((lane & 7) == 0) xb[i >> 3] = (short)s;
     if ((threadIdx.x & 63) == 0) xd[i >> 6] = amax / 127.0f;
 }
