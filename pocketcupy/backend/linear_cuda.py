@@ -672,8 +672,9 @@ def linears(x, ws, biases=None):
     if kquant_joinable(ws, x2.shape[0]):
         return [o.reshape(lead + (w.rows,)) for o, w in zip(_linears_kquant3(x2, quantize_x(x2), ws, biases), ws)]
     n = x2.shape[0]
-    xqd = quantize_x(x2) if any(not gguf_mma_tiles(w, n) for w in shared) else None
-    xk = quantize_x_q8k(x2) if any(gguf_mma_tiles(w, n) for w in shared) else None
+    on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
+    xqd = quantize_x(x2) if not all(on_mma) else None
+    xk = quantize_x_q8k(x2) if any(on_mma) else None
     outs = []
     for w, b in zip(ws, biases):
         if isinstance(w, CudaWeight) and w.act_q8:
