@@ -1,10 +1,10 @@
-// Q4_K / Q6_K linear for decode batches 3-64 on int8 tensor cores (sm_80+), with the activations
-// quantized per 256-value super-block (llama.cpp's Q8_K: one scale per 256, plus the integer sum of
-// every 32) instead of per 32. With one activation scale across a weight super-block, the weight's
-// integer sub-block scales (and Q4_K's mins) apply to the int32 mma results in integer arithmetic,
-// and floats appear once per super-block rather than once per sub-block and output -- the float
-// epilogue had been half of the instructions of the per-32 kernel, which issue-bound it at
-// ~1.7 TB/s.
+// Q4_K / Q5_K / Q6_K linear for decode batches 3-64 on int8 tensor cores (sm_80+), with the
+// activations quantized per 256-value super-block (llama.cpp's Q8_K: one scale per 256, plus the
+// integer sum of every 32) instead of per 32. With one activation scale across a weight super-block,
+// the weight's integer sub-block scales (and Q4_K / Q5_K's mins) apply to the int32 mma results in
+// integer arithmetic, and floats appear once per super-block rather than once per sub-block and
+// output -- the float epilogue had been half of the instructions of the per-32 kernel, which
+// issue-bound it at ~1.7 TB/s.
 //
 // quantize_q8k_x<SILU>: x [n, K] float32 (row stride ldx; SILU: silu(x) * up) -> xq int8 [n, K],
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
@@ -14,8 +14,8 @@
 // share of the rows' super-blocks (in NT / TG passes, see below), partial tiles summed through
 // shared memory. Lane (g, t) = (lane / 4,
 // lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each of NT 8-column tiles.
-// Q4_K: lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
-// sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
+// Q4_K (Q5_K: plus the fifth bits): lane t reads bytes 8t..8t+7 of each 32-byte quant group
+// (values 8t..8t+7 of its two sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
 // Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
 // sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
 // 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
@@ -111,13 +111,20 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
     int isum[NT][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
-    if constexpr (QT == pq::Q4_K) {
+    if constexpr (QT == pq::Q4_K || QT == pq::Q5_K) {
+        // Q5_K: the nibbles start at 48, after qh[32], whose byte i holds bit 4 of value i of every
+        // sub-block sb (bit sb); lane t's values 8t..8t+7 take bytes 8t..8t+7 (ha5, hb5)
+        constexpr int QS = QT == pq::Q4_K ? 16 : 48;
         const uint4 ha = *reinterpret_cast<const uint4*>(ra), hb = *reinterpret_cast<const uint4*>(rb);
-        uint2 qa[4], qb[4];
+        uint2 qa[4], qb[4], ha5 = make_uint2(0u, 0u), hb5 = ha5;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-            qa[j] = *reinterpret_cast<const uint2*>(ra + 16 + 32 * j + 8 * t);
-            qb[j] = *reinterpret_cast<const uint2*>(rb + 16 + 32 * j + 8 * t);
+            qa[j] = *reinterpret_cast<const uint2*>(ra + QS + 32 * j + 8 * t);
+            qb[j] = *reinterpret_cast<const uint2*>(rb + QS + 32 * j + 8 * t);
+        }
+        if constexpr (QT == pq::Q5_K) {
+            ha5 = *reinterpret_cast<const uint2*>(ra + 16 + 8 * t);
+            hb5 = *reinterpret_cast<const uint2*>(rb + 16 + 8 * t);
         }
         // 6-bit scales and mins, one byte per sub-block: [0..3] and [4..7] (get_scale_min_k4)
         const u32 sa_lo = ha.y & 0x3f3f3f3fu, ma_lo = ha.z & 0x3f3f3f3fu;
@@ -129,8 +136,14 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
 #pragma unroll
         for (int sb = 0; sb < 8; ++sb) {
             const int j = sb >> 1, sh = 4 * (sb & 1);
-            const u32 a0 = (qa[j].x >> sh) & 0x0f0f0f0fu, a2 = (qa[j].y >> sh) & 0x0f0f0f0fu;
-            const u32 a1 = (qb[j].x >> sh) & 0x0f0f0f0fu, a3 = (qb[j].y >> sh) & 0x0f0f0f0fu;
+            u32 a0 = (qa[j].x >> sh) & 0x0f0f0f0fu, a2 = (qa[j].y >> sh) & 0x0f0f0f0fu;
+            u32 a1 = (qb[j].x >> sh) & 0x0f0f0f0fu, a3 = (qb[j].y >> sh) & 0x0f0f0f0fu;
+            if constexpr (QT == pq::Q5_K) {
+                a0 |= ((ha5.x >> sb) & 0x01010101u) << 4;
+                a2 |= ((ha5.y >> sb) & 0x01010101u) << 4;
+                a1 |= ((hb5.x >> sb) & 0x01010101u) << 4;
+                a3 |= ((hb5.y >> sb) & 0x01010101u) << 4;
+            }
             const int sca = (int)byte_u(sb < 4 ? sa_lo : sa_hi, sb & 3);
             const int scb = (int)byte_u(sb < 4 ? sb_lo : sb_hi, sb & 3);
 #pragma unroll
@@ -269,6 +282,7 @@ template __global__ void quantize_q8k_x<true>(const float*, long long, const flo
     template __global__ void gemv_kquant_mma<T, N, G, W>(const u8*, long long, int, int, const signed char*, \
                                                          const float*, const short*, int, const float*, float*);
 PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4) PQ_INST(pq::Q4_K, 8)
+PQ_INST(pq::Q5_K, 1) PQ_INST(pq::Q5_K, 2) PQ_INST(pq::Q5_K, 4) PQ_INST(pq::Q5_K, 8)
 PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4) PQ_INST(pq::Q6_K, 8)
 PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4) PQ_INST(pq::Q6_KP, 8)
 PQ_INST4(pq::Q4_K, 4, 4, 4) PQ_INST4(pq::Q4_K, 8, 4, 4) PQ_INST4(pq::Q4_K, 8, 2, 8)

@@ -206,7 +206,8 @@ def _linear_rows():
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
                             ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {}),
                             ("Q4_K", 64, {"groups": (2, 8)}), ("Q6_K", 29, {"groups": (2, 4)}),
-                            ("Q4_K", 40, {"groups": (4, 4)})):
+                            ("Q4_K", 40, {"groups": (4, 4)}), ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
+                            ("Q5_K", 7, {"up": True})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
         tag = "".join(f"-{k}" + ("".join(f"_{v}" for v in x) if isinstance(x, tuple) else "") for k, x in extra.items())
 

@@ -7,7 +7,7 @@ quantized to int8, quant/act_q8.py), 1-D tensors become float32.
   - N <= 8: GEMV kernels reading the stored weights (gemv.cu; quantized: gemv_gguf.cu with int8
     activations, gemv_gguf_f32.cu with fp32 activations);
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
-    still beats dequantizing the whole matrix); Q4_K / Q6_K at N 3-64 on int8 tensor cores
+    still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 3-64 on int8 tensor cores
     (gemv_kquant_mma.cu);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
     quantized weights dequantized to fp16 in row tiles first (dequant.cu).
@@ -184,7 +184,7 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
     return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
 
 
-GGUF_MMA_QTYPES = ("Q4_K", "Q6_K")                  # gemv_kquant_mma.cu
+GGUF_MMA_QTYPES = ("Q4_K", "Q5_K", "Q6_K")          # gemv_kquant_mma.cu
 # 8 tiles; past it dequantization + cuBLAS (H200, Q4_K 28672x4096 at batch 64: 170 us against 234;
 # a Q4_K_M decode step at batch 64 12.9 ms against 16.7)
 GGUF_MMA_MAX_BATCH = 64
@@ -539,7 +539,7 @@ def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
 
 
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
-    """Quantized GEMV: Q4_K / Q6_K past KQUANT_MAX_BATCH on int8 tensor cores (gguf_mma_tiles),
+    """Quantized GEMV: Q4_K / Q5_K / Q6_K past KQUANT_MAX_BATCH on int8 tensor cores (gguf_mma_tiles),
     else over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
     (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd / xk:
     x already quantized (quantize_x / quantize_x_q8k)."""
