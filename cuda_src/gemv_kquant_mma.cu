@@ -6,13 +6,15 @@
 // output -- the float epilogue had been half of the instructions of the per-32 kernel, which
 // issue-bound it at ~1.7 TB/s.
 //
-// quantize_q8k_x<SILU>: x [n, K] float32 (row stride ldx; SILU: silu(x) * up) -> xq int8 [n, K],
+// quantize_q8k_x<SILU>: x [n, K] float32 (row stride ldx; SILU: silu(x) * up) -> xq int8
+// [K / 32, n, 32] (chunk-major: the 32 values of every column at each k / 32 side by side, so that
+// the 8 columns of a B fragment are one contiguous 256-byte read instead of 8 rows' 32 bytes each),
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
 // One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
 //
-// gemv_kquant_mma<QT, NT, TG, WARPS>: block of WARPS warps on the same 16 rows, each warp a strided
-// share of the rows' super-blocks (in NT / TG passes, see below), partial tiles summed through
-// shared memory. Lane (g, t) = (lane / 4,
+// gemv_kquant_mma<QT, NT, TG, WARPS, U>: block of WARPS warps on the same 16 rows, each warp a
+// strided share of the rows' super-blocks, U at a time (in NT / TG passes, see below), partial
+// tiles summed through shared memory. Lane (g, t) = (lane / 4,
 // lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each of NT 8-column tiles.
 // Q4_K (Q5_K: plus the fifth bits): lane t reads bytes 8t..8t+7 of each 32-byte quant group
 // (values 8t..8t+7 of its two sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
@@ -60,29 +62,32 @@ __global__ void quantize_q8k_x(const float* __restrict__ x, long long ldx, const
     }
     s += __shfl_xor_sync(0xffffffffu, s, 1);        // the 4 lanes of one 32
     s += __shfl_xor_sync(0xffffffffu, s, 2);
-    *reinterpret_cast<uint2*>(xq + sb * 256 + 8 * lane) =
+    const long long n = nsb * 256 / k;
+    *reinterpret_cast<uint2*>(xq + ((col >> 5) * n + row) * 32 + (col & 31)) =
         make_uint2(q8_pack4(q[0], q[1], q[2], q[3]), q8_pack4(q[4], q[5], q[6], q[7]));
     if ((lane & 3) == 0) xb[sb * 8 + (lane >> 2)] = (short)s;
     if (lane == 0) xd[sb] = amax / 127.0f;
 }
 
 // The activations of the lane's batch columns: B fragment words at element k of column 8 * nt + g
-// (zero past the batch); the scale and the eight 32-sums of super-block `sblk` of column
-// 8 * nt + 2t + j.
+// (zero past the batch; xq chunk-major, chunks of `cs` bytes); the scale and the eight 32-sums of
+// super-block `sblk` of column 8 * nt + 2t + j.
 template <int NT>
 struct ActsK {
     const signed char* xq;
     const float* xd;
     const short* xb;
     int K, nb, g, t;
+    i64 cs;
 
+    __device__ __forceinline__ const signed char* at(int col, int k) const { return xq + (k >> 5) * cs + 32 * col + (k & 31); }
     __device__ __forceinline__ uint2 b8(int nt, int k) const {
         const int col = 8 * nt + g;
-        return col < nb ? *reinterpret_cast<const uint2*>(xq + (i64)col * K + k) : make_uint2(0u, 0u);
+        return col < nb ? *reinterpret_cast<const uint2*>(at(col, k)) : make_uint2(0u, 0u);
     }
     __device__ __forceinline__ u32 b4(int nt, int k) const {
         const int col = 8 * nt + g;
-        return col < nb ? *reinterpret_cast<const u32*>(xq + (i64)col * K + k) : 0u;
+        return col < nb ? *reinterpret_cast<const u32*>(at(col, k)) : 0u;
     }
     __device__ __forceinline__ int column(int nt, int j) const { return min(8 * nt + 2 * t + j, nb - 1); }
     __device__ __forceinline__ float d(int nt, int j, int sblk) const {
@@ -219,8 +224,9 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
 
 // TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
 // after the first), so that a warp holds TG tiles' integer sums instead of NT's and more warps fit
-// an SM; WARPS: warps per block (linear_cuda.kquant_mma_groups picks both).
-template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS>
+// an SM; WARPS: warps per block; U: super-blocks a warp works on at once, so that the loads of
+// the next are in flight during the current one's mma (linear_cuda.kquant_mma_groups picks them).
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1>
 __global__ void __launch_bounds__(WARPS * 32, (TG <= 2 ? 16 : 8) / WARPS)
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
@@ -242,11 +248,19 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 #pragma unroll
     for (int p = 0; p < NT / TG; ++p) {
         const int c0 = 8 * TG * p;                       // first batch column of this pass
-        const ActsK<TG> x{xq + (i64)c0 * K, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K, max(nb - c0, 1), g, t};
+        const ActsK<TG> x{xq + 32 * c0, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K, max(nb - c0, 1), g, t,
+                          32 * (i64)nb};
         float(&accp)[TG][4] = *reinterpret_cast<float(*)[TG][4]>(&acc[TG * p]);
-        if (c0 < nb)
-            for (int b = warp; b < nblk; b += WARPS)
+        if (c0 < nb) {
+            int b = warp;
+            for (; b + (U - 1) * WARPS < nblk; b += U * WARPS)
+#pragma unroll
+                for (int u = 0; u < U; ++u)
+                    kquant_superblock_k<QT, TG>(ra + (i64)(b + u * WARPS) * TS, rb + (i64)(b + u * WARPS) * TS,
+                                                b + u * WARPS, x, accp);
+            for (; U > 1 && b < nblk; b += WARPS)
                 kquant_superblock_k<QT, TG>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
+        }
     }
     if (warp > 0) {
 #pragma unroll
@@ -277,15 +291,14 @@ template __global__ void quantize_q8k_x<false>(const float*, long long, const fl
                                                signed char*, float*, short*);
 template __global__ void quantize_q8k_x<true>(const float*, long long, const float*, long long, int, long long,
                                               signed char*, float*, short*);
-#define PQ_INST(T, N) PQ_INST4(T, N, N, KM_WARPS)
-#define PQ_INST4(T, N, G, W)                                                                                \
-    template __global__ void gemv_kquant_mma<T, N, G, W>(const u8*, long long, int, int, const signed char*, \
-                                                         const float*, const short*, int, const float*, float*);
-PQ_INST(pq::Q4_K, 1) PQ_INST(pq::Q4_K, 2) PQ_INST(pq::Q4_K, 4) PQ_INST(pq::Q4_K, 8)
-PQ_INST(pq::Q5_K, 1) PQ_INST(pq::Q5_K, 2) PQ_INST(pq::Q5_K, 4) PQ_INST(pq::Q5_K, 8)
-PQ_INST(pq::Q6_K, 1) PQ_INST(pq::Q6_K, 2) PQ_INST(pq::Q6_K, 4) PQ_INST(pq::Q6_K, 8)
-PQ_INST(pq::Q6_KP, 1) PQ_INST(pq::Q6_KP, 2) PQ_INST(pq::Q6_KP, 4) PQ_INST(pq::Q6_KP, 8)
-PQ_INST4(pq::Q4_K, 4, 4, 4) PQ_INST4(pq::Q4_K, 8, 4, 4) PQ_INST4(pq::Q4_K, 8, 2, 8)
-#undef PQ_INST4
+#define PQ_INST(T, N) PQ_INST5(T, N, N, 4, 2)
+#define PQ_INST5(T, N, G, W, U)                                                                                \
+    template __global__ void gemv_kquant_mma<T, N, G, W, U>(const u8*, long long, int, int, const signed char*, \
+                                                            const float*, const short*, int, const float*, float*);
+#define PQ_INST_ALL(T) PQ_INST(T, 1) PQ_INST(T, 2) PQ_INST(T, 4) PQ_INST(T, 8) PQ_INST5(T, 1, 1, 8, 1) PQ_INST5(T, 2, 2, 8, 1)
+PQ_INST_ALL(pq::Q4_K) PQ_INST_ALL(pq::Q5_K) PQ_INST_ALL(pq::Q6_K) PQ_INST_ALL(pq::Q6_KP)
+PQ_INST5(pq::Q4_K, 8, 4, 4, 1) PQ_INST5(pq::Q4_K, 8, 2, 8, 1)
+#undef PQ_INST_ALL
+#undef PQ_INST5
 #undef PQ_INST
 #endif

@@ -102,14 +102,15 @@ RMS_NORM_WARP(1024)
 // (q8_act.cuh) into xq [rows * dim], xds [rows * dim / 32], for linears with int8 activations
 // (dim % 32 == 0); NORM_F16 / NORM_BF16: 16-bit floats into x16 [rows * dim] (the GEMM path's
 // cuBLAS input, rounded as cast_f32_f16 / cast_f32_bf16 in gemv.cu round); NORM_Q8K: int8 per 256
-// values into xq, xd [rows * dim / 256], xb [rows * dim / 32] (quantize_q8k_x's layout, the K-quant
-// tensor-core linears' input; dim % 256 == 0).
+// values into xq [dim / 32, rows, 32], xd [rows * dim / 256], xb [rows * dim / 32] (quantize_q8k_x's
+// layout, the K-quant tensor-core linears' input; dim % 256 == 0; one block per row).
 enum { NORM_PLAIN = 0, NORM_Q8 = 1, NORM_F16 = 2, NORM_BF16 = 3, NORM_Q8K = 4 };
 
 // The 256 values of a super-block are 64 consecutive threads' float4s: two warps of the block
 // (blockDim.x a multiple of 64), whose maxima meet in wmax. The whole block calls it.
-__device__ __forceinline__ void q8k_store4(float4 o, i64 i, bool ok, float* wmax, signed char* __restrict__ xq,
-                                           float* __restrict__ xd, short* __restrict__ xb) {
+// i: the float4's index in the row (one block per row); xq chunk-major (quantize_q8k_x)
+__device__ __forceinline__ void q8k_store4(float4 o, int i, bool ok, float* wmax, signed char* __restrict__ xq,
+                                           float* __restrict__ xd, short* __restrict__ xb, int n4) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
 #pragma unroll
@@ -125,9 +126,10 @@ __device__ __forceinline__ void q8k_store4(float4 o, i64 i, bool ok, float* wmax
 #pragma unroll
     for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);   // the 8 lanes of one 32
     if (!ok) return;
-    ((unsigned*)xq)[i] = q8_pack4(q0, q1, q2, q3);
-    if ((lane & 7) == 0) xb[i >> 3] = (short)s;
-    if ((threadIdx.x & 63) == 0) xd[i >> 6] = amax / 127.0f;
+    const i64 g = (i64)blockIdx.x * n4 + i;        // in [rows, dim]
+    ((unsigned*)xq)[((i64)(i >> 3) * gridDim.x + blockIdx.x) * 8 + (i & 7)] = q8_pack4(q0, q1, q2, q3);
+    if ((lane & 7) == 0) xb[g >> 3] = (short)s;
+    if ((threadIdx.x & 63) == 0) xd[g >> 6] = amax / 127.0f;
 }
 
 template <int V, int EXTRA>
@@ -169,7 +171,7 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
                                      h[e].w * r * wv[e].w);
         if (i < n4) ((float4*)out)[base + i] = o;
         if constexpr (EXTRA == NORM_Q8) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
-        if constexpr (EXTRA == NORM_Q8K) q8k_store4(o, base + i, i < n4, scratch, xq, xd, xb);
+        if constexpr (EXTRA == NORM_Q8K) q8k_store4(o, i, i < n4, scratch, xq, xd, xb, n4);
         if constexpr (EXTRA == NORM_F16 || EXTRA == NORM_BF16) {
             if (i < n4) {
                 const float f[4] = {o.x, o.y, o.z, o.w};

@@ -201,12 +201,13 @@ def _linear_rows():
                                   _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear_per32, _cuda_gemv_q8(), 2e-5))
     # the tensor-core kernel launched directly (gemv_kquant_mma.cu, activations per 256): 1-8 tiles,
     # raw Q6_K blocks, silu(x) * up quantized by quantize_x_q8k, and tiles in passes of TG with W warps
-    # a block (groups: (TG, W))
+    # a block, U super-blocks at a time per warp (groups: (TG, W[, U]))
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
                             ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {}),
                             ("Q4_K", 64, {"groups": (2, 8)}), ("Q6_K", 29, {"groups": (2, 4)}),
-                            ("Q4_K", 40, {"groups": (4, 4)}), ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
+                            ("Q4_K", 40, {"groups": (4, 4)}), ("Q4_K", 5, {"groups": (1, 4, 2)}),
+                            ("Q6_K", 11, {"groups": (2, 2, 4)}), ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
                             ("Q5_K", 7, {"up": True})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
         tag = "".join(f"-{k}" + ("".join(f"_{v}" for v in x) if isinstance(x, tuple) else "") for k, x in extra.items())

@@ -36,11 +36,13 @@ def q8_blocks_dequantized(xq, xds):
 
 
 def q8k_blocks_dequantized(xq, xd, xb):
-    """Per-256 int8 activations (quantize_x_q8k's layout: xq [N, K], xd [N, K / 256], xb [N, K / 32]
-    the sums of each 32) -> d * q as float32 [N, K], after checking the sums against the values."""
+    """Per-256 int8 activations (quantize_x_q8k's layout: xq [K / 32, N, 32], xd [N, K / 256], xb
+    [N, K / 32] the sums of each 32) -> d * q as float32 [N, K], after checking the sums against the
+    values."""
     import cupy as cp
 
-    n, dim = xq.shape
-    q = xq.astype(cp.int32)
+    chunks, n, _ = xq.shape
+    dim = 32 * chunks
+    q = xq.astype(cp.int32).transpose(1, 0, 2).reshape(n, dim)
     assert (xb.astype(cp.int32) == q.reshape(n, dim // 32, 32).sum(-1)).all(), "xb: not the sums of the int8 values"
     return (q.reshape(n, dim // 256, 256).astype(cp.float32) * xd[..., None]).reshape(n, dim)

@@ -179,14 +179,14 @@ def add_rms_norm_q8(x, residual, w, eps: float):
 @cuda_op("add_rms_norm_q8k")
 def add_rms_norm_q8k(x, residual, w, eps: float):
     """add_rms_norm_q8 with the output quantized per 256 values instead (linear_cuda.quantize_x_q8k's
-    layout, the input of the K-quant tensor-core linears): (out, residual, xq int8 [N, dim], xd
-    float32 [N, dim / 256], xb int16 [N, dim / 32]); None where the kernel does not apply (also dim
+    layout, the input of the K-quant tensor-core linears): (out, residual, xq int8 [dim / 32, N, 32],
+    xd float32 [N, dim / 256], xb int16 [N, dim / 32]); None where the kernel does not apply (also dim
     not a multiple of 256)."""
     cp = _cp()
     if x.shape[-1] % 256:
         return None
     return _add_rms_norm_vec_extra("add_rms_norm_q8k", x, residual, w, eps, lambda rows, dim: (
-        cp.empty((rows, dim), cp.int8), cp.empty((rows, dim // 256), cp.float32), cp.empty((rows, dim // 32), cp.int16)))
+        cp.empty((dim // 32, rows, 32), cp.int8), cp.empty((rows, dim // 256), cp.float32), cp.empty((rows, dim // 32), cp.int16)))
 
 
 @cuda_op("add_rms_norm_h16")

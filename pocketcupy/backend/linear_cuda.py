@@ -447,32 +447,39 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def kquant_mma_groups(qtype: str, nt: int) -> tuple[int, int]:
-    """(tiles per pass over the super-blocks, warps per block) of gemv_kquant_mma for nt tiles:
-    Q4_K from 4 tiles on in passes of 4 tiles with 4 warps, whose integer sums fit more warps
-    per SM (H200, Q4_K 28672x4096 batch 32: 80 us against 99 in one pass of 8 warps, batch 64 154
-    against 174); Q6_K gained nothing that way (4096x14336 batch 64: 116 against 100)."""
-    return (4, 4) if qtype == "Q4_K" and nt >= 4 else (nt, 8)
+def kquant_mma_groups(nt: int, cols: int) -> tuple[int, int, int]:
+    """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp) of
+    gemv_kquant_mma for nt tiles of a weight with `cols` columns: one pass; 4 warps with 2
+    super-blocks in flight each, except 8 warps one at a time for the long rows of a down
+    projection at 1-2 tiles. H200, chunk-major activations, against 8 warps one at a time: Q4_K
+    28672x4096 batch 4 25.8 us against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16
+    10.6 against 13.4; Q6_K 49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K
+    4096x14336 batch 4 23.0 against 24.8, batch 32 37.1 against 43.4."""
+    return (nt, 8, 1) if cols > 4096 and nt <= 2 else (nt, 4, 2)
 
 
-def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, int]) -> str:
-    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(groups[0], nt)}, {groups[1]}>"
+def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
+    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp])."""
+    tg, warps, *u = groups
+    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u[0] if u else 1}>"
 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
-_KQUANT_MMA_EXPRS = tuple(_kquant_mma_expr(kq, nt, kquant_mma_groups(q, nt))
-                          for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
-                          for nt in (1, 2, 4, 8))
+_KQUANT_MMA_EXPRS = tuple(dict.fromkeys(
+    _kquant_mma_expr(kq, nt, kquant_mma_groups(nt, cols))
+    for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
+    for nt in (1, 2, 4, 8) for cols in (4096, 4352)))
 
 
 def quantize_x_q8k(x, up=None):
-    """Activations [N, K] float32 (K a multiple of 256, row stride allowed) -> int8 [N, K], float32
-    scales [N, K/256], int16 sums [N, K/32]: int8 per 256 values (llama.cpp's Q8_K), the input of
-    gemv_kquant_mma; with up, the activations are silu(x) * up."""
+    """Activations [N, K] float32 (K a multiple of 256, row stride allowed) -> int8 [K/32, N, 32]
+    (chunk-major, see gemv_kquant_mma.cu), float32 scales [N, K/256], int16 sums [N, K/32]: int8 per
+    256 values (llama.cpp's Q8_K), the input of gemv_kquant_mma; with up, the activations are
+    silu(x) * up."""
     import cupy as cp
 
     n, k = x.shape
-    xq = cp.empty((n, k), dtype=cp.int8)
+    xq = cp.empty((k // 32, n, 32), dtype=cp.int8)
     xd = cp.empty((n, k // 256), dtype=cp.float32)
     xb = cp.empty((n, k // 32), dtype=cp.int16)
     src = x if up is None else up
@@ -487,7 +494,7 @@ def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, grou
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
     nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: (tiles per pass, warps per block),
     default kquant_mma_groups."""
-    groups = groups or kquant_mma_groups(w.qtype, nt)
+    groups = groups or kquant_mma_groups(nt, w.cols)
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups)
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
     fn((-(-w.rows // 16),), (32 * groups[1],),
