@@ -225,9 +225,10 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
 // TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
 // after the first), so that a warp holds TG tiles' integer sums instead of NT's and more warps fit
 // an SM; WARPS: warps per block; U: super-blocks a warp works on at once, so that the loads of
-// the next are in flight during the current one's mma (linear_cuda.kquant_mma_groups picks them).
-template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1>
-__global__ void __launch_bounds__(WARPS * 32, (TG <= 2 ? 16 : 8) / WARPS)
+// the next are in flight during the current one's mma (linear_cuda.kquant_mma_groups picks them);
+// MINB: blocks per SM the registers must allow (0: 16 / WARPS warps' worth up to 2 tiles, 8 past).
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0>
+__global__ void __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
                 float* __restrict__ y) {

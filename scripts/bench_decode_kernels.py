@@ -38,7 +38,8 @@ def parse_config(s: str):
 
     kind, *nums = s.split(":")
     if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
-        return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U]: TG tiles a pass, W warps, U super-blocks in flight
+        return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U[:B]]: TG tiles a pass, W warps,
+        #                             U super-blocks in flight, B blocks per SM the registers allow
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
     if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane

@@ -459,9 +459,10 @@ def kquant_mma_groups(nt: int, cols: int) -> tuple[int, int, int]:
 
 
 def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
-    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp])."""
-    tg, warps, *u = groups
-    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u[0] if u else 1}>"
+    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
+    the registers must allow, 0: the kernel's default]])."""
+    tg, warps, u, minb = tuple(groups) + (1, 0)[len(groups) - 2:]
+    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}>"
 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
