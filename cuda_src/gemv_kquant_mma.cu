@@ -80,7 +80,9 @@ struct ActsK {
     int K, nb, g, t;
     i64 cs;
 
-    __device__ __forceinline__ const signed char* at(int col, int k) const { return xq + (k >> 5) * cs + 32 * col + (k & 31); }
+    __device__ __forceinline__ const signed char* at(int col, int k) const {
+        return xq + (k >> 5) * cs + 32 * col + (k & 31);
+    }
     __device__ __forceinline__ uint2 b8(int nt, int k) const {
         const int col = 8 * nt + g;
         return col < nb ? *reinterpret_cast<const uint2*>(at(col, k)) : make_uint2(0u, 0u);

@@ -451,10 +451,10 @@ def kquant_mma_groups(nt: int, cols: int) -> tuple[int, int, int]:
     """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp) of
     gemv_kquant_mma for nt tiles of a weight with `cols` columns: one pass; 4 warps with 2
     super-blocks in flight each, except 8 warps one at a time for the long rows of a down
-    projection at 1-2 tiles. H200, chunk-major activations, against 8 warps one at a time: Q4_K
+    projection at 1-2 tiles. H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K
     28672x4096 batch 4 25.8 us against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16
     10.6 against 13.4; Q6_K 49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K
-    4096x14336 batch 4 23.0 against 24.8, batch 32 37.1 against 43.4."""
+    4096x14336 batch 32 37.1 against 43.4, but batch 4 24.8 against 23.0 (hence the exception)."""
     return (nt, 8, 1) if cols > 4096 and nt <= 2 else (nt, 4, 2)
 
 
@@ -493,8 +493,8 @@ def quantize_x_q8k(x, up=None):
 
 def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
-    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: (tiles per pass, warps per block),
-    default kquant_mma_groups."""
+    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape as _kquant_mma_expr
+    takes it, default kquant_mma_groups."""
     groups = groups or kquant_mma_groups(nt, w.cols)
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups)
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
