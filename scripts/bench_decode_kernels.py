@@ -6,13 +6,15 @@
 
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
-T threads; plain q8: linear()'s launch), q8mma (int8 tensor cores with activations per 256, batch 3-64), gemm
-(dequantization + cuBLAS) and kq:R:U (Q4_K /
+T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B]]] (int8 tensor cores with activations per
+256, batch 3-64; the launch shape, see linear_cuda._kquant_mma_expr), gemm (dequantization + cuBLAS)
+and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
 default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
-HBM as in a decode step of a model bigger than the L2. Timing as in bench_kernels.py (CUDA-graph
-replay of back-to-back calls, median)."""
+HBM as in a decode step of a model bigger than the L2; frac_copy_bw: their GB/s (weight bytes) over
+the device-to-device copy bandwidth measured in the same run ("copy"). Timing as in bench_kernels.py
+(CUDA-graph replay of back-to-back calls, median)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_kernels import L2_BYTES, make_weight, time_us, weight_bytes  # noqa: E402
+from bench_kernels import L2_BYTES, copy_bandwidth, make_weight, time_us, weight_bytes  # noqa: E402
 
 SMOL = [("Q4_1", 960, 576), ("Q4_1", 576, 576), ("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576)]
 BIG = [("Q8_0", 14336, 4096), ("Q4_K", 14336, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)]
@@ -49,7 +51,7 @@ def parse_config(s: str):
     return lc.F32Gemv(kind, int(nums[0]))
 
 
-def bench_gemv(args) -> dict:
+def bench_gemv(args, copy_gbps: float) -> dict:
     import cupy as cp
 
     from pocketcupy.backend import linear_cuda as lc
@@ -114,7 +116,8 @@ def bench_gemv(args) -> dict:
                 except Exception as e:                      # a config that does not compile / launch
                     out[key] = {"error": f"{type(e).__name__}: {e}"[:200]}
                     continue
-                out[key] = {**t, "GBps": round(weight_bytes(w0) / t["us"] / 1e3, 1)}
+                gbps = weight_bytes(w0) / t["us"] / 1e3
+                out[key] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
         del copies, w0
     return out
 
@@ -174,7 +177,8 @@ def main(argv=None) -> int:
     if "small" in only:
         res["small"] = bench_small(args)
     if "gemv" in only:
-        res["gemv"] = bench_gemv(args)
+        res["copy"] = copy_bandwidth(args.reps)        # the roofline the GEMVs' GB/s are a fraction of
+        res["gemv"] = bench_gemv(args, res["copy"]["GBps"])
     print(json.dumps(res))
     return 0
 
