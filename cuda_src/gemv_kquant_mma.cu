@@ -12,12 +12,12 @@
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
 // One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
 //
-// gemv_kquant_mma<QT, NT, TG, WARPS, U>: block of WARPS warps on the same 16 rows, each warp a
-// strided share of the rows' super-blocks, U at a time (in NT / TG passes, see below), partial
-// tiles summed through shared memory. Lane (g, t) = (lane / 4,
-// lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each of NT 8-column tiles.
-// Q4_K (Q5_K: plus the fifth bits): lane t reads bytes 8t..8t+7 of each 32-byte quant group
-// (values 8t..8t+7 of its two sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
+// gemv_kquant_mma<QT, NT, TG, WARPS, U, MINB>: block of WARPS warps on the same 16 rows, each warp
+// a strided share of the rows' super-blocks, U at a time (in NT / TG passes, see below), partial
+// tiles summed through shared memory. Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8
+// and batch columns 2t, 2t + 1 of each of NT 8-column tiles. Q4_K (Q5_K: plus the fifth bits):
+// lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
+// sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
 // Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
 // sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
 // 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
