@@ -546,6 +546,12 @@ def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
     kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), tuple(args))
 
 
+def _gemv_gguf_takes(w: CudaWeight, n: int) -> bool:
+    """Whether _gemv_gguf runs a batch of n rows of w: column tiles up to QUANT_GEMV_MAX_BATCH, or
+    the K-quant tensor-core kernel (gguf_mma_tiles); else dequantization + cuBLAS."""
+    return n <= QUANT_GEMV_MAX_BATCH or gguf_mma_tiles(w, n) > 0
+
+
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
     """Quantized GEMV: Q4_K / Q5_K / Q6_K past KQUANT_MAX_BATCH on int8 tensor cores (gguf_mma_tiles),
     else over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
@@ -652,7 +658,7 @@ def linear(x, w, bias=None, out=None):
             gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
-    elif n <= QUANT_GEMV_MAX_BATCH or gguf_mma_tiles(w, n):
+    elif _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
         _gemm(x, w, bias, y)
@@ -728,7 +734,7 @@ def silu_mul_linear(gate, up, w, out=None):
         0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
         and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
         and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
-    if shapes_ok and w.act_q8 and (n <= QUANT_GEMV_MAX_BATCH or gguf_mma_tiles(w, n)):
+    if shapes_ok and w.act_q8 and _gemv_gguf_takes(w, n):
         out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
         _gemv_gguf(gate, w, None, out, up=up)
         return out
