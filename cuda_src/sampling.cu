@@ -94,14 +94,26 @@ __device__ void sparse_edits(const RowSrc& raw, float* w, int* cnt, const int* P
 __device__ void raw_pass(const RowSrc& raw, int V, float* w, bool lse, bool amax, float& m, float& z,
                          float& av, int& ai, SelShared& s) {
     m = pc_neg_inf(); z = 0.0f; av = pc_neg_inf(); ai = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        const float x = raw(i);
-        if (w) w[i] = x;
-        if (lse && x != pc_neg_inf()) {
-            if (x > m) { z = z * expf(m - x) + 1.0f; m = x; }
-            else z += expf(x - m);
+    constexpr int U = 8;                  // loads in flight a thread: the row is ~V / blockDim.x loads deep
+    for (int i0 = threadIdx.x; i0 < V; i0 += U * blockDim.x) {
+        float xs[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            xs[u] = i < V ? raw(i) : 0.0f;
         }
-        argmax_merge(av, ai, x, i);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int i = i0 + u * blockDim.x;
+            if (i >= V) break;
+            const float x = xs[u];
+            if (w) w[i] = x;
+            if (lse && x != pc_neg_inf()) {
+                if (x > m) { z = z * expf(m - x) + 1.0f; m = x; }
+                else z += expf(x - m);
+            }
+            argmax_merge(av, ai, x, i);
+        }
     }
     if (lse) block_lse(m, z, s);
     if (amax) block_argmax(av, ai, s);
