@@ -7,7 +7,9 @@ and, per kernel name, its launches, microseconds and share.
     ncu --clock-control none --profile-from-start off --csv \\
         --metrics gpu__time_duration.sum,dram__bytes_read.sum \\
         python scripts/profile_kernels.py MODEL [--batch 1] [--context 512] > step.csv
-    python scripts/profile_kernels.py --summarize step.csv [--top 25]
+    python scripts/profile_kernels.py --summarize step.csv [--top 25] [--sequence 4:9]
+
+--sequence FIRST:COUNT adds launches FIRST .. FIRST + COUNT - 1 in launch order (e.g. one layer).
 """
 import argparse
 import collections
@@ -43,25 +45,37 @@ def profile_step(model: str, batch: int, context: int) -> None:
     cp.cuda.runtime.profilerStop()
 
 
-def summarize(path: str, top: int) -> dict:
-    """Per kernel name: launches, µs, share of the step; with dram__bytes_read.sum in the CSV also
-    the bytes read from DRAM and the achieved GB/s."""
+def _launches(path: str) -> list[dict]:
+    """ncu's CSV as one dict per launch, in launch order: name, us and (when measured) bytes."""
     with open(path) as f:
         rows = list(csv.reader(line for line in f if line.startswith('"')))
     if not rows:
         raise SystemExit(f"{path}: no ncu CSV rows (was the step run under ncu --csv?)")
     head = rows[0]
-    name, metric, value, unit = (head.index(h) for h in ("Kernel Name", "Metric Name", "Metric Value", "Metric Unit"))
+    ident, name, metric, value, unit = (head.index(h) for h in ("ID", "Kernel Name", "Metric Name", "Metric Value",
+                                                               "Metric Unit"))
+    out: dict[str, dict] = {}
+    for r in rows[1:]:
+        k = out.setdefault(r[ident], {"name": r[name].split("(")[0].removeprefix("void ")})
+        v = float(r[value].replace(",", ""))
+        if r[metric] == "gpu__time_duration.sum":
+            k["us"] = v * _US_PER_UNIT[r[unit]]
+        elif r[metric] == "dram__bytes_read.sum":
+            k["bytes"] = v * _BYTES_PER_UNIT[r[unit]]
+    return list(out.values())
+
+
+def summarize(path: str, top: int) -> dict:
+    """Per kernel name: launches, µs, share of the step; with dram__bytes_read.sum in the CSV also
+    the bytes read from DRAM and the achieved GB/s."""
     us = collections.defaultdict(float)
     nbytes = collections.defaultdict(float)
     launches = collections.Counter()
-    for r in rows[1:]:
-        k, v = r[name].split("(")[0].removeprefix("void "), float(r[value].replace(",", ""))
-        if r[metric] == "gpu__time_duration.sum":
-            launches[k] += 1
-            us[k] += v * _US_PER_UNIT[r[unit]]
-        elif r[metric] == "dram__bytes_read.sum":
-            nbytes[k] += v * _BYTES_PER_UNIT[r[unit]]
+    for k in _launches(path):
+        launches[k["name"]] += 1
+        us[k["name"]] += k.get("us", 0.0)
+        if "bytes" in k:
+            nbytes[k["name"]] += k["bytes"]
     total = sum(us.values())
     ranked = sorted(us.items(), key=lambda kv: -kv[1])[:top]
     kernels = []
@@ -76,6 +90,20 @@ def summarize(path: str, top: int) -> dict:
     return out
 
 
+def sequence(path: str, first: int, count: int) -> list[dict]:
+    """Launches first .. first + count - 1 in order (one layer of the step, say), each with its µs
+    and, with bytes measured, MB and GB/s."""
+    rows = []
+    for k in _launches(path)[first:first + count]:
+        row = {"name": k["name"], "us": round(k.get("us", 0.0), 2)}
+        if "bytes" in k:
+            row["MB"] = round(k["bytes"] / 1e6, 2)
+            if k.get("us"):
+                row["GBps"] = round(k["bytes"] / k["us"] / 1e3, 1)
+        rows.append(row)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model", nargs="?")
@@ -83,9 +111,14 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--summarize", metavar="CSV")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--sequence", metavar="FIRST:COUNT", help="with --summarize: also launches FIRST.. in order")
     a = ap.parse_args()
     if a.summarize:
-        print(json.dumps(summarize(a.summarize, a.top)))
+        res = summarize(a.summarize, a.top)
+        if a.sequence:
+            first, count = (int(v) for v in a.sequence.split(":"))
+            res["sequence"] = sequence(a.summarize, first, count)
+        print(json.dumps(res))
     elif a.model:
         profile_step(a.model, a.batch, a.context)
     else:

@@ -41,3 +41,13 @@ def test_summarize_dram_bytes_give_bandwidth(tmp_path):
     got = _module().summarize(str(csv), top=10)
     assert got["launches"] == 2 and got["dram_MB_total"] == 40.0
     assert got["kernels"] == [{"name": "k", "launches": 2, "us": 20.0, "share": 1.0, "MB": 40.0, "GBps": 2000.0}]
+
+
+def test_sequence_lists_launches_in_order(tmp_path):
+    csv = tmp_path / "step.csv"
+    csv.write_text(HEAD + _row(0, "norm", "usecond", "4") + _row(0, "norm", "Kbyte", "32", "dram__bytes_read.sum")
+                   + _row(1, "gemv<12>(int)", "usecond", "20") + _row(1, "gemv<12>(int)", "Mbyte", "60",
+                                                                      "dram__bytes_read.sum")
+                   + _row(2, "attn", "nsecond", "6,500"))
+    got = _module().sequence(str(csv), 1, 5)
+    assert got == [{"name": "gemv<12>", "us": 20.0, "MB": 60.0, "GBps": 3000.0}, {"name": "attn", "us": 6.5}]
