@@ -25,19 +25,27 @@ _US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, 
 _BYTES_PER_UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
-def profile_step(model: str, batch: int, context: int) -> None:
-    import cupy as cp
+def start_decodes(eng, batch: int, context: int, tokens: int) -> None:
+    """batch greedy requests of `context` prompt tokens each, stepped until every one has `tokens`
+    output tokens (prefill, then decode steps); none finishes for another ~4000 steps."""
+    from pocketcupy import SamplingParams
 
-    from pocketcupy import Engine, SamplingParams
-
-    eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1))
-    p = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)  # none finishes before the profiled step
+    p = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
     for i in range(batch):
         eng.add_request(f"r{i}", [100 + (i * 7 + t) % 20000 for t in range(context)], p)
     produced = {f"r{i}": 0 for i in range(batch)}
-    while min(produced.values()) < 2:  # prefill, then one decode step outside the profile
+    while min(produced.values()) < tokens:
         for out in eng.step():
             produced[out.request_id] = len(out.outputs[0].token_ids)
+
+
+def profile_step(model: str, batch: int, context: int) -> None:
+    import cupy as cp
+
+    from pocketcupy import Engine
+
+    eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1))
+    start_decodes(eng, batch, context, 2)   # prefill, then one decode step outside the profile
     cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStart()
     eng.step()

@@ -19,7 +19,11 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from profile_decode import replay_us  # noqa: E402
+from profile_kernels import start_decodes  # noqa: E402
 
 DEFAULT_REMOVE = ("rope_attention,add_rms_norm,linears,linear:wqkv,linear:wo,linear:w_gate_up,silu_mul_linear,"
                   "linear:lm_head")
@@ -78,20 +82,8 @@ class OpRemoval:
         return False
 
 
-def replay_us(graphs, b: int, reps: int) -> float:
-    import cupy as cp
-
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record(graphs.stream)
-    for _ in range(reps):
-        graphs.graphs[b].launch(graphs.stream)
-    end.record(graphs.stream)
-    end.synchronize()
-    return round(cp.cuda.get_elapsed_time(start, end) * 1e3 / reps, 1)
-
-
 def main():
-    from pocketcupy import Engine, SamplingParams
+    from pocketcupy import Engine
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -104,13 +96,7 @@ def main():
     graphs = eng.runner.graphs
     if graphs is None:
         raise SystemExit("profile_marginal: the engine runs without CUDA graphs")
-    p = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
-    for i in range(a.batch):
-        eng.add_request(f"r{i}", [100 + (i * 7 + t) % 20000 for t in range(a.context)], p)
-    produced = {f"r{i}": 0 for i in range(a.batch)}
-    while min(produced.values()) < 3:   # prefill, then decode steps on the graph
-        for out in eng.step():
-            produced[out.request_id] = len(out.outputs[0].token_ids)
+    start_decodes(eng, a.batch, a.context, 3)   # prefill, then decode steps on the graph
     b = graphs.bucket_for(a.batch)
 
     def recaptured() -> float:

@@ -7,6 +7,7 @@ import pytest
 from pocketcupy import Engine, SamplingParams
 
 from .conftest import FIXTURES
+from .helpers import load_script
 
 pytestmark = pytest.mark.gpu
 
@@ -110,16 +111,9 @@ def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
     with quant_activations="q8") at 4 and 40 concurrent decodes: the int8 tensor-core kernel with
     per-256 activations (1 and 8 tiles, Q4_K in passes), the norm writing them, and the SiLU
     quantizer, replayed in graphs and run eagerly, give the same tokens."""
-    import importlib.util
-    import sys
-
     from pocketcupy.backend import linear_cuda
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "make_synthetic_model.py")
-    spec = importlib.util.spec_from_file_location("make_synthetic_model", script)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("make_synthetic_model", mod)   # its dataclasses look their module up
-    spec.loader.exec_module(mod)
+    mod = load_script("make_synthetic_model")
     out = str(tmp_path_factory.mktemp("q4km"))
     made = mod.main(["--out", out, "--vocab", "4096", "--hidden", "512", "--layers", "2", "--heads", "8",
                      "--kv-heads", "2", "--intermediate", "1536", "--formats", "q4_k_m", "--tokenizer", "synthetic"])

@@ -1,9 +1,7 @@
 """scripts/profile_kernels.py --summarize: ncu's CSV (units mixed, thousands separators, kernel
 signatures) summed per kernel name."""
-import importlib.util
-import os
+from .helpers import load_script
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size",'
         '"Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n')
 
@@ -14,11 +12,7 @@ def _row(i, kernel, unit, value, metric="gpu__time_duration.sum"):
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("profile_kernels",
-                                                  os.path.join(HERE, "..", "scripts", "profile_kernels.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("profile_kernels")
 
 
 def test_summarize_sums_per_kernel(tmp_path):

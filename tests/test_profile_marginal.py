@@ -1,21 +1,14 @@
 """scripts/profile_marginal.py's OpRemoval on the real SmolLM2 (CPU engine): a removed op runs
 once per place in the forward and then returns that output, only the calls of the named weight are
 removed, and leaving restores the ops and the model."""
-import importlib.util
-import os
-
 import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from .helpers import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("profile_marginal",
-                                                  os.path.join(HERE, "..", "scripts", "profile_marginal.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("profile_marginal")
 
 
 def _counting(ops, name, calls):
