@@ -229,17 +229,19 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
 // an SM; WARPS: warps per block; U: super-blocks a warp works on at once, so that the loads of
 // the next are in flight during the current one's mma (linear_cuda.kquant_mma_groups picks them);
 // MINB: blocks per SM the registers must allow (0: 16 / WARPS warps' worth up to 2 tiles, 8 past).
-template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0>
-__global__ void __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
-gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
-                const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
-                float* __restrict__ y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define KM_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
+
+// Rows 16 blk .. 16 blk + 15 of one weight (the body of both kernels below); red: the block's
+// shared memory for the warps' partial tiles.
+template <int QT, int NT, int TG, int WARPS, int U>
+__device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long long bpr, int rows, int K, int blk,
+                                                const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                                const short* __restrict__ xb, int nb, const float* __restrict__ bias,
+                                                float* __restrict__ y, float (&red)[WARPS - 1][NT * 4][32]) {
     static_assert(NT % TG == 0, "TG divides NT");
     constexpr int TS = pq::QTraits<QT>::TS;
-    __shared__ float red[WARPS - 1][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16;
+    const int row0 = blk * 16;
     const u8* ra = W + (i64)min(row0 + g, rows - 1) * bpr;
     const u8* rb = W + (i64)min(row0 + g + 8, rows - 1) * bpr;
     prefetch_l2(W + (i64)row0 * bpr, bpr * (min(rows, row0 + 16) - row0));
@@ -284,10 +286,46 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
             if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
         }
     }
+}
+
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0>
+__global__ void KM_LAUNCH_BOUNDS
+gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
+                const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
+                float* __restrict__ y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    __shared__ float red[WARPS - 1][NT * 4][32];
+    kquant_mma_rows<QT, NT, TG, WARPS, U>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
 #else
     pdl_wait();
 #endif
 }
+
+// Two or three weights of one input in one launch (the q, k, v projections, of mixed types in
+// Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batches 1-2: blocks [0, end_a) take weight a,
+// [end_a, end_b) b, the rest c; each writes its own output. The short k and v weights, latency-
+// bound alone, ride in the grid of q.
+#define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
+                     float *__restrict__ y_##s
+template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0>
+__global__ void KM_LAUNCH_BOUNDS
+gemv_kquant_mma3(int K, const signed char* __restrict__ xq, const float* __restrict__ xd, const short* __restrict__ xb,
+                 int nb, int end_a, int end_b, PQ_KM_SEG(a), PQ_KM_SEG(b), PQ_KM_SEG(c)) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    __shared__ float red[WARPS - 1][NT * 4][32];
+    const int blk = blockIdx.x;
+    if (blk < end_a)
+        kquant_mma_rows<QA, NT, TG, WARPS, U>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a, red);
+    else if (blk < end_b)
+        kquant_mma_rows<QB, NT, TG, WARPS, U>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb, bias_b, y_b, red);
+    else
+        kquant_mma_rows<QC, NT, TG, WARPS, U>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb, bias_c, y_c, red);
+#else
+    pdl_wait();
+#endif
+}
+#undef PQ_KM_SEG
+#undef KM_LAUNCH_BOUNDS
 
 #ifndef __CUDACC_RTC__
 template __global__ void quantize_q8k_x<false>(const float*, long long, const float*, long long, int, long long,
@@ -301,6 +339,13 @@ template __global__ void quantize_q8k_x<true>(const float*, long long, const flo
 #define PQ_INST_ALL(T) PQ_INST(T, 1) PQ_INST(T, 2) PQ_INST(T, 4) PQ_INST(T, 8) PQ_INST5(T, 1, 1, 8, 1) PQ_INST5(T, 2, 2, 8, 1)
 PQ_INST_ALL(pq::Q4_K) PQ_INST_ALL(pq::Q5_K) PQ_INST_ALL(pq::Q6_K) PQ_INST_ALL(pq::Q6_KP)
 PQ_INST5(pq::Q4_K, 8, 4, 4, 1) PQ_INST5(pq::Q4_K, 8, 2, 8, 1)
+#define PQ_INST3(N) \
+    template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, N, N, 4, 2>(                    \
+        int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,     \
+        const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int, \
+        const float*, float*);
+PQ_INST3(1) PQ_INST3(2) PQ_INST3(4) PQ_INST3(8)
+#undef PQ_INST3
 #undef PQ_INST_ALL
 #undef PQ_INST5
 #undef PQ_INST

@@ -409,7 +409,9 @@ def _silu_linear_rows():
     return rows
 
 
-def _make_linears(parts, cols: int, n: int, q8rows: bool = False):
+def _make_linears(parts, cols: int, n: int, q8rows: str = ""):
+    """q8rows: "q8" / "q8k": x comes as Q8Rows with its int8 blocks of 32 / of 256 (as the fused
+    norm writes them at batches 1-2 / past them)."""
     def make(rng):
         return {"parts": [(q, (r, cols), _weight(rng, q, r, cols)) for q, r in parts],
                 "bias": rng.standard_normal(parts[0][1], dtype=np.float32),
@@ -435,14 +437,17 @@ def _cuda_linears(inp, poison):
     ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
     biases = [cp.asarray(inp["bias"])] + [None] * (len(ws) - 1)
     x = cp.asarray(inp["x"])
-    if inp["q8rows"]:                     # quantized by the kernel before (as the fused norm does)
+    if inp["q8rows"] == "q8":             # quantized by the kernel before (as the fused norm does)
         x = linear_cuda.Q8Rows(x, *linear_cuda.quantize_x(x))
+    elif inp["q8rows"] == "q8k":
+        x = linear_cuda.Q8Rows(x, None, None, linear_cuda.quantize_x_q8k(x))
     return tuple(linear_cuda.linears(x, ws, biases))
 
 
 def _linears_rows():
     # unfused projections of one input: int8-activation weights share one quantization of x; K-quants
-    # at batch 1-2 in one gemv_kquant3 launch (rows ending inside a block; x from a fused norm)
+    # at batch 1-2 in one gemv_kquant3 launch, past it in one gemv_kquant_mma3 launch (rows ending
+    # inside a block; x from a fused norm)
     rows = []
     for name, parts, cols, n, tol in (("q4_k+q4_k+q6_k", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 3, 2e-5),
                                       ("q4_k+q4_k+q6_k-kq3", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 1, 2e-5),
@@ -450,8 +455,12 @@ def _linears_rows():
                                       ("q4_k+q5_k-kq3-q8rows", [("Q4_K", 17), ("Q5_K", 33)], 4096, 2, 2e-5),
                                       ("q8_0+f16", [("Q8_0", 33), ("F16", 20)], 4096, 1, 2e-5),
                                       ("q4_1+q4_1-short", [("Q4_1", 20), ("Q4_1", 20)], 576, 2, 2e-5),
-                                      ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3)):
-        rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n, "q8rows" in name),
+                                      ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3),
+                                      ("q4_k+q4_k+q6_k-mma3-q8krows", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096,
+                                       4, 2e-5),
+                                      ("q5_k+q6_k-mma3", [("Q5_K", 24), ("Q6_K", 17)], 512, 17, 2e-5)):
+        q8rows = "q8k" if "q8krows" in name else "q8" if "q8rows" in name else ""
+        rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n, q8rows),
                               _ref_linears, _cuda_linears, tol))
     return rows
 

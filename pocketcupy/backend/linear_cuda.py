@@ -528,22 +528,46 @@ def kquant_joinable(ws, nb: int) -> bool:
         and w.cols == ws[0].cols and 1 <= nb <= KQUANT_MAX_BATCH[w.qtype] for w in ws)
 
 
-def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
-    """outs[i] [nb, ws[i].rows] = activations @ ws[i].T (+ biases[i]) for 2-3 K-quant weights
-    (kquant_joinable) in one gemv_kquant3 launch; a missing third weight repeats the second
-    with no blocks."""
-    rpb = KQUANT3_ROWS * GEMV_THREADS // 32
-    ends = list(itertools.accumulate(-(-w.rows // rpb) for w in ws))
+def _joined_segments(ws, biases, outs, rows_per_block: int):
+    """Block ends and (weight, bias, out) of each segment of a joined launch of 2-3 weights
+    (gemv_kquant3, gemv_kquant_mma3): a missing third weight repeats the second with no blocks."""
+    ends = list(itertools.accumulate(-(-w.rows // rows_per_block) for w in ws))
     segs = list(zip(ws, biases, outs))
     if len(segs) == 2:
         segs.append(segs[1])
         ends.append(ends[1])
-    tids = ", ".join(str(w.type_id) for w, _, _ in segs)
-    args = [np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1])]
+    args = []
     for w, b, o in segs:
         args += [w.data, np.int64(w.data.shape[1]), np.int32(w.rows), _null() if b is None else b, o]
+    return ends, ", ".join(str(w.type_id) for w, _, _ in segs), args
+
+
+def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
+    """outs[i] [nb, ws[i].rows] = activations @ ws[i].T (+ biases[i]) for 2-3 K-quant weights
+    (kquant_joinable) in one gemv_kquant3 launch."""
+    ends, tids, seg_args = _joined_segments(ws, biases, outs, KQUANT3_ROWS * GEMV_THREADS // 32)
     expr = f"gemv_kquant3<{tids}, {nb}, {KQUANT3_ROWS}>"
-    kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), tuple(args))
+    kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), (
+        np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1]), *seg_args))
+
+
+def kquant_mma_joinable(ws, n: int) -> int:
+    """Tiles of the gemv_kquant_mma3 launch that computes these 2-3 weights of one input at batch n
+    (all on the K-quant tensor-core kernel with the same tiles and columns), else 0."""
+    if not 2 <= len(ws) <= 3 or not all(isinstance(w, CudaWeight) and w.cols == ws[0].cols for w in ws):
+        return 0
+    nts = {gguf_mma_tiles(w, n) for w in ws}
+    return nts.pop() if len(nts) == 1 else 0
+
+
+def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int) -> None:
+    """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
+    the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch."""
+    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16)
+    tg, warps, u = kquant_mma_groups(nt, ws[0].cols)
+    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}>"
+    kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * warps,), (
+        np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
 
 def _gemv_gguf_takes(w: CudaWeight, n: int) -> bool:
@@ -672,9 +696,12 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
-    if isinstance(x, Q8Rows) and x.xq is not None and x.x.ndim == 2 and kquant_joinable(ws, x.x.shape[0]) \
-            and all(w.cols == x.x.shape[1] for w in ws):
-        return _linears_kquant3(x.x, (x.xq, x.xds), ws, biases)
+    if isinstance(x, Q8Rows) and x.x.ndim == 2 and all(isinstance(w, CudaWeight) and w.cols == x.x.shape[1]
+                                                       for w in ws):
+        if x.xq is not None and kquant_joinable(ws, x.x.shape[0]):
+            return _linears_joined(x.x, ws, biases, launch_gemv_kquant3, x.xq, x.xds)
+        if x.xk is not None and (nt := kquant_mma_joinable(ws, x.x.shape[0])):
+            return _linears_joined(x.x, ws, biases, launch_gemv_kquant_mma3, x.xk, nt=nt)
     if isinstance(x, (Q8Rows, Half16Rows)):    # already quantized / rounded
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
@@ -683,9 +710,15 @@ def linears(x, ws, biases=None):
     if len(shared) < 2 or not 0 < x2.shape[0] <= QUANT_GEMV_MAX_BATCH or not _aligned16(x2) \
             or any(w.cols != x2.shape[1] for w in shared):
         return [linear(x, w, b) for w, b in zip(ws, biases)]
-    if kquant_joinable(ws, x2.shape[0]):
-        return [o.reshape(lead + (w.rows,)) for o, w in zip(_linears_kquant3(x2, quantize_x(x2), ws, biases), ws)]
     n = x2.shape[0]
+    if kquant_joinable(ws, n):
+        outs = _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2))
+    elif nt := kquant_mma_joinable(ws, n):
+        outs = _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), nt=nt)
+    else:
+        outs = None
+    if outs is not None:
+        return [o.reshape(lead + (w.rows,)) for o, w in zip(outs, ws)]
     on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
     xqd = quantize_x(x2) if not all(on_mma) else None
     xk = quantize_x_q8k(x2) if any(on_mma) else None
@@ -700,14 +733,15 @@ def linears(x, ws, biases=None):
     return outs
 
 
-def _linears_kquant3(x2, xqd, ws, biases):
-    """linears of 2-D x (quantized as xqd) over kquant_joinable weights: one launch."""
+def _linears_joined(x2, ws, biases, launch, *xquant, **kw):
+    """linears of 2-D x over joinable weights in one launch (launch_gemv_kquant3 with x's int8
+    blocks of 32, or launch_gemv_kquant_mma3 with its blocks of 256)."""
     import cupy as cp
 
     n = x2.shape[0]
     outs = [cp.empty((n, w.rows), dtype=cp.float32) for w in ws]
     biases = [None if b is None else cp.ascontiguousarray(b, dtype=cp.float32) for b in biases]
-    launch_gemv_kquant3(ws, *xqd, biases, outs, n)
+    launch(ws, *xquant, biases, outs, n, **kw)
     return outs
 
 
