@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
-from .kernels import cuda_op, has_tensor_cores
+from .kernels import cuda_op, has_tensor_cores, num_sms
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 LOG2E = 1.4426950408889634
@@ -42,12 +42,6 @@ def _cp():
     import cupy
 
     return cupy
-
-
-@functools.lru_cache(maxsize=None)
-def num_sms() -> int:
-    cp = _cp()
-    return int(cp.cuda.Device().attributes["MultiProcessorCount"])
 
 
 def device_meta(meta: AttentionMetadata) -> AttentionMetadata:

@@ -34,6 +34,14 @@ def device_arch() -> str:
     return f"sm_{compute_capability()}"
 
 
+@functools.lru_cache(maxsize=None)
+def num_sms() -> int:
+    """The current device's streaming multiprocessors."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
 def has_tensor_cores() -> bool:
     """mma.sync m16n8k16 (the *_mma kernels) needs sm_80+."""
     return compute_capability() >= 80

@@ -26,7 +26,7 @@ import numpy as np
 from ..quant.act_q8 import uses_q8
 from ..quant.qtensor import QTensor
 from .cublas_graph import gemm_ex
-from .kernels import cuda_op, has_tensor_cores, kernel
+from .kernels import cuda_op, has_tensor_cores, kernel, num_sms
 
 # GGUF block types the kernels read: ggml type id, values per block, bytes per block
 GGUF_QTYPES = {
@@ -447,15 +447,26 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def kquant_mma_groups(nt: int, cols: int) -> tuple[int, int, int]:
-    """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp) of
-    gemv_kquant_mma for nt tiles of a weight with `cols` columns: one pass; 4 warps with 2
-    super-blocks in flight each, except 8 warps one at a time for the long rows of a down
-    projection at 1-2 tiles. H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K
-    28672x4096 batch 4 25.8 us against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16
-    10.6 against 13.4; Q6_K 49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K
-    4096x14336 batch 32 37.1 against 43.4, but batch 4 24.8 against 23.0 (hence the exception)."""
-    return (nt, 8, 1) if cols > 4096 and nt <= 2 else (nt, 4, 2)
+def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int, int]:
+    """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
+    blocks per SM the registers must allow or 0 for the kernel's default) of gemv_kquant_mma for nt
+    tiles of a weight of `rows` x `cols` (rows 0: unknown): one pass; 4 warps with 2 super-blocks in
+    flight each, except 8 warps one at a time for the long rows of a down projection at 1-2 tiles.
+    H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K 28672x4096 batch 4 25.8 us
+    against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16 10.6 against 13.4; Q6_K
+    49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K 4096x14336 batch 32 37.1
+    against 43.4, but batch 4 24.8 against 23.0 (hence the exception).
+    From 4 tiles the kernel's registers allow 2 blocks an SM; a weight whose 16-row blocks need a
+    second wave at 2 but fit one at 3 (q, k, v joined: 6144 rows, 384 blocks on 132 SMs) takes 3:
+    Q4_K 6144x4096 batch 32 / 64 14.95 / 27.9 us against 17.9 / 31.2. Elsewhere 3 was slower
+    (Q4_K 28672x4096 batch 32 58.0 against 54.0; Q6_K 4096x14336, 256 blocks, 42.6 against 36.9)."""
+    if cols > 4096 and nt <= 2:
+        return (nt, 8, 1, 0)
+    minb = 0
+    if nt >= 4 and rows:
+        blocks, sms = -(-rows // 16), num_sms()
+        minb = 3 if 2 * sms < blocks <= 3 * sms else 0
+    return (nt, 4, 2, minb)
 
 
 def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
@@ -467,9 +478,9 @@ def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
 _KQUANT_MMA_EXPRS = tuple(dict.fromkeys(
-    _kquant_mma_expr(kq, nt, kquant_mma_groups(nt, cols))
+    _kquant_mma_expr(kq, nt, kquant_mma_groups(nt, cols)[:3] + (minb,))
     for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
-    for nt in (1, 2, 4, 8) for cols in (4096, 4352)))
+    for nt in (1, 2, 4, 8) for cols in (4096, 4352) for minb in ((0, 3) if nt >= 4 else (0,))))
 
 
 def quantize_x_q8k(x, up=None):
@@ -495,7 +506,7 @@ def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, grou
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
     nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape as _kquant_mma_expr
     takes it, default kquant_mma_groups."""
-    groups = groups or kquant_mma_groups(nt, w.cols)
+    groups = groups or kquant_mma_groups(nt, w.cols, w.rows)
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups)
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
     fn((-(-w.rows // 16),), (32 * groups[1],),
@@ -564,8 +575,8 @@ def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int) -> None:
     """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch."""
     ends, tids, seg_args = _joined_segments(ws, biases, outs, 16)
-    tg, warps, u = kquant_mma_groups(nt, ws[0].cols)
-    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}>"
+    tg, warps, u, minb = kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws))
+    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}>"
     kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * warps,), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
