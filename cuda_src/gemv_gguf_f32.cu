@@ -10,6 +10,8 @@
 //   gemv_gguf_f32_lanes<QT,NB,R,L,SILU>  short rows: groups of L lanes each own R rows (128/L
 //                                   groups per block of 128), two units in flight per lane,
 //                                   shuffle-only reduction; SILU: activations silu(gate) * up;
+//   gemv_gguf_f32_lanes_norm<QT,NB,R,L,E>  the same over rms_norm(x + res) * w, which each block
+//                                   computes itself (a norm launch fewer);
 //   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
 //                                   shared memory chunk by chunk (coalesced cp.async, padded so
 //                                   each quarter-warp reads distinct banks) instead of every lane
@@ -20,6 +22,9 @@
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 #include "pdl.cuh"
+#ifndef PQ_HOST_SHIM
+#include "norm_row.cuh"
+#endif
 
 using namespace pq;
 
@@ -147,16 +152,15 @@ PQ_DEV void decode_unit_pair(const u8* const (&wr)[R], int t, int nunits, const 
 // l + L, ... two at a time (both units' loads issued before either is used; the first two before
 // pdl_wait, since weights are constant: for short rows that is all of them, and only the
 // activations' latency follows the kernel before).  Activations: row n at x + n * ldx; SILU:
-// silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP.
-template <int QT, int NB, int R, int L, bool SILU>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
-                    long long ldx, const float* __restrict__ up, long long ldu, const float* __restrict__ bias,
-                    float* __restrict__ y) {
+// silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP. after_wait() runs
+// (the whole block) between pdl_wait and the first read of x. x and up carry no __restrict__ here:
+// after_wait may write what x points to (the kernels' own parameters keep theirs).
+template <int QT, int NB, int R, int L, bool SILU, class AfterWait>
+PQ_DEV void f32_lanes_rows(const u8* __restrict__ W, long long bpr, int rows, int K, const float* x, long long ldx,
+                           const float* up, long long ldu, const float* __restrict__ bias, float* __restrict__ y,
+                           const u32* tab, AfterWait after_wait) {
     static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
-    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
-    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = stage_table<QT>(tab_s);
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32;
     const int l = threadIdx.x & (L - 1);
     const int row0 = (blockIdx.x * (GEMV_THREADS / L) + (int)(threadIdx.x / L)) * R;
     const u8* wr[R];
@@ -167,6 +171,7 @@ gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, co
     Unit u[R], u2[R];
     if (l < nunits) decode_unit_pair<QT, R, L>(wr, l, nunits, tab, u, u2);
     pdl_wait();
+    after_wait();
     for (int t = l; t < nunits; t += 2 * L) {
         const bool two = t + L < nunits;
         const int t2 = two ? t + L : t;
@@ -196,6 +201,55 @@ gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, co
     }
     gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
 }
+
+struct NoPrologue {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+template <int QT, int NB, int R, int L, bool SILU>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_lanes(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+                    long long ldx, const float* __restrict__ up, long long ldu, const float* __restrict__ bias,
+                    float* __restrict__ y) {
+    constexpr int TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    f32_lanes_rows<QT, NB, R, L, SILU>(W, bpr, rows, K, x, ldx, up, ldu, bias, y, tab, NoPrologue{});
+}
+
+#ifndef PQ_HOST_SHIM
+// The input of the lanes GEMV normalised by each block (K <= 32 * E): warp c computes column c's
+// h = rms_norm(x + res) * wn into shared memory with the warp-per-row norm's arithmetic (the same
+// bits as add_rms_norm), then the lanes read h from there. Block 0 also writes res_out = x + res,
+// which therefore must not alias res (the other blocks still read it).
+template <int NB, int E>
+struct NormInto {
+    const float *x, *res, *wn;
+    float* res_out;
+    float (*h)[32 * E];
+    int K;
+    float eps;
+    __device__ __forceinline__ void operator()() const {
+        for (int c = threadIdx.x >> 5; c < NB; c += GEMV_THREADS / 32)
+            warp_norm_row<E, true>(x + (long long)c * K, res + (long long)c * K, wn, h[c],
+                             blockIdx.x == 0 ? res_out + (long long)c * K : nullptr, K, eps);
+        __syncthreads();
+    }
+};
+
+template <int QT, int NB, int R, int L, int E>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_lanes_norm(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+                         const float* __restrict__ res, const float* __restrict__ wn, float eps,
+                         float* __restrict__ res_out, const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int TAB = QTraits<QT>::TAB;
+    __shared__ __align__(16) float h_s[NB][32 * E];
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, &h_s[0][0], 32 * E, nullptr, 0, bias, y, tab,
+                                        NormInto<NB, E>{x, res, wn, res_out, h_s, K, eps});
+}
+#endif
 
 // --- x staged in shared memory --------------------------------------------------------------
 PQ_DEV void cp_async16_pq(void* smem, const void* gmem) {
@@ -314,7 +368,9 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
     template __global__ void gemv_gguf_f32_xs<T, 2, 4, false>(const u8*, long long, int, int,          \
                                                               const float*, const float*, float*);   \
     template __global__ void gemv_gguf_f32_xs<T, 1, 4, true>(const u8*, long long, int, int,           \
-                                                             const float*, const float*, float*);
+                                                             const float*, const float*, float*);   \
+    template __global__ void gemv_gguf_f32_lanes_norm<T, 1, 2, 16, 32>(                               \
+        const u8*, long long, int, int, const float*, const float*, const float*, float, float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

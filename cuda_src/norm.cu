@@ -2,6 +2,7 @@
 // residual-add + RMSNorm. Per-head norms (Qwen3 q/k norm) are rows of length head_dim.
 #include "common.cuh"
 #include "gguf_prims.cuh"
+#include "norm_row.cuh"
 #include "q8_act.cuh"
 
 // One block per row (blockDim.x a multiple of 32); grid.x = rows.
@@ -38,38 +39,15 @@ extern "C" __global__ void add_rms_norm_f32(const float* __restrict__ x, const f
 // --- one warp per row, the row in registers (dim <= 32 * E): one read of x (and the residual),
 // one warp reduction, no block barrier.  For the narrow rows of small models (576 wide: ~2 us
 // instead of a block of 160 threads with two barriers).  blockDim.x = 32 * rows per block.
-template <int E>
+template <int E, bool ADD>
 __device__ __forceinline__ void rms_norm_warp_body(const float* __restrict__ x, const float* res,
                                                    const float* __restrict__ w, float* __restrict__ out,
                                                    float* res_out, int rows, int dim, float eps) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
     if (row >= rows) return;                  // whole warps leave together
     const i64 base = (i64)row * dim;
-    float h[E], wv[E];
-    float ss = 0.0f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const int d = lane + 32 * e;
-        h[e] = 0.0f;
-        wv[e] = 0.0f;
-        if (d < dim) {
-            h[e] = res ? x[base + d] + res[base + d] : x[base + d];
-            wv[e] = w[d];
-        }
-    }
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const int d = lane + 32 * e;
-        if (res && d < dim) res_out[base + d] = h[e];
-        ss += h[e] * h[e];
-    }
-    const float r = rsqrtf(warp_sum(ss) / dim + eps);
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-        const int d = lane + 32 * e;
-        if (d < dim) out[base + d] = h[e] * r * wv[e];
-    }
+    warp_norm_row<E, ADD>(x + base, ADD ? res + base : nullptr, w, out + base, ADD ? res_out + base : nullptr, dim,
+                          eps);
 }
 
 // rms_norm_warp_f32_d<D>: rows of at most D values. add_rms_norm_warp_f32_d<D>: res_out = x + res,
@@ -80,14 +58,14 @@ __device__ __forceinline__ void rms_norm_warp_body(const float* __restrict__ x, 
                                                       float* __restrict__ out, int rows, int dim,  \
                                                       float eps) {                                  \
         pdl_wait();                                                                                 \
-        rms_norm_warp_body<D / 32>(x, nullptr, w, out, nullptr, rows, dim, eps);                    \
+        rms_norm_warp_body<D / 32, false>(x, nullptr, w, out, nullptr, rows, dim, eps);             \
     }                                                                                               \
     extern "C" __global__ void add_rms_norm_warp_f32_d##D(const float* __restrict__ x, const float* res, \
                                                           const float* __restrict__ w,              \
                                                           float* __restrict__ out, float* res_out,  \
                                                           int rows, int dim, float eps) {           \
         pdl_wait();                                                                                 \
-        rms_norm_warp_body<D / 32>(x, res, w, out, res_out, rows, dim, eps);                        \
+        rms_norm_warp_body<D / 32, true>(x, res, w, out, res_out, rows, dim, eps);                 \
     }
 
 RMS_NORM_WARP(128)

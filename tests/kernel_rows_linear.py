@@ -465,4 +465,53 @@ def _linears_rows():
     return rows
 
 
-ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows()
+def _make_norm_linear(qtype: str, n: int, cols: int, rows: int, bias: bool):
+    def make(rng):
+        inp = {"qtype": qtype, "shape": (rows, cols), "w": _weight(rng, qtype, rows, cols), "act": "auto",
+               "x": rng.standard_normal((n, cols), dtype=np.float32),
+               "res": rng.standard_normal((n, cols), dtype=np.float32),
+               "w_norm": (1.0 + 0.1 * rng.standard_normal(cols)).astype(np.float32), "eps": 1e-5}
+        if bias:
+            inp["bias"] = rng.standard_normal(rows, dtype=np.float32)
+        return inp
+    return make
+
+
+def _ref_norm_linear(inp):
+    h, res = NumpyOps().add_rms_norm(inp["x"], inp["res"], inp["w_norm"], inp["eps"])
+    return _ref_linear({**inp, "x": h}), res
+
+
+def _cuda_norm_linear(inp, poison):
+    """The one-launch form (it must apply to these rows), checked bit for bit against the norm and
+    the linear launched apart (the GEMV reads the same values, from shared memory)."""
+    import cupy as cp
+
+    from pocketcupy.backend import elementwise_cuda, linear_cuda
+
+    w = _cuda_weight(inp)
+    x, res, wn = (cp.asarray(inp[k]) for k in ("x", "res", "w_norm"))
+    bias = cp.asarray(inp["bias"]) if "bias" in inp else None
+    got = linear_cuda.add_rms_norm_linear(x, res, wn, inp["eps"], w, bias)
+    assert got is not None, "add_rms_norm_linear: no one-launch form for this row"
+    h, res_apart = elementwise_cuda.add_rms_norm(x, res.copy(), wn, inp["eps"])
+    cp.testing.assert_array_equal(got[0], linear_cuda.linear(h, w, bias))
+    cp.testing.assert_array_equal(got[1], res_apart)
+    return got
+
+
+def _norm_linear_rows():
+    # the lanes GEMV normalising its own input (batch 1 only): SmolLM2's rows (576: 18 units, 16
+    # lanes; 1536 would be 32 lanes but is no norm's width), rows ending inside a block, a bias
+    rows = []
+    n = 1
+    for qtype, cols, out_rows, bias in (("Q4_1", 576, 960, False), ("Q8_0", 576, 3072, True),
+                                        ("Q4_0", 1024, 67, False), ("Q5_1", 256, 131, True),
+                                        ("Q6_K", 768, 67, False)):
+        rows.append(KernelRow("add_rms_norm_linear", f"{qtype.lower()}-n{n}-{out_rows}x{cols}",
+                              _make_norm_linear(qtype, n, cols, out_rows, bias), _ref_norm_linear,
+                              _cuda_norm_linear, 2e-5))
+    return rows
+
+
+ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows() + _norm_linear_rows()

@@ -103,6 +103,18 @@ class CudaOps:
                     return linear_cuda.Half16Rows(out, x16, qtype), residual
         return elementwise_cuda.add_rms_norm(x, residual, w, eps)
 
+    def add_rms_norm_linear(self, x, residual, w_norm, eps: float, w, bias=None):
+        """(linear(h, w, bias), residual') for h, residual' = add_rms_norm(x, residual, w_norm, eps):
+        one launch where the GEMV can normalise its input itself (linear_cuda.norm_linear_lanes),
+        else the two ops (the norm writing the int8 or 16-bit copy w reads)."""
+        from . import linear_cuda
+
+        fused = linear_cuda.add_rms_norm_linear(x, residual, w_norm, eps, w, bias)
+        if fused is not None:
+            return fused
+        h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
+        return self.linear(h, w, bias), residual
+
     def silu_mul(self, gate, up):
         return elementwise_cuda.silu_mul(gate, up)
 

@@ -69,6 +69,12 @@ class NumpyOps:
         residual = x + residual
         return self.rms_norm(residual, w, eps), residual
 
+    def add_rms_norm_linear(self, x, residual, w_norm, eps, w, bias=None):
+        """(linear(h, w, bias), residual') for h, residual' = add_rms_norm(x, residual, w_norm, eps)
+        (one launch on the CUDA backend where the GEMV can normalise its input)."""
+        h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
+        return self.linear(h, w, bias), residual
+
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (1.0 + np.exp(-gate)) * up
 

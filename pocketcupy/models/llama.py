@@ -93,23 +93,28 @@ class LlamaModel:
         x = self.tp.embedding(ops, self.embed, input_ids)
         residual = None
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+            # a norm feeding one fused weight goes with it (one launch where the GEMV can normalise)
             if residual is None:
                 residual = x
-                h = ops.rms_norm(x, layer.attn_norm, c.rms_eps)
+                q, k, v = self._qkv(layer, ops.rms_norm(x, layer.attn_norm, c.rms_eps), n)
+            elif layer.wqkv is not None:
+                qkv, residual = ops.add_rms_norm_linear(x, residual, layer.attn_norm, c.rms_eps, layer.wqkv,
+                                                        layer.bqkv)
+                q, k, v = self._split_qkv(qkv, n)
             else:
                 h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps, feeds=layer.attn_inputs)
-            q, k, v = self._qkv(layer, h, n)
+                q, k, v = self._qkv(layer, h, n)
             if c.qk_norm:
                 q = ops.rms_norm(q, layer.q_norm, c.rms_eps)
                 k = ops.rms_norm(k, layer.k_norm, c.rms_eps)
             attn = ops.rope_attention(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache, meta,
                                       self.scale, feeds=[layer.wo])   # [n, Hq * D]
             x = self.tp.all_reduce(ops.linear(attn, layer.wo))
-            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
             if layer.w_gate_up is not None:
-                gu = ops.linear(h, layer.w_gate_up)
+                gu, residual = ops.add_rms_norm_linear(x, residual, layer.ffn_norm, c.rms_eps, layer.w_gate_up)
                 gate, up = gu[:, :lay.intermediate_size], gu[:, lay.intermediate_size:]
             else:
+                h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
                 gate, up = ops.linears(h, [layer.w_gate, layer.w_up])
             x = self.tp.all_reduce(ops.silu_mul_linear(gate, up, layer.w_down))
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
@@ -118,13 +123,17 @@ class LlamaModel:
     def _qkv(self, layer, h, n):
         """q [n, Hq, D], k and v [n, Hkv, D]: column views of one fused projection when there is one."""
         ops, hd, hq, hkv = self.ops, self.config.head_dim, self.layout.num_heads, self.layout.num_kv_heads
-        qd, kd = hq * hd, hkv * hd
         if layer.wqkv is not None:
-            qkv = ops.linear(h, layer.wqkv, layer.bqkv)
-            return (qkv[:, :qd].reshape(n, hq, hd), qkv[:, qd:qd + kd].reshape(n, hkv, hd),
-                    qkv[:, qd + kd:].reshape(n, hkv, hd))
+            return self._split_qkv(ops.linear(h, layer.wqkv, layer.bqkv), n)
         q, k, v = ops.linears(h, [layer.wq, layer.wk, layer.wv], [layer.bq, layer.bk, layer.bv])
         return q.reshape(n, hq, hd), k.reshape(n, hkv, hd), v.reshape(n, hkv, hd)
+
+    def _split_qkv(self, qkv, n):
+        """q [n, Hq, D], k and v [n, Hkv, D] as column views of the fused projection's output."""
+        hd, hq, hkv = self.config.head_dim, self.layout.num_heads, self.layout.num_kv_heads
+        qd, kd = hq * hd, hkv * hd
+        return (qkv[:, :qd].reshape(n, hq, hd), qkv[:, qd:qd + kd].reshape(n, hkv, hd),
+                qkv[:, qd + kd:].reshape(n, hkv, hd))
 
     def compute_logits(self, hidden):
         return self.tp.logits(self.ops, self.ops.linear(hidden, self.lm_head))
