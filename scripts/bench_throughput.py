@@ -1,7 +1,9 @@
 """Offline serving throughput with continuous batching: C concurrent requests (random prompts
 of --prompt tokens, --output tokens each, EOS ignored) for each C in --concurrency; output
 tok/s and TTFT/TPOT percentiles; the TPOT of one request while C-1 others run against its idle
-TPOT; and the TTFT of a request whose --prefix-tokens long prefix is already cached. Prints one
+TPOT (the largest C: "probe", the others' prefills done before it joins; and "tpot_64_vs_idle",
+the median over 64 requests submitted together, whose prefills fall among their decode steps);
+and the TTFT of a request whose --prefix-tokens long prefix is already cached. Prints one
 JSON object.
 
     python scripts/bench_throughput.py MODEL [--concurrency 1 4 16 64 256]
@@ -43,7 +45,34 @@ def run_batch(engine, prompts, output_tokens):
     return wall, ttft, tpot, sum(count.values())
 
 
-def main():
+def probe_tpot(engine, others, probe, output_tokens):
+    """TPOT (seconds) of one request decoding among `others` running requests: they are submitted
+    together, the probe joins once each has its first token (so no prefill but its own falls in
+    its decode), and they outlive it (twice its output, then aborted)."""
+    ids = [f"bg-{time.monotonic_ns()}-{i}" for i in range(len(others))]
+    for rid, prompt in zip(ids, others):
+        engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=2 * output_tokens + 8,
+                                                       ignore_eos=True))
+    started = set()
+    while len(started) < len(ids):
+        started.update(o.request_id for o in engine.step() if o.outputs[0].token_ids)
+    pid = f"probe-{time.monotonic_ns()}"
+    engine.add_request(pid, probe, SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True))
+    first = last = None
+    count, finished = 0, False
+    while not finished:
+        for o in engine.step():
+            if o.request_id == pid and o.outputs[0].token_ids:
+                last, count, finished = time.perf_counter(), len(o.outputs[0].token_ids), o.finished
+                first = first or last
+    for rid in ids:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    return (last - first) / (count - 1) if count > 1 else None
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--device", default="auto")
@@ -53,7 +82,7 @@ def main():
     ap.add_argument("--prefix-tokens", type=int, default=8192 - 128)
     ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
                     help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     top = max(a.concurrency)
     engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192,
                     async_scheduling=a.async_scheduling)
@@ -77,6 +106,10 @@ def main():
         res["speedup_4_vs_1"] = round(runs["4"]["output_tok_s"] / runs["1"]["output_tok_s"], 2)
     if "1" in runs and "64" in runs:
         res["tpot_64_vs_idle"] = round(runs["64"]["tpot_p50_ms"] / runs["1"]["tpot_p50_ms"], 2)
+    if "1" in runs and top > 1:
+        t = probe_tpot(engine, prompts(top - 1, a.prompt), prompts(1, a.prompt)[0], a.output)
+        res["probe"] = {"others": top - 1, "tpot_ms": round(t * 1e3, 2),
+                        "vs_idle": round(t * 1e3 / runs["1"]["tpot_p50_ms"], 2)}
     if a.prefix_tokens and a.prefix_tokens + 64 < engine.max_model_len:
         for _ in range(2):   # the first round compiles the kernels of a chunk over a cached prefix
             prefix = prompts(1, a.prefix_tokens)[0]
