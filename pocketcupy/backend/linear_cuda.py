@@ -764,13 +764,9 @@ def linears(x, ws, biases=None):
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     n = x2.shape[0]
     if kquant_joinable(ws, n):
-        outs = _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2))
-    elif nt := kquant_mma_joinable(ws, n):
-        outs = _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), nt=nt)
-    else:
-        outs = None
-    if outs is not None:
-        return [o.reshape(lead + (w.rows,)) for o, w in zip(outs, ws)]
+        return _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2), lead=lead)
+    if nt := kquant_mma_joinable(ws, n):
+        return _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), lead=lead, nt=nt)
     on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
     xqd = quantize_x(x2) if not all(on_mma) else None
     xk = quantize_x_q8k(x2) if any(on_mma) else None
@@ -785,16 +781,17 @@ def linears(x, ws, biases=None):
     return outs
 
 
-def _linears_joined(x2, ws, biases, launch, *xquant, **kw):
+def _linears_joined(x2, ws, biases, launch, *xquant, lead=None, **kw):
     """linears of 2-D x over joinable weights in one launch (launch_gemv_kquant3 with x's int8
-    blocks of 32, or launch_gemv_kquant_mma3 with its blocks of 256)."""
+    blocks of 32, or launch_gemv_kquant_mma3 with its blocks of 256); lead: the outputs' leading
+    shape where x had more than two dimensions."""
     import cupy as cp
 
     n = x2.shape[0]
     outs = [cp.empty((n, w.rows), dtype=cp.float32) for w in ws]
     biases = [None if b is None else cp.ascontiguousarray(b, dtype=cp.float32) for b in biases]
     launch(ws, *xquant, biases, outs, n, **kw)
-    return outs
+    return outs if lead is None else [o.reshape(lead + (w.rows,)) for o, w in zip(outs, ws)]
 
 
 @cuda_op("silu_mul_linear")
