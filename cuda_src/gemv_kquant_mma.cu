@@ -12,16 +12,19 @@
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
 // One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
 //
-// gemv_kquant_mma<QT, NT, TG, WARPS, U, MINB>: block of WARPS warps on the same 16 rows, each warp
-// a strided share of the rows' super-blocks, U at a time (in NT / TG passes, see below), partial
-// tiles summed through shared memory. Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8
-// and batch columns 2t, 2t + 1 of each of NT 8-column tiles. Q4_K (Q5_K: plus the fifth bits):
+// gemv_kquant_mma<QT, NT, TG, WARPS, U, MINB, RW>: block of WARPS warps on RW groups of 16 rows,
+// the WARPS / RW warps of a group each a strided share of the rows' super-blocks, U at a time (in
+// NT / TG passes, see below), partial tiles summed through shared memory. The groups of a block
+// read the same activations at about the same time, so RW > 1 serves them RW times from L1 for
+// one read from L2 (at 8 tiles the activations of a super-block are 7x its weights' bytes).
+// Lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 and batch columns 2t, 2t + 1 of each
+// of NT 8-column tiles. Q4_K (Q5_K: plus the fifth bits):
 // lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
 // sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
 // Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
 // sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
 // 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
-// Grid: ceil(rows / 16). Needs K % 256 == 0 and batch <= 8 * NT.
+// Grid: ceil(rows / (16 RW)). Needs K % 256 == 0 and batch <= 8 * NT.
 #include "gguf_units.cuh"
 #include "mma_prims.cuh"
 #include "pdl.cuh"
@@ -231,20 +234,25 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
 // MINB: blocks per SM the registers must allow (0: 16 / WARPS warps' worth up to 2 tiles, 8 past).
 #define KM_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
 
-// Rows 16 blk .. 16 blk + 15 of one weight (the body of both kernels below); red: the block's
-// shared memory for the warps' partial tiles.
-template <int QT, int NT, int TG, int WARPS, int U>
+// Shared memory of a block for the partial tiles of the warps past the first of each row group.
+template <int NT, int WARPS, int RW>
+using KmRed = float[WARPS > RW ? WARPS - RW : 1][NT * 4][32];
+
+// Rows 16 RW blk .. 16 RW (blk + 1) - 1 of one weight (the body of both kernels below); red: the
+// block's shared memory for the warps' partial tiles. Warp w takes row group w % RW.
+template <int QT, int NT, int TG, int WARPS, int U, int RW>
 __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long long bpr, int rows, int K, int blk,
                                                 const signed char* __restrict__ xq, const float* __restrict__ xd,
                                                 const short* __restrict__ xb, int nb, const float* __restrict__ bias,
-                                                float* __restrict__ y, float (&red)[WARPS - 1][NT * 4][32]) {
+                                                float* __restrict__ y, KmRed<NT, WARPS, RW>& red) {
     static_assert(NT % TG == 0, "TG divides NT");
-    constexpr int TS = pq::QTraits<QT>::TS;
+    static_assert(WARPS % RW == 0, "RW divides WARPS");
+    constexpr int TS = pq::QTraits<QT>::TS, KW = WARPS / RW;   // KW: warps sharing a row group's super-blocks
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int row0 = blk * 16;
+    const int rg = warp % RW, kw = warp / RW, row0 = (blk * RW + rg) * 16, first = blk * RW * 16;
     const u8* ra = W + (i64)min(row0 + g, rows - 1) * bpr;
     const u8* rb = W + (i64)min(row0 + g + 8, rows - 1) * bpr;
-    prefetch_l2(W + (i64)row0 * bpr, bpr * (min(rows, row0 + 16) - row0));
+    prefetch_l2(W + (i64)first * bpr, bpr * (min(rows, first + 16 * RW) - first));
     pdl_wait();
     float acc[NT][4];
 #pragma unroll
@@ -256,46 +264,46 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
         const ActsK<TG> x{xq + 32 * c0, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K, max(nb - c0, 1), g, t,
                           32 * (i64)nb};
         float(&accp)[TG][4] = *reinterpret_cast<float(*)[TG][4]>(&acc[TG * p]);
-        if (c0 < nb) {
-            int b = warp;
-            for (; b + (U - 1) * WARPS < nblk; b += U * WARPS)
+        if (c0 < nb && (RW == 1 || row0 < rows)) {   // a group wholly past the last row idles
+            int b = kw;
+            for (; b + (U - 1) * KW < nblk; b += U * KW)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    kquant_superblock_k<QT, TG>(ra + (i64)(b + u * WARPS) * TS, rb + (i64)(b + u * WARPS) * TS,
-                                                b + u * WARPS, x, accp);
-            for (; U > 1 && b < nblk; b += WARPS)
+                    kquant_superblock_k<QT, TG>(ra + (i64)(b + u * KW) * TS, rb + (i64)(b + u * KW) * TS,
+                                                b + u * KW, x, accp);
+            for (; U > 1 && b < nblk; b += KW)
                 kquant_superblock_k<QT, TG>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
         }
     }
-    if (warp > 0) {
+    if (kw > 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp - 1][4 * nt + i][lane] = acc[nt][i];
+            for (int i = 0; i < 4; ++i) red[warp - RW][4 * nt + i][lane] = acc[nt][i];
     }
-    __syncthreads();
-    if (warp > 0) return;
+    if constexpr (KW > 1) __syncthreads();
+    if (kw > 0) return;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             float v = acc[nt][i];
 #pragma unroll
-            for (int w = 0; w < WARPS - 1; ++w) v += red[w][4 * nt + i][lane];
+            for (int w = 1; w < KW; ++w) v += red[(w - 1) * RW + rg][4 * nt + i][lane];
             const int row = row0 + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment layout
             if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
         }
     }
 }
 
-template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0>
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
                 float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ float red[WARPS - 1][NT * 4][32];
-    kquant_mma_rows<QT, NT, TG, WARPS, U>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
+    __shared__ KmRed<NT, WARPS, RW> red;
+    kquant_mma_rows<QT, NT, TG, WARPS, U, RW>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
 #else
     pdl_wait();
 #endif
@@ -303,23 +311,23 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 
 // Two or three weights of one input in one launch (the q, k, v projections, of mixed types in
 // Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batches 1-2: blocks [0, end_a) take weight a,
-// [end_a, end_b) b, the rest c; each writes its own output. The short k and v weights, latency-
+// [end_a, end_b) b, the rest c (blocks of 16 RW rows); each writes its own output. The short k and v weights, latency-
 // bound alone, ride in the grid of q.
 #define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
                      float *__restrict__ y_##s
-template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0>
+template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0, int RW = 1>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma3(int K, const signed char* __restrict__ xq, const float* __restrict__ xd, const short* __restrict__ xb,
                  int nb, int end_a, int end_b, PQ_KM_SEG(a), PQ_KM_SEG(b), PQ_KM_SEG(c)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ float red[WARPS - 1][NT * 4][32];
+    __shared__ KmRed<NT, WARPS, RW> red;
     const int blk = blockIdx.x;
     if (blk < end_a)
-        kquant_mma_rows<QA, NT, TG, WARPS, U>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a, red);
+        kquant_mma_rows<QA, NT, TG, WARPS, U, RW>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a, red);
     else if (blk < end_b)
-        kquant_mma_rows<QB, NT, TG, WARPS, U>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb, bias_b, y_b, red);
+        kquant_mma_rows<QB, NT, TG, WARPS, U, RW>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb, bias_b, y_b, red);
     else
-        kquant_mma_rows<QC, NT, TG, WARPS, U>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb, bias_c, y_c, red);
+        kquant_mma_rows<QC, NT, TG, WARPS, U, RW>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb, bias_c, y_c, red);
 #else
     pdl_wait();
 #endif
@@ -339,12 +347,20 @@ template __global__ void quantize_q8k_x<true>(const float*, long long, const flo
 #define PQ_INST_ALL(T) PQ_INST(T, 1) PQ_INST(T, 2) PQ_INST(T, 4) PQ_INST(T, 8) PQ_INST5(T, 1, 1, 8, 1) PQ_INST5(T, 2, 2, 8, 1)
 PQ_INST_ALL(pq::Q4_K) PQ_INST_ALL(pq::Q5_K) PQ_INST_ALL(pq::Q6_K) PQ_INST_ALL(pq::Q6_KP)
 PQ_INST5(pq::Q4_K, 8, 4, 4, 1) PQ_INST5(pq::Q4_K, 8, 2, 8, 1)
+#define PQ_INST_RW(T, N, W, U, RW)                                                                               \
+    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, RW>(const u8*, long long, int, int, const signed char*, \
+                                                                   const float*, const short*, int, const float*, float*);
+PQ_INST_RW(pq::Q4_K, 8, 4, 2, 4) PQ_INST_RW(pq::Q6_KP, 4, 8, 1, 4) PQ_INST_RW(pq::Q5_K, 2, 4, 2, 2)
+#undef PQ_INST_RW
 #define PQ_INST3(N) \
     template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, N, N, 4, 2>(                    \
         int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,     \
         const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int, \
         const float*, float*);
 PQ_INST3(1) PQ_INST3(2) PQ_INST3(4) PQ_INST3(8)
+template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 4, 4, 8, 1, 0, 4>(
+    int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
+    const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);
 #undef PQ_INST3
 #undef PQ_INST_ALL
 #undef PQ_INST5

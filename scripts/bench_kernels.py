@@ -238,31 +238,17 @@ def bench_gemm(args, peak_tflops: float) -> dict:
     return out
 
 
-def bench_attention(args, copy_gbps: float) -> dict:
-    """Decode attention (plain and tensor-core kernels) at context 4096 / 32768 with batch 1 / 16 and
-    context 1024 with batch 64, prefill 2048, and a 48-token chunk
-    over an 8064-token cached prefix with and without split-KV (Llama-3-8B heads: 32 q, 8 kv,
-    dim 128, fp16 paged cache of 16-token blocks)."""
-    try:
-        from pocketcupy.backend import attn_cuda
-        from pocketcupy.backend.attention_meta import AttentionMetadata
-    except ImportError as e:
-        return {"skipped": f"attention launchers not importable: {e}"}
+def _bench_decode_attention(args, copy_gbps, cache, tag, hq, hkv, d, shapes, bs) -> dict:
+    """Decode attention over (context, batch) shapes for one head layout: each variant with the
+    launcher's split count, and the tensor-core kernel with forced split counts at batches <= 16."""
+    from pocketcupy.backend import attn_cuda
+    from pocketcupy.backend.attention_meta import AttentionMetadata
+
     cp = _cp()
-    hq, hkv, d, bs = 32, 8, 128, 16
     out = {}
-
-    def cache(batch, ctx):
-        nblk = batch * (-(-ctx // bs))
-        kc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
-        vc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
-        tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
-        return kc, vc, tables
-
-    shapes = [(512, 1), (4096, 1), (4096, 16), (1024, 64)] + ([] if args.quick else [(32768, 1), (32768, 16)])
     variants = ["plain"] + (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])
     for ctx, batch in shapes:
-        kc, vc, tables = cache(batch, ctx)
+        kc, vc, tables = cache(batch, ctx, hkv, d)
         meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),
                                  tables, (tables[:, -1].astype(np.int64) * bs + (ctx - 1) % bs), bs,
                                  decode_only=True)
@@ -274,14 +260,43 @@ def bench_attention(args, copy_gbps: float) -> dict:
             t = time_us(lambda: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o, variant=variant),
                         args.reps, 10)
             gbps = kv_bytes / t["us"] / 1e3
-            out[f"attn_decode_{variant}-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
-                                                               "frac_copy_bw": round(gbps / copy_gbps, 3)}
-        if batch == 1 and "mma" in variants:          # the launcher's split count against forced ones
+            out[f"{tag}attn_decode_{variant}-ctx{ctx}-b{batch}"] = {**t, "GBps": round(gbps, 1),
+                                                                    "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        if batch <= 16 and "mma" in variants:         # the launcher's split count against forced ones
             for splits in (1, 2, 4, 8, 16, 32, 64):
                 t = time_us(lambda s=splits: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o, num_splits=s,
                                                                    variant="mma"), args.reps, 10)
-                out[f"attn_decode_mma-ctx{ctx}-b{batch}-splits{splits}"] = t
+                out[f"{tag}attn_decode_mma-ctx{ctx}-b{batch}-splits{splits}"] = t
         del kc, vc
+    return out
+
+
+def bench_attention(args, copy_gbps: float) -> dict:
+    """Decode attention (plain and tensor-core kernels) at context 512 with batch 1 / 4 / 16, 4096 /
+    32768 with batch 1 / 16 and context 1024 with batch 64 (and SmolLM2's heads at a few of them),
+    prefill 2048, and a 48-token chunk over an 8064-token cached prefix with and without split-KV
+    (Llama-3-8B heads: 32 q, 8 kv, dim 128, fp16 paged cache of 16-token blocks)."""
+    try:
+        from pocketcupy.backend import attn_cuda
+        from pocketcupy.backend.attention_meta import AttentionMetadata
+    except ImportError as e:
+        return {"skipped": f"attention launchers not importable: {e}"}
+    cp = _cp()
+    hq, hkv, d, bs = 32, 8, 128, 16
+    out = {}
+
+    def cache(batch, ctx, hkv=hkv, d=d):
+        nblk = batch * (-(-ctx // bs))
+        kc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
+        vc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
+        tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
+        return kc, vc, tables
+
+    shapes = [(512, 1), (512, 4), (512, 16), (4096, 1), (4096, 16), (1024, 64)] + \
+        ([] if args.quick else [(32768, 1), (32768, 16)])
+    # Llama-3-8B's heads, then SmolLM2's (9 q, 3 kv, dim 64; keys tagged "smol-")
+    for tag, hq_, hkv_, d_, shapes_ in (("", hq, hkv, d, shapes), ("smol-", 9, 3, 64, [(512, 1), (512, 4), (4096, 1)])):
+        out.update(_bench_decode_attention(args, copy_gbps, cache, tag, hq_, hkv_, d_, shapes_, bs))
     n = 2048
     kc, vc, tables = cache(1, n)
     meta = AttentionMetadata(np.array([0, n], np.int32), np.array([n], np.int32), tables,

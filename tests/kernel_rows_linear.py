@@ -201,13 +201,18 @@ def _linear_rows():
                                   _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear_per32, _cuda_gemv_q8(), 2e-5))
     # the tensor-core kernel launched directly (gemv_kquant_mma.cu, activations per 256): 1-8 tiles,
     # raw Q6_K blocks, silu(x) * up quantized by quantize_x_q8k, and tiles in passes of TG with W warps
-    # a block, U super-blocks at a time per warp (groups: (TG, W[, U]))
+    # a block, U super-blocks at a time per warp, RW groups of 16 rows a block (groups: (TG, W[, U[,
+    # MINB, RW]]); 67 rows: whole row groups of the last block lie past the end)
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
                             ("Q4_K", 6, {"up": True}), ("Q6_K", 9, {"up": True}), ("Q4_K", 50, {}), ("Q6_K", 64, {}),
                             ("Q4_K", 64, {"groups": (2, 8)}), ("Q6_K", 29, {"groups": (2, 4)}),
                             ("Q4_K", 40, {"groups": (4, 4)}), ("Q4_K", 5, {"groups": (1, 4, 2)}),
-                            ("Q6_K", 11, {"groups": (2, 2, 4)}), ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
+                            ("Q6_K", 11, {"groups": (2, 2, 4)}), ("Q4_K", 64, {"groups": (8, 4, 2, 0, 4)}),
+                            ("Q6_K", 29, {"groups": (4, 8, 1, 0, 4)}), ("Q5_K", 13, {"groups": (2, 4, 2, 0, 2)}),
+                            ("Q4_K", 7, {"groups": (1, 8, 2, 0, 2), "up": True}),
+                            ("Q4_K", 64, {"groups": (8, 4, 1, 0, 4)}), ("Q6_K", 40, {"groups": (8, 8, 1, 0, 2)}),
+                            ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
                             ("Q5_K", 7, {"up": True})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
         tag = "".join(f"-{k}" + ("".join(f"_{v}" for v in x) if isinstance(x, tuple) else "") for k, x in extra.items())
@@ -444,6 +449,24 @@ def _cuda_linears(inp, poison):
     return tuple(linear_cuda.linears(x, ws, biases))
 
 
+def _cuda_kquant_mma3(groups):
+    """The joined tensor-core launch (gemv_kquant_mma3) itself with launch shape `groups`."""
+    def run(inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+        x = cp.asarray(inp["x"])
+        n = x.shape[0]
+        outs = [poison((n, w.rows), np.float32) for w in ws]
+        nt = 1 << (-(-n // 8) - 1).bit_length()
+        linear_cuda.launch_gemv_kquant_mma3(ws, linear_cuda.quantize_x_q8k(x), [cp.asarray(inp["bias"])] +
+                                            [None] * (len(ws) - 1), outs, n, nt, groups)
+        return tuple(outs)
+    return run
+
+
 def _linears_rows():
     # unfused projections of one input: int8-activation weights share one quantization of x; K-quants
     # at batch 1-2 in one gemv_kquant3 launch, past it in one gemv_kquant_mma3 launch (rows ending
@@ -462,6 +485,12 @@ def _linears_rows():
         q8rows = "q8k" if "q8krows" in name else "q8" if "q8rows" in name else ""
         rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n, q8rows),
                               _ref_linears, _cuda_linears, tol))
+    # gemv_kquant_mma3 launched with RW groups of 16 rows a block (segments of 40 / 9 / 9 rows: a
+    # block past a segment's last row, groups wholly past it)
+    for n, groups in ((4, (1, 4, 2, 0, 2)), (29, (4, 8, 1, 0, 4))):
+        rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-mma3-rw{groups[4]}-4096-n{n}",
+                              _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
+                              _cuda_kquant_mma3(groups), 2e-5))
     return rows
 
 

@@ -488,11 +488,12 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int, int]:
+def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int, int, int]:
     """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
-    blocks per SM the registers must allow or 0 for the kernel's default) of gemv_kquant_mma for nt
-    tiles of a weight of `rows` x `cols` (rows 0: unknown): one pass; 4 warps with 2 super-blocks in
-    flight each, except 8 warps one at a time for the long rows of a down projection at 1-2 tiles.
+    blocks per SM the registers must allow or 0 for the kernel's default, 16-row groups per block)
+    of gemv_kquant_mma for nt tiles of a weight of `rows` x `cols` (rows 0: unknown): one pass; 4
+    warps with 2 super-blocks in flight each, except 8 warps one at a time for the long rows of a
+    down projection at 1-2 tiles.
     H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K 28672x4096 batch 4 25.8 us
     against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16 10.6 against 13.4; Q6_K
     49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K 4096x14336 batch 32 37.1
@@ -500,28 +501,46 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     From 4 tiles the kernel's registers allow 2 blocks an SM; a weight whose 16-row blocks need a
     second wave at 2 but fit one at 3 (q, k, v joined: 6144 rows, 384 blocks on 132 SMs) takes 3:
     Q4_K 6144x4096 batch 32 / 64 14.95 / 27.9 us against 17.9 / 31.2. Elsewhere 3 was slower
-    (Q4_K 28672x4096 batch 32 58.0 against 54.0; Q6_K 4096x14336, 256 blocks, 42.6 against 36.9)."""
+    (Q4_K 28672x4096 batch 32 58.0 against 54.0; Q6_K 4096x14336, 256 blocks, 42.6 against 36.9).
+    Several 16-row groups a block (RW) share the activations through L1 where every block reading
+    all of them costs more L2 traffic than the weights (batch 64: 256 KB a block) and the blocks
+    still fill the SMs: 8 tiles, 4 groups of a warp each on tall weights (Q4_K 28672x4096 batch 64
+    92.6 us against 105.4, Q6_K 49152x4096 171 against 230), 2 groups of 4 warps on a down
+    projection (Q6_K 4096x14336 56.3 against 65.7); at 4 tiles only on vocabulary-sized weights
+    (Q6_K 49152x4096 batch 32 110 against 132; Q4_K 28672x4096 58.2 against 53.9)."""
+    sms = num_sms() if rows else 0
+    if nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
+        return (nt, 4, 1, 0, 4)
+    if cols > 4096 and nt >= 8 and rows >= 32 * sms:
+        return (nt, 8, 1, 0, 2)
     if cols > 4096 and nt <= 2:
-        return (nt, 8, 1, 0)
+        return (nt, 8, 1, 0, 1)
     minb = 0
     if nt >= 4 and rows:
-        blocks, sms = -(-rows // 16), num_sms()
+        blocks = -(-rows // 16)
         minb = 3 if 2 * sms < blocks <= 3 * sms else 0
-    return (nt, 4, 2, minb)
+    return (nt, 4, 2, minb, 1)
+
+
+def _kquant_mma_groups5(groups: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
+    the registers must allow, 0: the kernel's default[, 16-row groups per block]]]), completed."""
+    return tuple(groups) + (1, 0, 1)[len(groups) - 2:]
 
 
 def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
-    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
-    the registers must allow, 0: the kernel's default]])."""
-    tg, warps, u, minb = tuple(groups) + (1, 0)[len(groups) - 2:]
-    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}>"
+    tg, warps, u, minb, rw = _kquant_mma_groups5(groups)
+    return (f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}"
+            + (f", {rw}>" if rw != 1 else ">"))
 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
-_KQUANT_MMA_EXPRS = tuple(dict.fromkeys(
-    _kquant_mma_expr(kq, nt, kquant_mma_groups(nt, cols)[:3] + (minb,))
+_KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compiled as one module
+    _kquant_mma_expr(kq, nt, groups)
     for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
-    for nt in (1, 2, 4, 8) for cols in (4096, 4352) for minb in ((0, 3) if nt >= 4 else (0,))))
+    for nt in (1, 2, 4, 8) for cols in (4096, 4352)
+    for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 2, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
+    + ([(nt, 8, 1, 0, 2)] if nt >= 8 and cols > 4096 else [])))
 
 
 def quantize_x_q8k(x, up=None):
@@ -545,12 +564,12 @@ def quantize_x_q8k(x, up=None):
 
 def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
-    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape as _kquant_mma_expr
-    takes it, default kquant_mma_groups."""
-    groups = groups or kquant_mma_groups(nt, w.cols, w.rows)
+    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_groups5),
+    default kquant_mma_groups."""
+    groups = _kquant_mma_groups5(groups or kquant_mma_groups(nt, w.cols, w.rows))
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups)
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
-    fn((-(-w.rows // 16),), (32 * groups[1],),
+    fn((-(-w.rows // (16 * groups[4])),), (32 * groups[1],),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
          _null() if bias is None else bias, out))
 
@@ -612,12 +631,13 @@ def kquant_mma_joinable(ws, n: int) -> int:
     return nts.pop() if len(nts) == 1 else 0
 
 
-def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int) -> None:
+def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple | None = None) -> None:
     """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
-    the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch."""
-    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16)
-    tg, warps, u, minb = kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws))
-    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}>"
+    the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
+    launch_gemv_kquant_mma takes them."""
+    tg, warps, u, minb, rw = _kquant_mma_groups5(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
+    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * rw)
+    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}" + (f", {rw}>" if rw != 1 else ">")
     kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * warps,), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
