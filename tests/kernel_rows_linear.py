@@ -487,7 +487,7 @@ def _linears_rows():
                               _ref_linears, _cuda_linears, tol))
     # gemv_kquant_mma3 launched with RW groups of 16 rows a block (segments of 40 / 9 / 9 rows: a
     # block past a segment's last row, groups wholly past it)
-    for n, groups in ((4, (1, 4, 2, 0, 2)), (29, (4, 8, 1, 0, 4))):
+    for n, groups in ((4, (1, 4, 2, 0, 2)), (29, (4, 8, 1, 0, 4)), (57, (8, 4, 1, 3, 1))):
         rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-mma3-rw{groups[4]}-4096-n{n}",
                               _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
                               _cuda_kquant_mma3(groups), 2e-5))

@@ -507,11 +507,16 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     still fill the SMs: 8 tiles, 4 groups of a warp each on tall weights (Q4_K 28672x4096 batch 64
     92.6 us against 105.4, Q6_K 49152x4096 171 against 230), 2 groups of 4 warps on a down
     projection (Q6_K 4096x14336 56.3 against 65.7); at 4 tiles only on vocabulary-sized weights
-    (Q6_K 49152x4096 batch 32 110 against 132; Q4_K 28672x4096 58.2 against 53.9)."""
+    (Q6_K 49152x4096 batch 32 110 against 132; Q4_K 28672x4096 58.2 against 53.9).
+    One super-block at a time at 8 tiles, and wherever MINB 3 caps the registers: two spill there
+    (sm_90: 148 bytes a thread for Q4_K, 600 for padded Q6_K at 8 tiles). Batch 64, two against
+    one: Q4_K 6144x4096 at MINB 3 27.9 against 22.7 us, 4096x4096 16.9 against 16.2 (28672x4096
+    with RW 4: 93.2 either way, so its RW gain was U's; Q6_K 49152x4096's is RW's: 214 with RW 1);
+    batch 32, 6144x4096 at MINB 3 15.0 against 14.3."""
     sms = num_sms() if rows else 0
-    if nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
+    if rows and nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
         return (nt, 4, 1, 0, 4)
-    if cols > 4096 and nt >= 8 and rows >= 32 * sms:
+    if rows and cols > 4096 and nt >= 8 and -(-rows // 32) >= 0.9 * sms:   # one 1-block-an-SM wave, ~full
         return (nt, 8, 1, 0, 2)
     if cols > 4096 and nt <= 2:
         return (nt, 8, 1, 0, 1)
@@ -519,7 +524,7 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     if nt >= 4 and rows:
         blocks = -(-rows // 16)
         minb = 3 if 2 * sms < blocks <= 3 * sms else 0
-    return (nt, 4, 2, minb, 1)
+    return (nt, 4, 1 if nt >= 8 or minb else 2, minb, 1)
 
 
 def _kquant_mma_groups5(groups: tuple[int, ...]) -> tuple[int, int, int, int, int]:
@@ -539,7 +544,7 @@ _KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compil
     _kquant_mma_expr(kq, nt, groups)
     for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
     for nt in (1, 2, 4, 8) for cols in (4096, 4352)
-    for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 2, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
+    for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 1, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
     + ([(nt, 8, 1, 0, 2)] if nt >= 8 and cols > 4096 else [])))
 
 
