@@ -502,17 +502,16 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     second wave at 2 but fit one at 3 (q, k, v joined: 6144 rows, 384 blocks on 132 SMs) takes 3:
     Q4_K 6144x4096 batch 32 / 64 14.95 / 27.9 us against 17.9 / 31.2. Elsewhere 3 was slower
     (Q4_K 28672x4096 batch 32 58.0 against 54.0; Q6_K 4096x14336, 256 blocks, 42.6 against 36.9).
-    Several 16-row groups a block (RW) share the activations through L1 where every block reading
-    all of them costs more L2 traffic than the weights (batch 64: 256 KB a block) and the blocks
-    still fill the SMs: 8 tiles, 4 groups of a warp each on tall weights (Q4_K 28672x4096 batch 64
-    92.6 us against 105.4, Q6_K 49152x4096 171 against 230), 2 groups of 4 warps on a down
-    projection (Q6_K 4096x14336 56.3 against 65.7); at 4 tiles only on vocabulary-sized weights
-    (Q6_K 49152x4096 batch 32 110 against 132; Q4_K 28672x4096 58.2 against 53.9).
-    One super-block at a time at 8 tiles, and wherever MINB 3 caps the registers: two spill there
+    One super-block at a time at 8 tiles and wherever MINB 3 caps the registers: two spill there
     (sm_90: 148 bytes a thread for Q4_K, 600 for padded Q6_K at 8 tiles). Batch 64, two against
-    one: Q4_K 6144x4096 at MINB 3 27.9 against 22.7 us, 4096x4096 16.9 against 16.2 (28672x4096
-    with RW 4: 93.2 either way, so its RW gain was U's; Q6_K 49152x4096's is RW's: 214 with RW 1);
-    batch 32, 6144x4096 at MINB 3 15.0 against 14.3."""
+    one: Q4_K 28672x4096 105.4 against 94.3 us, 6144x4096 at MINB 3 27.9 against 22.7, 4096x4096
+    16.9 against 16.2; batch 32, 6144x4096 at MINB 3 15.0 against 14.3.
+    Several 16-row groups a block (RW) share the activations through L1 (batch 64: 256 KB a
+    super-block row, 7x the weights' bytes) where the blocks still fill the SMs: 4 groups of a warp
+    each on tall weights (Q6_K 49152x4096 batch 64 171 against 214 us with RW 1; Q4_K 28672x4096
+    93.2 against 94.3), 2 groups of 4 warps on a down projection (Q6_K 4096x14336 56.8 against
+    60.4 for one group at U 1); at 4 tiles on vocabulary-sized weights only (Q6_K 49152x4096 batch 32 111
+    against 123; Q4_K 28672x4096 58.8 against 54.7)."""
     sms = num_sms() if rows else 0
     if rows and nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
         return (nt, 4, 1, 0, 4)
