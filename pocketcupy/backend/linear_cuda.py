@@ -532,10 +532,15 @@ def _kquant_mma_groups5(groups: tuple[int, ...]) -> tuple[int, int, int, int, in
     return tuple(groups) + (1, 0, 1)[len(groups) - 2:]
 
 
-def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
+def _kquant_mma_targs(nt: int, groups: tuple[int, ...]) -> str:
+    """The template arguments past the weight type(s) of gemv_kquant_mma / mma3: NT, TG, WARPS, U,
+    MINB[, RW]."""
     tg, warps, u, minb, rw = _kquant_mma_groups5(groups)
-    return (f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}"
-            + (f", {rw}>" if rw != 1 else ">"))
+    return f"{nt}, {min(tg, nt)}, {warps}, {u}, {minb}" + (f", {rw}" if rw != 1 else "")
+
+
+def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
+    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {_kquant_mma_targs(nt, groups)}>"
 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
@@ -639,10 +644,10 @@ def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple
     """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
     launch_gemv_kquant_mma takes them."""
-    tg, warps, u, minb, rw = _kquant_mma_groups5(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
-    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * rw)
-    expr = f"gemv_kquant_mma3<{tids}, {nt}, {min(tg, nt)}, {warps}, {u}, {minb}" + (f", {rw}>" if rw != 1 else ">")
-    kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * warps,), (
+    groups = _kquant_mma_groups5(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
+    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * groups[4])
+    expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups)}>"
+    kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * groups[1],), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
 
