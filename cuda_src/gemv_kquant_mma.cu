@@ -74,8 +74,10 @@ __global__ void quantize_q8k_x(const float* __restrict__ x, long long ldx, const
 
 // The activations of the lane's batch columns: B fragment words at element k of column 8 * nt + g
 // (zero past the batch; xq chunk-major, chunks of `cs` bytes); the scale and the eight 32-sums of
-// super-block `sblk` of column 8 * nt + 2t + j.
-template <int NT>
+// super-block `sblk` of column 8 * nt + 2t + j. CS > 0: every column is in the batch (whole tiles)
+// and the chunks are CS bytes, so a B word's address is the lane's base plus a constant: no
+// bounds test and no 64-bit address arithmetic per load.
+template <int NT, int CS = 0>
 struct ActsK {
     const signed char* xq;
     const float* xd;
@@ -84,17 +86,21 @@ struct ActsK {
     i64 cs;
 
     __device__ __forceinline__ const signed char* at(int col, int k) const {
-        return xq + (k >> 5) * cs + 32 * col + (k & 31);
+        return xq + (k >> 5) * (CS ? (i64)CS : cs) + 32 * col + (k & 31);
     }
     __device__ __forceinline__ uint2 b8(int nt, int k) const {
         const int col = 8 * nt + g;
+        if constexpr (CS) return *reinterpret_cast<const uint2*>(at(col, k));
         return col < nb ? *reinterpret_cast<const uint2*>(at(col, k)) : make_uint2(0u, 0u);
     }
     __device__ __forceinline__ u32 b4(int nt, int k) const {
         const int col = 8 * nt + g;
+        if constexpr (CS) return *reinterpret_cast<const u32*>(at(col, k));
         return col < nb ? *reinterpret_cast<const u32*>(at(col, k)) : 0u;
     }
-    __device__ __forceinline__ int column(int nt, int j) const { return min(8 * nt + 2 * t + j, nb - 1); }
+    __device__ __forceinline__ int column(int nt, int j) const {
+        return CS ? 8 * nt + 2 * t + j : min(8 * nt + 2 * t + j, nb - 1);
+    }
     __device__ __forceinline__ float d(int nt, int j, int sblk) const {
         return xd[(i64)column(nt, j) * (K / 256) + sblk];
     }
@@ -114,9 +120,107 @@ __device__ __forceinline__ int min_dot(u32 m_lo, u32 m_hi, uint4 s) {
     return __dp2a_hi((int)s.w, (int)m_hi, r);
 }
 
-template <int QT, int NT>
+// Rows g and g + 8 of one Q4_K / Q5_K super-block as lane t reads them: its 8 bytes of every
+// 32-byte quant group (values 8t..8t+7 of two sub-blocks), the 6-bit scales and mins one byte per
+// sub-block ([0..3] and [4..7], get_scale_min_k4). Q5_K: the nibbles start at 48, after qh[32],
+// whose byte i holds bit 4 of value i of every sub-block sb (bit sb); lane t takes bytes 8t..8t+7.
+template <int QT>
+struct Kq45Rows {
+    uint4 ha, hb;
+    uint2 qa[4], qb[4], ha5, hb5;
+    u32 sa_lo, sa_hi, ma_lo, ma_hi, sb_lo, sb_hi, mb_lo, mb_hi;
+
+    __device__ __forceinline__ Kq45Rows(const u8* __restrict__ ra, const u8* __restrict__ rb, int t) {
+        constexpr int QS = QT == pq::Q4_K ? 16 : 48;
+        ha = *reinterpret_cast<const uint4*>(ra);
+        hb = *reinterpret_cast<const uint4*>(rb);
+        ha5 = hb5 = make_uint2(0u, 0u);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            qa[j] = *reinterpret_cast<const uint2*>(ra + QS + 32 * j + 8 * t);
+            qb[j] = *reinterpret_cast<const uint2*>(rb + QS + 32 * j + 8 * t);
+        }
+        if constexpr (QT == pq::Q5_K) {
+            ha5 = *reinterpret_cast<const uint2*>(ra + 16 + 8 * t);
+            hb5 = *reinterpret_cast<const uint2*>(rb + 16 + 8 * t);
+        }
+        sa_lo = ha.y & 0x3f3f3f3fu, ma_lo = ha.z & 0x3f3f3f3fu;
+        sa_hi = (ha.w & 0x0f0f0f0fu) | ((ha.y >> 2) & 0x30303030u);
+        ma_hi = ((ha.w >> 4) & 0x0f0f0f0fu) | ((ha.z >> 2) & 0x30303030u);
+        sb_lo = hb.y & 0x3f3f3f3fu, mb_lo = hb.z & 0x3f3f3f3fu;
+        sb_hi = (hb.w & 0x0f0f0f0fu) | ((hb.y >> 2) & 0x30303030u);
+        mb_hi = ((hb.w >> 4) & 0x0f0f0f0fu) | ((hb.z >> 2) & 0x30303030u);
+    }
+    // the A fragment of sub-block sb: values 0..15 (Q5_K 0..31)
+    __device__ __forceinline__ void quants(int sb, u32& a0, u32& a1, u32& a2, u32& a3) const {
+        const int j = sb >> 1, sh = 4 * (sb & 1);
+        a0 = (qa[j].x >> sh) & 0x0f0f0f0fu, a2 = (qa[j].y >> sh) & 0x0f0f0f0fu;
+        a1 = (qb[j].x >> sh) & 0x0f0f0f0fu, a3 = (qb[j].y >> sh) & 0x0f0f0f0fu;
+        if constexpr (QT == pq::Q5_K) {
+            a0 |= ((ha5.x >> sb) & 0x01010101u) << 4;
+            a2 |= ((ha5.y >> sb) & 0x01010101u) << 4;
+            a1 |= ((hb5.x >> sb) & 0x01010101u) << 4;
+            a3 |= ((hb5.y >> sb) & 0x01010101u) << 4;
+        }
+    }
+    __device__ __forceinline__ u32 scale_a(int sb) const { return byte_u(sb < 4 ? sa_lo : sa_hi, sb & 3); }
+    __device__ __forceinline__ u32 scale_b(int sb) const { return byte_u(sb < 4 ? sb_lo : sb_hi, sb & 3); }
+    __device__ __forceinline__ u32 min_a(int sb) const { return byte_u(sb < 4 ? ma_lo : ma_hi, sb & 3); }
+    __device__ __forceinline__ u32 min_b(int sb) const { return byte_u(sb < 4 ? mb_lo : mb_hi, sb & 3); }
+    __device__ __forceinline__ float d_a() const { return pq::h2f((u16)(ha.x & 0xffffu)); }
+    __device__ __forceinline__ float dmin_a() const { return pq::h2f((u16)(ha.x >> 16)); }
+    __device__ __forceinline__ float d_b() const { return pq::h2f((u16)(hb.x & 0xffffu)); }
+    __device__ __forceinline__ float dmin_b() const { return pq::h2f((u16)(hb.x >> 16)); }
+};
+
+// ACC (Q4_K / Q5_K): the scales and mins applied inside the tensor cores' int32 accumulators rather
+// than by 4 integer multiply-adds an mma and a dp2a dot of the mins per output: a 6-bit scale
+// s = 8h + l makes two unsigned A tiles q * l and q * h (bytes <= 31 * 7: one word multiply, no
+// carry), the mins a third with each sub-block's min in all its bytes, all three against the
+// same B fragment and summed over the super-block's 8 sub-blocks by the mma itself; per
+// super-block isum = 8 * c_h + c_l and msum = c_m.
+template <int QT, int NT, int CS>
+__device__ __forceinline__ void kquant_superblock_acc(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
+                                                      const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
+    static_assert(QT == pq::Q4_K || QT == pq::Q5_K, "ACC: Q4_K / Q5_K");
+    const int t = x.t, kb = 256 * sblk;
+    const Kq45Rows<QT> w(ra, rb, t);
+    int cl[NT][4], ch[NT][4], cm[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) cl[nt][i] = ch[nt][i] = cm[nt][i] = 0;
+#pragma unroll
+    for (int sb = 0; sb < 8; ++sb) {
+        u32 a0, a1, a2, a3;
+        w.quants(sb, a0, a1, a2, a3);
+        const u32 sca = w.scale_a(sb), scb = w.scale_b(sb);
+        const u32 la = sca & 7u, hia = sca >> 3, lb = scb & 7u, hib = scb >> 3;
+        const u32 mna = w.min_a(sb) * 0x01010101u, mnb = w.min_b(sb) * 0x01010101u;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const uint2 xb = x.b8(nt, kb + 32 * sb + 8 * t);
+            mma_u8s8_16832(cl[nt], a0 * la, a1 * lb, a2 * la, a3 * lb, xb.x, xb.y);
+            mma_u8s8_16832(ch[nt], a0 * hia, a1 * hib, a2 * hia, a3 * hib, xb.x, xb.y);
+            mma_u8s8_16832(cm[nt], mna, mnb, mna, mnb, xb.x, xb.y);
+        }
+    }
+    const float da = w.d_a(), ma = w.dmin_a(), db = w.d_b(), mb = w.dmin_b();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
+        acc[nt][0] += x0 * (da * (float)(8 * ch[nt][0] + cl[nt][0]) - ma * (float)cm[nt][0]);
+        acc[nt][1] += x1 * (da * (float)(8 * ch[nt][1] + cl[nt][1]) - ma * (float)cm[nt][1]);
+        acc[nt][2] += x0 * (db * (float)(8 * ch[nt][2] + cl[nt][2]) - mb * (float)cm[nt][2]);
+        acc[nt][3] += x1 * (db * (float)(8 * ch[nt][3] + cl[nt][3]) - mb * (float)cm[nt][3]);
+    }
+}
+
+// (Its Q4_K / Q5_K branch keeps its own copy of Kq45Rows' code: built on the struct, ptxas spilled
+// more at 2 tiles, 5 stores a thread.)
+template <int QT, int NT, int CS>
 __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
-                                                    const ActsK<NT>& x, float (&acc)[NT][4]) {
+                                                    const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
     const int t = x.t, kb = 256 * sblk;
     int isum[NT][4];
 #pragma unroll
@@ -227,6 +331,16 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, c
     }
 }
 
+// The super-block step of a launch: ACC's on Q4_K / Q5_K weights (other types ignore ACC).
+template <int QT, int NT, int ACC, int CS>
+__device__ __forceinline__ void kquant_superblock(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
+                                                  const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
+    if constexpr (ACC && (QT == pq::Q4_K || QT == pq::Q5_K))
+        kquant_superblock_acc<QT, NT, CS>(ra, rb, sblk, x, acc);
+    else
+        kquant_superblock_k<QT, NT, CS>(ra, rb, sblk, x, acc);
+}
+
 // TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
 // after the first), so that a warp holds TG tiles' integer sums instead of NT's and more warps fit
 // an SM; WARPS: warps per block; U: super-blocks a warp works on at once, so that the loads of
@@ -240,7 +354,7 @@ using KmRed = float[WARPS > RW ? WARPS - RW : 1][NT * 4][32];
 
 // Rows 16 RW blk .. 16 RW (blk + 1) - 1 of one weight (the body of both kernels below); red: the
 // block's shared memory for the warps' partial tiles. Warp w takes row group w % RW.
-template <int QT, int NT, int TG, int WARPS, int U, int RW>
+template <int QT, int NT, int TG, int WARPS, int U, int RW, int ACC, int FULL>
 __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long long bpr, int rows, int K, int blk,
                                                 const signed char* __restrict__ xq, const float* __restrict__ xd,
                                                 const short* __restrict__ xb, int nb, const float* __restrict__ bias,
@@ -261,18 +375,18 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
 #pragma unroll
     for (int p = 0; p < NT / TG; ++p) {
         const int c0 = 8 * TG * p;                       // first batch column of this pass
-        const ActsK<TG> x{xq + 32 * c0, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K, max(nb - c0, 1), g, t,
-                          32 * (i64)nb};
+        const ActsK<TG, FULL ? 256 * NT : 0> x{xq + 32 * c0, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K,
+                                               max(nb - c0, 1), g, t, 32 * (i64)nb};
         float(&accp)[TG][4] = *reinterpret_cast<float(*)[TG][4]>(&acc[TG * p]);
         if (c0 < nb && (RW == 1 || row0 < rows)) {   // a group wholly past the last row idles
             int b = kw;
             for (; b + (U - 1) * KW < nblk; b += U * KW)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    kquant_superblock_k<QT, TG>(ra + (i64)(b + u * KW) * TS, rb + (i64)(b + u * KW) * TS,
-                                                b + u * KW, x, accp);
+                    kquant_superblock<QT, TG, ACC>(ra + (i64)(b + u * KW) * TS, rb + (i64)(b + u * KW) * TS,
+                                                   b + u * KW, x, accp);
             for (; U > 1 && b < nblk; b += KW)
-                kquant_superblock_k<QT, TG>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
+                kquant_superblock<QT, TG, ACC>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
         }
     }
     if (kw > 0) {
@@ -296,14 +410,15 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
     }
 }
 
-template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1>
+template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1, int ACC = 0,
+          int FULL = 0>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
                 float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     __shared__ KmRed<NT, WARPS, RW> red;
-    kquant_mma_rows<QT, NT, TG, WARPS, U, RW>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
+    kquant_mma_rows<QT, NT, TG, WARPS, U, RW, ACC, FULL>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
 #else
     pdl_wait();
 #endif
@@ -315,7 +430,8 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 // bound alone, ride in the grid of q.
 #define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
                      float *__restrict__ y_##s
-template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0, int RW = 1>
+template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0, int RW = 1, int ACC = 0,
+          int FULL = 0>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma3(int K, const signed char* __restrict__ xq, const float* __restrict__ xd, const short* __restrict__ xb,
                  int nb, int end_a, int end_b, PQ_KM_SEG(a), PQ_KM_SEG(b), PQ_KM_SEG(c)) {
@@ -323,11 +439,14 @@ gemv_kquant_mma3(int K, const signed char* __restrict__ xq, const float* __restr
     __shared__ KmRed<NT, WARPS, RW> red;
     const int blk = blockIdx.x;
     if (blk < end_a)
-        kquant_mma_rows<QA, NT, TG, WARPS, U, RW>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a, red);
+        kquant_mma_rows<QA, NT, TG, WARPS, U, RW, ACC, FULL>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a,
+                                                             red);
     else if (blk < end_b)
-        kquant_mma_rows<QB, NT, TG, WARPS, U, RW>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb, bias_b, y_b, red);
+        kquant_mma_rows<QB, NT, TG, WARPS, U, RW, ACC, FULL>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb,
+                                                             bias_b, y_b, red);
     else
-        kquant_mma_rows<QC, NT, TG, WARPS, U, RW>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb, bias_c, y_c, red);
+        kquant_mma_rows<QC, NT, TG, WARPS, U, RW, ACC, FULL>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb,
+                                                             bias_c, y_c, red);
 #else
     pdl_wait();
 #endif
@@ -352,12 +471,21 @@ PQ_INST5(pq::Q4_K, 8, 4, 4, 1) PQ_INST5(pq::Q4_K, 8, 2, 8, 1)
                                                                    const float*, const short*, int, const float*, float*);
 PQ_INST_RW(pq::Q4_K, 8, 4, 2, 4) PQ_INST_RW(pq::Q6_KP, 4, 8, 1, 4) PQ_INST_RW(pq::Q5_K, 2, 4, 2, 2)
 #undef PQ_INST_RW
+#define PQ_INST_AF(T, N, W, U, RW, ACC, FULL)                                                                 \
+    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, RW, ACC, FULL>(                                  \
+        const u8*, long long, int, int, const signed char*, const float*, const short*, int, const float*, float*);
+PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 0) PQ_INST_AF(pq::Q4_K, 1, 4, 2, 1, 1, 0) PQ_INST_AF(pq::Q5_K, 4, 4, 1, 1, 1, 0)
+PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 0, 1) PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 1) PQ_INST_AF(pq::Q6_KP, 8, 4, 1, 4, 0, 1)
+#undef PQ_INST_AF
 #define PQ_INST3(N) \
     template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, N, N, 4, 2>(                    \
         int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,     \
         const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int, \
         const float*, float*);
 PQ_INST3(1) PQ_INST3(2) PQ_INST3(4) PQ_INST3(8)
+template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 8, 8, 4, 1, 3, 1, 1>(
+    int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
+    const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);
 template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 4, 4, 8, 1, 0, 4>(
     int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
     const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);

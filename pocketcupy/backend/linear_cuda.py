@@ -488,10 +488,11 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int, int, int]:
+def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tuple[int, ...]:
     """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
-    blocks per SM the registers must allow or 0 for the kernel's default, 16-row groups per block)
-    of gemv_kquant_mma for nt tiles of a weight of `rows` x `cols` (rows 0: unknown): one pass; 4
+    blocks per SM the registers must allow or 0 for the kernel's default, 16-row groups per block[,
+    ACC]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0: unknown,
+    qtype "": any): one pass; 4
     warps with 2 super-blocks in flight each, except 8 warps one at a time for the long rows of a
     down projection at 1-2 tiles.
     H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K 28672x4096 batch 4 25.8 us
@@ -511,7 +512,13 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     each on tall weights (Q6_K 49152x4096 batch 64 171 against 214 us with RW 1; Q4_K 28672x4096
     93.2 against 94.3), 2 groups of 4 warps on a down projection (Q6_K 4096x14336 56.8 against
     60.4 for one group at U 1); at 4 tiles on vocabulary-sized weights only (Q6_K 49152x4096 batch 32 111
-    against 123; Q4_K 28672x4096 58.8 against 54.7)."""
+    against 123; Q4_K 28672x4096 58.8 against 54.7).
+    ACC (Q4_K / Q5_K scales and mins inside the mma accumulators) from 2 tiles on tall weights, one
+    super-block at a time: Q4_K 28672x4096 batch 16 / 32 / 64 33.7 / 48.6 / 88.0 us against 37.4 /
+    54.3 / 92.4; on 6144 or 4096 rows it gained or lost under 7% by batch (4096x4096 batch 16 8.8
+    against 8.4, batch 64 15.0 against 15.7), so those keep the launches above."""
+    if qtype in ("Q4_K", "Q5_K") and nt >= 2 and rows >= max(16384, 4 * cols):
+        return (nt, 4, 1, 0, 1, 1)
     sms = num_sms() if rows else 0
     if rows and nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
         return (nt, 4, 1, 0, 4)
@@ -526,26 +533,37 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0) -> tuple[int, int, int,
     return (nt, 4, 1 if nt >= 8 or minb else 2, minb, 1)
 
 
-def _kquant_mma_groups5(groups: tuple[int, ...]) -> tuple[int, int, int, int, int]:
+def _kquant_mma_groups6(groups: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
     """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
-    the registers must allow, 0: the kernel's default[, 16-row groups per block]]]), completed."""
-    return tuple(groups) + (1, 0, 1)[len(groups) - 2:]
+    the registers must allow, 0: the kernel's default[, 16-row groups per block[, 1: Q4_K / Q5_K
+    scales and mins in the tensor cores' accumulators (ACC)]]]]), completed."""
+    return tuple(groups) + (1, 0, 1, 0)[len(groups) - 2:]
 
 
-def _kquant_mma_targs(nt: int, groups: tuple[int, ...]) -> str:
-    """The template arguments past the weight type(s) of gemv_kquant_mma / mma3: NT, TG, WARPS, U,
-    MINB[, RW]."""
-    tg, warps, u, minb, rw = _kquant_mma_groups5(groups)
-    return f"{nt}, {min(tg, nt)}, {warps}, {u}, {minb}" + (f", {rw}" if rw != 1 else "")
+def _kquant_mma_full(n: int, nt: int, groups: tuple[int, ...]) -> bool:
+    """Whether a launch of n columns takes the FULL instance (whole tiles: no bounds test per B load,
+    a compile-time chunk stride): at 8 tiles and with ACC, where it was measured faster. H200, main's
+    launches at batch 64, FULL against not: Q4_K 28672x4096 91.0 / 92.4 us, Q6_K 4096x14336 50.5 /
+    56.2, 49152x4096 162 / 171; at batch 16 it was slower (Q4_K 28672x4096 40.4 / 37.4, Q6_K
+    4096x14336 29.0 / 26.2), at 32 even."""
+    return n == 8 * nt and (nt >= 8 or groups[5] == 1)
 
 
-def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...]) -> str:
-    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {_kquant_mma_targs(nt, groups)}>"
+def _kquant_mma_targs(nt: int, groups: tuple[int, ...], full: bool = False) -> str:
+    """The template arguments past the weight type(s): NT, TG, WARPS, U, MINB[, RW[, ACC[, FULL]]]
+    (groups as _kquant_mma_groups6 completes them; full: _kquant_mma_full)."""
+    tg, warps, u, minb, rw, acc = groups
+    tail = (rw, acc, 1) if full else (rw, acc) if acc else (rw,) if rw != 1 else ()
+    return ", ".join(str(v) for v in (nt, min(tg, nt), warps, u, minb) + tail)
+
+
+def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...], full: bool = False) -> str:
+    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {_kquant_mma_targs(nt, groups, full)}>"
 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
 _KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compiled as one module
-    _kquant_mma_expr(kq, nt, groups)
+    _kquant_mma_expr(kq, nt, _kquant_mma_groups6(groups))
     for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
     for nt in (1, 2, 4, 8) for cols in (4096, 4352)
     for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 1, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
@@ -573,10 +591,10 @@ def quantize_x_q8k(x, up=None):
 
 def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
-    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_groups5),
+    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_groups6),
     default kquant_mma_groups."""
-    groups = _kquant_mma_groups5(groups or kquant_mma_groups(nt, w.cols, w.rows))
-    expr = _kquant_mma_expr(w.kernel_qtype, nt, groups)
+    groups = _kquant_mma_groups6(groups or kquant_mma_groups(nt, w.cols, w.rows, w.qtype))
+    expr = _kquant_mma_expr(w.kernel_qtype, nt, groups, _kquant_mma_full(n, nt, groups))
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
     fn((-(-w.rows // (16 * groups[4])),), (32 * groups[1],),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
@@ -644,9 +662,9 @@ def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple
     """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
     launch_gemv_kquant_mma takes them."""
-    groups = _kquant_mma_groups5(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
+    groups = _kquant_mma_groups6(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
     ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * groups[4])
-    expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups)}>"
+    expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups, _kquant_mma_full(n, nt, groups))}>"
     kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * groups[1],), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
