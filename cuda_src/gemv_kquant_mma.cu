@@ -12,8 +12,9 @@
 // xd float [n, K / 256] (amax / 127 of each 256), xb int16 [n, K / 32] (sum of each 32's int8).
 // One warp per 256 values, 8 per lane; grid covers n * K / 256 warps.
 //
-// gemv_kquant_mma<QT, NT, TG, WARPS, U, MINB, RW>: block of WARPS warps on RW groups of 16 rows,
-// the WARPS / RW warps of a group each a strided share of the rows' super-blocks, U at a time (in
+// gemv_kquant_mma<QT, NT, TG, WARPS, U, MINB, RW, ACC, FULL, MT>: block of WARPS warps on RW groups
+// of MT 16-row tiles, the WARPS / RW warps of a group each a strided share of the rows'
+// super-blocks, U at a time (in
 // NT / TG passes, see below), partial tiles summed through shared memory. The groups of a block
 // read the same activations at about the same time, so RW > 1 serves them RW times from L1 for
 // one read from L2 (at 8 tiles the activations of a super-block are 7x its weights' bytes).
@@ -24,7 +25,7 @@
 // Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
 // sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
 // 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
-// Grid: ceil(rows / (16 RW)). Needs K % 256 == 0 and batch <= 8 * NT.
+// Grid: ceil(rows / (16 MT RW)). Needs K % 256 == 0 and batch <= 8 * NT.
 #include "gguf_units.cuh"
 #include "mma_prims.cuh"
 #include "pdl.cuh"
@@ -181,7 +182,7 @@ struct Kq45Rows {
 // super-block isum = 8 * c_h + c_l and msum = c_m.
 template <int QT, int NT, int CS>
 __device__ __forceinline__ void kquant_superblock_acc(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
-                                                      const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
+                                                      const ActsK<NT, CS>& x, float (&acc)[NT][1][4]) {
     static_assert(QT == pq::Q4_K || QT == pq::Q5_K, "ACC: Q4_K / Q5_K");
     const int t = x.t, kb = 256 * sblk;
     const Kq45Rows<QT> w(ra, rb, t);
@@ -209,136 +210,194 @@ __device__ __forceinline__ void kquant_superblock_acc(const u8* __restrict__ ra,
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
-        acc[nt][0] += x0 * (da * (float)(8 * ch[nt][0] + cl[nt][0]) - ma * (float)cm[nt][0]);
-        acc[nt][1] += x1 * (da * (float)(8 * ch[nt][1] + cl[nt][1]) - ma * (float)cm[nt][1]);
-        acc[nt][2] += x0 * (db * (float)(8 * ch[nt][2] + cl[nt][2]) - mb * (float)cm[nt][2]);
-        acc[nt][3] += x1 * (db * (float)(8 * ch[nt][3] + cl[nt][3]) - mb * (float)cm[nt][3]);
+        acc[nt][0][0] += x0 * (da * (float)(8 * ch[nt][0] + cl[nt][0]) - ma * (float)cm[nt][0]);
+        acc[nt][0][1] += x1 * (da * (float)(8 * ch[nt][1] + cl[nt][1]) - ma * (float)cm[nt][1]);
+        acc[nt][0][2] += x0 * (db * (float)(8 * ch[nt][2] + cl[nt][2]) - mb * (float)cm[nt][2]);
+        acc[nt][0][3] += x1 * (db * (float)(8 * ch[nt][3] + cl[nt][3]) - mb * (float)cm[nt][3]);
     }
 }
 
-// (Its Q4_K / Q5_K branch keeps its own copy of Kq45Rows' code: built on the struct, ptxas spilled
-// more at 2 tiles, 5 stores a thread.)
-template <int QT, int NT, int CS>
-__device__ __forceinline__ void kquant_superblock_k(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
-                                                    const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
+// MT: 16-row tiles a warp holds at once (ra_ / rb_: each tile's rows g and g + 8 at the super-block),
+// so that every B fragment and activation scale loaded serves MT mma. (The Q4_K / Q5_K branch keeps
+// its own copy of Kq45Rows' code: built on the struct, ptxas spilled more at 2 tiles, 5 stores a
+// thread.)
+template <int QT, int NT, int CS, int MT>
+__device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], const u8* const (&rb_)[MT],
+                                                    int sblk, const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
     const int t = x.t, kb = 256 * sblk;
-    int isum[NT][4];
+    int isum[NT][MT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) isum[nt][0] = isum[nt][1] = isum[nt][2] = isum[nt][3] = 0;
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) isum[nt][m][0] = isum[nt][m][1] = isum[nt][m][2] = isum[nt][m][3] = 0;
     if constexpr (QT == pq::Q4_K || QT == pq::Q5_K) {
         // Q5_K: the nibbles start at 48, after qh[32], whose byte i holds bit 4 of value i of every
         // sub-block sb (bit sb); lane t's values 8t..8t+7 take bytes 8t..8t+7 (ha5, hb5)
         constexpr int QS = QT == pq::Q4_K ? 16 : 48;
-        const uint4 ha = *reinterpret_cast<const uint4*>(ra), hb = *reinterpret_cast<const uint4*>(rb);
-        uint2 qa[4], qb[4], ha5 = make_uint2(0u, 0u), hb5 = ha5;
+        uint4 ha[MT], hb[MT];
+        uint2 qa[MT][4], qb[MT][4], ha5[MT], hb5[MT];
+        u32 sa_lo[MT], sa_hi[MT], ma_lo[MT], ma_hi[MT], sb_lo[MT], sb_hi[MT], mb_lo[MT], mb_hi[MT];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            qa[j] = *reinterpret_cast<const uint2*>(ra + QS + 32 * j + 8 * t);
-            qb[j] = *reinterpret_cast<const uint2*>(rb + QS + 32 * j + 8 * t);
+        for (int m = 0; m < MT; ++m) {
+            const u8* __restrict__ ra = ra_[m];
+            const u8* __restrict__ rb = rb_[m];
+            ha[m] = *reinterpret_cast<const uint4*>(ra), hb[m] = *reinterpret_cast<const uint4*>(rb);
+            ha5[m] = hb5[m] = make_uint2(0u, 0u);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                qa[m][j] = *reinterpret_cast<const uint2*>(ra + QS + 32 * j + 8 * t);
+                qb[m][j] = *reinterpret_cast<const uint2*>(rb + QS + 32 * j + 8 * t);
+            }
+            if constexpr (QT == pq::Q5_K) {
+                ha5[m] = *reinterpret_cast<const uint2*>(ra + 16 + 8 * t);
+                hb5[m] = *reinterpret_cast<const uint2*>(rb + 16 + 8 * t);
+            }
+            // 6-bit scales and mins, one byte per sub-block: [0..3] and [4..7] (get_scale_min_k4)
+            sa_lo[m] = ha[m].y & 0x3f3f3f3fu, ma_lo[m] = ha[m].z & 0x3f3f3f3fu;
+            sa_hi[m] = (ha[m].w & 0x0f0f0f0fu) | ((ha[m].y >> 2) & 0x30303030u);
+            ma_hi[m] = ((ha[m].w >> 4) & 0x0f0f0f0fu) | ((ha[m].z >> 2) & 0x30303030u);
+            sb_lo[m] = hb[m].y & 0x3f3f3f3fu, mb_lo[m] = hb[m].z & 0x3f3f3f3fu;
+            sb_hi[m] = (hb[m].w & 0x0f0f0f0fu) | ((hb[m].y >> 2) & 0x30303030u);
+            mb_hi[m] = ((hb[m].w >> 4) & 0x0f0f0f0fu) | ((hb[m].z >> 2) & 0x30303030u);
         }
-        if constexpr (QT == pq::Q5_K) {
-            ha5 = *reinterpret_cast<const uint2*>(ra + 16 + 8 * t);
-            hb5 = *reinterpret_cast<const uint2*>(rb + 16 + 8 * t);
-        }
-        // 6-bit scales and mins, one byte per sub-block: [0..3] and [4..7] (get_scale_min_k4)
-        const u32 sa_lo = ha.y & 0x3f3f3f3fu, ma_lo = ha.z & 0x3f3f3f3fu;
-        const u32 sa_hi = (ha.w & 0x0f0f0f0fu) | ((ha.y >> 2) & 0x30303030u);
-        const u32 ma_hi = ((ha.w >> 4) & 0x0f0f0f0fu) | ((ha.z >> 2) & 0x30303030u);
-        const u32 sb_lo = hb.y & 0x3f3f3f3fu, mb_lo = hb.z & 0x3f3f3f3fu;
-        const u32 sb_hi = (hb.w & 0x0f0f0f0fu) | ((hb.y >> 2) & 0x30303030u);
-        const u32 mb_hi = ((hb.w >> 4) & 0x0f0f0f0fu) | ((hb.z >> 2) & 0x30303030u);
 #pragma unroll
         for (int sb = 0; sb < 8; ++sb) {
             const int j = sb >> 1, sh = 4 * (sb & 1);
-            u32 a0 = (qa[j].x >> sh) & 0x0f0f0f0fu, a2 = (qa[j].y >> sh) & 0x0f0f0f0fu;
-            u32 a1 = (qb[j].x >> sh) & 0x0f0f0f0fu, a3 = (qb[j].y >> sh) & 0x0f0f0f0fu;
-            if constexpr (QT == pq::Q5_K) {
-                a0 |= ((ha5.x >> sb) & 0x01010101u) << 4;
-                a2 |= ((ha5.y >> sb) & 0x01010101u) << 4;
-                a1 |= ((hb5.x >> sb) & 0x01010101u) << 4;
-                a3 |= ((hb5.y >> sb) & 0x01010101u) << 4;
+            u32 a0[MT], a1[MT], a2[MT], a3[MT];
+            int sca[MT], scb[MT];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                a0[m] = (qa[m][j].x >> sh) & 0x0f0f0f0fu, a2[m] = (qa[m][j].y >> sh) & 0x0f0f0f0fu;
+                a1[m] = (qb[m][j].x >> sh) & 0x0f0f0f0fu, a3[m] = (qb[m][j].y >> sh) & 0x0f0f0f0fu;
+                if constexpr (QT == pq::Q5_K) {
+                    a0[m] |= ((ha5[m].x >> sb) & 0x01010101u) << 4;
+                    a2[m] |= ((ha5[m].y >> sb) & 0x01010101u) << 4;
+                    a1[m] |= ((hb5[m].x >> sb) & 0x01010101u) << 4;
+                    a3[m] |= ((hb5[m].y >> sb) & 0x01010101u) << 4;
+                }
+                sca[m] = (int)byte_u(sb < 4 ? sa_lo[m] : sa_hi[m], sb & 3);
+                scb[m] = (int)byte_u(sb < 4 ? sb_lo[m] : sb_hi[m], sb & 3);
             }
-            const int sca = (int)byte_u(sb < 4 ? sa_lo : sa_hi, sb & 3);
-            const int scb = (int)byte_u(sb < 4 ? sb_lo : sb_hi, sb & 3);
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const uint2 xb = x.b8(nt, kb + 32 * sb + 8 * t);
-                int c[4] = {0, 0, 0, 0};
-                mma_s8_16832(c, a0, a1, a2, a3, xb.x, xb.y);
-                isum[nt][0] += sca * c[0];
-                isum[nt][1] += sca * c[1];
-                isum[nt][2] += scb * c[2];
-                isum[nt][3] += scb * c[3];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8_16832(c, a0[m], a1[m], a2[m], a3[m], xb.x, xb.y);
+                    isum[nt][m][0] += sca[m] * c[0];
+                    isum[nt][m][1] += sca[m] * c[1];
+                    isum[nt][m][2] += scb[m] * c[2];
+                    isum[nt][m][3] += scb[m] * c[3];
+                }
             }
         }
-        const float da = pq::h2f((u16)(ha.x & 0xffffu)), ma = pq::h2f((u16)(ha.x >> 16));
-        const float db = pq::h2f((u16)(hb.x & 0xffffu)), mb = pq::h2f((u16)(hb.x >> 16));
+        float da[MT], ma[MT], db[MT], mb[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            da[m] = pq::h2f((u16)(ha[m].x & 0xffffu)), ma[m] = pq::h2f((u16)(ha[m].x >> 16));
+            db[m] = pq::h2f((u16)(hb[m].x & 0xffffu)), mb[m] = pq::h2f((u16)(hb[m].x >> 16));
+        }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const uint4 s0 = x.sums(nt, 0, sblk), s1 = x.sums(nt, 1, sblk);
             const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
-            acc[nt][0] += x0 * (da * (float)isum[nt][0] - ma * (float)min_dot(ma_lo, ma_hi, s0));
-            acc[nt][1] += x1 * (da * (float)isum[nt][1] - ma * (float)min_dot(ma_lo, ma_hi, s1));
-            acc[nt][2] += x0 * (db * (float)isum[nt][2] - mb * (float)min_dot(mb_lo, mb_hi, s0));
-            acc[nt][3] += x1 * (db * (float)isum[nt][3] - mb * (float)min_dot(mb_lo, mb_hi, s1));
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                acc[nt][m][0] += x0 * (da[m] * (float)isum[nt][m][0] - ma[m] * (float)min_dot(ma_lo[m], ma_hi[m], s0));
+                acc[nt][m][1] += x1 * (da[m] * (float)isum[nt][m][1] - ma[m] * (float)min_dot(ma_lo[m], ma_hi[m], s1));
+                acc[nt][m][2] += x0 * (db[m] * (float)isum[nt][m][2] - mb[m] * (float)min_dot(mb_lo[m], mb_hi[m], s0));
+                acc[nt][m][3] += x1 * (db[m] * (float)isum[nt][m][3] - mb[m] * (float)min_dot(mb_lo[m], mb_hi[m], s1));
+            }
         }
     } else {   // Q6_K: ql[128], qh[64], int8 scales[16], fp16 d
-        u32 sa[4], sbw[4];
-        if constexpr (QT == pq::Q6_KP) {
-            pq::ld16b<1>(ra + 192, sa);
-            pq::ld16b<1>(rb + 192, sbw);
-        } else {
-            pq::ldu<4>(ra + 192, sa);
-            pq::ldu<4>(rb + 192, sbw);
+        u32 sa[MT][4], sbw[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) {
+            if constexpr (QT == pq::Q6_KP) {
+                pq::ld16b<1>(ra_[m] + 192, sa[m]);
+                pq::ld16b<1>(rb_[m] + 192, sbw[m]);
+            } else {
+                pq::ldu<4>(ra_[m] + 192, sa[m]);
+                pq::ldu<4>(rb_[m] + 192, sbw[m]);
+            }
         }
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
 #pragma unroll
             for (int lh = 0; lh < 2; ++lh) {
                 const int l = 16 * lh + 4 * t;
-                const u32 qla0 = pq::ld32_q6<QT>(ra + 64 * n + l), qla1 = pq::ld32_q6<QT>(ra + 64 * n + 32 + l);
-                const u32 qlb0 = pq::ld32_q6<QT>(rb + 64 * n + l), qlb1 = pq::ld32_q6<QT>(rb + 64 * n + 32 + l);
-                const u32 qha = pq::ld32_q6<QT>(ra + 128 + 32 * n + l), qhb = pq::ld32_q6<QT>(rb + 128 + 32 * n + l);
+                u32 qla0[MT], qla1[MT], qlb0[MT], qlb1[MT], qha[MT], qhb[MT];
+#pragma unroll
+                for (int m = 0; m < MT; ++m) {
+                    const u8* __restrict__ ra = ra_[m];
+                    const u8* __restrict__ rb = rb_[m];
+                    qla0[m] = pq::ld32_q6<QT>(ra + 64 * n + l), qla1[m] = pq::ld32_q6<QT>(ra + 64 * n + 32 + l);
+                    qlb0[m] = pq::ld32_q6<QT>(rb + 64 * n + l), qlb1[m] = pq::ld32_q6<QT>(rb + 64 * n + 32 + l);
+                    qha[m] = pq::ld32_q6<QT>(ra + 128 + 32 * n + l), qhb[m] = pq::ld32_q6<QT>(rb + 128 + 32 * n + l);
+                }
 #pragma unroll
                 for (int qq = 0; qq < 4; ++qq) {   // values 128n + 32qq + l .. +3
-                    const u32 la = qq & 1 ? qla1 : qla0, lb = qq & 1 ? qlb1 : qlb0;
                     const int ls = 4 * (qq >> 1), hs = 2 * qq;
-                    const u32 wa = pq::vsub4(((la >> ls) & 0x0f0f0f0fu) | (((qha >> hs) & 0x03030303u) << 4), 0x20202020u);
-                    const u32 wb = pq::vsub4(((lb >> ls) & 0x0f0f0f0fu) | (((qhb >> hs) & 0x03030303u) << 4), 0x20202020u);
                     const int si = 8 * n + lh + 2 * qq;                       // scale index
-                    const int sca = byte_s(sa[si >> 2], si & 3), scb = byte_s(sbw[si >> 2], si & 3);
+                    u32 wa[MT], wb[MT];
+                    int sca[MT], scb[MT];
+#pragma unroll
+                    for (int m = 0; m < MT; ++m) {
+                        const u32 la = qq & 1 ? qla1[m] : qla0[m], lb = qq & 1 ? qlb1[m] : qlb0[m];
+                        wa[m] = pq::vsub4(((la >> ls) & 0x0f0f0f0fu) | (((qha[m] >> hs) & 0x03030303u) << 4), 0x20202020u);
+                        wb[m] = pq::vsub4(((lb >> ls) & 0x0f0f0f0fu) | (((qhb[m] >> hs) & 0x03030303u) << 4), 0x20202020u);
+                        sca[m] = byte_s(sa[m][si >> 2], si & 3), scb[m] = byte_s(sbw[m][si >> 2], si & 3);
+                    }
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        int c[4] = {0, 0, 0, 0};
-                        mma_s8_16816(c, wa, wb, x.b4(nt, kb + 128 * n + 32 * qq + l));
-                        isum[nt][0] += sca * c[0];
-                        isum[nt][1] += sca * c[1];
-                        isum[nt][2] += scb * c[2];
-                        isum[nt][3] += scb * c[3];
+                        const u32 xb = x.b4(nt, kb + 128 * n + 32 * qq + l);
+#pragma unroll
+                        for (int m = 0; m < MT; ++m) {
+                            int c[4] = {0, 0, 0, 0};
+                            mma_s8_16816(c, wa[m], wb[m], xb);
+                            isum[nt][m][0] += sca[m] * c[0];
+                            isum[nt][m][1] += sca[m] * c[1];
+                            isum[nt][m][2] += scb[m] * c[2];
+                            isum[nt][m][3] += scb[m] * c[3];
+                        }
                     }
                 }
             }
         }
-        const float da = pq::h2f(pq::ld16(ra + 208)), db = pq::h2f(pq::ld16(rb + 208));
+        float da[MT], db[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+            da[m] = pq::h2f(pq::ld16(ra_[m] + 208)), db[m] = pq::h2f(pq::ld16(rb_[m] + 208));
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
-            acc[nt][0] += x0 * da * (float)isum[nt][0];
-            acc[nt][1] += x1 * da * (float)isum[nt][1];
-            acc[nt][2] += x0 * db * (float)isum[nt][2];
-            acc[nt][3] += x1 * db * (float)isum[nt][3];
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+                acc[nt][m][0] += x0 * da[m] * (float)isum[nt][m][0];
+                acc[nt][m][1] += x1 * da[m] * (float)isum[nt][m][1];
+                acc[nt][m][2] += x0 * db[m] * (float)isum[nt][m][2];
+                acc[nt][m][3] += x1 * db[m] * (float)isum[nt][m][3];
+            }
         }
     }
 }
 
-// The super-block step of a launch: ACC's on Q4_K / Q5_K weights (other types ignore ACC).
-template <int QT, int NT, int ACC, int CS>
-__device__ __forceinline__ void kquant_superblock(const u8* __restrict__ ra, const u8* __restrict__ rb, int sblk,
-                                                  const ActsK<NT, CS>& x, float (&acc)[NT][4]) {
-    if constexpr (ACC && (QT == pq::Q4_K || QT == pq::Q5_K))
-        kquant_superblock_acc<QT, NT, CS>(ra, rb, sblk, x, acc);
-    else
-        kquant_superblock_k<QT, NT, CS>(ra, rb, sblk, x, acc);
+// The super-block step of a launch: ACC's on Q4_K / Q5_K weights (other types ignore ACC; ACC
+// holds one row tile).
+template <int QT, int NT, int ACC, int CS, int MT>
+__device__ __forceinline__ void kquant_superblock(const u8* const (&ra)[MT], const u8* const (&rb)[MT], i64 off,
+                                                  int sblk, const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
+    if constexpr (ACC && (QT == pq::Q4_K || QT == pq::Q5_K)) {
+        static_assert(MT == 1, "ACC: one row tile a warp");
+        kquant_superblock_acc<QT, NT, CS>(ra[0] + off, rb[0] + off, sblk, x, acc);
+    } else {
+        const u8* pa[MT];
+        const u8* pb[MT];
+#pragma unroll
+        for (int m = 0; m < MT; ++m) pa[m] = ra[m] + off, pb[m] = rb[m] + off;
+        kquant_superblock_k<QT, NT, CS, MT>(pa, pb, sblk, x, acc);
+    }
 }
 
 // TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
@@ -348,77 +407,90 @@ __device__ __forceinline__ void kquant_superblock(const u8* __restrict__ ra, con
 // MINB: blocks per SM the registers must allow (0: 16 / WARPS warps' worth up to 2 tiles, 8 past).
 #define KM_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
 
-// Shared memory of a block for the partial tiles of the warps past the first of each row group.
-template <int NT, int WARPS, int RW>
-using KmRed = float[WARPS > RW ? WARPS - RW : 1][NT * 4][32];
+// Shared memory of a block for the partial tiles (NT of each of MT row tiles) of the warps past
+// the first of each row group.
+template <int NT, int WARPS, int RW, int MT>
+using KmRed = float[WARPS > RW ? WARPS - RW : 1][NT * MT * 4][32];
 
-// Rows 16 RW blk .. 16 RW (blk + 1) - 1 of one weight (the body of both kernels below); red: the
-// block's shared memory for the warps' partial tiles. Warp w takes row group w % RW.
-template <int QT, int NT, int TG, int WARPS, int U, int RW, int ACC, int FULL>
+// Rows 16 MT RW blk .. 16 MT RW (blk + 1) - 1 of one weight (the body of both kernels below); red:
+// the block's shared memory for the warps' partial tiles. Warp w takes row group w % RW, of MT
+// 16-row tiles.
+template <int QT, int NT, int TG, int WARPS, int U, int RW, int ACC, int FULL, int MT>
 __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long long bpr, int rows, int K, int blk,
                                                 const signed char* __restrict__ xq, const float* __restrict__ xd,
                                                 const short* __restrict__ xb, int nb, const float* __restrict__ bias,
-                                                float* __restrict__ y, KmRed<NT, WARPS, RW>& red) {
+                                                float* __restrict__ y, KmRed<NT, WARPS, RW, MT>& red) {
     static_assert(NT % TG == 0, "TG divides NT");
     static_assert(WARPS % RW == 0, "RW divides WARPS");
     constexpr int TS = pq::QTraits<QT>::TS, KW = WARPS / RW;   // KW: warps sharing a row group's super-blocks
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int rg = warp % RW, kw = warp / RW, row0 = (blk * RW + rg) * 16, first = blk * RW * 16;
-    const u8* ra = W + (i64)min(row0 + g, rows - 1) * bpr;
-    const u8* rb = W + (i64)min(row0 + g + 8, rows - 1) * bpr;
-    prefetch_l2(W + (i64)first * bpr, bpr * (min(rows, first + 16 * RW) - first));
-    pdl_wait();
-    float acc[NT][4];
+    const int rg = warp % RW, kw = warp / RW, row0 = (blk * RW + rg) * 16 * MT, first = blk * RW * 16 * MT;
+    const u8* ra[MT];
+    const u8* rb[MT];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    for (int m = 0; m < MT; ++m) {
+        ra[m] = W + (i64)min(row0 + 16 * m + g, rows - 1) * bpr;
+        rb[m] = W + (i64)min(row0 + 16 * m + g + 8, rows - 1) * bpr;
+    }
+    prefetch_l2(W + (i64)first * bpr, bpr * (min(rows, first + 16 * MT * RW) - first));
+    pdl_wait();
+    float acc[NT][MT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
     const int nblk = K / 256;
 #pragma unroll
     for (int p = 0; p < NT / TG; ++p) {
         const int c0 = 8 * TG * p;                       // first batch column of this pass
         const ActsK<TG, FULL ? 256 * NT : 0> x{xq + 32 * c0, xd + (i64)c0 * (K / 256), xb + (i64)c0 * (K / 32), K,
                                                max(nb - c0, 1), g, t, 32 * (i64)nb};
-        float(&accp)[TG][4] = *reinterpret_cast<float(*)[TG][4]>(&acc[TG * p]);
+        float(&accp)[TG][MT][4] = *reinterpret_cast<float(*)[TG][MT][4]>(&acc[TG * p]);
         if (c0 < nb && (RW == 1 || row0 < rows)) {   // a group wholly past the last row idles
             int b = kw;
             for (; b + (U - 1) * KW < nblk; b += U * KW)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    kquant_superblock<QT, TG, ACC>(ra + (i64)(b + u * KW) * TS, rb + (i64)(b + u * KW) * TS,
-                                                   b + u * KW, x, accp);
+                    kquant_superblock<QT, TG, ACC>(ra, rb, (i64)(b + u * KW) * TS, b + u * KW, x, accp);
             for (; U > 1 && b < nblk; b += KW)
-                kquant_superblock<QT, TG, ACC>(ra + (i64)b * TS, rb + (i64)b * TS, b, x, accp);
+                kquant_superblock<QT, TG, ACC>(ra, rb, (i64)b * TS, b, x, accp);
         }
     }
     if (kw > 0) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp - RW][4 * nt + i][lane] = acc[nt][i];
+            for (int m = 0; m < MT; ++m)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) red[warp - RW][4 * (MT * nt + m) + i][lane] = acc[nt][m][i];
     }
     if constexpr (KW > 1) __syncthreads();
     if (kw > 0) return;
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            float v = acc[nt][i];
+        for (int m = 0; m < MT; ++m) {
 #pragma unroll
-            for (int w = 1; w < KW; ++w) v += red[(w - 1) * RW + rg][4 * nt + i][lane];
-            const int row = row0 + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment layout
-            if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
+            for (int i = 0; i < 4; ++i) {
+                float v = acc[nt][m][i];
+#pragma unroll
+                for (int w = 1; w < KW; ++w) v += red[(w - 1) * RW + rg][4 * (MT * nt + m) + i][lane];
+                const int row = row0 + 16 * m + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment
+                if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
+            }
         }
     }
 }
 
 template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1, int ACC = 0,
-          int FULL = 0>
+          int FULL = 0, int MT = 1>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const signed char* __restrict__ xq,
                 const float* __restrict__ xd, const short* __restrict__ xb, int nb, const float* __restrict__ bias,
                 float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ KmRed<NT, WARPS, RW> red;
-    kquant_mma_rows<QT, NT, TG, WARPS, U, RW, ACC, FULL>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
+    __shared__ KmRed<NT, WARPS, RW, MT> red;
+    kquant_mma_rows<QT, NT, TG, WARPS, U, RW, ACC, FULL, MT>(W, bpr, rows, K, blockIdx.x, xq, xd, xb, nb, bias, y, red);
 #else
     pdl_wait();
 #endif
@@ -426,26 +498,26 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 
 // Two or three weights of one input in one launch (the q, k, v projections, of mixed types in
 // Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batches 1-2: blocks [0, end_a) take weight a,
-// [end_a, end_b) b, the rest c (blocks of 16 RW rows); each writes its own output. The short k and v weights, latency-
+// [end_a, end_b) b, the rest c (blocks of 16 MT RW rows); each writes its own output. The short k and v weights, latency-
 // bound alone, ride in the grid of q.
 #define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
                      float *__restrict__ y_##s
 template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0, int RW = 1, int ACC = 0,
-          int FULL = 0>
+          int FULL = 0, int MT = 1>
 __global__ void KM_LAUNCH_BOUNDS
 gemv_kquant_mma3(int K, const signed char* __restrict__ xq, const float* __restrict__ xd, const short* __restrict__ xb,
                  int nb, int end_a, int end_b, PQ_KM_SEG(a), PQ_KM_SEG(b), PQ_KM_SEG(c)) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ KmRed<NT, WARPS, RW> red;
+    __shared__ KmRed<NT, WARPS, RW, MT> red;
     const int blk = blockIdx.x;
     if (blk < end_a)
-        kquant_mma_rows<QA, NT, TG, WARPS, U, RW, ACC, FULL>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a,
+        kquant_mma_rows<QA, NT, TG, WARPS, U, RW, ACC, FULL, MT>(Wa, bpr_a, rows_a, K, blk, xq, xd, xb, nb, bias_a, y_a,
                                                              red);
     else if (blk < end_b)
-        kquant_mma_rows<QB, NT, TG, WARPS, U, RW, ACC, FULL>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb,
+        kquant_mma_rows<QB, NT, TG, WARPS, U, RW, ACC, FULL, MT>(Wb, bpr_b, rows_b, K, blk - end_a, xq, xd, xb, nb,
                                                              bias_b, y_b, red);
     else
-        kquant_mma_rows<QC, NT, TG, WARPS, U, RW, ACC, FULL>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb,
+        kquant_mma_rows<QC, NT, TG, WARPS, U, RW, ACC, FULL, MT>(Wc, bpr_c, rows_c, K, blk - end_b, xq, xd, xb, nb,
                                                              bias_c, y_c, red);
 #else
     pdl_wait();
@@ -477,6 +549,12 @@ PQ_INST_RW(pq::Q4_K, 8, 4, 2, 4) PQ_INST_RW(pq::Q6_KP, 4, 8, 1, 4) PQ_INST_RW(pq
 PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 0) PQ_INST_AF(pq::Q4_K, 1, 4, 2, 1, 1, 0) PQ_INST_AF(pq::Q5_K, 4, 4, 1, 1, 1, 0)
 PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 0, 1) PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 1) PQ_INST_AF(pq::Q6_KP, 8, 4, 1, 4, 0, 1)
 #undef PQ_INST_AF
+#define PQ_INST_MT(T, N, W, U, MT)                                                                             \
+    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, 1, 0, 0, MT>(                                    \
+        const u8*, long long, int, int, const signed char*, const float*, const short*, int, const float*, float*);
+PQ_INST_MT(pq::Q4_K, 1, 4, 1, 2) PQ_INST_MT(pq::Q5_K, 1, 4, 1, 2) PQ_INST_MT(pq::Q6_KP, 1, 4, 1, 2)
+PQ_INST_MT(pq::Q6_K, 2, 4, 1, 2)
+#undef PQ_INST_MT
 #define PQ_INST3(N) \
     template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, N, N, 4, 2>(                    \
         int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,     \

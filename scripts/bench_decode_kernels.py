@@ -6,8 +6,8 @@
 
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
-T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B[:RW[:ACC]]]]] (int8 tensor cores with activations
-per 256, batch 3-64; the launch shape, see linear_cuda._kquant_mma_groups6), gemm (dequantization + cuBLAS)
+T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B[:RW[:ACC[:MT]]]]]] (int8 tensor cores with activations
+per 256, batch 3-64; the launch shape, see linear_cuda._kquant_mma_shape), gemm (dequantization + cuBLAS)
 and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
@@ -42,7 +42,7 @@ def parse_config(s: str):
     if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
         return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U[:B[:RW]]]: TG tiles a pass, W
         #                             warps, U super-blocks in flight, B blocks per SM the registers allow,
-        #                             RW groups of 16 rows a block
+        #                             RW row groups a block, ACC, MT 16-row tiles a warp
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
     if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane

@@ -201,8 +201,9 @@ def _linear_rows():
                                   _make_linear(qtype, n, _cols(qtype), n == 2), _ref_linear_per32, _cuda_gemv_q8(), 2e-5))
     # the tensor-core kernel launched directly (gemv_kquant_mma.cu, activations per 256): 1-8 tiles,
     # raw Q6_K blocks, silu(x) * up quantized by quantize_x_q8k, and tiles in passes of TG with W warps
-    # a block, U super-blocks at a time per warp, RW groups of 16 rows a block, ACC (groups: (TG, W[,
-    # U[, MINB, RW[, ACC]]]); 67 rows: whole row groups of the last block lie past the end); batches of
+    # a block, U super-blocks at a time per warp, RW row groups a block, ACC, MT 16-row tiles a warp
+    # (groups: (TG, W[, U[, MINB, RW[, ACC[, MT]]]]); 67 rows: whole row groups or tiles of the last
+    # block lie past the end); batches of
     # whole tiles at 8 tiles (64) or with ACC (32) take the FULL instances
     for qtype, n, extra in (("Q4_K", 3, {}), ("Q4_K", 8, {}), ("Q4_K", 12, {}), ("Q4_K", 29, {}),
                             ("Q6_K", 4, {}), ("Q6_K", 16, {}), ("Q6_K", 30, {}), ("Q6_K", 5, {"raw": True}),
@@ -216,6 +217,10 @@ def _linear_rows():
                             ("Q4_K", 5, {"groups": (1, 4, 2, 0, 1, 1)}), ("Q4_K", 61, {"groups": (8, 4, 1, 0, 4, 1)}),
                             ("Q5_K", 27, {"groups": (4, 4, 1, 0, 1, 1), "up": True}),
                             ("Q4_K", 32, {"groups": (4, 4, 1, 0, 1, 1)}),
+                            ("Q4_K", 5, {"groups": (1, 4, 1, 0, 1, 0, 2)}), ("Q6_K", 4, {"groups": (1, 4, 1, 0, 1, 0, 2)}),
+                            ("Q6_K", 6, {"groups": (1, 4, 2, 0, 2, 0, 2), "raw": True}),
+                            ("Q5_K", 7, {"groups": (1, 8, 1, 0, 1, 0, 2), "up": True}),
+                            ("Q6_K", 13, {"groups": (2, 4, 1, 0, 1, 0, 2)}), ("Q4_K", 64, {"groups": (8, 4, 1, 0, 2, 0, 2)}),
                             ("Q5_K", 3, {}), ("Q5_K", 20, {}), ("Q5_K", 64, {}),
                             ("Q5_K", 7, {"up": True})):
         make = _make_linear(qtype, n, _cols(qtype), n in (3, 12, 4))
@@ -490,10 +495,11 @@ def _linears_rows():
         rows.append(KernelRow("linears", f"{name}-{cols}-n{n}", _make_linears(parts, cols, n, q8rows),
                               _ref_linears, _cuda_linears, tol))
     # gemv_kquant_mma3 launched with RW groups of 16 rows a block (segments of 40 / 9 / 9 rows: a
-    # block past a segment's last row, groups wholly past it), with ACC, and on whole tiles (n = 8 nt)
+    # block past a segment's last row, groups wholly past it), with ACC, on whole tiles (n = 8 nt),
+    # and with two 16-row tiles a warp (MT 2)
     for n, groups in ((4, (1, 4, 2, 0, 2)), (29, (4, 8, 1, 0, 4)), (57, (8, 4, 1, 3, 1)), (50, (8, 4, 1, 3, 1, 1)),
-                      (64, (8, 4, 1, 3, 1)), (64, (8, 4, 1, 3, 1, 1))):
-        tag = f"-rw{groups[4]}" + ("-acc" if groups[5:] == (1,) else "")
+                      (64, (8, 4, 1, 3, 1)), (64, (8, 4, 1, 3, 1, 1)), (4, (1, 4, 1, 0, 1, 0, 2))):
+        tag = f"-rw{groups[4]}" + ("-acc" if groups[5:6] == (1,) else "") + ("-mt2" if groups[6:] == (2,) else "")
         rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-mma3{tag}-4096-n{n}",
                               _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
                               _cuda_kquant_mma3(groups), 2e-5))

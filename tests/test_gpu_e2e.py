@@ -109,15 +109,16 @@ def test_tiny_qwen3_matches_transformers_on_gpu():
 def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
     """A small random Q4_K_M model (Q4_K and Q6_K rows of whole super-blocks; int8 activations forced
     with quant_activations="q8") at 4, 16 and 40 concurrent decodes: the int8 tensor-core kernel with
-    per-256 activations (1, 2 and 8 tiles, Q4_K in passes; the joined gate / up, 16384 x 512, tall
-    enough for ACC from 2 tiles, its FULL instance at 16), the norm writing them, and the SiLU
-    quantizer, replayed in graphs and run eagerly, give the same tokens."""
+    per-256 activations (1, 2 and 8 tiles, Q4_K in passes; the joined gate / up, 17408 x 512, tall
+    enough for ACC from 2 tiles, its FULL instance at 16, and on GPUs of up to 136 SMs for two row
+    tiles a warp at 4), the norm writing them, and the SiLU quantizer, replayed in graphs and run
+    eagerly, give the same tokens."""
     from pocketcupy.backend import linear_cuda
 
     mod = load_script("make_synthetic_model")
     out = str(tmp_path_factory.mktemp("q4km"))
     made = mod.main(["--out", out, "--vocab", "4096", "--hidden", "512", "--layers", "2", "--heads", "8",
-                     "--kv-heads", "2", "--intermediate", "8192", "--formats", "q4_k_m", "--tokenizer", "synthetic"])
+                     "--kv-heads", "2", "--intermediate", "8704", "--formats", "q4_k_m", "--tokenizer", "synthetic"])
     path = made["formats"]["q4_k_m"]["path"]
     p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     for n in (4, 16, 40):

@@ -516,10 +516,17 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tup
     ACC (Q4_K / Q5_K scales and mins inside the mma accumulators) from 2 tiles on tall weights, one
     super-block at a time: Q4_K 28672x4096 batch 16 / 32 / 64 33.7 / 48.6 / 88.0 us against 37.4 /
     54.3 / 92.4; on 6144 or 4096 rows it gained or lost under 7% by batch (4096x4096 batch 16 8.8
-    against 8.4, batch 64 15.0 against 15.7), so those keep the launches above."""
+    against 8.4, batch 64 15.0 against 15.7), so those keep the launches above.
+    Two 16-row tiles a warp (MT 2: each B fragment and activation scale serves two mma) at 1-2 tiles
+    on weights with 4 blocks an SM of 32-row groups, one super-block at a time: Q4_K 28672x4096
+    batch 4 / 8 23.2 / 24.3 us against 26.2 / 28.8, Q6_K 49152x4096 batch 4 / 8 / 16 60.6 / 61.9 /
+    76.3 against 62.7 / 64.9 / 80.1; shorter weights lose their grid (4096x4096 batch 4 7.0-7.7
+    against 6.7, Q6_K 4096x14336 25.1-31.7 against 23.1)."""
     if qtype in ("Q4_K", "Q5_K") and nt >= 2 and rows >= max(16384, 4 * cols):
         return (nt, 4, 1, 0, 1, 1)
     sms = num_sms() if rows else 0
+    if rows and nt <= 2 and cols <= 4096 and -(-rows // 32) >= 4 * sms:
+        return (nt, 4, 1, 0, 1, 0, 2)
     if rows and nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
         return (nt, 4, 1, 0, 4)
     if rows and cols > 4096 and nt >= 8 and -(-rows // 32) >= 0.9 * sms:   # one 1-block-an-SM wave, ~full
@@ -533,11 +540,12 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tup
     return (nt, 4, 1 if nt >= 8 or minb else 2, minb, 1)
 
 
-def _kquant_mma_groups6(groups: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+def _kquant_mma_shape(groups: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
     """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
-    the registers must allow, 0: the kernel's default[, 16-row groups per block[, 1: Q4_K / Q5_K
-    scales and mins in the tensor cores' accumulators (ACC)]]]]), completed."""
-    return tuple(groups) + (1, 0, 1, 0)[len(groups) - 2:]
+    the registers must allow, 0: the kernel's default[, row groups per block[, 1: Q4_K / Q5_K
+    scales and mins in the tensor cores' accumulators (ACC)[, 16-row tiles a warp holds at once
+    (MT; a row group is 16 MT rows)]]]]]), completed."""
+    return tuple(groups) + (1, 0, 1, 0, 1)[len(groups) - 2:]
 
 
 def _kquant_mma_full(n: int, nt: int, groups: tuple[int, ...]) -> bool:
@@ -550,10 +558,11 @@ def _kquant_mma_full(n: int, nt: int, groups: tuple[int, ...]) -> bool:
 
 
 def _kquant_mma_targs(nt: int, groups: tuple[int, ...], full: bool = False) -> str:
-    """The template arguments past the weight type(s): NT, TG, WARPS, U, MINB[, RW[, ACC[, FULL]]]
-    (groups as _kquant_mma_groups6 completes them; full: _kquant_mma_full)."""
-    tg, warps, u, minb, rw, acc = groups
-    tail = (rw, acc, 1) if full else (rw, acc) if acc else (rw,) if rw != 1 else ()
+    """The template arguments past the weight type(s): NT, TG, WARPS, U, MINB[, RW[, ACC[, FULL[,
+    MT]]]] (groups as _kquant_mma_shape completes them; full: _kquant_mma_full)."""
+    tg, warps, u, minb, rw, acc, mt = groups
+    tail = ((rw, acc, int(full), mt) if mt != 1 else (rw, acc, 1) if full else (rw, acc) if acc
+            else (rw,) if rw != 1 else ())
     return ", ".join(str(v) for v in (nt, min(tg, nt), warps, u, minb) + tail)
 
 
@@ -563,7 +572,7 @@ def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...], full: 
 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
 _KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compiled as one module
-    _kquant_mma_expr(kq, nt, _kquant_mma_groups6(groups))
+    _kquant_mma_expr(kq, nt, _kquant_mma_shape(groups))
     for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
     for nt in (1, 2, 4, 8) for cols in (4096, 4352)
     for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 1, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
@@ -591,12 +600,12 @@ def quantize_x_q8k(x, up=None):
 
 def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
-    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_groups6),
+    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_shape),
     default kquant_mma_groups."""
-    groups = _kquant_mma_groups6(groups or kquant_mma_groups(nt, w.cols, w.rows, w.qtype))
+    groups = _kquant_mma_shape(groups or kquant_mma_groups(nt, w.cols, w.rows, w.qtype))
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups, _kquant_mma_full(n, nt, groups))
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
-    fn((-(-w.rows // (16 * groups[4])),), (32 * groups[1],),
+    fn((-(-w.rows // (16 * groups[4] * groups[6])),), (32 * groups[1],),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
          _null() if bias is None else bias, out))
 
@@ -662,8 +671,8 @@ def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple
     """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
     launch_gemv_kquant_mma takes them."""
-    groups = _kquant_mma_groups6(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
-    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * groups[4])
+    groups = _kquant_mma_shape(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
+    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * groups[4] * groups[6])
     expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups, _kquant_mma_full(n, nt, groups))}>"
     kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * groups[1],), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
