@@ -40,7 +40,7 @@ def parse_config(s: str):
 
     kind, *nums = s.split(":")
     if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
-        return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U[:B[:RW]]]: TG tiles a pass, W
+        return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U[:B[:RW[:ACC[:MT]]]]]: TG tiles a pass, W
         #                             warps, U super-blocks in flight, B blocks per SM the registers allow,
         #                             RW row groups a block, ACC, MT 16-row tiles a warp
     if kind == "q8":          # q8[:R[:T]]: int8 activations + DP4A (gemv_gguf.cu), R rows per block of T threads

@@ -490,8 +490,8 @@ def quantize_x(x, up=None, half: bool = False):
 
 def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tuple[int, ...]:
     """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
-    blocks per SM the registers must allow or 0 for the kernel's default, 16-row groups per block[,
-    ACC]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0: unknown,
+    blocks per SM the registers must allow or 0 for the kernel's default, row groups per block[,
+    ACC[, MT]]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0: unknown,
     qtype "": any): one pass; 4
     warps with 2 super-blocks in flight each, except 8 warps one at a time for the long rows of a
     down projection at 1-2 tiles.
@@ -561,9 +561,10 @@ def _kquant_mma_targs(nt: int, groups: tuple[int, ...], full: bool = False) -> s
     """The template arguments past the weight type(s): NT, TG, WARPS, U, MINB[, RW[, ACC[, FULL[,
     MT]]]] (groups as _kquant_mma_shape completes them; full: _kquant_mma_full)."""
     tg, warps, u, minb, rw, acc, mt = groups
-    tail = ((rw, acc, int(full), mt) if mt != 1 else (rw, acc, 1) if full else (rw, acc) if acc
-            else (rw,) if rw != 1 else ())
-    return ", ".join(str(v) for v in (nt, min(tg, nt), warps, u, minb) + tail)
+    tail = [rw, acc, int(full), mt]
+    while tail and tail[-1] == (1, 0, 0, 1)[len(tail) - 1]:   # the kernel's defaults
+        tail.pop()
+    return ", ".join(str(v) for v in [nt, min(tg, nt), warps, u, minb] + tail)
 
 
 def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...], full: bool = False) -> str:
