@@ -498,8 +498,8 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 
 // Two or three weights of one input in one launch (the q, k, v projections, of mixed types in
 // Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batches 1-2: blocks [0, end_a) take weight a,
-// [end_a, end_b) b, the rest c (blocks of 16 MT RW rows); each writes its own output. The short k and v weights, latency-
-// bound alone, ride in the grid of q.
+// [end_a, end_b) b, the rest c (blocks of 16 MT RW rows); each writes its own output. The short
+// k and v weights, latency-bound alone, ride in the grid of q.
 #define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
                      float *__restrict__ y_##s
 template <int QA, int QB, int QC, int NT, int TG, int WARPS, int U, int MINB = 0, int RW = 1, int ACC = 0,
@@ -531,44 +531,30 @@ template __global__ void quantize_q8k_x<false>(const float*, long long, const fl
                                                signed char*, float*, short*);
 template __global__ void quantize_q8k_x<true>(const float*, long long, const float*, long long, int, long long,
                                               signed char*, float*, short*);
-#define PQ_INST(T, N) PQ_INST5(T, N, N, 4, 2)
-#define PQ_INST5(T, N, G, W, U)                                                                                \
-    template __global__ void gemv_kquant_mma<T, N, G, W, U>(const u8*, long long, int, int, const signed char*, \
-                                                            const float*, const short*, int, const float*, float*);
-#define PQ_INST_ALL(T) PQ_INST(T, 1) PQ_INST(T, 2) PQ_INST(T, 4) PQ_INST(T, 8) PQ_INST5(T, 1, 1, 8, 1) PQ_INST5(T, 2, 2, 8, 1)
+// nvcc-only instances (the module NVRTC builds names its own): gemv_kquant_mma<QT, NT, TG, WARPS, U[,
+// MINB, RW, ACC, FULL, MT]>
+#define PQ_INSTK(...)                                                                                          \
+    template __global__ void gemv_kquant_mma<__VA_ARGS__>(const u8*, long long, int, int, const signed char*,  \
+                                                          const float*, const short*, int, const float*, float*);
+#define PQ_INST_ALL(T)                                                                                         \
+    PQ_INSTK(T, 1, 1, 4, 2) PQ_INSTK(T, 2, 2, 4, 2) PQ_INSTK(T, 4, 4, 4, 2) PQ_INSTK(T, 8, 8, 4, 2)          \
+    PQ_INSTK(T, 1, 1, 8, 1) PQ_INSTK(T, 2, 2, 8, 1)
 PQ_INST_ALL(pq::Q4_K) PQ_INST_ALL(pq::Q5_K) PQ_INST_ALL(pq::Q6_K) PQ_INST_ALL(pq::Q6_KP)
-PQ_INST5(pq::Q4_K, 8, 4, 4, 1) PQ_INST5(pq::Q4_K, 8, 2, 8, 1)
-#define PQ_INST_RW(T, N, W, U, RW)                                                                               \
-    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, RW>(const u8*, long long, int, int, const signed char*, \
-                                                                   const float*, const short*, int, const float*, float*);
-PQ_INST_RW(pq::Q4_K, 8, 4, 2, 4) PQ_INST_RW(pq::Q6_KP, 4, 8, 1, 4) PQ_INST_RW(pq::Q5_K, 2, 4, 2, 2)
-#undef PQ_INST_RW
-#define PQ_INST_AF(T, N, W, U, RW, ACC, FULL)                                                                 \
-    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, RW, ACC, FULL>(                                  \
-        const u8*, long long, int, int, const signed char*, const float*, const short*, int, const float*, float*);
-PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 0) PQ_INST_AF(pq::Q4_K, 1, 4, 2, 1, 1, 0) PQ_INST_AF(pq::Q5_K, 4, 4, 1, 1, 1, 0)
-PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 0, 1) PQ_INST_AF(pq::Q4_K, 8, 4, 1, 4, 1, 1) PQ_INST_AF(pq::Q6_KP, 8, 4, 1, 4, 0, 1)
-#undef PQ_INST_AF
-#define PQ_INST_MT(T, N, W, U, MT)                                                                             \
-    template __global__ void gemv_kquant_mma<T, N, N, W, U, 0, 1, 0, 0, MT>(                                    \
-        const u8*, long long, int, int, const signed char*, const float*, const short*, int, const float*, float*);
-PQ_INST_MT(pq::Q4_K, 1, 4, 1, 2) PQ_INST_MT(pq::Q5_K, 1, 4, 1, 2) PQ_INST_MT(pq::Q6_KP, 1, 4, 1, 2)
-PQ_INST_MT(pq::Q6_K, 2, 4, 1, 2)
-#undef PQ_INST_MT
-#define PQ_INST3(N) \
-    template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, N, N, 4, 2>(                    \
-        int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,     \
-        const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int, \
+PQ_INSTK(pq::Q4_K, 8, 4, 4, 1) PQ_INSTK(pq::Q4_K, 8, 2, 8, 1)
+PQ_INSTK(pq::Q4_K, 8, 8, 4, 2, 0, 4) PQ_INSTK(pq::Q6_KP, 4, 4, 8, 1, 0, 4) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2, 0, 2)
+PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 0) PQ_INSTK(pq::Q4_K, 1, 1, 4, 2, 0, 1, 1, 0)
+PQ_INSTK(pq::Q5_K, 4, 4, 4, 1, 0, 1, 1, 0) PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 0, 1)
+PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 1) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 1, 0, 4, 0, 1)
+PQ_INSTK(pq::Q4_K, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q5_K, 1, 1, 4, 1, 0, 1, 0, 0, 2)
+PQ_INSTK(pq::Q6_KP, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q6_K, 2, 2, 4, 1, 0, 1, 0, 0, 2)
+#define PQ_INST3(...)                                                                                       \
+    template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, __VA_ARGS__>(                    \
+        int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,        \
+        const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int,    \
         const float*, float*);
-PQ_INST3(1) PQ_INST3(2) PQ_INST3(4) PQ_INST3(8)
-template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 8, 8, 4, 1, 3, 1, 1>(
-    int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
-    const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);
-template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 4, 4, 8, 1, 0, 4>(
-    int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
-    const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);
+PQ_INST3(1, 1, 4, 2) PQ_INST3(2, 2, 4, 2) PQ_INST3(4, 4, 4, 2) PQ_INST3(8, 8, 4, 2)
+PQ_INST3(8, 8, 4, 1, 3, 1, 1) PQ_INST3(4, 4, 8, 1, 0, 4)
 #undef PQ_INST3
 #undef PQ_INST_ALL
-#undef PQ_INST5
-#undef PQ_INST
+#undef PQ_INSTK
 #endif

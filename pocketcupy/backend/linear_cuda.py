@@ -491,10 +491,9 @@ def quantize_x(x, up=None, half: bool = False):
 def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tuple[int, ...]:
     """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
     blocks per SM the registers must allow or 0 for the kernel's default, row groups per block[,
-    ACC[, MT]]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0: unknown,
-    qtype "": any): one pass; 4
-    warps with 2 super-blocks in flight each, except 8 warps one at a time for the long rows of a
-    down projection at 1-2 tiles.
+    ACC[, MT]]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0:
+    unknown, qtype "": any): one pass; 4 warps with 2 super-blocks in flight each, except 8 warps one
+    at a time for the long rows of a down projection at 1-2 tiles.
     H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K 28672x4096 batch 4 25.8 us
     against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16 10.6 against 13.4; Q6_K
     49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K 4096x14336 batch 32 37.1
