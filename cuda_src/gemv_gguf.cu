@@ -99,7 +99,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
 #define PQ_INST_Q(S, H) \
     template __global__ void quantize_q8_x<S, H>(const float*, long long, const float*, long long, int, long long, \
                                                  i8*, float4*, u16*);
-PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true)
+PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(true, true)
 #undef PQ_INST_Q
 #define PQ_INST(T)                                                                                    \
     template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,            \

@@ -220,21 +220,39 @@ def bench_rows_per_block(args, copy_gbps: float) -> dict:
     return out
 
 
-def bench_gemm(args, peak_tflops: float) -> dict:
+def bench_gemm(args, peak_tflops: float, copy_gbps: float) -> dict:
+    """linear() past the GEMVs (a prefill) on the 8B model's gate/up- and down-shaped weights:
+    cuBLAS for BF16, dequantization into fp16 tiles + cuBLAS for GGUF types; for those also the
+    dequantization alone (GB/s of blocks read + fp16 written)."""
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
 
     rng = np.random.default_rng(1)
-    m, k, n = 2048, 4096, 14336
-    x = cp.random.standard_normal((m, k), dtype=cp.float32)
-    y = cp.empty((m, n), cp.float32)
+    shapes = [(2048, 14336, 4096), (2048, 4096, 14336)] + ([] if args.quick else [(512, 14336, 4096),
+                                                                                   (512, 4096, 14336)])
     out = {}
-    for qtype in ("BF16", "Q4_K"):
-        w = make_weight(qtype, n, k, rng)
-        t = time_us(lambda: lc.linear(x, w, out=y), max(3, args.reps // 4), 2)
-        tf = 2 * m * k * n / t["us"] / 1e6
-        out[f"linear_{qtype.lower()}-{m}x{k}x{n}"] = {**t, "TFLOPs": round(tf, 1),
-                                                       "frac_f16_peak": round(tf / peak_tflops, 3)}
+    for qtype in ("BF16", "Q4_K", "Q6_K"):
+        for n, k in sorted({(n, k) for _, n, k in shapes}):
+            w = make_weight(qtype, n, k, rng)
+            for m in [m for m, n2, k2 in shapes if (n2, k2) == (n, k)]:
+                x = cp.random.standard_normal((m, k), dtype=cp.float32)
+                y = cp.empty((m, n), cp.float32)
+                t = time_us(lambda: lc.linear(x, w, out=y), max(3, args.reps // 4), 2)
+                tf = 2 * m * k * n / t["us"] / 1e6
+                out[f"linear_{qtype.lower()}-{m}x{k}x{n}"] = {**t, "TFLOPs": round(tf, 1),
+                                                               "frac_f16_peak": round(tf / peak_tflops, 3)}
+            if w.is_dense:
+                continue
+            tile = lc.dequant_tile_rows(n, k)
+            scratch = cp.empty((tile, k), cp.float16)
+
+            def run():
+                for r0 in range(0, n, tile):
+                    lc.dequant_tile(w, r0, min(tile, n - r0), scratch)
+            t = time_us(run, args.reps, 2)
+            gbps = (weight_bytes(w) + 2 * n * k) / t["us"] / 1e3
+            out[f"dequant_{qtype.lower()}-{n}x{k}"] = {**t, "GBps": round(gbps, 1),
+                                                       "frac_copy_bw": round(gbps / copy_gbps, 3)}
     return out
 
 
@@ -363,7 +381,7 @@ def main(argv=None) -> int:
         if not args.quick:
             res["gemv_rows_per_block"] = bench_rows_per_block(args, copy_gbps)
     if "gemm" in only:
-        res["gemm"] = bench_gemm(args, peak)
+        res["gemm"] = bench_gemm(args, peak, copy_gbps)
     if "attention" in only:
         try:
             res["attention"] = bench_attention(args, copy_gbps)

@@ -1,4 +1,5 @@
-"""Per-kernel GPU time of one decode step, measured by Nsight Compute.
+"""Per-kernel GPU time of one decode step (or, with --prefill, of one prefill step), measured by
+Nsight Compute.
 
 Run a step under ncu (the step runs eagerly, one launch per kernel, between cudaProfilerStart and
 cudaProfilerStop), then summarise ncu's CSV into one JSON object: total kernel time of the step
@@ -9,6 +10,8 @@ and, per kernel name, its launches, microseconds and share.
         python scripts/profile_kernels.py MODEL [--batch 1] [--context 512] > step.csv
     python scripts/profile_kernels.py --summarize step.csv [--top 25] [--sequence 4:9]
 
+--prefill profiles the step that prefills `--batch` fresh prompts of `--context` tokens (after one
+unprofiled prefill of the same shape, so that every kernel is compiled and the cuBLAS workspace set).
 --sequence FIRST:COUNT adds launches FIRST .. FIRST + COUNT - 1 in launch order (e.g. one layer).
 """
 import argparse
@@ -39,13 +42,30 @@ def start_decodes(eng, batch: int, context: int, tokens: int) -> None:
             produced[out.request_id] = len(out.outputs[0].token_ids)
 
 
-def profile_step(model: str, batch: int, context: int) -> None:
+def start_prefills(eng, batch: int, context: int, first: int) -> None:
+    """batch greedy one-token requests of `context` fresh prompt tokens each (ids from `first` on, so no
+    prefix is cached)."""
+    from pocketcupy import SamplingParams
+
+    p = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    for i in range(batch):
+        eng.add_request(f"p{first}_{i}", [first + (i * 7 + t) % 20000 for t in range(context)], p)
+
+
+def profile_step(model: str, batch: int, context: int, prefill: bool = False) -> None:
     import cupy as cp
 
     from pocketcupy import Engine
 
-    eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1))
-    start_decodes(eng, batch, context, 2)   # prefill, then one decode step outside the profile
+    eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1),
+                 max_num_batched_tokens=max(batch * context, 2048))
+    if prefill:
+        start_prefills(eng, batch, context, 100)
+        while eng.has_unfinished_requests():
+            eng.step()
+        start_prefills(eng, batch, context, 20100)
+    else:
+        start_decodes(eng, batch, context, 2)   # prefill, then one decode step outside the profile
     cp.cuda.Device().synchronize()
     cp.cuda.runtime.profilerStart()
     eng.step()
@@ -117,6 +137,7 @@ def main():
     ap.add_argument("model", nargs="?")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--prefill", action="store_true", help="profile a prefill step instead of a decode step")
     ap.add_argument("--summarize", metavar="CSV")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--sequence", metavar="FIRST:COUNT", help="with --summarize: also launches FIRST.. in order")
@@ -128,7 +149,7 @@ def main():
             res["sequence"] = sequence(a.summarize, first, count)
         print(json.dumps(res))
     elif a.model:
-        profile_step(a.model, a.batch, a.context)
+        profile_step(a.model, a.batch, a.context, a.prefill)
     else:
         ap.error("give a MODEL to profile, or --summarize CSV")
 

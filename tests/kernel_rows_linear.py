@@ -45,12 +45,12 @@ def _deq64(inp) -> np.ndarray:
     return QTensor(inp["qtype"], inp["shape"], inp["w"]).dequantize().astype(np.float64)
 
 
-def _make_linear(qtype: str, n: int, cols: int, bias: bool, act: str = "auto"):
+def _make_linear(qtype: str, n: int, cols: int, bias: bool, act: str = "auto", rows: int = ROWS_OUT):
     def make(rng):
-        inp = {"qtype": qtype, "shape": (ROWS_OUT, cols), "w": _weight(rng, qtype, ROWS_OUT, cols),
+        inp = {"qtype": qtype, "shape": (rows, cols), "w": _weight(rng, qtype, rows, cols),
                "x": rng.standard_normal((n, cols), dtype=np.float32), "act": act}
         if bias:
-            inp["bias"] = rng.standard_normal(ROWS_OUT, dtype=np.float32)
+            inp["bias"] = rng.standard_normal(rows, dtype=np.float32)
         return inp
     return make
 
@@ -286,9 +286,9 @@ def _linear_rows():
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_bs{n}_short-{ROWS_OUT}x{cols}",
                               _make_linear(qtype, n, cols, True), _ref_linear, _cuda_linear(),
                               2e-5 if qtype in QTYPES else 1e-5))
-    # quantized GEMM over several dequantized row tiles
-    rows.append(KernelRow("linear", f"gemm_q6_k_n40_rowtiles-{ROWS_OUT}x5120", _make_linear("Q6_K", 40, 5120, True),
-                          _ref_linear, _cuda_linear(tile_elems=16 * 5120), 3e-3))
+    # quantized GEMM (past the tensor-core GEMV's 64) over dequantized tiles of 128, 128 and 44 rows
+    rows.append(KernelRow("linear", "gemm_q6_k_n70_rowtiles-300x1280", _make_linear("Q6_K", 70, 1280, True, rows=300),
+                          _ref_linear, _cuda_linear(tile_elems=128 * 1280), 3e-3))
     # dense K % 8 != 0 -> cuBLAS even at batch 1; F32 matrices upload as fp16
     rows.append(KernelRow("linear", f"gemm_f16_k1001_bs1-{ROWS_OUT}x1001", _make_linear("F16", 1, 1001, True),
                           _ref_linear, _cuda_linear(), 3e-3))
@@ -406,8 +406,8 @@ def _cuda_silu_linear(views: bool):
 
 
 def _silu_linear_rows():
-    # fused: fp32 lanes kernel (<= 64 units, batch <= 8) or the int8 quantizer (batch <= 32);
-    # the rest fall back to silu_mul + linear (F16 at batch 2: the tensor-core GEMV, x rounded to fp16)
+    # fused: fp32 lanes kernel (<= 64 units, batch <= 8) or the int8 quantizer (batch <= 32; past the
+    # GEMVs into the GEMM's fp16 input, as silu_mul_h16 with fp32 activations); the rest fall back to silu_mul + linear (F16 at batch 2: the tensor-core GEMV, x rounded to fp16)
     rows = []
     for qtype, n, inter, views, act, tol in (
             ("Q4_1", 1, 1536, True, "auto", 2e-5), ("Q4_1", 3, 1536, False, "auto", 2e-5),
@@ -416,7 +416,8 @@ def _silu_linear_rows():
             ("Q4_K", 1, 4096, True, "auto", 2e-5), ("Q6_K", 19, 4096, True, "auto", 2e-5),
             ("Q4_1", 3, 1536, False, "q8", 2e-5), ("Q8_0", 40, 4096, True, "auto", 3e-3),
             ("F16", 2, 1536, True, "auto", 1e-3), ("BF16", 40, 1024, True, "auto", 1e-2),
-            ("F16", 12, 1536, False, "auto", 3e-3)):
+            ("F16", 12, 1536, False, "auto", 3e-3), ("Q4_K", 70, 1024, True, "auto", 3e-3),
+            ("Q6_K", 70, 512, False, "auto", 3e-3), ("Q4_1", 40, 576, True, "f32", 3e-3)):
         rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-{act}" + ("-views" if views else ""),
                               _make_silu_linear(qtype, n, inter, act), _ref_silu_linear, _cuda_silu_linear(views),
                               tol))
@@ -488,6 +489,8 @@ def _linears_rows():
                                       ("q8_0+f16", [("Q8_0", 33), ("F16", 20)], 4096, 1, 2e-5),
                                       ("q4_1+q4_1-short", [("Q4_1", 20), ("Q4_1", 20)], 576, 2, 2e-5),
                                       ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3),
+                                      ("q4_k+q6_k+q8_0-gemm", [("Q4_K", 20), ("Q6_K", 9), ("Q8_0", 33)], 1024, 70,
+                                       3e-3),
                                       ("q4_k+q4_k+q6_k-mma3-q8krows", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096,
                                        4, 2e-5),
                                       ("q5_k+q6_k-mma3", [("Q5_K", 24), ("Q6_K", 17)], 512, 17, 2e-5)):

@@ -417,11 +417,12 @@ def add_rms_norm_linear(x, residual, w_norm, eps: float, w, bias=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _dequant_rows(kqtype: str, out_f16: bool, idx64: bool):
+def _dequant(kqtype: str, kind: str):
+    """dequant.cu's kernel of one block type (one module each type): kind "tile" (dequant_tile_f16),
+    or "int" / "long long" (dequant_rows with ids of that type)."""
     tid = KERNEL_TYPE_IDS[kqtype]
-    exprs = tuple(f"dequant_rows<{tid}, {o}, {i}>" for o in (0, 1) for i in ("int", "long long"))
-    return kernel("dequant.cu", f"dequant_rows<{tid}, {int(out_f16)}, {'long long' if idx64 else 'int'}>",
-                  name_expressions=exprs)
+    exprs = (f"dequant_rows<{tid}, int>", f"dequant_rows<{tid}, long long>", f"dequant_tile_f16<{tid}>")
+    return kernel("dequant.cu", exprs[("int", "long long", "tile").index(kind)], name_expressions=exprs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -462,7 +463,8 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
 DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
-_QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>")
+_QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>",
+                   "quantize_q8_x<true, true>")
 
 
 def quantize_x(x, up=None, half: bool = False):
@@ -727,24 +729,38 @@ def _gemm_dense(x16, w: CudaWeight, out) -> None:
     _gemm_f32out(x16, w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
 
 
+def dequant_tile_rows(rows: int, k: int) -> int:
+    """Rows of the quantized GEMM's fp16 scratch tile: the weight in equal tiles of at most
+    DEQUANT_TILE_ELEMS values, rounded up to 128 rows. (cuBLAS picks an sm_80 kernel for tiles of
+    rows that are not a multiple of 8: H200, 2048 x 14336 x 2340-row tiles 240 TFLOP/s.)"""
+    per = -(-rows // -(-rows * k // DEQUANT_TILE_ELEMS))
+    return min(rows, -(-per // 128) * 128)
+
+
+def dequant_tile(w: CudaWeight, r0: int, nr: int, scratch) -> None:
+    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized w as fp16 (nr * cols < 2^31; the rows of
+    w.data follow each other, as prepare_weight lays them out)."""
+    _dequant(w.kernel_qtype, "tile")((-(-nr * (w.cols // 32) // 256),), (256,),
+                                     (w.data[r0:], np.int32(nr), np.int32(w.cols), scratch))
+
+
 def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
-    """x16: x rounded to w's 16-bit type by the kernel that made x (dense weights)."""
+    """x16: x rounded to the 16-bit input the GEMM takes, by the kernel that made x (dense weights:
+    rounded to w's type; quantized: quantize_x(x, half=True), or x cast to fp16 where w takes fp32
+    activations)."""
     import cupy as cp
 
     n, k = x.shape
     if w.is_dense:
         _gemm_dense(_cast(x, w.qtype) if x16 is None else x16, w, out)
     else:
-        x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
-        tile = max(1, min(w.rows, DEQUANT_TILE_ELEMS // k))
+        if x16 is None:
+            x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
+        tile = dequant_tile_rows(w.rows, k)
         scratch = cp.empty((tile, k), dtype=cp.float16)
-        fn = _dequant_rows(w.kernel_qtype, True, False)
-        bpr = np.int64(w.data.shape[1])
-        upr = k // 32
         for r0 in range(0, w.rows, tile):
             nr = min(tile, w.rows - r0)
-            fn((_grid(nr * upr, 256, 8192),), (256,),
-               (w.data[r0:], bpr, np.int32(nr), _null(), np.int32(nr), np.int32(k), scratch))
+            dequant_tile(w, r0, nr, scratch)
             _gemm_f32out(x16, scratch, nr, _F16, out, r0)
     if bias is not None:
         out += bias
@@ -815,22 +831,32 @@ def linears(x, ws, biases=None):
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
     lead = x.shape[:-1]
     x2 = cp.ascontiguousarray(x, dtype=cp.float32).reshape(-1, x.shape[-1])
-    if len(shared) < 2 or not 0 < x2.shape[0] <= QUANT_GEMV_MAX_BATCH or not _aligned16(x2) \
+    n = x2.shape[0]
+    gemm = all(not _gemv_gguf_takes(w, n) for w in shared)     # prefill: dequantization + cuBLAS
+    if len(shared) < 2 or not (0 < n <= QUANT_GEMV_MAX_BATCH or gemm) or not _aligned16(x2) \
             or any(w.cols != x2.shape[1] for w in shared):
         return [linear(x, w, b) for w, b in zip(ws, biases)]
-    n = x2.shape[0]
-    if kquant_joinable(ws, n):
-        return _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2), lead=lead)
-    if nt := kquant_mma_joinable(ws, n):
-        return _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), lead=lead, nt=nt)
-    on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
-    xqd = quantize_x(x2) if not all(on_mma) else None
-    xk = quantize_x_q8k(x2) if any(on_mma) else None
+    if gemm:
+        x16 = quantize_x(x2, half=True)
+
+        def launch(w, b, out):
+            _gemm(x2, w, b, out, x16=x16)
+    else:
+        if kquant_joinable(ws, n):
+            return _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2), lead=lead)
+        if nt := kquant_mma_joinable(ws, n):
+            return _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), lead=lead, nt=nt)
+        on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
+        xqd = quantize_x(x2) if not all(on_mma) else None
+        xk = quantize_x_q8k(x2) if any(on_mma) else None
+
+        def launch(w, b, out):
+            _gemv_gguf(x2, w, b, out, xqd=xqd, xk=xk)
     outs = []
     for w, b in zip(ws, biases):
         if isinstance(w, CudaWeight) and w.act_q8:
             out = cp.empty((n, w.rows), dtype=cp.float32)
-            _gemv_gguf(x2, w, None if b is None else cp.ascontiguousarray(b, dtype=cp.float32), out, xqd=xqd, xk=xk)
+            launch(w, None if b is None else cp.ascontiguousarray(b, dtype=cp.float32), out)
             outs.append(out.reshape(lead + (w.rows,)))
         else:
             outs.append(linear(x, w, b))
@@ -850,38 +876,51 @@ def _linears_joined(x2, ws, biases, launch, *xquant, lead=None, **kw):
     return outs if lead is None else [o.reshape(lead + (w.rows,)) for o, w in zip(outs, ws)]
 
 
+def _vec4(a) -> bool:
+    """A float32 [N, K] array (row stride allowed) the kernels may load 16 bytes at a time."""
+    return a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a)
+
+
+def _silu_mul16(gate, up, w: CudaWeight):
+    """silu(gate) * up as the 16-bit input of w's GEMM, as _gemm would round silu_mul's output:
+    to w's type (fp16 / bf16 weights), by the activation quantizer (int8 activations), else to fp16."""
+    from .elementwise_cuda import silu_mul, silu_mul_h16
+
+    if w.is_dense or not w.act_q8:
+        return silu_mul_h16(gate, up, w.qtype if w.is_dense else "F16")
+    if _vec4(gate) and _vec4(up):
+        return quantize_x(gate, up=up, half=True)
+    return quantize_x(silu_mul(gate, up), half=True)
+
+
 @cuda_op("silu_mul_linear")
 def silu_mul_linear(gate, up, w, out=None):
     """linear(silu_mul(gate, up), w): gate, up [N, I] float32 (column views of one gate_up output
     allowed). Quantized weights: with int8 activations (batch <= 32) silu(gate) * up is computed
     by the activation quantizer; with fp32 activations on short rows (batch <= 8) by the GEMV as it
-    loads them (the same float32 expression as silu_mul, so the same result). fp16 / bf16 weights
-    past the GEMV batches: silu_mul rounded to the weight's type by its kernel, then the GEMM.
-    Otherwise silu_mul, then linear."""
+    loads them (the same float32 expression as silu_mul, so the same result). Past the GEMVs (the
+    GEMM of a prefill) silu_mul is written straight as the GEMM's 16-bit input (_silu_mul16),
+    without the float32 copy. Otherwise silu_mul, then linear."""
     import cupy as cp
 
-    from .elementwise_cuda import silu_mul, silu_mul_h16
+    from .elementwise_cuda import silu_mul
 
     n, k = gate.shape
-    if isinstance(w, CudaWeight) and w.is_dense and n > GEMV_MAX_BATCH and k == w.cols and gate.shape == up.shape \
-            and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)):
-        out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-        _gemm_dense(silu_mul_h16(gate, up, w.qtype), w, out)
-        return out
-    quantized = isinstance(w, CudaWeight) and not w.is_dense and k == w.cols
-    shapes_ok = quantized and (
-        0 < n and gate.dtype == up.dtype == cp.float32 and gate.shape == up.shape
-        and all(a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a) for a in (gate, up))
-        and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous)))
-    if shapes_ok and w.act_q8 and _gemv_gguf_takes(w, n):
-        out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-        _gemv_gguf(gate, w, None, out, up=up)
-        return out
-    cfg = f32_gemv_config(k // 32, n, w.qtype) if quantized and not w.act_q8 else None
-    if not (cfg is not None and cfg.kind == "lanes" and shapes_ok and n <= GEMV_MAX_BATCH):
+    fits = isinstance(w, CudaWeight) and k == w.cols and 0 < n and gate.shape == up.shape \
+        and gate.dtype == up.dtype == cp.float32 \
+        and (out is None or (out.shape == (n, w.rows) and out.dtype == cp.float32 and out.flags.c_contiguous))
+    if not fits:
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-    launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
+    if n > GEMV_MAX_BATCH if w.is_dense else not _gemv_gguf_takes(w, n):
+        _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w))
+    elif not w.is_dense and w.act_q8 and _vec4(gate) and _vec4(up):
+        _gemv_gguf(gate, w, None, out, up=up)
+    elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and _vec4(gate) and _vec4(up) \
+            and (cfg := f32_gemv_config(k // 32, n, w.qtype)).kind == "lanes":
+        launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
+    else:
+        linear(silu_mul(gate, up), w, out=out)
     return out
 
 
@@ -911,7 +950,7 @@ def get_rows(w, ids, out=None):
         fn((_grid(n * w.cols, 256, 8192),), (256,),
            (w.data, np.int32(w.rows), np.int32(w.cols), ids, np.int32(n), out))
     else:
-        fn = _dequant_rows(w.kernel_qtype, False, idx64)
+        fn = _dequant(w.kernel_qtype, "long long" if idx64 else "int")
         fn((_grid(n * (w.cols // 32), 256, 8192),), (256,),
            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), ids, np.int32(n), np.int32(w.cols), out))
     return out
