@@ -45,3 +45,20 @@ def test_sequence_lists_launches_in_order(tmp_path):
                    + _row(2, "attn", "nsecond", "6,500"))
     got = _module().sequence(str(csv), 1, 5)
     assert got == [{"name": "gemv<12>", "us": 20.0, "MB": 60.0, "GBps": 3000.0}, {"name": "attn", "us": 6.5}]
+
+
+def test_profiled_prefill_step_prefills_fresh_prompts(smollm2_gguf):
+    """--prefill profiles one step: after the warm-up prefill of the same shape, the profiled prompts
+    share no cached prefix with it and all of them are prefilled (and sampled) in that one step."""
+    from pocketcupy import Engine
+
+    mod = _module()
+    eng = Engine(smollm2_gguf, device="cpu", progress=False, max_num_seqs=2, max_num_batched_tokens=2 * 48)
+    mod.start_prefills(eng, 2, 48, 100)
+    while eng.has_unfinished_requests():
+        eng.step()
+    mod.start_prefills(eng, 2, 48, 20100)
+    outs = eng.step()
+    assert sorted(o.request_id for o in outs) == ["p20100_0", "p20100_1"]
+    assert all(o.finished and o.num_cached_tokens == 0 and len(o.outputs[0].token_ids) == 1 for o in outs)
+    assert not eng.has_unfinished_requests()
