@@ -1,5 +1,7 @@
 """scripts/bench_throughput.py's probe on the real SmolLM2 (CPU engine): the probe decodes while
 every other request runs, and nothing is left running or holding KV blocks afterwards."""
+import pytest
+
 from .helpers import load_script
 
 
@@ -20,3 +22,20 @@ def test_probe_decodes_among_all_others_then_leaves_nothing_behind(smollm2_gguf)
     assert tpot is not None and tpot > 0
     assert running.count(4) >= 5          # the probe's decode steps ran with all three others
     assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
+
+
+def test_small_levels_pool_their_repeats(smollm2_gguf, capsys):
+    """Levels of at most 16 requests run --repeats times: one JSON object whose per-level figures pool
+    every run; --repeats 0 is a usage error."""
+    import json
+
+    bench = load_script("bench_throughput")
+    bench.main([smollm2_gguf, "--device", "cpu", "--concurrency", "1", "2", "--prompt", "8", "--output", "4",
+                "--prefix-tokens", "0", "--repeats", "2"])
+    res = json.loads(capsys.readouterr().out)
+    assert [res["runs"][c]["repeats"] for c in ("1", "2")] == [2, 2]
+    one = res["runs"]["1"]
+    assert one["output_tok_s"] > 0 and one["ttft_p50_ms"] <= one["ttft_p99_ms"] and one["tpot_p50_ms"] > 0
+    assert res["probe"]["others"] == 1
+    with pytest.raises(SystemExit):
+        bench.main([smollm2_gguf, "--device", "cpu", "--repeats", "0"])
