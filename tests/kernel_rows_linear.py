@@ -407,7 +407,8 @@ def _cuda_silu_linear(views: bool):
 
 def _silu_linear_rows():
     # fused: fp32 lanes kernel (<= 64 units, batch <= 8) or the int8 quantizer (batch <= 32; past the
-    # GEMVs into the GEMM's fp16 input, as silu_mul_h16 with fp32 activations); the rest fall back to silu_mul + linear (F16 at batch 2: the tensor-core GEMV, x rounded to fp16)
+    # GEMVs into the GEMM's fp16 input, as silu_mul_h16 with fp32 activations); the rest fall back to
+    # silu_mul + linear (F16 at batch 2: the tensor-core GEMV, x rounded to fp16)
     rows = []
     for qtype, n, inter, views, act, tol in (
             ("Q4_1", 1, 1536, True, "auto", 2e-5), ("Q4_1", 3, 1536, False, "auto", 2e-5),

@@ -1,5 +1,5 @@
-"""scripts/bench_throughput.py's probe on the real SmolLM2 (CPU engine): the probe decodes while
-every other request runs, and nothing is left running or holding KV blocks afterwards."""
+"""scripts/bench_throughput.py on the real SmolLM2 (CPU engine): the probe decodes while every other
+request runs, and nothing is left running or holding KV blocks afterwards; small levels pool repeats."""
 import pytest
 
 from .helpers import load_script
