@@ -28,28 +28,25 @@ _US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, 
 _BYTES_PER_UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
+def add_greedy(eng, batch: int, context: int, max_tokens: int, first: int = 100) -> list[str]:
+    """batch greedy requests of `context` prompt tokens each, ids from `first` on (requests of another
+    `first` share no cached prefix with them); returns their request ids."""
+    from pocketcupy import SamplingParams
+
+    p = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    ids = [f"r{first}_{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        eng.add_request(rid, [first + (i * 7 + t) % 20000 for t in range(context)], p)
+    return ids
+
+
 def start_decodes(eng, batch: int, context: int, tokens: int) -> None:
     """batch greedy requests of `context` prompt tokens each, stepped until every one has `tokens`
     output tokens (prefill, then decode steps); none finishes for another ~4000 steps."""
-    from pocketcupy import SamplingParams
-
-    p = SamplingParams(temperature=0, max_tokens=4096, ignore_eos=True)
-    for i in range(batch):
-        eng.add_request(f"r{i}", [100 + (i * 7 + t) % 20000 for t in range(context)], p)
-    produced = {f"r{i}": 0 for i in range(batch)}
+    produced = dict.fromkeys(add_greedy(eng, batch, context, 4096), 0)
     while min(produced.values()) < tokens:
         for out in eng.step():
             produced[out.request_id] = len(out.outputs[0].token_ids)
-
-
-def start_prefills(eng, batch: int, context: int, first: int) -> None:
-    """batch greedy one-token requests of `context` fresh prompt tokens each (ids from `first` on, so no
-    prefix is cached)."""
-    from pocketcupy import SamplingParams
-
-    p = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-    for i in range(batch):
-        eng.add_request(f"p{first}_{i}", [first + (i * 7 + t) % 20000 for t in range(context)], p)
 
 
 def profile_step(model: str, batch: int, context: int, prefill: bool = False) -> None:
@@ -59,11 +56,11 @@ def profile_step(model: str, batch: int, context: int, prefill: bool = False) ->
 
     eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1),
                  max_num_batched_tokens=max(batch * context, 2048))
-    if prefill:
-        start_prefills(eng, batch, context, 100)
+    if prefill:                             # one-token requests; the profiled ones share no prefix
+        add_greedy(eng, batch, context, 1)
         while eng.has_unfinished_requests():
             eng.step()
-        start_prefills(eng, batch, context, 20100)
+        add_greedy(eng, batch, context, 1, first=20100)
     else:
         start_decodes(eng, batch, context, 2)   # prefill, then one decode step outside the profile
     cp.cuda.Device().synchronize()

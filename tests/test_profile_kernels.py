@@ -54,11 +54,11 @@ def test_profiled_prefill_step_prefills_fresh_prompts(smollm2_gguf):
 
     mod = _module()
     eng = Engine(smollm2_gguf, device="cpu", progress=False, max_num_seqs=2, max_num_batched_tokens=2 * 48)
-    mod.start_prefills(eng, 2, 48, 100)
+    mod.add_greedy(eng, 2, 48, 1)
     while eng.has_unfinished_requests():
         eng.step()
-    mod.start_prefills(eng, 2, 48, 20100)
+    ids = mod.add_greedy(eng, 2, 48, 1, first=20100)
     outs = eng.step()
-    assert sorted(o.request_id for o in outs) == ["p20100_0", "p20100_1"]
+    assert sorted(o.request_id for o in outs) == ids == ["r20100_0", "r20100_1"]
     assert all(o.finished and o.num_cached_tokens == 0 and len(o.outputs[0].token_ids) == 1 for o in outs)
     assert not eng.has_unfinished_requests()

@@ -881,14 +881,15 @@ def _vec4(a) -> bool:
     return a.strides[1] == 4 and a.strides[0] % 16 == 0 and _aligned16(a)
 
 
-def _silu_mul16(gate, up, w: CudaWeight):
+def _silu_mul16(gate, up, w: CudaWeight, vec4: bool):
     """silu(gate) * up as the 16-bit input of w's GEMM, as _gemm would round silu_mul's output:
-    to w's type (fp16 / bf16 weights), by the activation quantizer (int8 activations), else to fp16."""
+    to w's type (fp16 / bf16 weights), by the activation quantizer (int8 activations), else to fp16;
+    vec4: gate and up may be loaded 16 bytes at a time (_vec4)."""
     from .elementwise_cuda import silu_mul, silu_mul_h16
 
     if w.is_dense or not w.act_q8:
         return silu_mul_h16(gate, up, w.qtype if w.is_dense else "F16")
-    if _vec4(gate) and _vec4(up):
+    if vec4:
         return quantize_x(gate, up=up, half=True)
     return quantize_x(silu_mul(gate, up), half=True)
 
@@ -913,11 +914,12 @@ def silu_mul_linear(gate, up, w, out=None):
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
     gemm = n > GEMV_MAX_BATCH if w.is_dense else not _gemv_gguf_takes(w, n)
+    vec4 = _vec4(gate) and _vec4(up)
     if gemm:
-        _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w))
-    elif not w.is_dense and w.act_q8 and _vec4(gate) and _vec4(up):
+        _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w, vec4))
+    elif not w.is_dense and w.act_q8 and vec4:
         _gemv_gguf(gate, w, None, out, up=up)
-    elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and _vec4(gate) and _vec4(up) \
+    elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and vec4 \
             and (cfg := f32_gemv_config(k // 32, n, w.qtype)).kind == "lanes":
         launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
     else:
