@@ -193,8 +193,9 @@ for name, ctxs, hkv, group, d, splits in DECODE_Q8:
         ref_q8, cuda_q8, 3e-3))
 
 # The mma decode kernel applying RoPE and storing the new K/V itself (q, k, v column views of one
-# QKV row, as the model passes them): its output and the stored slots against rope_store_kv +
-# paged attention; with int8 output blocks (then exactly quantize_x of its own output) and without.
+# QKV row, as the model passes them; the new tokens' cache slots NaN beforehand): its output and the
+# stored slots against rope_store_kv + paged attention; with int8 output blocks (then exactly
+# quantize_x of its own output) and without.
 DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interleaved, num_splits, q8
     ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1, False),
     ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, True),
@@ -231,6 +232,8 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
         rope = at.DecodeRope(k, v, cp.asarray(i["pos"]), cp.asarray(i["inv"]), interleaved)
         assert at.decode_fuses_rope(q, kc, meta, rope)
         for _ in range(2):     # twice: the split counters are back at zero after a launch
+            for c in (kc, vc):     # the new tokens' slots hold NaN until the kernel stores them
+                c.reshape(-1, *c.shape[2:])[meta.slot_mapping] = np.nan
             got = at.attn_decode(q, kc, vc, meta, i["scale"], out=poison((n, hq, d), F32), num_splits=splits,
                                  q8_out=q8, rope=rope)
         out = got[0] if q8 else got
