@@ -403,7 +403,7 @@ __device__ __forceinline__ void kquant_superblock(const u8* const (&ra)[MT], con
 // TG: tiles per pass over the rows' super-blocks (NT / TG passes, the weights re-read from L1 / L2
 // after the first), so that a warp holds TG tiles' integer sums instead of NT's and more warps fit
 // an SM; WARPS: warps per block; U: super-blocks a warp works on at once, so that the loads of
-// the next are in flight during the current one's mma (linear_cuda.kquant_mma_groups picks them);
+// the next are in flight during the current one's mma (kquant_mma_cuda.kquant_mma_groups picks them);
 // MINB: blocks per SM the registers must allow (0: 16 / WARPS warps' worth up to 2 tiles, 8 past).
 #define KM_LAUNCH_BOUNDS __launch_bounds__(WARPS * 32, MINB ? MINB : (TG <= 2 ? 16 : 8) / WARPS)
 

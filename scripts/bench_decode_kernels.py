@@ -7,7 +7,7 @@
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
 T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B[:RW[:ACC[:MT]]]]]] (int8 tensor cores with activations
-per 256, batch 3-64; the launch shape, see linear_cuda._kquant_mma_shape), gemm (dequantization + cuBLAS)
+per 256, batch 3-64; the launch shape, see kquant_mma_cuda.kquant_mma_shape), gemm (dequantization + cuBLAS)
 and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
@@ -55,7 +55,9 @@ def parse_config(s: str):
 def bench_gemv(args, copy_gbps: float) -> dict:
     import cupy as cp
 
+    from pocketcupy.backend import kquant_mma_cuda as kq
     from pocketcupy.backend import linear_cuda as lc
+    from pocketcupy.backend.weight_cuda import PADDED_QTYPES
 
     rng = np.random.default_rng(0)
     shapes = SMOL + ([] if args.small_only else BIG)
@@ -67,7 +69,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     out = {}
     layouts = args.q6k_layouts.split(",")
     for qtype, rows, cols, layout in [(q, r, c, lay) for q, r, c in shapes
-                                      for lay in (layouts if q in lc.PADDED_QTYPES else ["padded"])]:
+                                      for lay in (layouts if q in PADDED_QTYPES else ["padded"])]:
         pad = layout == "padded"
         w0 = make_weight(qtype, rows, cols, rng, pad)
         copies = [w0] + [make_weight(qtype, rows, cols, rng, pad)
@@ -78,12 +80,12 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             y = cp.empty((nb, rows), cp.float32)
             default = lc.f32_gemv_config(cols // 32, nb, qtype)
             xq, xds = lc.quantize_x(x)
-            xk = lc.quantize_x_q8k(x) if cols % 256 == 0 else None
+            xk = kq.quantize_x_q8k(x) if cols % 256 == 0 else None
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
                 if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
-                        str(cfg).startswith("q8mma") and not lc.gguf_mma_tiles(copies[0], nb):
+                        str(cfg).startswith("q8mma") and not kq.gguf_mma_tiles(copies[0], nb):
                     continue
                 f32 = isinstance(cfg, lc.F32Gemv)
                 if not str(cfg).startswith(("q8mma", "gemm")) and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
@@ -105,7 +107,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                     w = copies[next(it) % len(copies)]
                     if str(cfg).startswith("q8mma"):
                         groups = tuple(int(v) for v in cfg.split(":")[1:]) or None
-                        lc.launch_gemv_kquant_mma(w, xk, None, y, nb, lc.gguf_mma_tiles(w, nb), groups)
+                        kq.launch_gemv_kquant_mma(w, xk, None, y, nb, kq.gguf_mma_tiles(w, nb), groups)
                     elif cfg == "gemm":
                         lc._gemm(x, w, None, y)
                     elif isinstance(cfg, lc.Q8Gemv):

@@ -99,35 +99,37 @@ def gemm_peak(reps: int, n: int = 8192) -> dict:
 
 def make_weight(qtype: str, rows: int, cols: int, rng, pad: bool | None = None):
     """A CudaWeight of random data in the given format (valid blocks: small fp16 scales); pad as
-    linear_cuda.prepare_weight's."""
-    from pocketcupy.backend import linear_cuda as lc
+    weight_cuda.prepare_weight's."""
+    from pocketcupy.backend import weight_cuda as wc
 
     if qtype in ("F16", "BF16"):
         w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
         data = w if qtype == "F16" else (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return lc.prepare_weight(QTensor(qtype, (rows, cols), data))
-    _, qk, ts = lc.GGUF_QTYPES[qtype]
+        return wc.prepare_weight(QTensor(qtype, (rows, cols), data))
+    _, qk, ts = wc.GGUF_QTYPES[qtype]
     nblk = rows * cols // qk
     b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
     for off in _SCALE_FIELDS[qtype]:
         b[:, off:off + 2] = np.array([0.02], np.float16).view(np.uint8)
-    return lc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)), pad=pad)
+    return wc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)), pad=pad)
 
 
 def weight_bytes(w) -> int:
     """The weight's bytes as its file stores them (GB/s figures stay comparable across the padded
-    upload layouts, linear_cuda.PADDED_QTYPES)."""
-    from pocketcupy.backend import linear_cuda as lc
+    upload layouts, weight_cuda.PADDED_QTYPES)."""
+    from pocketcupy.backend import weight_cuda as wc
 
-    if getattr(w, "qtype", None) in lc.GGUF_QTYPES:
-        _, qk, ts = lc.GGUF_QTYPES[w.qtype]
+    if getattr(w, "qtype", None) in wc.GGUF_QTYPES:
+        _, qk, ts = wc.GGUF_QTYPES[w.qtype]
         return w.rows * (w.cols // qk) * ts
     return int(w.data.nbytes)
 
 
 def bench_gemv(args, copy_gbps: float) -> dict:
     cp = _cp()
+    from pocketcupy.backend import kquant_mma_cuda as kq
     from pocketcupy.backend import linear_cuda as lc
+    from pocketcupy.backend import weight_cuda as wc
 
     rng = np.random.default_rng(0)
     qtypes = ["F16", "Q8_0", "Q4_K"] if args.quick else ["F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_0"]
@@ -141,8 +143,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             for nb in batches:
                 # GGUF: int8 and fp32 activations; dense past batch 1: the tensor-core GEMV and the fp32 one
                 # (and their DP4A int8 GEMV where Q4_K / Q6_K take tensor cores)
-                if qtype in lc.GGUF_QTYPES:
-                    kinds = ("f32", "q8") + (("q8dp4a",) if nb > 1 and qtype in lc.GGUF_MMA_QTYPES else ())
+                if qtype in wc.GGUF_QTYPES:
+                    kinds = ("f32", "q8") + (("q8dp4a",) if nb > 1 and qtype in kq.GGUF_MMA_QTYPES else ())
                 else:
                     kinds = ("mma", "plain") if nb > 1 else ("plain",)
                 for kind in kinds:
@@ -163,7 +165,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                     gbps = weight_bytes(w0) / t["us"] / 1e3
                     if kind == "q8dp4a":
                         name = f"gemv_{qtype.lower()}_q8dp4a_bs{nb}"
-                    elif qtype in lc.GGUF_QTYPES:
+                    elif qtype in wc.GGUF_QTYPES:
                         name = f"{lc.gemv_variant(ws[0], nb)}_{kind}act"
                     else:
                         name = lc.gemv_variant(ws[0], nb, dense_kind=kind)

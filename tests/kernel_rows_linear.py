@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pocketcupy.backend import kquant_mma_cuda, weight_cuda
 from pocketcupy.backend.linear_cuda import KQUANT_QTYPES, Q8Gemv
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.quant.act_q8 import q8_roundtrip, q8k_roundtrip, uses_q8
@@ -59,7 +60,7 @@ def _ref_x(inp, x) -> np.ndarray:
     """The activations as the weight's linear sees them, float64: rounded to int8 per 32 values, or
     per 256 on the K-quant tensor-core path (inp["act_block"]: that block size whatever linear picks,
     for rows that launch a kernel themselves)."""
-    from pocketcupy.backend.linear_cuda import kquant_mma_applies
+    from pocketcupy.backend.kquant_mma_cuda import kquant_mma_applies
 
     qtype, cols = inp["qtype"], inp["shape"][1]
     if uses_q8(qtype, cols, inp["act"]):
@@ -79,10 +80,8 @@ def _ref_linear_per32(inp):
 
 
 def _cuda_weight(inp):
-    """The weight uploaded as linear_cuda does; inp["raw"]: Q6_K kept in its 210-byte blocks."""
-    from pocketcupy.backend import linear_cuda
-
-    return linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"],
+    """The weight uploaded as weight_cuda does; inp["raw"]: Q6_K kept in its 210-byte blocks."""
+    return weight_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"],
                                       pad=False if inp.get("raw") else None)
 
 
@@ -146,15 +145,13 @@ def _cuda_gemv_kquant_mma(inp, poison):
     quantize_x_q8k (inp["up"]: of silu(x) * up)."""
     import cupy as cp
 
-    from pocketcupy.backend import linear_cuda
-
     w = _cuda_weight(inp)
     x = cp.asarray(inp["x"])
     n = x.shape[0]
     out = poison((n, inp["shape"][0]), np.float32)
-    xk = linear_cuda.quantize_x_q8k(x, cp.asarray(inp["up"]) if "up" in inp else None)
+    xk = kquant_mma_cuda.quantize_x_q8k(x, cp.asarray(inp["up"]) if "up" in inp else None)
     nt = -(-n // 8)
-    linear_cuda.launch_gemv_kquant_mma(w, xk, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n,
+    kquant_mma_cuda.launch_gemv_kquant_mma(w, xk, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n,
                                        1 << (nt - 1).bit_length(), inp.get("groups"))
     return out
 
@@ -316,7 +313,7 @@ def _cuda_get_rows(inp, poison):
 
     from pocketcupy.backend import linear_cuda
 
-    w = linear_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), "q8")
+    w = weight_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), "q8")
     out = poison((len(inp["ids"]), inp["shape"][1]), np.float32)
     return linear_cuda.get_rows(w, cp.asarray(inp["ids"]), out=out)
 
@@ -351,11 +348,11 @@ def _cuda_concat(inp, poison):
     from pocketcupy.backend import linear_cuda
 
     parts = [QTensor(q, sh, d) for q, sh, d in inp["parts"]]
-    ws = [linear_cuda.prepare_weight(t) for t in parts]
-    w = linear_cuda.concat_rows(ws)
-    assert linear_cuda.concat_rows(ws + [linear_cuda.prepare_weight(QTensor(*inp["other"]))]) is None
+    ws = [weight_cuda.prepare_weight(t) for t in parts]
+    w = weight_cuda.concat_rows(ws)
+    assert weight_cuda.concat_rows(ws + [weight_cuda.prepare_weight(QTensor(*inp["other"]))]) is None
     if not w.is_dense:   # parts whose activations differ (int8 / fp32) are not joined either
-        assert linear_cuda.concat_rows(ws[:1] + [linear_cuda.prepare_weight(parts[1], "f32" if w.act_q8 else "q8")]) is None
+        assert weight_cuda.concat_rows(ws[:1] + [weight_cuda.prepare_weight(parts[1], "f32" if w.act_q8 else "q8")]) is None
     assert w.shape == (sum(p.rows for p in ws), ws[0].cols) and w.qtype == ws[0].qtype and w.act_q8 == ws[0].act_q8
     out = poison((inp["x"].shape[0], w.rows), np.float32)
     return linear_cuda.linear(cp.asarray(inp["x"]), w, out=out)
@@ -450,13 +447,13 @@ def _cuda_linears(inp, poison):
 
     from pocketcupy.backend import linear_cuda
 
-    ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+    ws = [weight_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
     biases = [cp.asarray(inp["bias"])] + [None] * (len(ws) - 1)
     x = cp.asarray(inp["x"])
     if inp["q8rows"] == "q8":             # quantized by the kernel before (as the fused norm does)
-        x = linear_cuda.Q8Rows(x, *linear_cuda.quantize_x(x))
+        x = weight_cuda.Q8Rows(x, *linear_cuda.quantize_x(x))
     elif inp["q8rows"] == "q8k":
-        x = linear_cuda.Q8Rows(x, None, None, linear_cuda.quantize_x_q8k(x))
+        x = weight_cuda.Q8Rows(x, None, None, kquant_mma_cuda.quantize_x_q8k(x))
     return tuple(linear_cuda.linears(x, ws, biases))
 
 
@@ -465,14 +462,12 @@ def _cuda_kquant_mma3(groups):
     def run(inp, poison):
         import cupy as cp
 
-        from pocketcupy.backend import linear_cuda
-
-        ws = [linear_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+        ws = [weight_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
         x = cp.asarray(inp["x"])
         n = x.shape[0]
         outs = [poison((n, w.rows), np.float32) for w in ws]
         nt = 1 << (-(-n // 8) - 1).bit_length()
-        linear_cuda.launch_gemv_kquant_mma3(ws, linear_cuda.quantize_x_q8k(x), [cp.asarray(inp["bias"])] +
+        kquant_mma_cuda.launch_gemv_kquant_mma3(ws, kquant_mma_cuda.quantize_x_q8k(x), [cp.asarray(inp["bias"])] +
                                             [None] * (len(ws) - 1), outs, n, nt, groups)
         return tuple(outs)
     return run

@@ -63,8 +63,8 @@ def test_units_match_gguf(host_bin, qtype, align):
 
 
 def test_padded_q6k_decodes_as_q6k(host_bin):
-    """Q6_KP: Q6_K blocks padded to 224 bytes, as linear_cuda uploads them (16-byte aligned)."""
-    from pocketcupy.backend.linear_cuda import PADDED_QTYPES
+    """Q6_KP: Q6_K blocks padded to 224 bytes, as weight_cuda uploads them (16-byte aligned)."""
+    from pocketcupy.backend.weight_cuda import PADDED_QTYPES
 
     name, tid, size = PADDED_QTYPES["Q6_K"]
     assert (tid, name) == (PADDED["Q6_K"], "Q6_KP")

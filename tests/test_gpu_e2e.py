@@ -113,7 +113,7 @@ def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
     enough for ACC from 2 tiles, its FULL instance at 16, and on GPUs of up to 136 SMs for two row
     tiles a warp at 4), the norm writing them, and the SiLU quantizer, replayed in graphs and run
     eagerly, give the same tokens."""
-    from pocketcupy.backend import linear_cuda
+    from pocketcupy.backend import kquant_mma_cuda
 
     mod = load_script("make_synthetic_model")
     out = str(tmp_path_factory.mktemp("q4km"))
@@ -127,10 +127,10 @@ def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
         for graphs in (True, False):
             gpu = Engine(path, device="cuda", progress=False, cuda_graphs=graphs, quant_activations="q8")
             layer = gpu.model.layers[0]
-            assert linear_cuda.gguf_mma_tiles(layer.wo, n) and linear_cuda.gguf_mma_tiles(layer.w_down, n)
+            assert kquant_mma_cuda.gguf_mma_tiles(layer.wo, n) and kquant_mma_cuda.gguf_mma_tiles(layer.w_down, n)
             gu = layer.w_gate_up
-            shape = linear_cuda._kquant_mma_shape(
-                linear_cuda.kquant_mma_groups(linear_cuda.gguf_mma_tiles(gu, n), gu.cols, gu.rows, gu.qtype))
+            shape = kquant_mma_cuda.kquant_mma_shape(
+                kquant_mma_cuda.kquant_mma_groups(kquant_mma_cuda.gguf_mma_tiles(gu, n), gu.cols, gu.rows, gu.qtype))
             assert shape[5] == (n > 8)   # ACC
             runs[graphs] = [o.outputs[0].token_ids for o in gpu.generate(prompts, p)]
             del gpu

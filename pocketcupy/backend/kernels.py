@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import os
 
+import numpy as np
+
 CUDA_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "cuda_src")
 REGISTERED_OPS: set[str] = set()
 
@@ -72,3 +74,13 @@ def kernel(filename: str, name: str, name_expressions: tuple[str, ...] = (), def
     from .pdl import Kernel
 
     return Kernel(module(filename, name_expressions, defines).get_function(name))
+
+
+def null_arg():
+    """A null pointer kernel argument."""
+    return np.uint64(0)
+
+
+def grid_blocks(n: int, threads: int, cap: int = 1 << 16) -> int:
+    """Blocks of `threads` covering n work items, at least 1 and at most cap."""
+    return max(1, min((n + threads - 1) // threads, cap))

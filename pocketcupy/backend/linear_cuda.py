@@ -1,14 +1,11 @@
-"""Weights on the GPU in their stored format, and the matrix products that read them.
+"""The matrix products over the weights weight_cuda uploads.
 
-`prepare_weight` uploads a QTensor: 2-D F16/BF16 stay dense (bf16 as uint16 bits), GGUF
-block types stay raw uint8 blocks [rows, bytes_per_row] (and note whether their activations are
-quantized to int8, quant/act_q8.py), 1-D tensors become float32.
 `linear(x [N, K] float32, w)` -> [N, rows] float32:
   - N <= 8: GEMV kernels reading the stored weights (gemv.cu; quantized: gemv_gguf.cu with int8
     activations, gemv_gguf_f32.cu with fp32 activations);
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
     still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 3-64 on int8 tensor cores
-    (gemv_kquant_mma.cu);
+    (kquant_mma_cuda.py);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
     quantized weights dequantized to fp16 in row tiles first (dequant.cu).
 `get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
@@ -16,152 +13,23 @@ CuPy is imported lazily: importing this module needs only NumPy."""
 from __future__ import annotations
 
 import functools
-import itertools
-import os
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from ..quant.act_q8 import uses_q8
-from ..quant.qtensor import QTensor
 from .cublas_graph import gemm_ex
-from .kernels import cuda_op, has_tensor_cores, kernel, num_sms
+from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg
+from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
+                              launch_gemv_kquant_mma3, quantize_x_q8k)
+from .weight_cuda import DENSE_QTYPES, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, Q8Rows, joined_segments
 
-# GGUF block types the kernels read: ggml type id, values per block, bytes per block
-GGUF_QTYPES = {
-    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
-    "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
-    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
-    "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
-}
-# Q6_K is uploaded with each 210-byte block padded to 224 bytes, kernel type "Q6_KP" (pq::Q6_KP):
-# every block then starts 16-byte aligned and the GEMVs read it with 16-byte loads instead of
-# 2-byte aligned words and funnel shifts, for 6.7% more bytes (H200 figures: README).
-PADDED_QTYPES = {"Q6_K": ("Q6_KP", 114, 224)}
-KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **{p[0]: p[1] for p in PADDED_QTYPES.values()}}
-PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # default of prepare_weight's pad ("0": raw, for comparisons)
-DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
-_PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
-
-
-@dataclass
-class Q8Rows:
-    """Activations [N, K] float32 whose int8 blocks were computed by the kernel that produced them
-    (a fused norm): per 32 (quantize_x's layout) in xq / xds, which linears with int8 activations
-    read, or per 256 (quantize_x_q8k's) in xk, which the K-quant tensor-core linears read."""
-    x: Any
-    xq: Any
-    xds: Any
-    xk: Any = None
-
-
-@dataclass
-class Half16Rows:
-    """Activations [N, K] float32 with their fp16 / bf16 rounding (`qtype` "F16" / "BF16"),
-    written by the kernel that produced them (a fused norm): the GEMM over such weights reads x16
-    instead of casting x."""
-    x: Any
-    x16: Any
-    qtype: str
-
-
-@dataclass
-class CudaWeight:
-    qtype: str            # "F16", "BF16" or a GGUF block type name
-    shape: tuple          # (rows, cols), torch order
-    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
-    act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
-    padded: bool = False  # blocks padded as PADDED_QTYPES says (kernel_qtype names that layout)
-
-    @property
-    def rows(self) -> int:
-        return int(self.shape[0])
-
-    @property
-    def cols(self) -> int:
-        return int(self.shape[1])
-
-    @property
-    def is_dense(self) -> bool:
-        return self.qtype in DENSE_QTYPES
-
-    @property
-    def kernel_qtype(self) -> str:
-        """The block layout the kernels are instantiated for (KERNEL_TYPE_IDS)."""
-        return PADDED_QTYPES[self.qtype][0] if self.padded else self.qtype
-
-    @property
-    def type_id(self) -> int:
-        return KERNEL_TYPE_IDS[self.kernel_qtype]
-
-
-def prepare_weight(t: QTensor, quant_activations: str = "auto", pad: bool | None = None):
-    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). pad: blocks
-    of PADDED_QTYPES padded on upload (None: PAD_Q6K)."""
-    import cupy as cp
-
-    if len(t.shape) == 1:
-        return cp.asarray(t.dequantize(), dtype=cp.float32)
-    if len(t.shape) != 2:
-        raise ValueError(f"prepare_weight: expected a 1-D or 2-D tensor, got shape {t.shape}")
-    rows, cols = (int(s) for s in t.shape)
-    if t.qtype == "F16":
-        return CudaWeight("F16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data, dtype=np.float16)))
-    if t.qtype == "BF16":
-        return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
-    if t.qtype in GGUF_QTYPES:
-        raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
-        padded = (PAD_Q6K if pad is None else pad) and t.qtype in PADDED_QTYPES
-        if padded:
-            ts, pts = GGUF_QTYPES[t.qtype][2], PADDED_QTYPES[t.qtype][2]
-            blocks = raw.reshape(rows, -1, ts)
-            raw = np.zeros((rows, blocks.shape[1], pts), np.uint8)
-            raw[:, :, :ts] = blocks
-            raw = raw.reshape(rows, -1)
-        n = raw.size
-        buf = cp.zeros(n + _PAD, dtype=cp.uint8)
-        buf[:n].set(raw.reshape(-1))
-        return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
-                          uses_q8(t.qtype, cols, quant_activations), padded)
-    # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
-    w = t.dequantize().astype(np.float32)
-    if np.abs(w).max(initial=0.0) < 65000.0:
-        return CudaWeight("F16", (rows, cols), cp.asarray(w.astype(np.float16)))
-    from ..quant.dequant import f32_to_bf16
-
-    return CudaWeight("BF16", (rows, cols), cp.asarray(f32_to_bf16(w)))
-
-
-@cuda_op("concat_rows")
-def concat_rows(ws):
-    """One weight whose rows are the rows of ws in order (fused QKV / gate+up projections), or
-    None when the parts differ in format or column count. Raw GGUF blocks are copied into one
-    buffer with the same 16-byte tail padding prepare_weight leaves."""
-    import cupy as cp
-
-    if not ws or not all(isinstance(w, CudaWeight) for w in ws):
-        return None
-    qtype, cols, act_q8, padded = ws[0].qtype, ws[0].cols, ws[0].act_q8, ws[0].padded
-    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 or w.padded != padded for w in ws):
-        return None
-    rows = sum(w.rows for w in ws)
-    if ws[0].is_dense:
-        return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0))
-    bpr = int(ws[0].data.shape[1])
-    buf = cp.zeros(rows * bpr + _PAD, dtype=cp.uint8)
-    r0 = 0
-    for w in ws:
-        buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
-        r0 += w.rows
-    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, padded)
 
 
 # --- kernel variants -------------------------------------------------------------------------
@@ -184,34 +52,8 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
     return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
 
 
-GGUF_MMA_QTYPES = ("Q4_K", "Q5_K", "Q6_K")          # gemv_kquant_mma.cu
-# 8 tiles; past it dequantization + cuBLAS (H200, Q4_K 28672x4096 at batch 64: 170 us against 234;
-# a Q4_K_M decode step at batch 64 12.9 ms against 16.7)
-GGUF_MMA_MAX_BATCH = 64
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
-# past it the tensor-core kernel (H200, batch 2: Q4_K 28672x4096 2.25 against 1.92 TB/s; padded Q6_K
-# 4096x14336 2.03 against 1.79, 49152x4096 2.53 against 1.93)
-KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
 KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
-
-
-def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
-    """Whether a linear of this weight at batch nb runs on the int8 tensor-core K-quant kernel
-    (past KQUANT_MAX_BATCH up to GGUF_MMA_MAX_BATCH, sm_80+, rows of whole 256-value blocks), whose activations
-    are rounded per 256 values (act_q8.q8k_roundtrip) instead of per 32."""
-    return (act_q8 and qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[qtype] < nb <= GGUF_MMA_MAX_BATCH
-            and cols % 256 == 0 and has_tensor_cores())
-
-
-def gguf_mma_tiles(w: CudaWeight, nb: int) -> int:
-    """Tiles of 8 batch columns (a power of two) of the int8 tensor-core K-quant kernel at batch nb;
-    0 where it does not apply (kquant_mma_applies)."""
-    if not kquant_mma_applies(w.qtype, w.cols, nb, w.act_q8):
-        return 0
-    nt = 1
-    while 8 * nt < nb:
-        nt *= 2
-    return nt
 
 
 def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
@@ -372,7 +214,7 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
         ldx = np.int64(x.strides[0] // 4 if x.ndim == 2 else k)
         head += (ldx, x, ldx) if up is None else (ldx, up, np.int64(up.strides[0] // 4))
     _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(
-        ((w.rows + rpb - 1) // rpb,), (threads,), head + (_null() if bias is None else bias, out))
+        ((w.rows + rpb - 1) // rpb,), (threads,), head + (null_arg() if bias is None else bias, out))
 
 
 def norm_linear_lanes(w, n: int) -> F32Gemv | None:
@@ -412,7 +254,7 @@ def add_rms_norm_linear(x, residual, w_norm, eps: float, w, bias=None):
     kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))(
         ((w.rows + rpb - 1) // rpb,), (GEMV_THREADS,),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), x, residual, w_norm,
-         np.float32(eps), res_out, _null() if bias is None else bias, out))
+         np.float32(eps), res_out, null_arg() if bias is None else bias, out))
     return out, res_out
 
 
@@ -436,14 +278,6 @@ def _aligned16(a) -> bool:
     return a.data.ptr % 16 == 0
 
 
-def _null():
-    return np.uint64(0)
-
-
-def _grid(n: int, threads: int, cap: int = 1 << 16) -> int:
-    return max(1, min((n + threads - 1) // threads, cap))
-
-
 # --- launchers -------------------------------------------------------------------------------
 def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
     """out [n, rows] = x [n, K] @ w.T (+ bias) for fp16 / bf16 w, n <= 8; kind: "mma" or "plain"
@@ -452,13 +286,13 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
     if (kind or dense_gemv_kind(w, n)) == "mma":
         kernel("gemv_dense_mma.cu", f"gemv_dense_mma<{DENSE_QTYPES[w.qtype]}>", name_expressions=_DENSE_MMA_EXPRS)(
             (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
-            (w.data, np.int32(w.rows), np.int32(k), x, np.int32(n), _null() if bias is None else bias, out))
+            (w.data, np.int32(w.rows), np.int32(k), x, np.int32(n), null_arg() if bias is None else bias, out))
         return
     r = rows_per_block(n)
     fn = _dense_gemv(w.qtype, n)
     unroll = 2 if r >= 4 else 4                            # U in gemv_dense
     fn(((w.rows + r - 1) // r,), (gemv_threads(-(-(k // 8) // unroll)),),
-       (w.data, np.int32(w.rows), np.int32(k), x, _null() if bias is None else bias, out))
+       (w.data, np.int32(w.rows), np.int32(k), x, null_arg() if bias is None else bias, out))
 
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
@@ -476,140 +310,18 @@ def quantize_x(x, up=None, half: bool = False):
     n, k = x.shape
     n4 = n * k // 4
     if half:
-        xq = xds = _null()
+        xq = xds = null_arg()
         xh = cp.empty((n, k), dtype=cp.float16)
     else:
         xq = cp.empty((n, k), dtype=cp.int8)
         xds = cp.empty((n, k // 32, 4), dtype=cp.float32)
-        xh = _null()
+        xh = null_arg()
     src = x if up is None else up
     fn = kernel("gemv_gguf.cu", f"quantize_q8_x<{str(up is not None).lower()}, {str(half).lower()}>",
                 name_expressions=_QUANTIZE_EXPRS)
-    fn((_grid(n4, 256, 1 << 30),), (256,), (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4),
+    fn((grid_blocks(n4, 256, 1 << 30),), (256,), (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4),
                                             np.int32(k), np.int64(n4), xq, xds, xh))
     return xh if half else (xq, xds)
-
-
-def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tuple[int, ...]:
-    """(tiles per pass over the super-blocks, warps per block, super-blocks in flight per warp,
-    blocks per SM the registers must allow or 0 for the kernel's default, row groups per block[,
-    ACC[, MT]]) of gemv_kquant_mma for nt tiles of a `qtype` weight of `rows` x `cols` (rows 0:
-    unknown, qtype "": any): one pass; 4 warps with 2 super-blocks in flight each, except 8 warps one
-    at a time for the long rows of a down projection at 1-2 tiles.
-    H200, chunk-major activations, 4 warps x 2 against 8 warps x 1: Q4_K 28672x4096 batch 4 25.8 us
-    against 28.2, batch 16 37.5 against 40.4; Q4_K 6144x4096 batch 16 10.6 against 13.4; Q6_K
-    49152x4096 batch 4 62.9 against 75.0, batch 32 131 against 178; Q6_K 4096x14336 batch 32 37.1
-    against 43.4, but batch 4 24.8 against 23.0 (hence the exception).
-    From 4 tiles the kernel's registers allow 2 blocks an SM; a weight whose 16-row blocks need a
-    second wave at 2 but fit one at 3 (q, k, v joined: 6144 rows, 384 blocks on 132 SMs) takes 3:
-    Q4_K 6144x4096 batch 32 / 64 14.95 / 27.9 us against 17.9 / 31.2. Elsewhere 3 was slower
-    (Q4_K 28672x4096 batch 32 58.0 against 54.0; Q6_K 4096x14336, 256 blocks, 42.6 against 36.9).
-    One super-block at a time at 8 tiles and wherever MINB 3 caps the registers: two spill there
-    (sm_90: 148 bytes a thread for Q4_K, 600 for padded Q6_K at 8 tiles). Batch 64, two against
-    one: Q4_K 28672x4096 105.4 against 94.3 us, 6144x4096 at MINB 3 27.9 against 22.7, 4096x4096
-    16.9 against 16.2; batch 32, 6144x4096 at MINB 3 15.0 against 14.3.
-    Several 16-row groups a block (RW) share the activations through L1 (batch 64: 256 KB a
-    super-block row, 7x the weights' bytes) where the blocks still fill the SMs: 4 groups of a warp
-    each on tall weights (Q6_K 49152x4096 batch 64 171 against 214 us with RW 1; Q4_K 28672x4096
-    93.2 against 94.3), 2 groups of 4 warps on a down projection (Q6_K 4096x14336 56.8 against
-    60.4 for one group at U 1); at 4 tiles on vocabulary-sized weights only (Q6_K 49152x4096 batch 32 111
-    against 123; Q4_K 28672x4096 58.8 against 54.7).
-    ACC (Q4_K / Q5_K scales and mins inside the mma accumulators) from 2 tiles on tall weights, one
-    super-block at a time: Q4_K 28672x4096 batch 16 / 32 / 64 33.7 / 48.6 / 88.0 us against 37.4 /
-    54.3 / 92.4; on 6144 or 4096 rows it gained or lost under 7% by batch (4096x4096 batch 16 8.8
-    against 8.4, batch 64 15.0 against 15.7), so those keep the launches above.
-    Two 16-row tiles a warp (MT 2: each B fragment and activation scale serves two mma) at 1-2 tiles
-    on weights with 4 blocks an SM of 32-row groups, one super-block at a time: Q4_K 28672x4096
-    batch 4 / 8 23.2 / 24.3 us against 26.2 / 28.8, Q6_K 49152x4096 batch 4 / 8 / 16 60.6 / 61.9 /
-    76.3 against 62.7 / 64.9 / 80.1; shorter weights lose their grid (4096x4096 batch 4 7.0-7.7
-    against 6.7, Q6_K 4096x14336 25.1-31.7 against 23.1)."""
-    if qtype in ("Q4_K", "Q5_K") and nt >= 2 and rows >= max(16384, 4 * cols):
-        return (nt, 4, 1, 0, 1, 1)
-    sms = num_sms() if rows else 0
-    if rows and nt <= 2 and cols <= 4096 and -(-rows // 32) >= 4 * sms:
-        return (nt, 4, 1, 0, 1, 0, 2)
-    if rows and nt >= 4 and rows >= 64 * (2 if nt >= 8 else 4) * sms:
-        return (nt, 4, 1, 0, 4)
-    if rows and cols > 4096 and nt >= 8 and -(-rows // 32) >= 0.9 * sms:   # one 1-block-an-SM wave, ~full
-        return (nt, 8, 1, 0, 2)
-    if cols > 4096 and nt <= 2:
-        return (nt, 8, 1, 0, 1)
-    minb = 0
-    if nt >= 4 and rows:
-        blocks = -(-rows // 16)
-        minb = 3 if 2 * sms < blocks <= 3 * sms else 0
-    return (nt, 4, 1 if nt >= 8 or minb else 2, minb, 1)
-
-
-def _kquant_mma_shape(groups: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
-    """groups: (tiles per pass, warps per block[, super-blocks in flight per warp[, blocks per SM
-    the registers must allow, 0: the kernel's default[, row groups per block[, 1: Q4_K / Q5_K
-    scales and mins in the tensor cores' accumulators (ACC)[, 16-row tiles a warp holds at once
-    (MT; a row group is 16 MT rows)]]]]]), completed."""
-    return tuple(groups) + (1, 0, 1, 0, 1)[len(groups) - 2:]
-
-
-def _kquant_mma_full(n: int, nt: int, groups: tuple[int, ...]) -> bool:
-    """Whether a launch of n columns takes the FULL instance (whole tiles: no bounds test per B load,
-    a compile-time chunk stride): at 8 tiles and with ACC, where it was measured faster. H200, main's
-    launches at batch 64, FULL against not: Q4_K 28672x4096 91.0 / 92.4 us, Q6_K 4096x14336 50.5 /
-    56.2, 49152x4096 162 / 171; at batch 16 it was slower (Q4_K 28672x4096 40.4 / 37.4, Q6_K
-    4096x14336 29.0 / 26.2), at 32 even."""
-    return n == 8 * nt and (nt >= 8 or groups[5] == 1)
-
-
-def _kquant_mma_targs(nt: int, groups: tuple[int, ...], full: bool = False) -> str:
-    """The template arguments past the weight type(s): NT, TG, WARPS, U, MINB[, RW[, ACC[, FULL[,
-    MT]]]] (groups as _kquant_mma_shape completes them; full: _kquant_mma_full)."""
-    tg, warps, u, minb, rw, acc, mt = groups
-    tail = [rw, acc, int(full), mt]
-    while tail and tail[-1] == (1, 0, 0, 1)[len(tail) - 1]:   # the kernel's defaults
-        tail.pop()
-    return ", ".join(str(v) for v in [nt, min(tg, nt), warps, u, minb] + tail)
-
-
-def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...], full: bool = False) -> str:
-    return f"gemv_kquant_mma<{KERNEL_TYPE_IDS[kernel_qtype]}, {_kquant_mma_targs(nt, groups, full)}>"
-
-
-_Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
-_KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compiled as one module
-    _kquant_mma_expr(kq, nt, _kquant_mma_shape(groups))
-    for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
-    for nt in (1, 2, 4, 8) for cols in (4096, 4352)
-    for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 1, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
-    + ([(nt, 8, 1, 0, 2)] if nt >= 8 and cols > 4096 else [])))
-
-
-def quantize_x_q8k(x, up=None):
-    """Activations [N, K] float32 (K a multiple of 256, row stride allowed) -> int8 [K/32, N, 32]
-    (chunk-major, see gemv_kquant_mma.cu), float32 scales [N, K/256], int16 sums [N, K/32]: int8 per
-    256 values (llama.cpp's Q8_K), the input of gemv_kquant_mma; with up, the activations are
-    silu(x) * up."""
-    import cupy as cp
-
-    n, k = x.shape
-    xq = cp.empty((k // 32, n, 32), dtype=cp.int8)
-    xd = cp.empty((n, k // 256), dtype=cp.float32)
-    xb = cp.empty((n, k // 32), dtype=cp.int16)
-    src = x if up is None else up
-    nsb = n * k // 256
-    kernel("gemv_kquant_mma.cu", _Q8K_EXPRS[up is not None], name_expressions=_Q8K_EXPRS)(
-        (_grid(nsb * 32, 256, 1 << 30),), (256,),
-        (x, np.int64(x.strides[0] // 4), src, np.int64(src.strides[0] // 4), np.int32(k), np.int64(nsb), xq, xd, xb))
-    return xq, xd, xb
-
-
-def launch_gemv_kquant_mma(w: "CudaWeight", xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
-    """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
-    nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (_kquant_mma_shape),
-    default kquant_mma_groups."""
-    groups = _kquant_mma_shape(groups or kquant_mma_groups(nt, w.cols, w.rows, w.qtype))
-    expr = _kquant_mma_expr(w.kernel_qtype, nt, groups, _kquant_mma_full(n, nt, groups))
-    fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
-    fn((-(-w.rows // (16 * groups[4] * groups[6])),), (32 * groups[1],),
-        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
-         _null() if bias is None else bias, out))
 
 
 def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | None = None) -> None:
@@ -623,7 +335,7 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | N
     _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb)(
         ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
-         _null() if bias is None else bias, out))
+         null_arg() if bias is None else bias, out))
 
 
 KQUANT3_ROWS = 2                  # rows per warp of the joined launch
@@ -637,47 +349,13 @@ def kquant_joinable(ws, nb: int) -> bool:
         and w.cols == ws[0].cols and 1 <= nb <= KQUANT_MAX_BATCH[w.qtype] for w in ws)
 
 
-def _joined_segments(ws, biases, outs, rows_per_block: int):
-    """Block ends and (weight, bias, out) of each segment of a joined launch of 2-3 weights
-    (gemv_kquant3, gemv_kquant_mma3): a missing third weight repeats the second with no blocks."""
-    ends = list(itertools.accumulate(-(-w.rows // rows_per_block) for w in ws))
-    segs = list(zip(ws, biases, outs))
-    if len(segs) == 2:
-        segs.append(segs[1])
-        ends.append(ends[1])
-    args = []
-    for w, b, o in segs:
-        args += [w.data, np.int64(w.data.shape[1]), np.int32(w.rows), _null() if b is None else b, o]
-    return ends, ", ".join(str(w.type_id) for w, _, _ in segs), args
-
-
 def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
     """outs[i] [nb, ws[i].rows] = activations @ ws[i].T (+ biases[i]) for 2-3 K-quant weights
     (kquant_joinable) in one gemv_kquant3 launch."""
-    ends, tids, seg_args = _joined_segments(ws, biases, outs, KQUANT3_ROWS * GEMV_THREADS // 32)
+    ends, tids, seg_args = joined_segments(ws, biases, outs, KQUANT3_ROWS * GEMV_THREADS // 32)
     expr = f"gemv_kquant3<{tids}, {nb}, {KQUANT3_ROWS}>"
     kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), (
         np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1]), *seg_args))
-
-
-def kquant_mma_joinable(ws, n: int) -> int:
-    """Tiles of the gemv_kquant_mma3 launch that computes these 2-3 weights of one input at batch n
-    (all on the K-quant tensor-core kernel with the same tiles and columns), else 0."""
-    if not 2 <= len(ws) <= 3 or not all(isinstance(w, CudaWeight) and w.cols == ws[0].cols for w in ws):
-        return 0
-    nts = {gguf_mma_tiles(w, n) for w in ws}
-    return nts.pop() if len(nts) == 1 else 0
-
-
-def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple | None = None) -> None:
-    """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
-    the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
-    launch_gemv_kquant_mma takes them."""
-    groups = _kquant_mma_shape(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
-    ends, tids, seg_args = _joined_segments(ws, biases, outs, 16 * groups[4] * groups[6])
-    expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups, _kquant_mma_full(n, nt, groups))}>"
-    kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * groups[1],), (
-        np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
 
 def _gemv_gguf_takes(w: CudaWeight, n: int) -> bool:
@@ -712,7 +390,7 @@ def _cast(x, qtype: str):
 
     y = cp.empty(x.shape, dtype=cp.float16 if qtype == "F16" else cp.uint16)
     name = "cast_f32_f16" if qtype == "F16" else "cast_f32_bf16"
-    kernel("gemv.cu", name)((_grid(x.size, 256, 8192),), (256,), (x, y, np.int64(x.size)))
+    kernel("gemv.cu", name)((grid_blocks(x.size, 256, 8192),), (256,), (x, y, np.int64(x.size)))
     return y
 
 
@@ -950,10 +628,10 @@ def get_rows(w, ids, out=None):
     idx64 = ids.dtype == cp.int64
     if w.is_dense:
         fn = _get_rows_dense(w.qtype, idx64)
-        fn((_grid(n * w.cols, 256, 8192),), (256,),
+        fn((grid_blocks(n * w.cols, 256, 8192),), (256,),
            (w.data, np.int32(w.rows), np.int32(w.cols), ids, np.int32(n), out))
     else:
         fn = _dequant(w.kernel_qtype, "long long" if idx64 else "int")
-        fn((_grid(n * (w.cols // 32), 256, 8192),), (256,),
+        fn((grid_blocks(n * (w.cols // 32), 256, 8192),), (256,),
            (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), ids, np.int32(n), np.int32(w.cols), out))
     return out

@@ -1,12 +1,14 @@
 """The CUDA backend: NumpyOps' interface over CuPy arrays and our kernels. Activations are float32;
-weights stay in their stored format (linear_cuda); the paged KV cache is float16.
+weights stay in their stored format (weight_cuda); the paged KV cache is float16.
 Importing this module does not import CuPy; creating a CudaOps does."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import attn_cuda, elementwise_cuda
+from . import attn_cuda, elementwise_cuda, linear_cuda
 from .attention_meta import AttentionMetadata
+from .kquant_mma_cuda import gguf_mma_tiles
+from .weight_cuda import CudaWeight, Half16Rows, Q8Rows, concat_rows, prepare_weight
 
 
 def _decode_batch(q, meta: AttentionMetadata) -> bool:
@@ -28,20 +30,16 @@ class CudaOps:
 
     # --- data movement -------------------------------------------------------------------
     def weight(self, t):
-        from . import linear_cuda
-
-        return linear_cuda.prepare_weight(t, self.quant_activations)
+        return prepare_weight(t, self.quant_activations)
 
     def concat_rows(self, ws):
         """Fused QKV / gate+up weights (or their biases): one weight whose rows are those of ws,
         or None when the parts differ in format or column count (separate projections then)."""
-        from . import linear_cuda
-
         if any(w is None for w in ws):
             return None
         if all(isinstance(w, self.xp.ndarray) and w.ndim == 1 for w in ws):
             return self.xp.concatenate(ws)
-        return linear_cuda.concat_rows(ws)
+        return concat_rows(ws)
 
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
@@ -63,10 +61,8 @@ class CudaOps:
 
     # --- elementwise / normalisation -----------------------------------------------------
     def embedding(self, table, ids):
-        from . import linear_cuda
-
         ids = self.xp.asarray(ids)
-        if isinstance(table, linear_cuda.CudaWeight):
+        if isinstance(table, CudaWeight):
             return linear_cuda.get_rows(table, ids)
         return self.xp.ascontiguousarray(table[ids], dtype=np.float32)
 
@@ -75,40 +71,35 @@ class CudaOps:
 
     def add_rms_norm(self, x, residual, w, eps: float, feeds=None):
         """residual += x (in place); returns (rms_norm(residual) * w, residual). When every weight
-        in feeds takes int8 activations, the output comes with its int8 blocks (linear_cuda.Q8Rows,
-        quantized by the norm kernel itself: per 256 values when they all run on the K-quant tensor-core
+        in feeds takes int8 activations, the output comes with its int8 blocks (Q8Rows, quantized
+        by the norm kernel itself: per 256 values when they all run on the K-quant tensor-core
         kernel at this batch, else per 32) so those linears skip their own quantization; when
         they are all fp16 (or all bf16) and the batch goes to cuBLAS, with its 16-bit rounding
-        (linear_cuda.Half16Rows) so the GEMMs skip their cast."""
-        from . import linear_cuda
-
-        cw = linear_cuda.CudaWeight
+        (Half16Rows) so the GEMMs skip their cast."""
         n, dim = x.shape[0], x.shape[-1]
-        if feeds and all(isinstance(f, cw) and f.cols == dim for f in feeds):
-            if all(linear_cuda.gguf_mma_tiles(f, n) for f in feeds):
+        if feeds and all(isinstance(f, CudaWeight) and f.cols == dim for f in feeds):
+            if all(gguf_mma_tiles(f, n) for f in feeds):
                 fused = elementwise_cuda.add_rms_norm_q8k(x, residual, w, eps)
                 if fused is not None:
                     out, residual, *xk = fused
-                    return linear_cuda.Q8Rows(out, None, None, tuple(xk)), residual
+                    return Q8Rows(out, None, None, tuple(xk)), residual
             if n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(f.act_q8 for f in feeds):
                 fused = elementwise_cuda.add_rms_norm_q8(x, residual, w, eps)
                 if fused is not None:
                     out, residual, xq, xds = fused
-                    return linear_cuda.Q8Rows(out, xq, xds), residual
+                    return Q8Rows(out, xq, xds), residual
             qtype = feeds[0].qtype
             if n > linear_cuda.GEMV_MAX_BATCH and qtype in ("F16", "BF16") and all(f.qtype == qtype for f in feeds):
                 fused = elementwise_cuda.add_rms_norm_h16(x, residual, w, eps, qtype)
                 if fused is not None:
                     out, residual, x16 = fused
-                    return linear_cuda.Half16Rows(out, x16, qtype), residual
+                    return Half16Rows(out, x16, qtype), residual
         return elementwise_cuda.add_rms_norm(x, residual, w, eps)
 
     def add_rms_norm_linear(self, x, residual, w_norm, eps: float, w, bias=None):
         """(linear(h, w, bias), residual') for h, residual' = add_rms_norm(x, residual, w_norm, eps):
         one launch where the GEMV can normalise its input itself (linear_cuda.norm_linear_lanes),
         else the two ops (the norm writing the int8 or 16-bit copy w reads)."""
-        from . import linear_cuda
-
         fused = linear_cuda.add_rms_norm_linear(x, residual, w_norm, eps, w, bias)
         if fused is not None:
             return fused
@@ -122,21 +113,15 @@ class CudaOps:
         return elementwise_cuda.add(a, b)
 
     def linear(self, x, w, bias=None):
-        from . import linear_cuda
-
         return linear_cuda.linear(x, w, bias)
 
     def linears(self, x, ws, biases=None):
         """[linear(x, w, b) ...] for the projections of one input; int8-activation weights share
         one quantization of x."""
-        from . import linear_cuda
-
         return linear_cuda.linears(x, ws, biases)
 
     def silu_mul_linear(self, gate, up, w):
         """linear(silu_mul(gate, up), w); one kernel for quantized short-row weights at small batch."""
-        from . import linear_cuda
-
         return linear_cuda.silu_mul_linear(gate, up, w)
 
     def rope(self, x, positions, inv_freq, interleaved: bool):
@@ -175,8 +160,8 @@ class CudaOps:
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None):
         """Causal attention over the paged cache (the new tokens already stored). Decode kernel
         when every sequence has one row. feeds: the weights that read the output; then it comes
-        as [N, Hq * D] rows, with their int8 blocks (linear_cuda.Q8Rows, written by the decode
-        kernel itself) when every weight in feeds takes int8 activations."""
+        as [N, Hq * D] rows, with their int8 blocks (Q8Rows, written by the decode kernel
+        itself) when every weight in feeds takes int8 activations."""
         meta = attn_cuda.device_meta(meta)
         n, hq, d = q.shape
         if not _decode_batch(q, meta):
@@ -187,16 +172,14 @@ class CudaOps:
     def _decode_attention(self, q, k_cache, v_cache, meta, scale, feeds, rope=None):
         """The decode kernel's output as paged_attention returns it; None where `rope` is given
         and the launch cannot also write the int8 blocks the feeds want."""
-        from . import linear_cuda
-
         n, hq, d = q.shape
         if feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
-                isinstance(f, linear_cuda.CudaWeight) and f.act_q8 and f.cols == hq * d
-                and not linear_cuda.gguf_mma_tiles(f, n) for f in feeds):   # those quantize per 256
+                isinstance(f, CudaWeight) and f.act_q8 and f.cols == hq * d
+                and not gguf_mma_tiles(f, n) for f in feeds):   # those quantize per 256
             q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True, rope=rope)
             if q8 is not None:
                 out, xq, xds = q8
-                return linear_cuda.Q8Rows(out.reshape(n, hq * d), xq, xds)
+                return Q8Rows(out.reshape(n, hq * d), xq, xds)
             if rope is not None:
                 return None
         out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope)

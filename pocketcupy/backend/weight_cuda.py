@@ -1,0 +1,159 @@
+"""Weights on the GPU in their stored format: `prepare_weight` uploads a QTensor -- 2-D F16/BF16
+stay dense (bf16 as uint16 bits), GGUF block types stay raw uint8 blocks [rows, bytes_per_row] (and
+note whether their activations are quantized to int8, quant/act_q8.py), 1-D tensors become
+float32 -- and `concat_rows` joins projections of one input. Also the activation wrappers a fused
+kernel hands the linears (Q8Rows, Half16Rows). CuPy is imported lazily."""
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..quant.act_q8 import uses_q8
+from ..quant.qtensor import QTensor
+from .kernels import cuda_op, null_arg
+
+# GGUF block types the kernels read: ggml type id, values per block, bytes per block
+GGUF_QTYPES = {
+    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
+    "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
+    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
+    "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
+}
+# Q6_K is uploaded with each 210-byte block padded to 224 bytes, kernel type "Q6_KP" (pq::Q6_KP):
+# every block then starts 16-byte aligned and the GEMVs read it with 16-byte loads instead of
+# 2-byte aligned words and funnel shifts, for 6.7% more bytes (H200 figures: README).
+PADDED_QTYPES = {"Q6_K": ("Q6_KP", 114, 224)}
+KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **{p[0]: p[1] for p in PADDED_QTYPES.values()}}
+PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # default of prepare_weight's pad ("0": raw, for comparisons)
+DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
+_PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
+
+
+@dataclass
+class Q8Rows:
+    """Activations [N, K] float32 whose int8 blocks were computed by the kernel that produced them
+    (a fused norm): per 32 (quantize_x's layout) in xq / xds, which linears with int8 activations
+    read, or per 256 (quantize_x_q8k's) in xk, which the K-quant tensor-core linears read."""
+    x: Any
+    xq: Any
+    xds: Any
+    xk: Any = None
+
+
+@dataclass
+class Half16Rows:
+    """Activations [N, K] float32 with their fp16 / bf16 rounding (`qtype` "F16" / "BF16"),
+    written by the kernel that produced them (a fused norm): the GEMM over such weights reads x16
+    instead of casting x."""
+    x: Any
+    x16: Any
+    qtype: str
+
+
+@dataclass
+class CudaWeight:
+    qtype: str            # "F16", "BF16" or a GGUF block type name
+    shape: tuple          # (rows, cols), torch order
+    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
+    act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
+    padded: bool = False  # blocks padded as PADDED_QTYPES says (kernel_qtype names that layout)
+
+    @property
+    def rows(self) -> int:
+        return int(self.shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.shape[1])
+
+    @property
+    def is_dense(self) -> bool:
+        return self.qtype in DENSE_QTYPES
+
+    @property
+    def kernel_qtype(self) -> str:
+        """The block layout the kernels are instantiated for (KERNEL_TYPE_IDS)."""
+        return PADDED_QTYPES[self.qtype][0] if self.padded else self.qtype
+
+    @property
+    def type_id(self) -> int:
+        return KERNEL_TYPE_IDS[self.kernel_qtype]
+
+
+def prepare_weight(t: QTensor, quant_activations: str = "auto", pad: bool | None = None):
+    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). pad: blocks
+    of PADDED_QTYPES padded on upload (None: PAD_Q6K)."""
+    import cupy as cp
+
+    if len(t.shape) == 1:
+        return cp.asarray(t.dequantize(), dtype=cp.float32)
+    if len(t.shape) != 2:
+        raise ValueError(f"prepare_weight: expected a 1-D or 2-D tensor, got shape {t.shape}")
+    rows, cols = (int(s) for s in t.shape)
+    if t.qtype == "F16":
+        return CudaWeight("F16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data, dtype=np.float16)))
+    if t.qtype == "BF16":
+        return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
+    if t.qtype in GGUF_QTYPES:
+        raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
+        padded = (PAD_Q6K if pad is None else pad) and t.qtype in PADDED_QTYPES
+        if padded:
+            ts, pts = GGUF_QTYPES[t.qtype][2], PADDED_QTYPES[t.qtype][2]
+            blocks = raw.reshape(rows, -1, ts)
+            raw = np.zeros((rows, blocks.shape[1], pts), np.uint8)
+            raw[:, :, :ts] = blocks
+            raw = raw.reshape(rows, -1)
+        n = raw.size
+        buf = cp.zeros(n + _PAD, dtype=cp.uint8)
+        buf[:n].set(raw.reshape(-1))
+        return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
+                          uses_q8(t.qtype, cols, quant_activations), padded)
+    # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
+    w = t.dequantize().astype(np.float32)
+    if np.abs(w).max(initial=0.0) < 65000.0:
+        return CudaWeight("F16", (rows, cols), cp.asarray(w.astype(np.float16)))
+    from ..quant.dequant import f32_to_bf16
+
+    return CudaWeight("BF16", (rows, cols), cp.asarray(f32_to_bf16(w)))
+
+
+@cuda_op("concat_rows")
+def concat_rows(ws):
+    """One weight whose rows are the rows of ws in order (fused QKV / gate+up projections), or
+    None when the parts differ in format or column count. Raw GGUF blocks are copied into one
+    buffer with the same 16-byte tail padding prepare_weight leaves."""
+    import cupy as cp
+
+    if not ws or not all(isinstance(w, CudaWeight) for w in ws):
+        return None
+    qtype, cols, act_q8, padded = ws[0].qtype, ws[0].cols, ws[0].act_q8, ws[0].padded
+    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 or w.padded != padded for w in ws):
+        return None
+    rows = sum(w.rows for w in ws)
+    if ws[0].is_dense:
+        return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0))
+    bpr = int(ws[0].data.shape[1])
+    buf = cp.zeros(rows * bpr + _PAD, dtype=cp.uint8)
+    r0 = 0
+    for w in ws:
+        buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
+        r0 += w.rows
+    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, padded)
+
+
+def joined_segments(ws, biases, outs, rows_per_block: int):
+    """Block ends and (weight, bias, out) of each segment of a joined launch of 2-3 weights
+    (gemv_kquant3, gemv_kquant_mma3): a missing third weight repeats the second with no blocks."""
+    ends = list(itertools.accumulate(-(-w.rows // rows_per_block) for w in ws))
+    segs = list(zip(ws, biases, outs))
+    if len(segs) == 2:
+        segs.append(segs[1])
+        ends.append(ends[1])
+    args = []
+    for w, b, o in segs:
+        args += [w.data, np.int64(w.data.shape[1]), np.int32(w.rows), null_arg() if b is None else b, o]
+    return ends, ", ".join(str(w.type_id) for w, _, _ in segs), args
