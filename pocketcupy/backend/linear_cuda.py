@@ -27,6 +27,8 @@ GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
+KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")       # gemv_kquant.cu (the DP4A K-quant GEMV)
+KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
@@ -50,10 +52,6 @@ def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
     weights; x rounded to the weight's type), so the batch costs no more than batch 1; "plain": the
     fp32-activation GEMV (batch 1, and elsewhere)."""
     return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
-
-
-KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")            # gemv_kquant.cu
-KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
 
 
 def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
