@@ -169,7 +169,7 @@ def kquant_mma_joinable(ws, n: int) -> int:
 
 
 def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple | None = None) -> None:
-    """launch_gemv_kquant3's join on the int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
+    """linear_cuda.launch_gemv_kquant3's join on int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
     launch_gemv_kquant_mma takes them."""
     groups = kquant_mma_shape(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
