@@ -17,7 +17,7 @@ import numpy as np
 
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
-from .kernels import cuda_op, has_tensor_cores, num_sms
+from .kernels import cuda_op, has_tensor_cores, null_arg, num_sms
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 LOG2E = 1.4426950408889634
@@ -234,11 +234,11 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     fused = variant == "mma" and b * hkv <= DECODE_COUNTERS
     if variant == "mma":
         counters = (_decode_counters(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr) if fused
-                    else np.uint64(0))   # null: attn_decode_combine_f32 merges
+                    else null_arg())   # attn_decode_combine_f32 merges
         if q8_out:
             xq, xds = cp.empty((b, hq * d), np.int8), cp.empty((b, hq * d // 32, 4), np.float32)
         else:
-            xq = xds = np.uint64(0)
+            xq = xds = null_arg()
         args = head + (counters,) + tail + (xq, xds)
         if rope is not None:
             k, ks = row_view(rope.k, hkv * d)

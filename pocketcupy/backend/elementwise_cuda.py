@@ -179,9 +179,9 @@ def add_rms_norm_q8(x, residual, w, eps: float):
 @cuda_op("add_rms_norm_q8k")
 def add_rms_norm_q8k(x, residual, w, eps: float):
     """add_rms_norm_q8 with the output quantized per 256 values instead (the layout of
-    kquant_mma_cuda.quantize_x_q8k, the input of the K-quant tensor-core linears): (out, residual, xq int8 [dim / 32, N, 32],
-    xd float32 [N, dim / 256], xb int16 [N, dim / 32]); None where the kernel does not apply (also dim
-    not a multiple of 256)."""
+    kquant_mma_cuda.quantize_x_q8k, the input of the K-quant tensor-core linears): (out, residual,
+    xq int8 [dim / 32, N, 32], xd float32 [N, dim / 256], xb int16 [N, dim / 32]); None where the
+    kernel does not apply (also dim not a multiple of 256)."""
     cp = _cp()
     if x.shape[-1] % 256:
         return None
