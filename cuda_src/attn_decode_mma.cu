@@ -18,8 +18,10 @@
 // splits' partial outputs itself (and resets its counter for the next launch, so CUDA-graph
 // replays find zeros); without, attn_decode_combine_f32 does. Q and P are rounded to fp16.
 // With xq, whoever writes the output (the block of a single split, or the merging block) also
-// writes its int8 blocks of 32 (q8_act.cuh), the input of the output projection's int8 GEMV, so
-// that projection needs no quantization launch of its own.
+// writes its int8 blocks (q8_act.cuh), the input of the output projection's int8 GEMV, so that
+// projection needs no quantization launch of its own: of 32 values (xq, xds), or with xb of 256
+// (xq chunk-major, xd, xb: the K-quant tensor-core linears' input; group * D % 256 == 0, so that a
+// block's output is whole super-blocks).
 //
 // RoPE (the _rope kernels): q and the new token's k, v come straight from the QKV projection; the
 // block rotates its q rows while loading them, and the warp that reads the newest key rotates it
@@ -77,11 +79,22 @@ __device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* v_c
     }
 }
 
+// Where the int8 blocks of the output go (all null: nowhere): per 32 (xq, xds) or, with xb, per 256
+// (xq, xd, xb; wmax: a float per warp of shared memory)
+struct Q8Out {
+    signed char* xq;
+    float4* xds;
+    float* xd;
+    short* xb;
+    float* wmax;
+};
+
 // Output values 4i .. 4i + 3 of a (sequence, KV head)'s group x D block (out + o at value 0), and
-// with xq their int8 blocks (value 0 is value q of the [B, Hq * D] int8 rows, q % 32 == 0 and
-// i % 8 == threadIdx.x % 8). Every lane of the warp calls this (the quantizer shuffles).
+// their int8 blocks: the block's values start at float4 r0 of row b of the [B, 4 * n4] int8 rows
+// (r0 a multiple of 8 per 32 values, of 64 per 256; i % 64 == threadIdx.x % 64). The whole block
+// calls this (the quantizers shuffle, the per-256 one synchronises).
 __device__ __forceinline__ void store_out4(float4 v, int i, bool ok, float* __restrict__ out, i64 o,
-                                           signed char* __restrict__ xq, float4* __restrict__ xds, i64 q) {
+                                           const Q8Out& q8, int b, int r0, int n4) {
     if (ok) {
         float* p = out + o + 4 * i;
         p[0] = v.x;
@@ -89,7 +102,8 @@ __device__ __forceinline__ void store_out4(float4 v, int i, bool ok, float* __re
         p[2] = v.z;
         p[3] = v.w;
     }
-    if (xq != nullptr) q8_store4(q8_round4(v), q / 4 + i, ok, xq, xds);
+    if (q8.xb != nullptr) q8k_store4(v, r0 + i, ok, q8.wmax, q8.xq, q8.xd, q8.xb, b, gridDim.z, n4);
+    else if (q8.xq != nullptr) q8_store4(q8_round4(v), (i64)b * n4 + r0 + i, ok, q8.xq, q8.xds);
 }
 
 __device__ __forceinline__ float4 f4_fma(float w, float4 a, float4 acc) {
@@ -147,6 +161,7 @@ __device__ __forceinline__ void decode_mma_body(
     const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
     int num_splits, float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds,
+    float* __restrict__ xd, short* __restrict__ xb,
     const DecodeRope& rope) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int KJ = D / 32;          // 16-byte K loads per key row and lane
@@ -157,6 +172,7 @@ __device__ __forceinline__ void decode_mma_body(
     __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
     __shared__ float w_s[DM_MAXG][DM_MAX_SPLITS];
     __shared__ int last_s;
+    __shared__ float wmax_s[DM_WARPS];                 // the per-256 quantizer's warp maxima
     __shared__ float cs[2][64];                        // RoPE: cos, sin of the token's angles
 
     const int split = blockIdx.x, kh = blockIdx.y, b = blockIdx.z;
@@ -169,7 +185,9 @@ __device__ __forceinline__ void decode_mma_body(
     const int k_begin = split * chunk, k_end = min(ctx, k_begin + chunk);
     const int* table = block_tables + (i64)b * bt_stride;
     const i64 prow0 = (i64)b * hq_total + h0;         // part row of head 0 (times num_splits)
-    const i64 out0 = (i64)b * out_stride + (i64)h0 * D, q0 = prow0 * D;   // value 0 in out and in xq
+    const i64 out0 = (i64)b * out_stride + (i64)h0 * D;   // value 0 in out
+    const Q8Out q8{xq, xds, xd, xb, wmax_s};
+    const int r0 = h0 * D / 4, n4_row = hq_total * D / 4;   // the int8 rows: the block's first float4, float4s a row
     const int n4 = group * D / 4;                      // output values of the block / 4
 
     if (k_begin < k_end || split == 0) {
@@ -344,7 +362,7 @@ __device__ __forceinline__ void decode_mma_body(
             }
             const float4 v = f4_scale(num, den > 0.0f ? 1.0f / den : 0.0f);
             if (num_splits == 1) {
-                store_out4(v, i, ok, out, out0, xq, xds, q0);
+                store_out4(v, i, ok, out, out0, q8, b, r0, n4_row);
             } else if (ok) {
                 const i64 pr = (prow0 + row) * num_splits + split;
                 *reinterpret_cast<float4*>(part_o + pr * D + d) = v;
@@ -394,7 +412,7 @@ __device__ __forceinline__ void decode_mma_body(
             if (wt != 0.0f) num = f4_fma(wt, v, num);
             den += wt;
         }
-        store_out4(f4_scale(num, 1.0f / den), i, ok, out, out0, xq, xds, q0);   // split 0 is never empty
+        store_out4(f4_scale(num, 1.0f / den), i, ok, out, out0, q8, b, r0, n4_row);   // split 0 is never empty
     }
 #else
     __trap();
@@ -408,13 +426,14 @@ __device__ __forceinline__ void decode_mma_body(
         const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ seq_lens,        \
         float* __restrict__ out, i64 out_stride, float* __restrict__ part_o, float* __restrict__ part_lse, \
         int* __restrict__ counters, int num_kv_heads, int group, int block_size, int num_splits,      \
-        float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds
+        float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds, float* __restrict__ xd, \
+        short* __restrict__ xb
 #define DECODE_MMA_ARGS                                                                               \
     q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, out_stride, part_o, part_lse, \
-        counters, num_kv_heads, group, block_size, num_splits, scale_log2, xq, xds
+        counters, num_kv_heads, group, block_size, num_splits, scale_log2, xq, xds, xd, xb
 
 // attn_decode_mma_f16_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_f16_hd<D>:
-// q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xds).
+// q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
 #define DECODE_MMA_KERNEL(D)                                                                          \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_f16_hd##D(DECODE_MMA_PARAMS(__restrict__)) { \
         decode_mma_body<D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */               \

@@ -84,32 +84,6 @@ RMS_NORM_WARP(1024)
 // layout, the K-quant tensor-core linears' input; dim % 256 == 0; one block per row).
 enum { NORM_PLAIN = 0, NORM_Q8 = 1, NORM_F16 = 2, NORM_BF16 = 3, NORM_Q8K = 4 };
 
-// The 256 values of a super-block are 64 consecutive threads' float4s: two warps of the block
-// (blockDim.x a multiple of 64), whose maxima meet in wmax. The whole block calls it.
-// i: the float4's index in the row (one block per row); xq chunk-major (quantize_q8k_x)
-__device__ __forceinline__ void q8k_store4(float4 o, int i, bool ok, float* wmax, signed char* __restrict__ xq,
-                                           float* __restrict__ xd, short* __restrict__ xb, int n4) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-    __syncthreads();                                 // wmax may still be read by a previous call (or block_sum)
-    if (lane == 0) wmax[warp] = amax;
-    __syncthreads();
-    amax = fmaxf(wmax[warp & ~1], wmax[warp | 1]);
-    const float id = q8_inv_scale(amax);
-    const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id);
-    const int q2 = __float2int_rn(o.z * id), q3 = __float2int_rn(o.w * id);
-    int s = q0 + q1 + q2 + q3;
-#pragma unroll
-    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);   // the 8 lanes of one 32
-    if (!ok) return;
-    const i64 g = (i64)blockIdx.x * n4 + i;        // in [rows, dim]
-    ((unsigned*)xq)[((i64)(i >> 3) * gridDim.x + blockIdx.x) * 8 + (i & 7)] = q8_pack4(q0, q1, q2, q3);
-    if ((lane & 7) == 0) xb[g >> 3] = (short)s;
-    if ((threadIdx.x & 63) == 0) xd[g >> 6] = amax / 127.0f;
-}
-
 template <int V, int EXTRA>
 __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, const float* res,
                                                   const float* __restrict__ w, float* __restrict__ out,
@@ -149,7 +123,7 @@ __device__ __forceinline__ void rms_norm_vec_body(const float* __restrict__ x, c
                                      h[e].w * r * wv[e].w);
         if (i < n4) ((float4*)out)[base + i] = o;
         if constexpr (EXTRA == NORM_Q8) q8_store4(q8_round4(o), base + i, i < n4, xq, xds);
-        if constexpr (EXTRA == NORM_Q8K) q8k_store4(o, i, i < n4, scratch, xq, xd, xb, n4);
+        if constexpr (EXTRA == NORM_Q8K) q8k_store4(o, i, i < n4, scratch, xq, xd, xb, blockIdx.x, gridDim.x, n4);
         if constexpr (EXTRA == NORM_F16 || EXTRA == NORM_BF16) {
             if (i < n4) {
                 const float f[4] = {o.x, o.y, o.z, o.w};

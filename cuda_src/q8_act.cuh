@@ -45,3 +45,33 @@ __device__ __forceinline__ void q8_store4(const Q8x4& r, long long i, bool ok, s
     if ((threadIdx.x & 7) == 0)
         xds[i >> 3] = make_float4(r.d, r.d * (float)(s16 + s16_other), r.d * (float)s16, r.d * (float)s16_other);
 }
+
+// Per 256 values (quantize_q8k_x's layout, the K-quant tensor-core linears' input): the 256 values
+// of a super-block are 64 consecutive threads' float4s, two warps of the block (blockDim.x a
+// multiple of 64, i % 64 == threadIdx.x % 64), whose maxima meet in wmax (a float per warp). The
+// whole block calls it. i: the float4's index in row `row` of the [rows, 4 * n4] activations
+// (n4 % 64 == 0); xq chunk-major [n4 / 8, rows, 32], xd [rows, n4 / 64], xb [rows, n4 / 8] (the
+// integer sum of each 32).
+__device__ __forceinline__ void q8k_store4(float4 o, int i, bool ok, float* wmax, signed char* __restrict__ xq,
+                                           float* __restrict__ xd, short* __restrict__ xb, long long row,
+                                           long long rows, long long n4) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    __syncthreads();                                 // wmax may still be read by a previous call (or block_sum)
+    if (lane == 0) wmax[warp] = amax;
+    __syncthreads();
+    amax = fmaxf(wmax[warp & ~1], wmax[warp | 1]);
+    const float id = q8_inv_scale(amax);
+    const int q0 = __float2int_rn(o.x * id), q1 = __float2int_rn(o.y * id);
+    const int q2 = __float2int_rn(o.z * id), q3 = __float2int_rn(o.w * id);
+    int s = q0 + q1 + q2 + q3;
+#pragma unroll
+    for (int m = 1; m < 8; m <<= 1) s += __shfl_xor_sync(0xffffffffu, s, m);   // the 8 lanes of one 32
+    if (!ok) return;
+    const long long g = row * n4 + i;              // in [rows, 4 * n4] / 4
+    ((unsigned*)xq)[((long long)(i >> 3) * rows + row) * 8 + (i & 7)] = q8_pack4(q0, q1, q2, q3);
+    if ((i & 7) == 0) xb[g >> 3] = (short)s;
+    if ((i & 63) == 0) xd[g >> 6] = amax / 127.0f;
+}

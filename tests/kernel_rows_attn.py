@@ -10,7 +10,7 @@ import numpy as np
 from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.backend.ops_ref import NumpyOps
 
-from .kernel_table import KernelRow, q8_blocks_dequantized
+from .kernel_table import KernelRow, q8_blocks_dequantized, q8k_blocks_dequantized
 
 REF = NumpyOps()
 F32, F16 = np.float32, np.float16
@@ -55,15 +55,29 @@ def stored_caches(i):
     return kc, vc
 
 
-def own_q8_blocks(out, xq, xds):
-    """The int8 blocks a decode kernel wrote of its output, dequantized, after checking that they
-    are exactly quantize_x of that output."""
+def own_q8_blocks(out, blocks, per256: bool = False):
+    """The int8 blocks a decode kernel wrote of its output ((xq, xds) per 32, (xq, xd, xb) per 256),
+    dequantized, after checking that they are exactly quantize_x (quantize_x_q8k) of that output."""
+    from pocketcupy.backend.kquant_mma_cuda import quantize_x_q8k
     from pocketcupy.backend.linear_cuda import quantize_x
 
-    xq2, xds2 = quantize_x(out.reshape(len(out), -1))
-    _cp().testing.assert_array_equal(xq, xq2)
-    _cp().testing.assert_array_equal(xds, xds2)
-    return q8_blocks_dequantized(xq, xds)
+    x = out.reshape(len(out), -1)
+    for got, want in zip(blocks, quantize_x_q8k(x) if per256 else quantize_x(x)):
+        _cp().testing.assert_array_equal(got, want)
+    return q8k_blocks_dequantized(*blocks) if per256 else q8_blocks_dequantized(*blocks)
+
+
+def q8_reference(out, per256: bool):
+    """The reference output's int8 round trip, per 32 or per 256 values."""
+    from pocketcupy.quant.act_q8 import q8_roundtrip, q8k_roundtrip
+
+    return (q8k_roundtrip if per256 else q8_roundtrip)(out.reshape(len(out), -1))
+
+
+def decode_q8(*args, q8: str, **kw):
+    """attn_decode with its int8 output blocks (q8 "q8": per 32, "q8k": per 256) -> (out, blocks)."""
+    got = _attn().attn_decode(*args, q8_out=q8 == "q8", q8k_out=q8 == "q8k", **kw)
+    return (got[0], got[1:]) if q8 == "q8" else got
 
 
 def _cp():
@@ -162,33 +176,37 @@ for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
             lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
             reference, cuda, tol if group <= 16 else 3e-3))
 
-# The mma decode kernel writing its output's int8 blocks too (the output projection's input): one
-# split, splits merged by the last block, and rows of the last 8-lane group past the block's values
-# (group 1 at head dim 64). The blocks must be exactly quantize_x of the kernel's own output.
-DECODE_Q8 = [  # id, context lengths, hkv, group, head_dim, num_splits
-    ("b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 1),
-    ("b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, None),
-    ("b2-splits5-hkv3-g1-d64", [900, 130], 3, 1, 64, 5),
-    ("b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 16),
+# The mma decode kernel writing its output's int8 blocks too (the output projection's input), per 32
+# ("q8") or per 256 values ("q8k"): one split, splits merged by the last block, rows of the last
+# 8-lane group past the block's values (group 1 at head dim 64), a block of one super-block (half
+# its threads without values) and of four (two rounds of the block's threads). The blocks must be
+# exactly quantize_x (quantize_x_q8k) of the kernel's own output.
+DECODE_Q8 = [  # id, context lengths, hkv, group, head_dim, num_splits, q8
+    ("b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 1, "q8"),
+    ("b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, None, "q8"),
+    ("b2-splits5-hkv3-g1-d64", [900, 130], 3, 1, 64, 5, "q8"),
+    ("b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 16, "q8"),
+    ("b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 1, "q8k"),
+    ("b4-splitsauto-hkv8-g4-d128", [1, 700, 3000, 512], 8, 4, 128, None, "q8k"),
+    ("b3-splits3-hkv4-g2-d128", [90, 1000, 2], 4, 2, 128, 3, "q8k"),
+    ("b3-splits1-hkv2-g4-d64", [5, 640, 17], 2, 4, 64, 1, "q8k"),
+    ("b2-splits4-hkv1-g8-d128", [333, 1200], 1, 8, 128, 4, "q8k"),
 ]
-for name, ctxs, hkv, group, d, splits in DECODE_Q8:
-    def ref_q8(i):
-        from pocketcupy.quant.act_q8 import q8_roundtrip
-
+for name, ctxs, hkv, group, d, splits, q8 in DECODE_Q8:
+    def ref_q8(i, q8=q8):
         out = reference(i)
-        return out, q8_roundtrip(out.reshape(len(out), -1))
+        return out, q8_reference(out, q8 == "q8k")
 
-    def cuda_q8(i, poison, splits=splits):
+    def cuda_q8(i, poison, splits=splits, q8=q8):
         kc, vc = stored_caches(i)
         cp = _cp()
         args = (cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"])
         for _ in range(2):     # twice: the split counters are back at zero after a launch
-            out, xq, xds = _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits,
-                                               variant="mma", q8_out=True)
-        return out, own_q8_blocks(out, xq, xds)
+            out, blocks = decode_q8(*args, q8=q8, out=poison(i["q"].shape, F32), num_splits=splits, variant="mma")
+        return out, own_q8_blocks(out, blocks, q8 == "q8k")
 
     ROWS.append(KernelRow(
-        "attn_decode", f"mma-q8out-{name}",
+        "attn_decode", f"mma-{q8}out-{name}",
         lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
         ref_q8, cuda_q8, 3e-3))
 
@@ -197,11 +215,12 @@ for name, ctxs, hkv, group, d, splits in DECODE_Q8:
 # stored slots against rope_store_kv + paged attention; with int8 output blocks (then exactly
 # quantize_x of its own output) and without.
 DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interleaved, num_splits, q8
-    ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1, False),
-    ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, True),
-    ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5, True),
-    ("interleaved-b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 64, True, 16, False),
-    ("halves-b1-ctx1-hkv1-g9-d64", [1], 1, 9, 64, 32, False, None, True),
+    ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1, ""),
+    ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, "q8"),
+    ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5, "q8"),
+    ("interleaved-b1-splits16-hkv8-g4-d128", [512], 8, 4, 128, 64, True, 16, ""),
+    ("halves-b1-ctx1-hkv1-g9-d64", [1], 1, 9, 64, 32, False, None, "q8"),
+    ("halves-b4-splitsauto-hkv8-g4-d128-q8k", [512, 513, 700, 1], 8, 4, 128, 64, False, None, "q8k"),
 ]
 for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
     def make_rope(rng, ctxs=ctxs, hkv=hkv, group=group, d=d, rot=rot):
@@ -213,13 +232,11 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
         return i
 
     def ref_rope(i, interleaved=interleaved, q8=q8):
-        from pocketcupy.quant.act_q8 import q8_roundtrip
-
         kc, vc, slots = i["kc"].copy(), i["vc"].copy(), i["meta"].slot_mapping
         q = REF.rope_store_kv(i["q"], i["k"], i["v"], i["pos"], i["inv"], interleaved, kc, vc, slots)
         out = REF.paged_attention(q, kc.astype(F32), vc.astype(F32), i["meta"], i["scale"])
         stored = [c.reshape(-1, *c.shape[2:])[slots].astype(F32) for c in (kc, vc)]
-        return (out, *stored) + ((q8_roundtrip(out.reshape(len(out), -1)),) if q8 else ())
+        return (out, *stored) + ((q8_reference(out, q8 == "q8k"),) if q8 else ())
 
     def cuda_rope(i, poison, hkv=hkv, d=d, interleaved=interleaved, splits=splits, q8=q8):
         cp, at = _cp(), _attn()
@@ -234,11 +251,11 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
         for _ in range(2):     # twice: the split counters are back at zero after a launch
             for c in (kc, vc):     # the new tokens' slots hold NaN until the kernel stores them
                 c.reshape(-1, *c.shape[2:])[meta.slot_mapping] = np.nan
-            got = at.attn_decode(q, kc, vc, meta, i["scale"], out=poison((n, hq, d), F32), num_splits=splits,
-                                 q8_out=q8, rope=rope)
-        out = got[0] if q8 else got
+            args = (q, kc, vc, meta, i["scale"])
+            kw = dict(out=poison((n, hq, d), F32), num_splits=splits, rope=rope)
+            out, blocks = decode_q8(*args, q8=q8, **kw) if q8 else (at.attn_decode(*args, **kw), None)
         stored = [c.reshape(-1, *c.shape[2:])[meta.slot_mapping].astype(F32) for c in (kc, vc)]
-        return (out, *stored) + ((own_q8_blocks(out, got[1], got[2]),) if q8 else ())
+        return (out, *stored) + ((own_q8_blocks(out, blocks, q8 == "q8k"),) if q8 else ())
 
     ROWS.append(KernelRow("attn_decode", f"mma-rope-{name}", make_rope, ref_rope, cuda_rope, 3e-3))
 
@@ -263,3 +280,57 @@ for name, seqs, hkv, group, d, decode_only in OPS:
                                    i["scale"])
 
     ROWS.append(KernelRow("ops.attention", name, make, reference, cuda, 3e-3))
+
+# CudaOps.rope_attention feeding an int8-activation K-quant weight (the output projection): at
+# batch 1 the decode kernel writes its output's int8 blocks of 32 for the GEMV, at batch 4 those of
+# 256 for the K-quant tensor-core kernel. The projection of what it returns must equal, bit for
+# bit, the projection of the bare output (which then quantizes it itself).
+ROPE_FEEDS = [  # id, context lengths, hkv, group, head_dim, per256
+    ("b1-hkv2-g4-d64-q8", [300], 2, 4, 64, False),
+    ("b4-hkv2-g4-d64-q8k", [300, 1, 77, 1000], 2, 4, 64, True),
+]
+for name, ctxs, hkv, group, d, per256 in ROPE_FEEDS:
+    def make_feeds(rng, ctxs=ctxs, hkv=hkv, group=group, d=d):
+        from .gguf_blocks import random_blocks
+        from .kernel_rows_core import _inv_freq
+
+        i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
+        i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
+        i["inv"] = _inv_freq(d)
+        i["w"] = random_blocks(rng, "Q4_K", 48, hkv * group * d)
+        return i
+
+    def ref_feeds(i, per256=per256):
+        from pocketcupy.quant.qtensor import QTensor
+
+        kc, vc = i["kc"].copy(), i["vc"].copy()
+        x = REF.rope_attention(i["q"], i["k"], i["v"], i["pos"], i["inv"], False, kc, vc, i["meta"], i["scale"])
+        x = x.reshape(len(x), -1)
+        w = QTensor("Q4_K", (48, x.shape[1]), i["w"]).dequantize().astype(np.float64)
+        return x, q8_reference(x, per256).astype(np.float64) @ w.T
+
+    def cuda_feeds(i, poison, per256=per256):
+        from pocketcupy.backend import linear_cuda
+        from pocketcupy.backend.kquant_mma_cuda import gguf_mma_tiles, quantize_x_q8k
+        from pocketcupy.backend.ops_cuda import CudaOps
+        from pocketcupy.backend.weight_cuda import Q8Rows, prepare_weight
+        from pocketcupy.quant.qtensor import QTensor
+
+        cp = _cp()
+        n, hq, _ = i["q"].shape
+        w = prepare_weight(QTensor("Q4_K", (48, hq * d), i["w"]), "q8")
+        assert bool(gguf_mma_tiles(w, n)) == per256
+        got = CudaOps().rope_attention(cp.asarray(i["q"]), cp.asarray(i["k"]), cp.asarray(i["v"]), cp.asarray(i["pos"]),
+                                       cp.asarray(i["inv"]), False, cp.asarray(i["kc"]), cp.asarray(i["vc"]), i["meta"],
+                                       i["scale"], feeds=[w])
+        assert isinstance(got, Q8Rows) and (got.xk is not None) == per256
+        y = linear_cuda.linear(got, w)
+        x = got.x.copy()   # the same linear over a standalone quantizer's blocks of the same output
+        xk = quantize_x_q8k(x) if per256 else None
+        cp.testing.assert_array_equal(y, linear_cuda.linear(Q8Rows(x, *linear_cuda.quantize_x(x), xk), w))
+        return got.x, y
+
+    # 1e-2: the projections of two slightly different outputs' int8 blocks differ by rounding flips (H200,
+    # batch 1: 4.1e-3); the blocks' exactness is cuda_feeds' bit-equality check, the attention's accuracy
+    # the RoPE rows' 3e-3
+    ROWS.append(KernelRow("ops.rope_attention", f"feeds-{name}", make_feeds, ref_feeds, cuda_feeds, 1e-2))

@@ -160,8 +160,9 @@ class CudaOps:
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None):
         """Causal attention over the paged cache (the new tokens already stored). Decode kernel
         when every sequence has one row. feeds: the weights that read the output; then it comes
-        as [N, Hq * D] rows, with their int8 blocks (Q8Rows, written by the decode kernel
-        itself) when every weight in feeds takes int8 activations."""
+        as [N, Hq * D] rows, with their int8 blocks (Q8Rows, written by the decode kernel itself:
+        per 32, or per 256 when they all run on the K-quant tensor-core kernel at this batch) when
+        every weight in feeds takes int8 activations."""
         meta = attn_cuda.device_meta(meta)
         n, hq, d = q.shape
         if not _decode_batch(q, meta):
@@ -173,9 +174,13 @@ class CudaOps:
         """The decode kernel's output as paged_attention returns it; None where `rope` is given
         and the launch cannot also write the int8 blocks the feeds want."""
         n, hq, d = q.shape
-        if feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and all(
-                isinstance(f, CudaWeight) and f.act_q8 and f.cols == hq * d
-                and not gguf_mma_tiles(f, n) for f in feeds):   # those quantize per 256
+        int8_feeds = feeds and all(isinstance(f, CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds)
+        if int8_feeds and all(gguf_mma_tiles(f, n) for f in feeds):   # int8 per 256 values
+            q8k = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope, q8k_out=True)
+            if q8k is not None:
+                return Q8Rows(q8k[0].reshape(n, hq * d), None, None, q8k[1])
+        elif int8_feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and not any(
+                gguf_mma_tiles(f, n) for f in feeds):                 # int8 per 32
             q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True, rope=rope)
             if q8 is not None:
                 out, xq, xds = q8
