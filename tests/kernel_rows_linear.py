@@ -495,10 +495,12 @@ def _linears_rows():
                               _ref_linears, _cuda_linears, tol))
     # gemv_kquant_mma3 launched with RW groups of 16 rows a block (segments of 40 / 9 / 9 rows: a
     # block past a segment's last row, groups wholly past it), with ACC, on whole tiles (n = 8 nt),
-    # and with two 16-row tiles a warp (MT 2)
+    # with two 16-row tiles a warp (MT 2), and at 1-2 tiles with one super-block in flight (U 1: q, k, v joined)
     for n, groups in ((4, (1, 4, 2, 0, 2)), (29, (4, 8, 1, 0, 4)), (57, (8, 4, 1, 3, 1)), (50, (8, 4, 1, 3, 1, 1)),
-                      (64, (8, 4, 1, 3, 1)), (64, (8, 4, 1, 3, 1, 1)), (4, (1, 4, 1, 0, 1, 0, 2))):
-        tag = f"-rw{groups[4]}" + ("-acc" if groups[5:6] == (1,) else "") + ("-mt2" if groups[6:] == (2,) else "")
+                      (64, (8, 4, 1, 3, 1)), (64, (8, 4, 1, 3, 1, 1)), (4, (1, 4, 1, 0, 1, 0, 2)), (5, (1, 4, 1)),
+                      (12, (2, 4, 1))):
+        tag = (f"-rw{groups[4]}" if len(groups) > 4 else "-u1") + ("-acc" if groups[5:6] == (1,) else "") \
+            + ("-mt2" if groups[6:] == (2,) else "")
         rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-mma3{tag}-4096-n{n}",
                               _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
                               _cuda_kquant_mma3(groups), 2e-5))

@@ -69,7 +69,11 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tup
     on weights with 4 blocks an SM of 32-row groups, one super-block at a time: Q4_K 28672x4096
     batch 4 / 8 23.2 / 24.3 us against 26.2 / 28.8, Q6_K 49152x4096 batch 4 / 8 / 16 60.6 / 61.9 /
     76.3 against 62.7 / 64.9 / 80.1; shorter weights lose their grid (4096x4096 batch 4 7.0-7.7
-    against 6.7, Q6_K 4096x14336 25.1-31.7 against 23.1)."""
+    against 6.7, Q6_K 4096x14336 25.1-31.7 against 23.1).
+    At 1-2 tiles a weight of more than 2 blocks an SM (q, k, v joined: 6144 rows, 384 blocks) keeps
+    one super-block in flight: the Llama-3-8B-shape Q4_K_M decode graph at batch 4 / 8 / 16 took
+    2,552 / 2,764 / 3,453 us against 2,608 / 2,810 / 3,530 (the attention after it gained most at
+    batch 4: 11.3 us against 11.9); o (4096 rows, 256 blocks) at U 1 as well lost (3,480 at batch 16)."""
     if qtype in ("Q4_K", "Q5_K") and nt >= 2 and rows >= max(16384, 4 * cols):
         return (nt, 4, 1, 0, 1, 1)
     sms = num_sms() if rows else 0
@@ -81,11 +85,10 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tup
         return (nt, 8, 1, 0, 2)
     if cols > 4096 and nt <= 2:
         return (nt, 8, 1, 0, 1)
-    minb = 0
-    if nt >= 4 and rows:
-        blocks = -(-rows // 16)
-        minb = 3 if 2 * sms < blocks <= 3 * sms else 0
-    return (nt, 4, 1 if nt >= 8 or minb else 2, minb, 1)
+    blocks = -(-rows // 16)
+    minb = 3 if nt >= 4 and rows and 2 * sms < blocks <= 3 * sms else 0
+    crowded = nt <= 2 and blocks > 2 * sms
+    return (nt, 4, 1 if nt >= 8 or minb or crowded else 2, minb, 1)
 
 
 def kquant_mma_shape(groups: tuple[int, ...]) -> tuple[int, int, int, int, int, int, int]:
