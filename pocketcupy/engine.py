@@ -201,6 +201,9 @@ class Engine:
         if prompt_token_ids is not None and isinstance(prompt, str):
             text = prompt
         max_tokens = self._max_tokens(len(ids), params)
+        if params.logit_bias and max(params.logit_bias) >= self.config.vocab_size:
+            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "
+                             f"(0..{self.config.vocab_size - 1})")
         with self._lock:
             if request_id in self._groups:
                 raise ValueError(f"request_id: {request_id!r} is already in use")

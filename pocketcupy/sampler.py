@@ -5,8 +5,9 @@ generated tokens and prompt tokens alike. The dict holds the top-k tokens in
 descending logprob order (ranks 1..k) followed by the actual token when it is
 not among them; the actual token's ``rank`` is always 1 + the number of tokens
 with a strictly higher logprob. Logprobs come from the model logits after the
-``allowed_mask`` but before penalties/temperature/top-k/top-p/min-p (vLLM v1's
-default "raw" logprobs; vLLM applies the grammar bitmask before the sampler too).
+request's ``logit_bias`` and the ``allowed_mask`` but before penalties/temperature/
+top-k/top-p/min-p (vLLM v1's default "raw" logprobs; vLLM applies the grammar bitmask
+before the sampler too; a biased token's logprob shows the bias, as OpenAI's do).
 """
 
 from __future__ import annotations
@@ -89,6 +90,28 @@ def unpack_mask(words: np.ndarray, V: int) -> np.ndarray:
     if w.shape[0] != (V + 31) // 32:
         raise ValueError(f"packed_mask: expected {(V + 31) // 32} words for {V} tokens, got {w.shape[0]}")
     return np.unpackbits(w.astype("<u4").view(np.uint8), bitorder="little")[:V].astype(bool)
+
+
+def logit_bias_entries(rows: Sequence[SamplingRow], V: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The rows' params.logit_bias as (row indices, token ids, biases) arrays; None where no row has one."""
+    biased = [(i, r.params.logit_bias) for i, r in enumerate(rows) if r.params.logit_bias]
+    if not biased:
+        return None
+    rows_idx = np.concatenate([np.full(len(b), i, np.int64) for i, b in biased])
+    ids = np.concatenate([np.fromiter(b, np.int64, len(b)) for _, b in biased])
+    vals = np.concatenate([np.fromiter(b.values(), np.float32, len(b)) for _, b in biased])
+    if ids.max() >= V:
+        raise ValueError(f"logit_bias: token id {ids.max()} is outside the vocabulary (0..{V - 1})")
+    return rows_idx, ids, vals
+
+
+def apply_logit_bias(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
+    """Each row's params.logit_bias added to its logits (before everything else, so the masks,
+    the penalties and the returned logprobs see the biased logits)."""
+    entries = logit_bias_entries(rows, logits.shape[1])
+    if entries is not None:
+        rows_idx, ids, vals = entries
+        logits[rows_idx, ids] += vals
 
 
 def apply_allowed_mask(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
@@ -217,6 +240,7 @@ class Sampler:
         B = logits.shape[0]
         eos = self.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
 
+        apply_logit_bias(logits, rows)
         apply_allowed_mask(logits, rows)
         lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_lp = log_softmax(logits[lp_rows]) if lp_rows else None

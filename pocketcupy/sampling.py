@@ -11,6 +11,7 @@ from .structured.params import StructuredOutputsParams, as_structured_outputs
 
 GREEDY_EPS = 1e-5  # temperature below this means greedy (argmax)
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value
 
 
 def _is_int(x) -> bool:
@@ -47,6 +48,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | dict | None = None  # json / regex / choice / grammar
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit; normalised, {} -> None
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -111,6 +113,7 @@ class SamplingParams:
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)
         self.structured_outputs = as_structured_outputs(self.structured_outputs)
+        self.logit_bias = _logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -122,6 +125,23 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def clone(self, **overrides) -> "SamplingParams":
-        base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids)}
+        base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
+                "logit_bias": None if self.logit_bias is None else dict(self.logit_bias)}
         base.update(overrides)
         return dataclasses.replace(self, **base)
+
+
+def _logit_bias(bias) -> dict[int, float] | None:
+    """{token id (int >= 0): bias in [-100, 100]} as ints and floats; None or {} -> None."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        _fail("logit_bias", "must be a dict of token id -> bias or None", bias)
+    out = {}
+    for k, v in bias.items():
+        if not _is_int(k) or k < 0:
+            _fail("logit_bias", "token ids must be ints >= 0", k)
+        if not _is_real(v) or not -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS:
+            _fail("logit_bias", f"biases must be numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", v)
+        out[int(k)] = float(v)
+    return out or None

@@ -122,6 +122,20 @@ def test_stop_token_ids(engine):
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
 
 
+def test_logit_bias(engine):
+    """-100 on each greedy token in turn steers the text away from it; an id past the vocabulary
+    is a ValueError naming the field, before anything is queued."""
+    base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=6))
+    banned = SamplingParams(temperature=0, max_tokens=6, logit_bias={t: -100 for t in base.token_ids})
+    out = text_of(engine, "Count: 1, 2, 3,", banned)
+    assert not set(out.token_ids) & set(base.token_ids)
+    forced = text_of(engine, "Count: 1, 2, 3,", SamplingParams(max_tokens=3, seed=5, logit_bias={base.token_ids[2]: 100}))
+    assert forced.token_ids == [base.token_ids[2]] * 3
+    with pytest.raises(ValueError, match="^logit_bias: token id 49152 is outside the vocabulary"):
+        engine.generate("hi", SamplingParams(logit_bias={49152: 1.0}))
+    assert not engine.has_unfinished_requests()
+
+
 def test_stop_strings_never_emitted(engine):
     base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
     stop = base.text[5:8]

@@ -261,6 +261,24 @@ def test_prompt_logprobs():
         prompt_logprobs(logits[:2], ids, 2)
 
 
+def test_logit_bias():
+    """Added before everything else: +100 forces a token past a penalty, -100 removes the argmax,
+    the returned logprobs are those of the biased logits; rows without a bias are untouched."""
+    lp = SamplingParams(temperature=0, logprobs=1, logit_bias={6: 100.0}, repetition_penalty=2.0)
+    rows = [SamplingRow(lp, output_ids=[6]), SamplingRow(SamplingParams(temperature=0, logit_bias={0: -100, 1: -1})),
+            SamplingRow(SamplingParams(temperature=0)), SamplingRow(SamplingParams(seed=1, logit_bias={3: 100}))]
+    out = Sampler()(np.tile(LOGITS, (4, 1)), rows)
+    assert out.token_ids.tolist() == [6, 2, 0, 3]
+    biased = LOGITS.copy()
+    biased[6] += 100
+    assert out.logprobs[0][6].logprob == pytest.approx(ref_log_softmax(biased)[6], abs=1e-5)
+    mask = np.ones(len(LOGITS), bool)
+    mask[6] = False   # a forbidden token stays forbidden however it is biased
+    assert Sampler()(LOGITS[None], [SamplingRow(lp, allowed_mask=mask)]).token_ids[0] == 0
+    with pytest.raises(ValueError, match="^logit_bias: token id 8 is outside"):
+        Sampler()(LOGITS[None], [SamplingRow(SamplingParams(logit_bias={8: 1.0}))])
+
+
 def test_logits_shape_checked():
     with pytest.raises(ValueError):
         Sampler()(np.zeros((2, 4), np.float32), [SamplingRow(SamplingParams())])
@@ -269,6 +287,7 @@ def test_logits_shape_checked():
 def test_input_logits_not_modified():
     logits = np.tile(LOGITS, (1, 1))
     before = logits.copy()
-    row = SamplingRow(SamplingParams(repetition_penalty=2.0, top_k=2), output_ids=[0], allowed_mask=LOGITS > 0)
+    row = SamplingRow(SamplingParams(repetition_penalty=2.0, top_k=2, logit_bias={1: 5.0}), output_ids=[0],
+                      allowed_mask=LOGITS > 0)
     Sampler()(logits, [row])
     np.testing.assert_array_equal(logits, before)

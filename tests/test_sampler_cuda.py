@@ -246,6 +246,34 @@ def test_logprobs_equal_numpy(V):
 
 
 @pytest.mark.gpu
+def test_logit_bias_equals_numpy():
+    """Biased rows (with a mask, a penalty, logprobs) next to unbiased ones: greedy tokens and
+    logprobs equal the NumPy sampler's, a +100 bias wins a random row, the input is untouched."""
+    cp = _cp()
+    rng = np.random.default_rng(11)
+    B, V = 5, 49152
+    x = separated(rng, B, V)
+    mask = rng.random(V) < 0.5
+    top = [int(v) for v in x.argmax(1)]
+    params = [SamplingParams(temperature=0, logprobs=3, logit_bias={top[0]: -100.0, 17: 2.5}),
+              SamplingParams(temperature=0, logprobs=2, logit_bias={int(np.flatnonzero(mask)[3]): 100.0},
+                             repetition_penalty=1.5),
+              SamplingParams(temperature=0, logprobs=1), SamplingParams(seed=2, logit_bias={V - 1: 100.0}),
+              SamplingParams(temperature=0, logit_bias={top[4]: -100.0})]
+    rows = [SamplingRow(p, prompt_ids=[1, 2], output_ids=[top[i]], allowed_mask=mask if i == 1 else None)
+            for i, p in enumerate(params)]
+    dev = cp.asarray(x)
+    got = sc.CudaSampler()(dev, rows)
+    want = Sampler()(x, rows)
+    assert bool((dev == cp.asarray(x)).all())
+    assert got.token_ids[3] == V - 1
+    for i in (0, 1, 2, 4):
+        assert got.token_ids[i] == want.token_ids[i]
+        if params[i].logprobs is not None:
+            check_dicts(got.logprobs[i], want.logprobs[i])
+
+
+@pytest.mark.gpu
 def test_prompt_logprobs_equal_numpy():
     rng = np.random.default_rng(3)
     T, V, k = 9, 5000, 4

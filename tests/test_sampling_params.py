@@ -63,6 +63,13 @@ BAD = [
     ("prompt_logprobs", -1),
     ("prompt_logprobs", 21),
     ("prompt_logprobs", "5"),
+    ("logit_bias", [1, 2]),
+    ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {True: 1.0}),
+    ("logit_bias", {5: 100.5}),
+    ("logit_bias", {5: math.nan}),
+    ("logit_bias", {5: "1"}),
 ]
 
 
@@ -128,3 +135,12 @@ def test_clone():
     assert p.stop == ["x"]
     with pytest.raises(ValueError, match="^top_p:"):
         p.clone(top_p=2.0)
+
+
+def test_logit_bias_normalised():
+    p = SamplingParams(logit_bias={np.int64(7): 3, 2: -100})
+    assert p.logit_bias == {7: 3.0, 2: -100.0} and all(type(k) is int and type(v) is float for k, v in p.logit_bias.items())
+    assert SamplingParams(logit_bias={}).logit_bias is None
+    q = p.clone()
+    q.logit_bias[1] = 1.0
+    assert 1 not in p.logit_bias

@@ -106,6 +106,19 @@ def test_logprobs_chat(client):
         [e.token for e in content]
 
 
+def test_logit_bias(client):
+    """+100 on one token makes it every output token (its logprob ~0), on both endpoints; the
+    biases' effects on the sampler are tests/test_sampler.py's."""
+    r = chat(client, max_tokens=4, logprobs=True, logit_bias={"330": 100}, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4 and len({e.token for e in content}) == 1 and all(e.logprob > -1e-3 for e in content)
+    c = client.completions.create(model=MODEL, prompt="One, two, three,", max_tokens=3, temperature=0.7, seed=1,
+                                  logit_bias={"330": 100})
+    assert c.choices[0].text == content[0].token * 3
+    plain = chat(client, max_tokens=4)
+    assert plain.choices[0].message.content != content[0].token * 4
+
+
 def test_stop_strings(client):
     base = chat(client, max_tokens=12).choices[0].message.content
     word = base.split()[2]

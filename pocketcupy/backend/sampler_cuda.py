@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..sampler import Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow
+from ..sampler import Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow, logit_bias_entries
 from .kernels import cuda_op, kernel
 
 SRC = "sampling.cu"
@@ -290,6 +290,11 @@ class CudaSampler:
             empty = SamplerOutput(token_ids=np.empty(0, np.int64), logprobs=[])
             return PendingSample(cp.empty(0, np.int32), lambda: empty)
         batch = PackedBatch(rows, V, eos)
+        entries = logit_bias_entries(rows, V)
+        if entries is not None:   # as the NumPy sampler, before the kernel's masks; a copy: x may be the model's buffer
+            rows_idx, ids, vals = entries
+            x = x.copy()
+            x[cp.asarray(rows_idx), cp.asarray(ids)] += cp.asarray(vals)
         params, toks, masks = batch.upload()
         work = self._scratch("_work", B, V, np.float32)
         cnt = self._scratch("_cnt", batch.n_cnt, V, np.int32)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from ..sampling import MAX_LOGPROBS, SamplingParams
+from ..sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16                      # choices per request
 MAX_STOP = 32                   # stop strings per request
@@ -173,6 +173,22 @@ def parse_token_ids(f: Fields, name: str, vocab_size: int) -> list[int]:
     return list(v)
 
 
+def parse_logit_bias(f: Fields, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's map of token ids (JSON object keys, so strings) to biases in [-100, 100]."""
+    v = f.obj("logit_bias")
+    if not v:
+        return None
+    bias = {}
+    for k, b in v.items():
+        if not (k.isascii() and k.isdigit()) or not int(k) < vocab_size:
+            raise bad("logit_bias", f"'logit_bias' keys must be token ids in [0, {vocab_size - 1}], got {_short(k)}")
+        if not isinstance(b, numbers.Real) or isinstance(b, bool) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"'logit_bias' values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                                    f"{MAX_LOGIT_BIAS:g}], got {_short(b)} for token {k}")
+        bias[int(k)] = float(b)
+    return bias
+
+
 def parse_stream(f: Fields) -> tuple[bool, bool]:
     """(stream, include_usage)."""
     stream = f.bool("stream", False)
@@ -218,9 +234,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     best_of = f.int("best_of", None, 1, MAX_N)
     if best_of is not None and best_of != kw["n"]:
         raise bad("best_of", "'best_of' is only supported equal to 'n'")
-    bias = f.get("logit_bias")
-    if bias is not None and (not isinstance(bias, dict) or bias):
-        raise bad("logit_bias", "'logit_bias' is not supported by this server")
+    kw["logit_bias"] = parse_logit_bias(f, vocab_size)
     f.str("user")
     f.str("service_tier")
     f.bool("store")
