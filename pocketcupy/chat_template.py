@@ -86,10 +86,29 @@ def validate_messages(messages) -> list[dict]:
 
 
 def render_chat(template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                tools: list | None = None, bos_token: str = "", eos_token: str = "", **extra) -> str:
+                tools: list | None = None, bos_token: str = "", eos_token: str = "",
+                continue_final_message: bool = False, **extra) -> str:
+    """The conversation as the template writes it; continue_final_message: cut after the last
+    message's content, so the model continues that message (transformers' and vLLM's option;
+    not with add_generation_prompt)."""
     msgs = validate_messages(messages)
     if tools is not None and not isinstance(tools, list):
         raise ValueError(f"tools: must be a list, got {type(tools).__name__}")
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("continue_final_message: cannot be combined with add_generation_prompt")
+    text = _render(template, msgs, tools, add_generation_prompt, bos_token, eos_token, extra)
+    if not continue_final_message:
+        return text
+    final = msgs[-1].get("content") or ""
+    for content in (final, final.strip()):
+        end = text.rfind(content) if content else -1
+        if end >= 0:
+            return text[:end + len(content)]
+    raise ValueError("continue_final_message: the chat template does not write the last message's content "
+                     "verbatim (or it is empty)")
+
+
+def _render(template, msgs, tools, add_generation_prompt, bos_token, eos_token, extra) -> str:
     try:
         return _compile(template if template is not None else CHATML_TEMPLATE).render(
             messages=msgs, tools=tools, add_generation_prompt=add_generation_prompt,

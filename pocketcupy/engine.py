@@ -443,16 +443,21 @@ class Engine:
         return final
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
-        """One conversation (a list of message dicts) or several (a list of such lists)."""
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of message dicts) or several (a list of such lists).
+        continue_final_message (with add_generation_prompt=False): the model continues the last
+        message (e.g. an assistant reply begun by the caller) instead of starting a new one."""
         convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [self.render_chat(c, tools, add_generation_prompt, chat_template_kwargs) for c in convs]
+        prompts = [self.render_chat(c, tools, add_generation_prompt, chat_template_kwargs, continue_final_message)
+                   for c in convs]
         token_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(token_ids, params)
 
-    def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None) -> str:
+    def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None,
+                    continue_final_message: bool = False) -> str:
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                  tools=tools, **(chat_template_kwargs or {}))
+                                                  tools=tools, continue_final_message=continue_final_message,
+                                                  **(chat_template_kwargs or {}))
 
     def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yields text deltas of one request (n must be 1) as they are produced."""

@@ -108,12 +108,13 @@ class Tokenizer:
 
     # --- chat ---------------------------------------------------------------------------------
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list | None = None, **extra) -> str:
+                            tools: list | None = None, continue_final_message: bool = False, **extra) -> str:
         from .chat_template import render_chat
         bos = self._tokens[self.bos_token_id] if self.bos_token_id is not None else ""
         eos = self._tokens[self.eos_token_id] if self.eos_token_id is not None else ""
         return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                           tools=tools, bos_token=bos, eos_token=eos, **extra)
+                           tools=tools, bos_token=bos, eos_token=eos, continue_final_message=continue_final_message,
+                           **extra)
 
 
 class IncrementalDetokenizer:

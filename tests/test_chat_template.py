@@ -26,6 +26,25 @@ def test_smollm2_template(smol):
     assert smol.decode(ids) == out
 
 
+def test_continue_final_message(smol):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello! I am "}]
+    out = smol.apply_chat_template(msgs, add_generation_prompt=False, continue_final_message=True)
+    assert out == SMOL_SYSTEM + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello! I am "
+    parts = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "text", "text": "Sure"}]}]
+    assert render_chat(None, parts, False, continue_final_message=True).endswith("<|im_start|>assistant\nSure")
+    # a template that strips the content: cut after the stripped text
+    strip = "{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>{% endfor %}"
+    assert render_chat(strip, msgs, False, continue_final_message=True) == "<user>hi</user><assistant>Hello! I am"
+    with pytest.raises(ValueError, match="^continue_final_message: cannot be combined"):
+        smol.apply_chat_template(msgs, continue_final_message=True)
+    for bad_final in ({"role": "assistant", "content": None}, {"role": "assistant", "content": ""}):
+        with pytest.raises(ValueError, match="^continue_final_message: the chat template does not write"):
+            render_chat(None, msgs[:1] + [bad_final], False, continue_final_message=True)
+    hidden = "{% for m in messages %}<{{ m.role }}>{% endfor %}"
+    with pytest.raises(ValueError, match="^continue_final_message"):
+        render_chat(hidden, msgs, False, continue_final_message=True)
+
+
 def test_chatml_fallback():
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]
     assert render_chat(None, msgs, add_generation_prompt=False) == (

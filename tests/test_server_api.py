@@ -5,6 +5,7 @@ import json
 import threading
 import time
 
+import openai
 import pytest
 
 from tests.test_server_harness import MODEL, client, metric, metrics, request, server, sse_events  # noqa: F401
@@ -117,6 +118,22 @@ def test_logit_bias(client):
     assert c.choices[0].text == content[0].token * 3
     plain = chat(client, max_tokens=4)
     assert plain.choices[0].message.content != content[0].token * 4
+
+
+def test_continue_final_message(client):
+    """An assistant reply begun by the caller is continued (vLLM's extension): the same tokens as
+    the completions endpoint on the template's text cut after that reply."""
+    prefix = "The capital of France is"
+    msgs = Q + [{"role": "assistant", "content": prefix}]
+    r = chat(client, messages=msgs, extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    text = system + f"<|im_start|>user\n{Q[0]['content']}<|im_end|>\n<|im_start|>assistant\n{prefix}"
+    c = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0)
+    assert r.choices[0].message.content == c.choices[0].text and "Paris" in c.choices[0].text
+    assert r.usage.prompt_tokens == c.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, messages=msgs, extra_body={"continue_final_message": True})
+    assert e.value.body["param"] == "continue_final_message"
 
 
 def test_stop_strings(client):

@@ -46,14 +46,16 @@ def parse_chat(state, body) -> ChatRequest:
     kw["structured_outputs"] = parse_structured_outputs(f)
     ctk = f.obj("chat_template_kwargs")
     agp = f.bool("add_generation_prompt", True)
+    cont = f.bool("continue_final_message", False)
     f.reject_unknown()
 
     tmsgs, ttools = for_template(msgs, tools if mode != "none" else None,
                                  template_knows_tools(engine.tokenizer.chat_template))
     try:
-        text = engine.render_chat(tmsgs, ttools, agp, ctk)
+        text = engine.render_chat(tmsgs, ttools, agp, ctk, cont)
     except ValueError as e:
-        raise bad("messages", str(e)) from None
+        msg = str(e)
+        raise bad("continue_final_message" if msg.startswith("continue_final_message:") else "messages", msg) from None
     except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
         raise bad("chat_template_kwargs", f"chat template: {e}") from None
     mt = kw["max_tokens"]
