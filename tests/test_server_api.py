@@ -136,6 +136,28 @@ def test_continue_final_message(client):
     assert e.value.body["param"] == "continue_final_message"
 
 
+def test_tokenize_and_detokenize(client, server):
+    """vLLM's /tokenize and /detokenize: a prompt's count is the completions endpoint's prompt_tokens,
+    a conversation's (with tools) the chat endpoint's; detokenize inverts tokenize."""
+    text = "One, two, three,"
+    status, t, _ = request(server, "POST", "/tokenize", {"model": MODEL, "prompt": text, "return_token_strs": True})
+    c = client.completions.create(model=MODEL, prompt=text, max_tokens=1)
+    assert status == 200 and t["count"] == len(t["tokens"]) == c.usage.prompt_tokens and t["max_model_len"] == 8192
+    assert len(t["token_strs"]) == t["count"] and all(isinstance(s, str) and s for s in t["token_strs"])
+    assert request(server, "POST", "/detokenize", {"tokens": t["tokens"]})[1] == {"prompt": text}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    status, m, _ = request(server, "POST", "/tokenize", {"messages": Q, "tools": tools})
+    r = chat(client, max_tokens=1, tools=tools)
+    assert status == 200 and m["count"] == r.usage.prompt_tokens and m["token_strs"] is None
+    for path, body, param in (("/tokenize", {"prompt": "x", "messages": Q}, "prompt"), ("/tokenize", {}, "prompt"),
+                              ("/tokenize", {"prompt": "x", "foo": 1}, "foo"),
+                              ("/tokenize", {"messages": Q, "continue_final_message": True}, "continue_final_message"),
+                              ("/detokenize", {"tokens": [10**9]}, "tokens"), ("/detokenize", {"tokens": "a"}, "tokens")):
+        status, body, _ = request(server, "POST", path, body)
+        assert status == 400 and body["error"]["param"] == param, body
+    assert request(server, "POST", "/detokenize", {"model": "nope", "tokens": [1]})[0] == 404
+
+
 def test_stop_strings(client):
     base = chat(client, max_tokens=12).choices[0].message.content
     word = base.split()[2]

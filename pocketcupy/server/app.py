@@ -10,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from .chat import handle_chat
 from .completions import handle_completion
+from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
 from .sse import SSEStream
@@ -115,6 +116,16 @@ def create_app(state) -> Flask:
     @app.post("/v1/completions")
     def completions():
         return _generate(handle_completion)
+
+    @app.post("/tokenize")
+    def tokenize():
+        _ready()
+        return _json(handle_tokenize(state, _body(state.config.max_request_bytes)))
+
+    @app.post("/detokenize")
+    def detokenize():
+        _ready()
+        return _json(handle_detokenize(state, _body(state.config.max_request_bytes)))
 
     def _model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": state.started, "owned_by": "pocketcupy",

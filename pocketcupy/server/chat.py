@@ -29,6 +29,26 @@ class ChatRequest:
     max_tokens: tuple | None
 
 
+def parse_template_fields(f: Fields) -> dict:
+    """The chat-template options of a request (chat completions, /tokenize)."""
+    return {"chat_template_kwargs": f.obj("chat_template_kwargs"),
+            "add_generation_prompt": f.bool("add_generation_prompt", True),
+            "continue_final_message": f.bool("continue_final_message", False)}
+
+
+def render_messages(engine, msgs: list, tools: list | None, template: dict) -> str:
+    """The prompt text of parsed messages and tools (None: none offered) through the model's template."""
+    tmsgs, ttools = for_template(msgs, tools, template_knows_tools(engine.tokenizer.chat_template))
+    try:
+        return engine.render_chat(tmsgs, ttools, template["add_generation_prompt"], template["chat_template_kwargs"],
+                                  template["continue_final_message"])
+    except ValueError as e:
+        msg = str(e)
+        raise bad("continue_final_message" if msg.startswith("continue_final_message:") else "messages", msg) from None
+    except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
+        raise bad("chat_template_kwargs", f"chat template: {e}") from None
+
+
 def parse_chat(state, body) -> ChatRequest:
     engine = state.engine
     f = Fields(body)
@@ -44,20 +64,9 @@ def parse_chat(state, body) -> ChatRequest:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
     stream, include_usage = parse_stream(f)
     kw["structured_outputs"] = parse_structured_outputs(f)
-    ctk = f.obj("chat_template_kwargs")
-    agp = f.bool("add_generation_prompt", True)
-    cont = f.bool("continue_final_message", False)
+    template = parse_template_fields(f)
     f.reject_unknown()
-
-    tmsgs, ttools = for_template(msgs, tools if mode != "none" else None,
-                                 template_knows_tools(engine.tokenizer.chat_template))
-    try:
-        text = engine.render_chat(tmsgs, ttools, agp, ctk, cont)
-    except ValueError as e:
-        msg = str(e)
-        raise bad("continue_final_message" if msg.startswith("continue_final_message:") else "messages", msg) from None
-    except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
-        raise bad("chat_template_kwargs", f"chat template: {e}") from None
+    text = render_messages(engine, msgs, tools if mode != "none" else None, template)
     mt = kw["max_tokens"]
     if kw["structured_outputs"] is not None and mode not in ("none", "auto"):
         raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
