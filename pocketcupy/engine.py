@@ -201,9 +201,13 @@ class Engine:
         if prompt_token_ids is not None and isinstance(prompt, str):
             text = prompt
         max_tokens = self._max_tokens(len(ids), params)
-        if params.logit_bias and max(params.logit_bias) >= self.config.vocab_size:
-            raise ValueError(f"logit_bias: token id {max(params.logit_bias)} is outside the vocabulary "
-                             f"(0..{self.config.vocab_size - 1})")
+        for name, tokens in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
+            if tokens and max(tokens) >= self.config.vocab_size:
+                raise ValueError(f"{name}: token id {max(tokens)} is outside the vocabulary "
+                                 f"(0..{self.config.vocab_size - 1})")
+        if params.allowed_token_ids and params.structured_outputs is not None:
+            raise ValueError("allowed_token_ids: cannot be combined with structured outputs (their masks could "
+                             "leave no token)")
         with self._lock:
             if request_id in self._groups:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
@@ -239,7 +243,11 @@ class Engine:
             gen = make_generator(p.seed + index)
         else:
             gen = make_generator(int(self._rng.integers(2**63)))
-        row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen)
+        allowed = None
+        if p.allowed_token_ids:
+            allowed = np.zeros(self.config.vocab_size, dtype=bool)
+            allowed[p.allowed_token_ids] = True
+        row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen, allowed_mask=allowed)
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)

@@ -49,6 +49,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | dict | None = None  # json / regex / choice / grammar
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit; normalised, {} -> None
+    allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's); non-empty
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -114,6 +115,14 @@ class SamplingParams:
                 _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)
         self.structured_outputs = as_structured_outputs(self.structured_outputs)
         self.logit_bias = _logit_bias(self.logit_bias)
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, (list, tuple)) or not allowed:
+                _fail("allowed_token_ids", "must be a non-empty list of int or None", allowed)
+            for i in allowed:
+                if not _is_int(i) or i < 0:
+                    _fail("allowed_token_ids", "token ids must be ints >= 0", i)
+            self.allowed_token_ids = [int(i) for i in allowed]
 
     @property
     def greedy(self) -> bool:
@@ -126,7 +135,8 @@ class SamplingParams:
 
     def clone(self, **overrides) -> "SamplingParams":
         base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
-                "logit_bias": None if self.logit_bias is None else dict(self.logit_bias)}
+                "logit_bias": None if self.logit_bias is None else dict(self.logit_bias),
+                "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids)}
         base.update(overrides)
         return dataclasses.replace(self, **base)
 

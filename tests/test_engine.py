@@ -136,6 +136,21 @@ def test_logit_bias(engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_allowed_token_ids(engine):
+    """Only the listed tokens are sampled, greedy and random; ids past the vocabulary and the
+    combination with structured outputs are ValueErrors naming the field."""
+    ids = engine.tokenizer.encode(" yes no maybe", add_special_tokens=False)
+    for params in (SamplingParams(temperature=0, max_tokens=8, allowed_token_ids=ids, ignore_eos=True),
+                   SamplingParams(temperature=1.5, seed=3, n=3, max_tokens=8, allowed_token_ids=ids, ignore_eos=True)):
+        for o in engine.generate("The answer is", params)[0].outputs:
+            assert len(o.token_ids) == 8 and set(o.token_ids) <= set(ids)
+    with pytest.raises(ValueError, match="^allowed_token_ids: token id 49152 is outside"):
+        engine.generate("hi", SamplingParams(allowed_token_ids=[1, 49152]))
+    with pytest.raises(ValueError, match="^allowed_token_ids: cannot be combined"):
+        engine.generate("hi", SamplingParams(allowed_token_ids=ids, structured_outputs={"choice": ["a", "b"]}))
+    assert not engine.has_unfinished_requests()
+
+
 def test_stop_strings_never_emitted(engine):
     base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
     stop = base.text[5:8]

@@ -70,6 +70,10 @@ BAD = [
     ("logit_bias", {5: 100.5}),
     ("logit_bias", {5: math.nan}),
     ("logit_bias", {5: "1"}),
+    ("allowed_token_ids", []),
+    ("allowed_token_ids", [-1]),
+    ("allowed_token_ids", 5),
+    ("allowed_token_ids", [1.5]),
 ]
 
 

@@ -136,6 +136,16 @@ def test_continue_final_message(client):
     assert e.value.body["param"] == "continue_final_message"
 
 
+def test_allowed_token_ids(client, server):
+    """vLLM's allowed_token_ids through the openai client: the text is made of the allowed tokens only."""
+    ids = request(server, "POST", "/tokenize", {"prompt": " yes no", "add_special_tokens": False})[1]["tokens"]
+    r = chat(client, max_tokens=6, extra_body={"allowed_token_ids": ids, "ignore_eos": True})
+    c = client.completions.create(model=MODEL, prompt="Answer:", max_tokens=6, temperature=0.9, seed=2,
+                                  extra_body={"allowed_token_ids": ids, "ignore_eos": True})
+    for text in (r.choices[0].message.content, c.choices[0].text):
+        assert text and text.replace(" yes", "").replace(" no", "") == "", text
+
+
 def test_tokenize_and_detokenize(client, server):
     """vLLM's /tokenize and /detokenize: a prompt's count is the completions endpoint's prompt_tokens,
     a conversation's (with tools) the chat endpoint's; detokenize inverts tokenize."""

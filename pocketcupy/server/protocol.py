@@ -235,6 +235,9 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     if best_of is not None and best_of != kw["n"]:
         raise bad("best_of", "'best_of' is only supported equal to 'n'")
     kw["logit_bias"] = parse_logit_bias(f, vocab_size)
+    if f.get("allowed_token_ids") == []:
+        raise bad("allowed_token_ids", "'allowed_token_ids' must not be empty")
+    kw["allowed_token_ids"] = parse_token_ids(f, "allowed_token_ids", vocab_size) or None
     f.str("user")
     f.str("service_tier")
     f.bool("store")
