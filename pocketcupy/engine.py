@@ -10,6 +10,7 @@ from typing import Iterator
 import numpy as np
 
 from .args import EngineArgs
+from .bad_words import bad_words_token_ids, banned_tokens
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from .sampling import SamplingParams
@@ -38,8 +39,9 @@ class LaunchedStep:
     def overlappable(self) -> bool:
         """Whether the next step may be scheduled and launched before this one's tokens reach the
         host: not when sampling the next token needs this one on the host (penalties over the
-        output so far, a structured-output matcher)."""
-        return all(s.matcher is None and not s.group.params.has_penalties for s in self.seqs)
+        output so far, a structured-output matcher, bad words of several tokens)."""
+        return all(s.matcher is None and not s.group.params.has_penalties and all(len(w) == 1 for w in s.bad_words)
+                   for s in self.seqs)
 
 
 class Engine:
@@ -252,7 +254,8 @@ class Engine:
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
-        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
+        bad = bad_words_token_ids(self.tokenizer, p.bad_words) if p.bad_words else ()
+        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher, bad_words=bad)
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -324,6 +327,9 @@ class Engine:
         run_out = self.runner.execute(sched_out) if prev is None else self.runner.execute(sched_out, prev.feed())
         seqs = [self._seqs[i] for i in run_out.sample_ids]
         self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
+        for s in seqs:
+            if s.bad_words:
+                s.row.banned_ids = banned_tokens(s.bad_words, s.req.output_token_ids)
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
             self._collect_prompt_logits(self._seqs[seq_id], chunk)

@@ -23,6 +23,7 @@ class SequenceState:
     output: CompletionOutput
     prompt_chunks: list = field(default_factory=list)
     matcher: object | None = None  # structured.SequenceMatcher when the output is constrained
+    bad_words: tuple = ()  # bad_words.bad_words_token_ids of the request's bad_words
 
 
 @dataclass

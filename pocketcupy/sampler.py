@@ -45,6 +45,7 @@ class SamplingRow:
     generator: np.random.Generator | None = None  # None: make_generator(params.seed)
     allowed_mask: np.ndarray | None = None  # bool [V]; False -> token forbidden
     packed_mask: np.ndarray | None = None  # uint32 [ceil(V/32)]: bit j of word w allows token 32w+j
+    banned_ids: Sequence[int] = ()  # forbidden this step (bad words), like min_tokens' stop tokens
 
     def __post_init__(self) -> None:
         if self.generator is None:
@@ -127,17 +128,23 @@ def apply_allowed_mask(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
         logits[i, ~mask] = -np.inf
 
 
-def apply_min_tokens(logits: np.ndarray, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int]) -> None:
-    """Forbid stop tokens (and eos, unless ignore_eos) while len(output) < min_tokens."""
+def suppressed_tokens(row: SamplingRow, eos_token_ids: Sequence[int], V: int) -> list[int]:
+    """The tokens a row forbids this step after the logprobs are taken: its banned_ids, and its stop
+    tokens (and eos, unless ignore_eos) while len(output) < min_tokens."""
+    p = row.params
+    ids = list(row.banned_ids)
+    if len(row.output_ids) < p.min_tokens:
+        ids += list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+    return [t for t in ids if 0 <= t < V]
+
+
+def apply_suppressed(logits: np.ndarray, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int]) -> None:
+    """suppressed_tokens of each row set to -inf."""
     eos = list(eos_token_ids)
-    V = logits.shape[1]
     for i, r in enumerate(rows):
-        p = r.params
-        if len(r.output_ids) < p.min_tokens:
-            ids = list(p.stop_token_ids) + ([] if p.ignore_eos else eos)
-            ids = [t for t in ids if 0 <= t < V]
-            if ids:
-                logits[i, ids] = -np.inf
+        ids = suppressed_tokens(r, eos, logits.shape[1])
+        if ids:
+            logits[i, ids] = -np.inf
 
 
 def apply_penalties(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
@@ -244,7 +251,7 @@ class Sampler:
         apply_allowed_mask(logits, rows)
         lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_lp = log_softmax(logits[lp_rows]) if lp_rows else None
-        apply_min_tokens(logits, rows, eos)
+        apply_suppressed(logits, rows, eos)
         apply_penalties(logits, rows)
 
         token_ids = np.empty(B, dtype=np.int64)

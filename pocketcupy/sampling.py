@@ -50,6 +50,7 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | dict | None = None  # json / regex / choice / grammar
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit; normalised, {} -> None
     allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's); non-empty
+    bad_words: list[str] | None = None  # words the output must not contain (vLLM's); normalised to a list
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -123,6 +124,10 @@ class SamplingParams:
                 if not _is_int(i) or i < 0:
                     _fail("allowed_token_ids", "token ids must be ints >= 0", i)
             self.allowed_token_ids = [int(i) for i in allowed]
+        words = [] if self.bad_words is None else self.bad_words
+        if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
+            _fail("bad_words", "must be a list of non-blank strings or None", self.bad_words)
+        self.bad_words = list(words)
 
     @property
     def greedy(self) -> bool:
@@ -136,7 +141,8 @@ class SamplingParams:
     def clone(self, **overrides) -> "SamplingParams":
         base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
                 "logit_bias": None if self.logit_bias is None else dict(self.logit_bias),
-                "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids)}
+                "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
+                "bad_words": list(self.bad_words)}
         base.update(overrides)
         return dataclasses.replace(self, **base)
 

@@ -151,6 +151,21 @@ def test_allowed_token_ids(engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_bad_words(engine):
+    """A word of the greedy text, banned: none of its token sequences (as written, after a space)
+    appears in the new output; a one-token word is never sampled."""
+    from pocketcupy.bad_words import bad_words_token_ids
+
+    prompt, p = "The capital of France is", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    base = text_of(engine, prompt, p)
+    word = max(base.text.split(), key=len)
+    out = text_of(engine, prompt, p.clone(bad_words=[word, "the"]))
+    assert out.token_ids != base.token_ids
+    for seq in bad_words_token_ids(engine.tokenizer, [word, "the"]):
+        ids = out.token_ids
+        assert not any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids) - len(seq) + 1)), (seq, out.text)
+
+
 def test_stop_strings_never_emitted(engine):
     base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
     stop = base.text[5:8]

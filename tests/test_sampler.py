@@ -279,6 +279,17 @@ def test_logit_bias():
         Sampler()(LOGITS[None], [SamplingRow(SamplingParams(logit_bias={8: 1.0}))])
 
 
+def test_banned_ids():
+    """Forbidden like min_tokens' stop tokens: never sampled, yet the raw logprobs keep them."""
+    rows = [SamplingRow(SamplingParams(temperature=0, logprobs=1), banned_ids=[0, 99]),
+            SamplingRow(SamplingParams(seed=2, top_k=2), banned_ids=[0])]
+    out = Sampler()(np.tile(LOGITS, (2, 1)), rows)
+    assert out.token_ids[0] == 1 and out.token_ids[1] in (1, 2)
+    assert 0 in out.logprobs[0] and out.logprobs[0][0].rank == 1
+    freq = sample_many(SamplingParams(top_k=2), banned_ids=[0])
+    assert set(np.flatnonzero(freq)) == {1, 2}
+
+
 def test_logits_shape_checked():
     with pytest.raises(ValueError):
         Sampler()(np.zeros((2, 4), np.float32), [SamplingRow(SamplingParams())])

@@ -274,6 +274,25 @@ def test_logit_bias_equals_numpy():
 
 
 @pytest.mark.gpu
+def test_banned_ids_equal_numpy():
+    """Rows' banned_ids (bad words) next to min_tokens' suppression: greedy tokens and raw logprobs
+    equal the NumPy sampler's; a random row never samples a banned token."""
+    rng = np.random.default_rng(12)
+    B, V = 4, 49152
+    x = separated(rng, B, V)
+    top = [int(v) for v in x.argmax(1)]
+    rows = [SamplingRow(SamplingParams(temperature=0, logprobs=2), banned_ids=[top[0], 5]),
+            SamplingRow(SamplingParams(temperature=0, min_tokens=3, stop_token_ids=[top[1]]), banned_ids=[7]),
+            SamplingRow(SamplingParams(temperature=0), banned_ids=[V + 3]),
+            SamplingRow(SamplingParams(seed=4, top_k=2), banned_ids=list(np.argsort(-x[3])[:1]))]
+    got = sc.CudaSampler([0])(_cp().asarray(x), rows)
+    want = Sampler([0])(x, rows)
+    assert got.token_ids[:3].tolist() == want.token_ids[:3].tolist() and got.token_ids[0] != top[0]
+    check_dicts(got.logprobs[0], want.logprobs[0])
+    assert got.token_ids[3] in np.argsort(-x[3])[1:3]   # top-2 of what is left: the banned top-1 is out
+
+
+@pytest.mark.gpu
 def test_prompt_logprobs_equal_numpy():
     rng = np.random.default_rng(3)
     T, V, k = 9, 5000, 4

@@ -74,6 +74,10 @@ BAD = [
     ("allowed_token_ids", [-1]),
     ("allowed_token_ids", 5),
     ("allowed_token_ids", [1.5]),
+    ("bad_words", "word"),
+    ("bad_words", [""]),
+    ("bad_words", ["  "]),
+    ("bad_words", [3]),
 ]
 
 

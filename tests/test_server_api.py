@@ -146,6 +146,14 @@ def test_allowed_token_ids(client, server):
         assert text and text.replace(" yes", "").replace(" no", "") == "", text
 
 
+def test_bad_words(client):
+    """vLLM's bad_words through the openai client: a word of the greedy answer no longer appears."""
+    base = chat(client, max_tokens=12).choices[0].message.content
+    word = max(base.split(), key=len).strip(".,!?")
+    r = chat(client, max_tokens=12, extra_body={"bad_words": [word]})
+    assert word in base and word not in r.choices[0].message.content, (word, r.choices[0].message.content)
+
+
 def test_tokenize_and_detokenize(client, server):
     """vLLM's /tokenize and /detokenize: a prompt's count is the completions endpoint's prompt_tokens,
     a conversation's (with tools) the chat endpoint's; detokenize inverts tokenize."""

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..sampler import Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow, logit_bias_entries
+from ..sampler import (Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow, logit_bias_entries,
+                       suppressed_tokens)
 from .kernels import cuda_op, kernel
 
 SRC = "sampling.cu"
@@ -193,9 +194,7 @@ class PackedBatch:
                 ints[i, SP_NLP] = min(p.logprobs, V)
             fp = (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and len(r.output_ids) > 0
             rp = p.repetition_penalty != 1.0
-            supp = []
-            if len(r.output_ids) < p.min_tokens:
-                supp = [t for t in list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos)) if 0 <= t < V]
+            supp = suppressed_tokens(r, eos, V)
             if rp or fp or supp:
                 flags |= F_EDITS
                 reps[i] = p.repetition_penalty

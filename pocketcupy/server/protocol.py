@@ -238,6 +238,10 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     if f.get("allowed_token_ids") == []:
         raise bad("allowed_token_ids", "'allowed_token_ids' must not be empty")
     kw["allowed_token_ids"] = parse_token_ids(f, "allowed_token_ids", vocab_size) or None
+    words = f.get("bad_words")
+    if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words)):
+        raise bad("bad_words", "'bad_words' must be an array of non-blank strings")
+    kw["bad_words"] = words
     f.str("user")
     f.str("service_tier")
     f.bool("store")
