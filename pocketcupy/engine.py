@@ -13,7 +13,7 @@ from .args import EngineArgs
 from .bad_words import bad_words_token_ids, banned_tokens
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
-from .sampling import SamplingParams
+from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .progress import ProgressDict
@@ -202,6 +202,9 @@ class Engine:
         text, ids = self._prompt_ids(prompt if prompt_token_ids is None else prompt_token_ids)
         if prompt_token_ids is not None and isinstance(prompt, str):
             text = prompt
+        kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
+        if len(kept) < len(ids):   # the text, if given, becomes that of the tokens kept
+            text, ids = None if text is None else self.tokenizer.decode(kept), kept
         max_tokens = self._max_tokens(len(ids), params)
         for name, tokens in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
             if tokens and max(tokens) >= self.config.vocab_size:

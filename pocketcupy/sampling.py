@@ -51,6 +51,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit; normalised, {} -> None
     allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's); non-empty
     bad_words: list[str] | None = None  # words the output must not contain (vLLM's); normalised to a list
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -128,6 +129,9 @@ class SamplingParams:
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
             _fail("bad_words", "must be a list of non-blank strings or None", self.bad_words)
         self.bad_words = list(words)
+        k = self.truncate_prompt_tokens
+        if k is not None and (not _is_int(k) or not (k >= 1 or k == -1)):
+            _fail("truncate_prompt_tokens", "must be an int >= 1, -1 (the context length) or None", k)
 
     @property
     def greedy(self) -> bool:
@@ -161,3 +165,11 @@ def _logit_bias(bias) -> dict[int, float] | None:
             _fail("logit_bias", f"biases must be numbers in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", v)
         out[int(k)] = float(v)
     return out or None
+
+
+def truncate_prompt(ids: list[int], k: int | None, max_model_len: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: a prompt's last k tokens (-1: the last max_model_len; None: all)."""
+    if k is None:
+        return ids
+    k = max_model_len if k == -1 else k
+    return ids[-k:] if len(ids) > k else ids

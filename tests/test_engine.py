@@ -166,6 +166,18 @@ def test_bad_words(engine):
         assert not any(tuple(ids[i:i + len(seq)]) == seq for i in range(len(ids) - len(seq) + 1)), (seq, out.text)
 
 
+def test_truncate_prompt_tokens(engine):
+    """The prompt's last k tokens, as if they were the prompt; -1 keeps up to the context length."""
+    prompt = "Once upon a time, in a land far away, there lived a"
+    ids = engine.tokenizer.encode(prompt)
+    p = SamplingParams(temperature=0, max_tokens=6, truncate_prompt_tokens=5)
+    out = engine.generate(prompt, p)[0]
+    alone = engine.generate(ids[-5:], p.clone(truncate_prompt_tokens=None))[0]
+    assert out.prompt_token_ids == ids[-5:] and out.prompt == engine.tokenizer.decode(ids[-5:])
+    assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    assert engine.generate(ids, p.clone(truncate_prompt_tokens=-1))[0].prompt_token_ids == ids
+
+
 def test_stop_strings_never_emitted(engine):
     base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
     stop = base.text[5:8]

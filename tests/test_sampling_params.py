@@ -78,6 +78,9 @@ BAD = [
     ("bad_words", [""]),
     ("bad_words", ["  "]),
     ("bad_words", [3]),
+    ("truncate_prompt_tokens", 0),
+    ("truncate_prompt_tokens", -2),
+    ("truncate_prompt_tokens", 1.5),
 ]
 
 

@@ -154,6 +154,19 @@ def test_bad_words(client):
     assert word in base and word not in r.choices[0].message.content, (word, r.choices[0].message.content)
 
 
+def test_truncate_prompt_tokens(client, server):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens on both endpoints (usage, echo, and the
+    same completion as those tokens sent alone)."""
+    text = "Once upon a time, in a land far away, there lived a"
+    ids = request(server, "POST", "/tokenize", {"prompt": text})[1]["tokens"]
+    c = client.completions.create(model=MODEL, prompt=text, max_tokens=5, temperature=0, echo=True,
+                                  extra_body={"truncate_prompt_tokens": 4})
+    alone = client.completions.create(model=MODEL, prompt=ids[-4:], max_tokens=5, temperature=0, echo=True)
+    assert c.usage.prompt_tokens == 4 and c.choices[0].text == alone.choices[0].text
+    r = chat(client, max_tokens=3, extra_body={"truncate_prompt_tokens": 6})
+    assert r.usage.prompt_tokens == 6
+
+
 def test_tokenize_and_detokenize(client, server):
     """vLLM's /tokenize and /detokenize: a prompt's count is the completions endpoint's prompt_tokens,
     a conversation's (with tools) the chat endpoint's; detokenize inverts tokenize."""

@@ -84,6 +84,8 @@ TABLE = [  # (path, body, status, param)
     (COMP, comp(logit_bias={"1": True}), 400, "logit_bias"),
     (CHAT, chat(allowed_token_ids=[]), 400, "allowed_token_ids"),
     (CHAT, chat(bad_words="x"), 400, "bad_words"),
+    (CHAT, chat(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens"),
+    (COMP, comp(truncate_prompt_tokens=-3), 400, "truncate_prompt_tokens"),
     (COMP, comp(bad_words=[""]), 400, "bad_words"),
     (COMP, comp(allowed_token_ids=[10**9]), 400, "allowed_token_ids"),
     (CHAT, chat(allowed_token_ids=[5], response_format={"type": "json_object"}), 400, "allowed_token_ids"),

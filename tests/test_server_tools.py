@@ -66,6 +66,10 @@ def test_required_picks_a_listed_function(client):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name in {"get_weather", "get_time"}
     print("required ->", call.function.name, call.function.arguments)
+    # the names scored on a left-truncated prompt (truncate_prompt_tokens)
+    t = create(client, tool_choice="required", extra_body={"truncate_prompt_tokens": r.usage.prompt_tokens - 40})
+    assert t.choices[0].message.tool_calls[0].function.name in {"get_weather", "get_time"}
+    assert t.usage.prompt_tokens < r.usage.prompt_tokens
 
 
 def test_auto_and_none(client):

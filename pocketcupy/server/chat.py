@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..sampling import MAX_LOGPROBS, SamplingParams
+from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import chat_logprobs, finish_reason, new_id, usage
@@ -90,7 +90,8 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     # several functions: the model's most likely name among them (summed log-probs of the name tokens)
     tok = state.engine.tokenizer
     base = tok.encode(req.text + '<tool_call>\n{"name": "', add_special_tokens=False)
-    cands = [tok.encode(req.text + forced_prefill(n), add_special_tokens=False) for n in names]
+    full = [tok.encode(req.text + forced_prefill(n), add_special_tokens=False) for n in names]
+    cands = [truncate_prompt(c, req.params.truncate_prompt_tokens, state.engine.max_model_len) for c in full]
     for c in cands:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
                       "messages")
@@ -98,8 +99,9 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     with Job(state, rid + "-choose", cands, scoring, req.priority, gone) as job:
         outs = job.results()
     scores = []
-    for c, out in zip(cands, outs):
-        start = next((j for j, (a, b) in enumerate(zip(base, c)) if a != b), min(len(base), len(c)))
+    for whole, c, out in zip(full, cands, outs):
+        start = next((j for j, (a, b) in enumerate(zip(base, whole)) if a != b), min(len(base), len(whole)))
+        start -= len(whole) - len(c)   # in the kept tokens
         scores.append(sum(out.prompt_logprobs[j][c[j]].logprob for j in range(max(start, 1), len(c))))
     return names[max(range(len(names)), key=scores.__getitem__)]
 
@@ -162,6 +164,7 @@ def handle_chat(state, body, gone):
         ids = state.engine.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:
         raise bad("messages", str(e)) from None
+    ids = truncate_prompt(ids, req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
     job = Job(state, rid, [ids], req.params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from ..sampling import MAX_LOGPROBS
+from ..sampling import MAX_LOGPROBS, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import CompletionLogprobs, finish_reason, new_id, usage
@@ -62,6 +62,8 @@ def handle_completion(state, body, gone):
     f.reject_unknown()
 
     C = engine.max_model_len
+    kept = [truncate_prompt(ids, kw["truncate_prompt_tokens"], C) for ids, _ in prompts]
+    prompts = [(k, text if len(k) == len(ids) else tok.decode(k)) for k, (ids, text) in zip(kept, prompts)]
     if kw["max_tokens"] is None:
         kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
     for ids, _ in prompts:

@@ -242,6 +242,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words)):
         raise bad("bad_words", "'bad_words' must be an array of non-blank strings")
     kw["bad_words"] = words
+    kw["truncate_prompt_tokens"] = f.int("truncate_prompt_tokens", None, -1, None)
     f.str("user")
     f.str("service_tier")
     f.bool("store")
