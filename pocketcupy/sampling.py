@@ -92,13 +92,7 @@ class SamplingParams:
                 _fail("stop", "stop strings must be non-empty strings", s)
         self.stop = stop
 
-        ids = [] if self.stop_token_ids is None else self.stop_token_ids
-        if not isinstance(ids, (list, tuple)):
-            _fail("stop_token_ids", "must be a list of int or None", ids)
-        for i in ids:
-            if not _is_int(i) or i < 0:
-                _fail("stop_token_ids", "token ids must be ints >= 0", i)
-        self.stop_token_ids = [int(i) for i in ids]
+        self.stop_token_ids = _token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
 
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
@@ -117,14 +111,8 @@ class SamplingParams:
                 _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)
         self.structured_outputs = as_structured_outputs(self.structured_outputs)
         self.logit_bias = _logit_bias(self.logit_bias)
-        allowed = self.allowed_token_ids
-        if allowed is not None:
-            if not isinstance(allowed, (list, tuple)) or not allowed:
-                _fail("allowed_token_ids", "must be a non-empty list of int or None", allowed)
-            for i in allowed:
-                if not _is_int(i) or i < 0:
-                    _fail("allowed_token_ids", "token ids must be ints >= 0", i)
-            self.allowed_token_ids = [int(i) for i in allowed]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = _token_ids("allowed_token_ids", self.allowed_token_ids, nonempty=True)
         words = [] if self.bad_words is None else self.bad_words
         if not isinstance(words, (list, tuple)) or not all(isinstance(w, str) and w.strip() for w in words):
             _fail("bad_words", "must be a list of non-blank strings or None", self.bad_words)
@@ -149,6 +137,16 @@ class SamplingParams:
                 "bad_words": list(self.bad_words)}
         base.update(overrides)
         return dataclasses.replace(self, **base)
+
+
+def _token_ids(name: str, ids, nonempty: bool = False) -> list[int]:
+    """A list of token ids (ints >= 0) as plain ints."""
+    if not isinstance(ids, (list, tuple)) or (nonempty and not ids):
+        _fail(name, f"must be a {'non-empty ' if nonempty else ''}list of int or None", ids)
+    for i in ids:
+        if not _is_int(i) or i < 0:
+            _fail(name, "token ids must be ints >= 0", i)
+    return [int(i) for i in ids]
 
 
 def _logit_bias(bias) -> dict[int, float] | None:

@@ -63,7 +63,8 @@ def handle_completion(state, body, gone):
 
     C = engine.max_model_len
     kept = [truncate_prompt(ids, kw["truncate_prompt_tokens"], C) for ids, _ in prompts]
-    prompts = [(k, text if len(k) == len(ids) else tok.decode(k)) for k, (ids, text) in zip(kept, prompts)]
+    prompts = [(short, text if len(short) == len(ids) else tok.decode(short))
+               for short, (ids, text) in zip(kept, prompts)]
     if kw["max_tokens"] is None:
         kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
     for ids, _ in prompts:
