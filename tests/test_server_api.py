@@ -43,6 +43,21 @@ def test_chat_stream_equals_non_stream(client):
     assert all(ch.usage is None for ch in chunks[:-1])
 
 
+def test_continuous_usage_stats(client):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far (counts
+    never falling), the last one the request's usage; both endpoints."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    whole = chat(client, max_tokens=12)
+    chunks = list(chat(client, max_tokens=12, stream=True, stream_options=opts))
+    comp = [ch.usage.completion_tokens for ch in chunks]
+    assert all(ch.usage.prompt_tokens == whole.usage.prompt_tokens for ch in chunks)
+    assert comp == sorted(comp) and comp[0] == 0 and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=10, temperature=0)
+    c = list(client.completions.create(**kw, stream=True, stream_options=opts))
+    counts = [ch.usage.completion_tokens for ch in c]
+    assert counts == sorted(counts) and counts[-1] == client.completions.create(**kw).usage.completion_tokens
+
+
 def test_completions_stream_equals_non_stream(client):
     kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=10, temperature=0)
     whole = client.completions.create(**kw)

@@ -22,6 +22,7 @@ class ChatRequest:
     priority: int
     stream: bool
     include_usage: bool
+    continuous_usage: bool          # the usage so far in every chunk (vLLM's continuous_usage_stats)
     top_logprobs: int | None        # None: no logprobs
     tools: list | None
     tool_mode: object               # "none" | "auto" | "required" | ("function", name)
@@ -62,7 +63,7 @@ def parse_chat(state, body) -> ChatRequest:
     top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not logprobs:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
-    stream, include_usage = parse_stream(f)
+    stream, include_usage, continuous_usage = parse_stream(f)
     kw["structured_outputs"] = parse_structured_outputs(f)
     template = parse_template_fields(f)
     f.reject_unknown()
@@ -73,7 +74,8 @@ def parse_chat(state, body) -> ChatRequest:
     if mode != "none" and mode != "auto":
         kw["stop"] = kw["stop"] + ["</tool_call>"]
     params = make_params(kw, (top or 0) if logprobs else None)
-    return ChatRequest(model, text, params, priority, stream, include_usage, (top or 0) if logprobs else None,
+    return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
+                       (top or 0) if logprobs else None,
                        tools, mode, parallel, mt)
 
 
@@ -219,13 +221,15 @@ def _delta(events, call_ids: dict) -> dict:
 
 def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: int):
     n = req.params.n
-    extra = {"usage": None} if req.include_usage else {}
-
-    def chunk(choice):
-        return dict(head, object="chat.completion.chunk", choices=[choice], **extra)
-
     call_ids = [dict() for _ in range(n)]
     total = [0] * n
+
+    def chunk(choice):
+        extra = {}
+        if req.include_usage:
+            extra["usage"] = usage(prompt_len, sum(total)) if req.continuous_usage else None
+        return dict(head, object="chat.completion.chunk", choices=[choice], **extra)
+
     for i in range(n):
         yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},
                      "logprobs": None, "finish_reason": None})

@@ -57,7 +57,7 @@ def handle_completion(state, body, gone):
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
     if f.get("suffix") is not None:
         raise bad("suffix", "'suffix' is not supported")
-    stream, include_usage = parse_stream(f)
+    stream, include_usage, continuous_usage = parse_stream(f)
     kw["structured_outputs"] = parse_structured_outputs(f)
     f.reject_unknown()
 
@@ -76,7 +76,7 @@ def handle_completion(state, body, gone):
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
     n = params.n
     if stream:
-        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, include_usage), job)
+        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage)), job)
     with job:
         finals = job.results()
     choices = []
@@ -94,15 +94,20 @@ def handle_completion(state, body, gone):
                 usage=usage(sum(len(p) for p, _ in prompts), sum(len(o.token_ids) for r in finals for o in r.outputs)))
 
 
-def _stream(tok, job, head, prompts, n, echo, k, include_usage):
-    extra = {"usage": None} if include_usage else {}
-
-    def chunk(choices):
-        return dict(head, object="text_completion", choices=choices, **extra)
-
+def _stream(tok, job, head, prompts, n, echo, k, usage_opts):
+    """usage_opts: (include_usage, continuous usage) of parse_stream."""
+    include_usage, continuous = usage_opts
+    prompt_tokens = sum(len(p) for p, _ in prompts)
     logs = {}
     sent = {}
     total = {}
+
+    def chunk(choices):
+        extra = {}
+        if include_usage:
+            extra["usage"] = usage(prompt_tokens, sum(total.values())) if continuous else None
+        return dict(head, object="text_completion", choices=choices, **extra)
+
     echoed = set()
     for pi, out in job.outputs():
         for o in out.outputs:
@@ -127,5 +132,4 @@ def _stream(tok, job, head, prompts, n, echo, k, include_usage):
                     c["stop_reason"] = o.stop_reason
                 yield chunk([c])
     if include_usage:
-        yield dict(head, object="text_completion", choices=[],
-                   usage=usage(sum(len(p) for p, _ in prompts), sum(total.values())))
+        yield dict(head, object="text_completion", choices=[], usage=usage(prompt_tokens, sum(total.values())))

@@ -189,18 +189,20 @@ def parse_logit_bias(f: Fields, vocab_size: int) -> dict[int, float] | None:
     return bias
 
 
-def parse_stream(f: Fields) -> tuple[bool, bool]:
-    """(stream, include_usage)."""
+def parse_stream(f: Fields) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous usage: vLLM's continuous_usage_stats, the usage so far in
+    every chunk, with include_usage)."""
     stream = f.bool("stream", False)
     opts = f.obj("stream_options")
     if opts is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise bad("stream_options", "'stream_options' is only allowed when 'stream' is true")
     o = Fields(opts, "stream_options")
     include_usage = o.bool("include_usage", False)
+    continuous = o.bool("continuous_usage_stats", False)
     o.reject_unknown()
-    return stream, include_usage
+    return stream, include_usage, include_usage and continuous
 
 
 def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -> tuple[dict, int]:
