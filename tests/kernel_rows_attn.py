@@ -74,12 +74,6 @@ def q8_reference(out, per256: bool):
     return (q8k_roundtrip if per256 else q8_roundtrip)(out.reshape(len(out), -1))
 
 
-def decode_q8(*args, q8: str, **kw):
-    """attn_decode with its int8 output blocks (q8 "q8": per 32, "q8k": per 256) -> (out, blocks)."""
-    got = _attn().attn_decode(*args, q8_out=q8 == "q8", q8k_out=q8 == "q8k", **kw)
-    return (got[0], got[1:]) if q8 == "q8" else got
-
-
 def _cp():
     import cupy
 
@@ -202,7 +196,8 @@ for name, ctxs, hkv, group, d, splits, q8 in DECODE_Q8:
         cp = _cp()
         args = (cp.asarray(i["q"]), cp.asarray(kc), cp.asarray(vc), i["meta"], i["scale"])
         for _ in range(2):     # twice: the split counters are back at zero after a launch
-            out, blocks = decode_q8(*args, q8=q8, out=poison(i["q"].shape, F32), num_splits=splits, variant="mma")
+            out, blocks = _attn().attn_decode(*args, q8=q8, out=poison(i["q"].shape, F32), num_splits=splits,
+                                              variant="mma")
         return out, own_q8_blocks(out, blocks, q8 == "q8k")
 
     ROWS.append(KernelRow(
@@ -253,7 +248,7 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
                 c.reshape(-1, *c.shape[2:])[meta.slot_mapping] = np.nan
             args = (q, kc, vc, meta, i["scale"])
             kw = dict(out=poison((n, hq, d), F32), num_splits=splits, rope=rope)
-            out, blocks = decode_q8(*args, q8=q8, **kw) if q8 else (at.attn_decode(*args, **kw), None)
+            out, blocks = at.attn_decode(*args, q8=q8, **kw) if q8 else (at.attn_decode(*args, **kw), None)
         stored = [c.reshape(-1, *c.shape[2:])[meta.slot_mapping].astype(F32) for c in (kc, vc)]
         return (out, *stored) + ((own_q8_blocks(out, blocks, q8 == "q8k"),) if q8 else ())
 

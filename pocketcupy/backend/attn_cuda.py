@@ -183,31 +183,31 @@ def decode_fuses_rope(q, k_cache, meta: AttentionMetadata, rope: DecodeRope) -> 
             and rope.k.dtype == np.float32 and rope.v.dtype == np.float32)
 
 
-def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int, group: int = 0,
-                     head_dim: int = 0, per256: bool = False) -> bool:
-    """Whether attn_decode of this launch can write its output's int8 blocks itself: the mma kernel
-    when one block writes each output (one split, or the splits merged by their last block); per 256
-    values when a block's group x head_dim outputs are whole super-blocks."""
+def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int, q8: str,
+                     block_values: int) -> bool:
+    """Whether attn_decode of this launch can write its output's int8 blocks (q8 "q8" / "q8k") itself:
+    the mma kernel when one block writes each output (one split, or the splits merged by their last
+    block); per 256 values when a block's block_values (group x head_dim) outputs are whole super-blocks."""
     return (variant == "mma" and (num_splits == 1 or batch * num_kv_heads <= DECODE_COUNTERS)
-            and (not per256 or group * head_dim % 256 == 0))
+            and (q8 != "q8k" or block_values % 256 == 0))
 
 
 @cuda_op("attn_decode")
 def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None,
-                variant: str | None = None, q8_out: bool = False, rope: DecodeRope | None = None,
-                q8k_out: bool = False):
+                variant: str | None = None, q8: str | None = None, rope: DecodeRope | None = None):
     """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D].
-    variant: "mma" or "plain" (None: decode_variant's choice). q8_out: also the output's int8
-    blocks (quantize_x's layout, int8 [B, Hq * D] and float32 [B, Hq * D / 32, 4]), returned as
-    (out, xq, xds); q8k_out: per 256 values instead (quantize_x_q8k's layout), returned as
-    (out, (xq, xd, xb)); either None where the launch cannot write them (decode_writes_q8). rope: q
-    is not yet rotated and the new tokens not yet stored; the kernel does both (decode_fuses_rope
-    must hold)."""
+    variant: "mma" or "plain" (None: decode_variant's choice). q8: also the output's int8 blocks,
+    returned as (out, blocks) -- "q8": per 32 values (quantize_x's layout: int8 [B, Hq * D], float32
+    [B, Hq * D / 32, 4]), "q8k": per 256 (quantize_x_q8k's: xq, xd, xb); None where the launch cannot
+    write them (decode_writes_q8). rope: q is not yet rotated and the new tokens not yet stored; the
+    kernel does both (decode_fuses_rope must hold)."""
     cp = _cp()
+    if q8 not in (None, "q8", "q8k"):
+        raise ValueError(f"attn_decode: q8 must be None, 'q8' or 'q8k', got {q8!r}")
     n, hq, d, hkv = _check(q, k_cache, v_cache)
     group = hq // hkv
     if group > DECODE_MAX_GROUP:
-        return None if q8_out else attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
+        return None if q8 else attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
     variant = variant or decode_variant(d)
     if variant not in DECODE_MIN_CHUNK or (variant == "mma" and d not in DECODE_MMA_HEAD_DIMS):
         raise ValueError(f"attn_decode: no {variant!r} kernel for head_dim {d}")
@@ -224,9 +224,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
         num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"attn_decode: num_splits {num_splits} outside 1..{DECODE_MAX_SPLITS}")
-    if q8_out and q8k_out:
-        raise ValueError("attn_decode: q8_out and q8k_out are exclusive")
-    if (q8_out or q8k_out) and (b == 0 or not decode_writes_q8(variant, num_splits, b, hkv, group, d, q8k_out)):
+    if q8 and (b == 0 or not decode_writes_q8(variant, num_splits, b, hkv, q8, group * d)):
         return None
     out = _out(out, (n, hq, d))
     if b == 0:
@@ -244,11 +242,11 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
         counters = (_decode_counters(cp.cuda.Device().id, cp.cuda.get_current_stream().ptr) if fused
                     else null_arg())   # attn_decode_combine_f32 merges
         xq = xds = xd = xb = null_arg()    # no int8 blocks
-        if q8_out:
-            xq, xds = cp.empty((b, hq * d), np.int8), cp.empty((b, hq * d // 32, 4), np.float32)
-        if q8k_out:
-            xq, xd, xb = (cp.empty((hq * d // 32, b, 32), np.int8), cp.empty((b, hq * d // 256), np.float32),
-                          cp.empty((b, hq * d // 32), np.int16))
+        if q8 == "q8":
+            blocks = xq, xds = cp.empty((b, hq * d), np.int8), cp.empty((b, hq * d // 32, 4), np.float32)
+        elif q8 == "q8k":
+            blocks = xq, xd, xb = (cp.empty((hq * d // 32, b, 32), np.int8), cp.empty((b, hq * d // 256), np.float32),
+                                   cp.empty((b, hq * d // 32), np.int16))
         args = head + (counters,) + tail + (xq, xds, xd, xb)
         if rope is not None:
             k, ks = row_view(rope.k, hkv * d)
@@ -258,10 +256,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
                      _I32(rope.interleaved))
         _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_f16_hd{d}")(
             (num_splits, hkv, b), (128,), args)
-        if q8_out:
-            return out, xq, xds
-        if q8k_out:
-            return out, (xq, xd, xb)
+        if q8:
+            return out, blocks
     else:
         _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")((num_splits, hkv, b), (128,), head + tail)
     if num_splits > 1 and not fused:

@@ -176,14 +176,15 @@ class CudaOps:
         n, hq, d = q.shape
         int8_feeds = feeds and all(isinstance(f, CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds)
         if int8_feeds and all(gguf_mma_tiles(f, n) for f in feeds):   # int8 per 256 values
-            q8k = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope, q8k_out=True)
-            if q8k is not None:
-                return Q8Rows(q8k[0].reshape(n, hq * d), None, None, q8k[1])
+            got = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope, q8="q8k")
+            if got is not None:
+                out, xk = got
+                return Q8Rows(out.reshape(n, hq * d), None, None, xk)
         elif int8_feeds and n <= linear_cuda.QUANT_GEMV_MAX_BATCH and not any(
                 gguf_mma_tiles(f, n) for f in feeds):                 # int8 per 32
-            q8 = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, q8_out=True, rope=rope)
-            if q8 is not None:
-                out, xq, xds = q8
+            got = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope, q8="q8")
+            if got is not None:
+                out, (xq, xds) = got
                 return Q8Rows(out.reshape(n, hq * d), xq, xds)
             if rope is not None:
                 return None
