@@ -40,8 +40,8 @@ class LaunchedStep:
         """Whether the next step may be scheduled and launched before this one's tokens reach the
         host: not when sampling the next token needs this one on the host (penalties over the
         output so far, a structured-output matcher, bad words of several tokens)."""
-        return all(s.matcher is None and not s.group.params.has_penalties and all(len(w) == 1 for w in s.bad_words)
-                   for s in self.seqs)
+        return all(s.matcher is None and not s.group.params.has_penalties
+                   and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
 
 
 class Engine:
@@ -218,7 +218,8 @@ class Engine:
                 raise ValueError(f"request_id: {request_id!r} is already in use")
             if params.structured_outputs is not None:
                 self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
-            group = RequestGroup(request_id, text, ids, params)
+            group = RequestGroup(request_id, text, ids, params, allowed_mask=self._allowed_mask(params),
+                                 bad_words=bad_words_token_ids(self.tokenizer, params.bad_words))
             for i in range(params.n):
                 seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
                 req = Request(seq_id, list(ids), max_tokens, priority=priority,
@@ -240,6 +241,13 @@ class Engine:
                              f"exceeds the context of {self.max_model_len} tokens")
         return params.max_tokens
 
+    def _allowed_mask(self, params: SamplingParams) -> np.ndarray | None:
+        if not params.allowed_token_ids:
+            return None
+        mask = np.zeros(self.config.vocab_size, dtype=bool)
+        mask[params.allowed_token_ids] = True
+        return mask
+
     def _new_sequence(self, group: RequestGroup, index: int, req: Request) -> SequenceState:
         from .tokenizer import IncrementalDetokenizer
 
@@ -248,17 +256,12 @@ class Engine:
             gen = make_generator(p.seed + index)
         else:
             gen = make_generator(int(self._rng.integers(2**63)))
-        allowed = None
-        if p.allowed_token_ids:
-            allowed = np.zeros(self.config.vocab_size, dtype=bool)
-            allowed[p.allowed_token_ids] = True
-        row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen, allowed_mask=allowed)
+        row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen, allowed_mask=group.allowed_mask)
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
-        bad = bad_words_token_ids(self.tokenizer, p.bad_words) if p.bad_words else ()
-        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher, bad_words=bad)
+        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:
@@ -331,8 +334,8 @@ class Engine:
         seqs = [self._seqs[i] for i in run_out.sample_ids]
         self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
         for s in seqs:
-            if s.bad_words:
-                s.row.banned_ids = banned_tokens(s.bad_words, s.req.output_token_ids)
+            if s.group.bad_words:
+                s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
             self._collect_prompt_logits(self._seqs[seq_id], chunk)

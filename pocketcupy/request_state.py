@@ -23,7 +23,6 @@ class SequenceState:
     output: CompletionOutput
     prompt_chunks: list = field(default_factory=list)
     matcher: object | None = None  # structured.SequenceMatcher when the output is constrained
-    bad_words: tuple = ()  # bad_words.bad_words_token_ids of the request's bad_words
 
 
 @dataclass
@@ -34,6 +33,8 @@ class RequestGroup:
     params: SamplingParams
     seqs: list[SequenceState] = field(default_factory=list)
     prompt_logprobs: list | None = None
+    allowed_mask: object = None  # bool [vocab] of params.allowed_token_ids, shared by the sequences' rows
+    bad_words: tuple = ()  # bad_words.bad_words_token_ids of params.bad_words
 
     @property
     def finished(self) -> bool:

@@ -100,10 +100,12 @@ def create_app(state) -> Flask:
                 state.status, "the model failed to load")
             raise ApiError(503, f"Service unavailable: {what}")
 
-    def _generate(handler):
+    def _request_body() -> dict:
         _ready()
-        body = _body(state.config.max_request_bytes)
-        result = handler(state, body, disconnect_probe(request.environ))
+        return _body(state.config.max_request_bytes)
+
+    def _generate(handler):
+        result = handler(state, _request_body(), disconnect_probe(request.environ))
         if isinstance(result, SSEStream):
             return Response(result, mimetype="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -119,13 +121,11 @@ def create_app(state) -> Flask:
 
     @app.post("/tokenize")
     def tokenize():
-        _ready()
-        return _json(handle_tokenize(state, _body(state.config.max_request_bytes)))
+        return _json(handle_tokenize(state, _request_body()))
 
     @app.post("/detokenize")
     def detokenize():
-        _ready()
-        return _json(handle_detokenize(state, _body(state.config.max_request_bytes)))
+        return _json(handle_detokenize(state, _request_body()))
 
     def _model_card(name: str) -> dict:
         return {"id": name, "object": "model", "created": state.started, "owned_by": "pocketcupy",

@@ -237,13 +237,10 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
     if best_of is not None and best_of != kw["n"]:
         raise bad("best_of", "'best_of' is only supported equal to 'n'")
     kw["logit_bias"] = parse_logit_bias(f, vocab_size)
-    if f.get("allowed_token_ids") == []:
-        raise bad("allowed_token_ids", "'allowed_token_ids' must not be empty")
-    kw["allowed_token_ids"] = parse_token_ids(f, "allowed_token_ids", vocab_size) or None
-    words = f.get("bad_words")
-    if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words)):
-        raise bad("bad_words", "'bad_words' must be an array of non-blank strings")
-    kw["bad_words"] = words
+    # (an empty list, and bad_words' values, are SamplingParams' to reject: make_params names the field)
+    kw["allowed_token_ids"] = (None if f.get("allowed_token_ids") is None
+                               else parse_token_ids(f, "allowed_token_ids", vocab_size))
+    kw["bad_words"] = f.get("bad_words")
     kw["truncate_prompt_tokens"] = f.int("truncate_prompt_tokens", None, -1, None)
     f.str("user")
     f.str("service_tier")
