@@ -172,7 +172,8 @@ class CudaOps:
 
     def _decode_attention(self, q, k_cache, v_cache, meta, scale, feeds, rope=None):
         """The decode kernel's output as paged_attention returns it; None where `rope` is given
-        and the launch cannot also write the int8 blocks the feeds want."""
+        and the launch cannot also write the per-32 int8 blocks the feeds want (feeds taking blocks
+        per 256 then quantize the output themselves)."""
         n, hq, d = q.shape
         int8_feeds = feeds and all(isinstance(f, CudaWeight) and f.act_q8 and f.cols == hq * d for f in feeds)
         if int8_feeds and all(gguf_mma_tiles(f, n) for f in feeds):   # int8 per 256 values

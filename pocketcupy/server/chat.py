@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
-from .responses import chat_logprobs, finish_reason, new_id, usage
+from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
 from .tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools, template_knows_tools
@@ -225,10 +225,8 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: i
     total = [0] * n
 
     def chunk(choice):
-        extra = {}
-        if req.include_usage:
-            extra["usage"] = usage(prompt_len, sum(total)) if req.continuous_usage else None
-        return dict(head, object="chat.completion.chunk", choices=[choice], **extra)
+        return dict(head, object="chat.completion.chunk", choices=[choice],
+                    **chunk_usage(req.include_usage, req.continuous_usage, prompt_len, sum(total)))
 
     for i in range(n):
         yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},

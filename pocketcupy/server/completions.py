@@ -6,7 +6,7 @@ import time
 from ..sampling import MAX_LOGPROBS, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
-from .responses import CompletionLogprobs, finish_reason, new_id, usage
+from .responses import CompletionLogprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
 
@@ -103,10 +103,8 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts):
     total = {}
 
     def chunk(choices):
-        extra = {}
-        if include_usage:
-            extra["usage"] = usage(prompt_tokens, sum(total.values())) if continuous else None
-        return dict(head, object="text_completion", choices=choices, **extra)
+        return dict(head, object="text_completion", choices=choices,
+                    **chunk_usage(include_usage, continuous, prompt_tokens, sum(total.values())))
 
     echoed = set()
     for pi, out in job.outputs():

@@ -15,6 +15,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def chunk_usage(include_usage: bool, continuous: bool, prompt_tokens: int, completion_tokens: int) -> dict:
+    """The usage field of a streamed chunk with choices (parse_stream's flags): none without
+    include_usage, else null, or the usage so far with continuous usage stats."""
+    if not include_usage:
+        return {}
+    return {"usage": usage(prompt_tokens, completion_tokens) if continuous else None}
+
+
 def sse(obj) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .chat import parse_template_fields, render_messages
-from .protocol import Fields, bad, check_model
+from .protocol import Fields, bad, check_model, parse_token_ids
 from .tool_prompt import parse_messages, parse_tools
 
 
@@ -41,9 +41,6 @@ def handle_detokenize(state, body: dict) -> dict:
     f = Fields(body)
     if f.get("model") is not None:
         check_model(f, state.config.served_model_names)
-    ids = f.require("tokens")
+    f.require("tokens")
     f.reject_unknown()
-    if not isinstance(ids, list) or any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < tok.vocab_size
-                                        for t in ids):
-        raise bad("tokens", f"'tokens' must be an array of token ids in [0, {tok.vocab_size - 1}]")
-    return {"prompt": tok.decode(ids)}
+    return {"prompt": tok.decode(parse_token_ids(f, "tokens", tok.vocab_size))}
