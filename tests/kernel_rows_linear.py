@@ -6,8 +6,8 @@ quantizer where it has one, else random bytes with small fp16 scales). Reference
 dequantized by the gguf package, float64 NumPy, with the activations rounded to int8 blocks
 (act_q8.q8_roundtrip) where the weight takes int8 activations ("auto": rows longer than 2048).
 Tolerances: the GEMV's integer dot products are exact (~1e-6); the GEMM path and the tensor-core
-GEMV (dense, batch 2-8) cast the activations to fp16 (~3e-4) or bf16 (~1e-3); the batch-1 dense
-GEMV keeps them fp32."""
+GEMV (dense, batch 1-8, rows of whole 64-weight chunks) cast the activations to fp16 (~3e-4) or bf16
+(~1e-3); the plain dense GEMV (other rows) keeps them fp32."""
 from __future__ import annotations
 
 import numpy as np
@@ -181,10 +181,10 @@ def _linear_rows():
             path = (f"gemv_{qtype.lower()}_bs{n}" if n <= 8 else f"gemm_{qtype.lower()}_n{n}")
             rows.append(KernelRow("linear", f"{path}-{ROWS_OUT}x{cols}", _make_linear(qtype, n, cols, n == 2),
                                   _ref_linear, _cuda_linear(), _linear_tol(qtype, n)))
-    # fp16 / bf16 batch 2-8 on tensor cores (rows of whole 64-weight chunks; 17 of them: a warp's
+    # fp16 / bf16 batch 1-8 on tensor cores (rows of whole 64-weight chunks; 17 of them: a warp's
     # last pair of chunks is half past the end), x rounded to the weight's type
     for qtype, tol in (("F16", 1e-3), ("BF16", 5e-3)):
-        for n in (2, 5, 8):
+        for n in (1, 2, 5, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_mma_bs{n}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 5), _ref_linear, _cuda_linear(), tol))
     # Q4_K / Q6_K past batch 1 on int8 tensor cores (sm_80+): 2 and 4 tiles of 8 batch columns (the
@@ -475,13 +475,14 @@ def _cuda_kquant_mma3(groups):
 
 def _linears_rows():
     # unfused projections of one input: int8-activation weights share one quantization of x; K-quants
-    # at batch 1-2 in one gemv_kquant3 launch, past it in one gemv_kquant_mma3 launch (rows ending
-    # inside a block; x from a fused norm)
+    # at batch 1 in one gemv_kquant3 launch, past it in one gemv_kquant_mma3 launch (sm_80+; else
+    # gemv_kquant3 at batch 2 too) (rows ending inside a block; x from a fused norm, whose per-32
+    # blocks the tensor-core path replaces with its own per 256)
     rows = []
     for name, parts, cols, n, tol in (("q4_k+q4_k+q6_k", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 3, 2e-5),
                                       ("q4_k+q4_k+q6_k-kq3", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 1, 2e-5),
-                                      ("q4_k+q4_k+q6_k-kq3", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 2, 2e-5),
-                                      ("q4_k+q5_k-kq3-q8rows", [("Q4_K", 17), ("Q5_K", 33)], 4096, 2, 2e-5),
+                                      ("q4_k+q4_k+q6_k", [("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, 2, 2e-5),
+                                      ("q4_k+q5_k-q8rows", [("Q4_K", 17), ("Q5_K", 33)], 4096, 2, 2e-5),
                                       ("q8_0+f16", [("Q8_0", 33), ("F16", 20)], 4096, 1, 2e-5),
                                       ("q4_1+q4_1-short", [("Q4_1", 20), ("Q4_1", 20)], 576, 2, 2e-5),
                                       ("q4_k+q6_k-n40", [("Q4_K", 20), ("Q6_K", 20)], 4096, 40, 3e-3),

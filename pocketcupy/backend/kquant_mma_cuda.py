@@ -15,14 +15,15 @@ GGUF_MMA_MAX_BATCH = 64
 # the batches the DP4A K-quant GEMV (gemv_kquant.cu) keeps; past them this kernel (H200, batch 2 on
 # the DP4A GEMV: Q4_K 28672x4096 2.25 against 1.92 TB/s here; padded Q6_K 4096x14336 2.03 against
 # 1.79, 49152x4096 2.53 against 1.93)
-KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
+KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}   # the DP4A gemv_kquant's instances
+KQUANT_MMA_MIN_BATCH = 2      # from here on the tensor-core kernel (where it applies) instead
 
 
 def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
     """Whether a linear of this weight at batch nb runs on the int8 tensor-core K-quant kernel
-    (past KQUANT_MAX_BATCH up to GGUF_MMA_MAX_BATCH, sm_80+, rows of whole 256-value blocks), whose
+    (KQUANT_MMA_MIN_BATCH to GGUF_MMA_MAX_BATCH, sm_80+, rows of whole 256-value blocks), whose
     activations are rounded per 256 values (act_q8.q8k_roundtrip) instead of per 32."""
-    return (act_q8 and qtype in GGUF_MMA_QTYPES and KQUANT_MAX_BATCH[qtype] < nb <= GGUF_MMA_MAX_BATCH
+    return (act_q8 and qtype in GGUF_MMA_QTYPES and KQUANT_MMA_MIN_BATCH <= nb <= GGUF_MMA_MAX_BATCH
             and cols % 256 == 0 and has_tensor_cores())
 
 

@@ -25,6 +25,7 @@ from .weight_cuda import DENSE_QTYPES, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, 
 
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
+DENSE_MMA_MIN_BATCH = 1         # fp16 / bf16 weights from this batch on take the tensor-core GEMV
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")       # gemv_kquant.cu (the DP4A K-quant GEMV)
@@ -48,10 +49,10 @@ def gemv_threads(work_items: int) -> int:
 
 
 def dense_gemv_kind(w: CudaWeight, nb: int) -> str:
-    """"mma": tensor cores for fp16 / bf16 weights at batch 2-8 (sm_80+, rows of a multiple of 64
-    weights; x rounded to the weight's type), so the batch costs no more than batch 1; "plain": the
-    fp32-activation GEMV (batch 1, and elsewhere)."""
-    return "mma" if 2 <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores() else "plain"
+    """"mma": tensor cores for fp16 / bf16 weights at batches DENSE_MMA_MIN_BATCH-8 (sm_80+, rows of
+    a multiple of 64 weights; x rounded to the weight's type); "plain": the fp32-activation GEMV."""
+    return ("mma" if DENSE_MMA_MIN_BATCH <= nb <= GEMV_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores()
+            else "plain")
 
 
 def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
@@ -341,10 +342,12 @@ KQUANT3_ROWS = 2                  # rows per warp of the joined launch
 
 def kquant_joinable(ws, nb: int) -> bool:
     """Whether gemv_kquant3 computes these 2-3 weights of one input in one launch at batch nb:
-    int8-activation K-quants of whole super-blocks, each within its gemv_kquant batch bound."""
+    int8-activation K-quants of whole super-blocks, each within its gemv_kquant batch bound and not
+    on tensor cores at this batch."""
     return 2 <= len(ws) <= 3 and all(
         isinstance(w, CudaWeight) and w.act_q8 and w.qtype in KQUANT_QTYPES and w.cols % 256 == 0
-        and w.cols == ws[0].cols and 1 <= nb <= KQUANT_MAX_BATCH[w.qtype] for w in ws)
+        and w.cols == ws[0].cols and 1 <= nb <= KQUANT_MAX_BATCH[w.qtype] and not gguf_mma_tiles(w, nb)
+        for w in ws)
 
 
 def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
@@ -363,7 +366,7 @@ def _gemv_gguf_takes(w: CudaWeight, n: int) -> bool:
 
 
 def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
-    """Quantized GEMV: Q4_K / Q5_K / Q6_K past KQUANT_MAX_BATCH on int8 tensor cores (gguf_mma_tiles),
+    """Quantized GEMV: Q4_K / Q5_K / Q6_K on int8 tensor cores where gguf_mma_tiles says so,
     else over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
     (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd / xk:
     x already quantized (quantize_x / quantize_x_q8k)."""
