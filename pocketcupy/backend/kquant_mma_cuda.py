@@ -12,11 +12,13 @@ GGUF_MMA_QTYPES = ("Q4_K", "Q5_K", "Q6_K")          # gemv_kquant_mma.cu
 # 8 tiles; past it dequantization + cuBLAS (H200, Q4_K 28672x4096 at batch 64: 170 us against 234;
 # a Q4_K_M decode step at batch 64 12.9 ms against 16.7)
 GGUF_MMA_MAX_BATCH = 64
-# the batches the DP4A K-quant GEMV (gemv_kquant.cu) keeps; past them this kernel (H200, batch 2 on
-# the DP4A GEMV: Q4_K 28672x4096 2.25 against 1.92 TB/s here; padded Q6_K 4096x14336 2.03 against
-# 1.79, 49152x4096 2.53 against 1.93)
-KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}   # the DP4A gemv_kquant's instances
-KQUANT_MMA_MIN_BATCH = 2      # from here on the tensor-core kernel (where it applies) instead
+# the batches the DP4A K-quant GEMV (gemv_kquant.cu) is instantiated for (batch 2: where this kernel
+# does not apply)
+KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
+# this kernel from batch 2: alone the DP4A GEMV is faster there (H200, Q4_K 28672x4096 2.25 against
+# 1.92 TB/s; padded Q6_K 4096x14336 2.03 against 1.79), but inside the decode graph not (Q4_K_M 8B,
+# ctx 512: 2,519 us against 2,765); at batch 1 it is slower in the graph too (2,480 against 2,175)
+KQUANT_MMA_MIN_BATCH = 2
 
 
 def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
