@@ -1,4 +1,4 @@
-// Dense fp16 / bf16 GEMV for batch 2-8 on tensor cores (sm_80+): y[n, r] = x[n, :] . W[r, :]
+// Dense fp16 / bf16 GEMV for batch 1-8 on tensor cores (sm_80+): y[n, r] = x[n, :] . W[r, :]
 // (+ bias[r]) with mma.sync m16n8k16, the weights as the 16-row A tile and the batch as the 8
 // columns of B, so the dot products cost the same at batch 8 as at batch 2 and the kernel
 // streams the weights at the bandwidth a batch-1 GEMV does.  x is rounded to the weight's

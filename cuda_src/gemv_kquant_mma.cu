@@ -1,4 +1,4 @@
-// Q4_K / Q5_K / Q6_K linear for decode batches 3-64 on int8 tensor cores (sm_80+), with the
+// Q4_K / Q5_K / Q6_K linear for decode batches 2-64 on int8 tensor cores (sm_80+), with the
 // activations quantized per 256-value super-block (llama.cpp's Q8_K: one scale per 256, plus the
 // integer sum of every 32) instead of per 32. With one activation scale across a weight super-block,
 // the weight's integer sub-block scales (and Q4_K / Q5_K's mins) apply to the int32 mma results in
@@ -497,7 +497,7 @@ gemv_kquant_mma(const u8* __restrict__ W, long long bpr, int rows, int K, const 
 }
 
 // Two or three weights of one input in one launch (the q, k, v projections, of mixed types in
-// Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batches 1-2: blocks [0, end_a) take weight a,
+// Q4_K_M / Q5_K_M), as gemv_kquant3 joins them at batch 1: blocks [0, end_a) take weight a,
 // [end_a, end_b) b, the rest c (blocks of 16 MT RW rows); each writes its own output. The short
 // k and v weights, latency-bound alone, ride in the grid of q.
 #define PQ_KM_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \

@@ -424,7 +424,7 @@ def _silu_linear_rows():
 
 def _make_linears(parts, cols: int, n: int, q8rows: str = ""):
     """q8rows: "q8" / "q8k": x comes as Q8Rows with its int8 blocks of 32 / of 256 (as the fused
-    norm writes them at batches 1-2 / past them)."""
+    norm writes them at batch 1 / past it)."""
     def make(rng):
         return {"parts": [(q, (r, cols), _weight(rng, q, r, cols)) for q, r in parts],
                 "bias": rng.standard_normal(parts[0][1], dtype=np.float32),

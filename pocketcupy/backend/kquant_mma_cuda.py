@@ -1,4 +1,4 @@
-"""The Q4_K / Q5_K / Q6_K linears of decode batches 3-64 on int8 tensor cores (gemv_kquant_mma.cu):
+"""The Q4_K / Q5_K / Q6_K linears of decode batches 2-64 on int8 tensor cores (gemv_kquant_mma.cu):
 where they apply, their launch shapes (measured choices), the per-256 activation quantizer they
 read, and their launchers for one weight or 2-3 joined weights of one input."""
 from __future__ import annotations

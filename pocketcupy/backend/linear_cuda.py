@@ -1,10 +1,10 @@
 """The matrix products over the weights weight_cuda uploads.
 
 `linear(x [N, K] float32, w)` -> [N, rows] float32:
-  - N <= 8: GEMV kernels reading the stored weights (gemv.cu; quantized: gemv_gguf.cu with int8
-    activations, gemv_gguf_f32.cu with fp32 activations);
+  - N <= 8: GEMV kernels reading the stored weights (dense: gemv_dense_mma.cu on tensor cores, else
+    gemv.cu; quantized: gemv_gguf.cu with int8 activations, gemv_gguf_f32.cu with fp32 activations);
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
-    still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 3-64 on int8 tensor cores
+    still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 2-64 on int8 tensor cores
     (kquant_mma_cuda.py);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
     quantized weights dequantized to fp16 in row tiles first (dequant.cu).

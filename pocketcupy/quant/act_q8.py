@@ -46,7 +46,7 @@ def q8_roundtrip(x: np.ndarray, block: int = 32) -> np.ndarray:
 
 def q8k_roundtrip(x: np.ndarray) -> np.ndarray:
     """q8_roundtrip with one scale per 256 values (llama.cpp's Q8_K), the arithmetic of the CUDA
-    quantize_q8k_x: the input of the K-quant tensor-core GEMV at batches 3-64 (gemv_kquant_mma.cu)."""
+    quantize_q8k_x: the input of the K-quant tensor-core GEMV at batches 2-64 (gemv_kquant_mma.cu)."""
     return q8_roundtrip(x, 256)
 
 
