@@ -183,6 +183,12 @@ __device__ __forceinline__ void decode_mma_body(
     int chunk = (ctx + num_splits - 1) / num_splits;
     chunk = max(DM_MIN_CHUNK, (chunk + DM_KEYS - 1) / DM_KEYS * DM_KEYS);
     const int k_begin = split * chunk, k_end = min(ctx, k_begin + chunk);
+    // splits this sequence uses (the rest are empty): when the blocks merge their own splits, the
+    // empty ones leave at once and the merge reads only these (a graph's split count is set by the
+    // longest context, so at short contexts most splits are empty); attn_decode_combine_f32 reads
+    // every split, so without counters the empty ones still write their zero weight
+    const int ns = counters != nullptr ? max(1, (ctx + chunk - 1) / chunk) : num_splits;
+    if (split >= ns) return;
     const int* table = block_tables + (i64)b * bt_stride;
     const i64 prow0 = (i64)b * hq_total + h0;         // part row of head 0 (times num_splits)
     const i64 out0 = (i64)b * out_stride + (i64)h0 * D;   // value 0 in out
@@ -361,7 +367,7 @@ __device__ __forceinline__ void decode_mma_body(
                 den += wt * l_s[w][row];
             }
             const float4 v = f4_scale(num, den > 0.0f ? 1.0f / den : 0.0f);
-            if (num_splits == 1) {
+            if (ns == 1) {
                 store_out4(v, i, ok, out, out0, q8, b, r0, n4_row);
             } else if (ok) {
                 const i64 pr = (prow0 + row) * num_splits + split;
@@ -373,28 +379,28 @@ __device__ __forceinline__ void decode_mma_body(
         pdl_wait();
         if (tid < group) part_lse[(prow0 + tid) * num_splits + split] = pc_neg_inf();
     }
-    if (num_splits == 1 || counters == nullptr) return;
+    if (ns == 1 || counters == nullptr) return;
 
     // the last block of this (sequence, KV head) to get here merges the splits
     __threadfence();
     __syncthreads();
     if (tid == 0) {
         int* cnt = counters + (i64)b * num_kv_heads + kh;
-        last_s = atomicAdd(cnt, 1) == num_splits - 1;
+        last_s = atomicAdd(cnt, 1) == ns - 1;
         if (last_s) *cnt = 0;                          // every block has counted: ready for the next launch
     }
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    for (int i = tid; i < group * num_splits; i += DM_THREADS) {   // all log-sum-exps at once
-        const int row = i / num_splits, s = i % num_splits;
+    for (int i = tid; i < group * ns; i += DM_THREADS) {   // all log-sum-exps at once
+        const int row = i / ns, s = i % ns;
         w_s[row][s] = __ldcg(part_lse + (prow0 + row) * num_splits + s);
     }
     __syncthreads();
     if (tid < group) {
         float mx = pc_neg_inf();
-        for (int s = 0; s < num_splits; ++s) mx = fmaxf(mx, w_s[tid][s]);
-        for (int s = 0; s < num_splits; ++s)
+        for (int s = 0; s < ns; ++s) mx = fmaxf(mx, w_s[tid][s]);
+        for (int s = 0; s < ns; ++s)
             w_s[tid][s] = w_s[tid][s] == pc_neg_inf() ? 0.0f : exp2f(w_s[tid][s] - mx);
     }
     __syncthreads();
@@ -406,7 +412,7 @@ __device__ __forceinline__ void decode_mma_body(
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
         float den = 0.0f;
 #pragma unroll 16
-        for (int s = 0; s < num_splits; ++s) {         // every load issued; unwritten (empty) splits weigh 0
+        for (int s = 0; s < ns; ++s) {                 // every load issued; a split with no keys weighs 0
             const float wt = w_s[row][s];
             const float4 v = __ldcg(reinterpret_cast<const float4*>(po + (i64)s * D));
             if (wt != 0.0f) num = f4_fma(wt, v, num);

@@ -78,7 +78,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
         for nb in [int(b) for b in args.batches.split(",")]:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
             y = cp.empty((nb, rows), cp.float32)
-            default = lc.f32_gemv_config(cols // 32, nb, qtype)
+            default = lc.f32_gemv_config(cols // 32, nb, qtype, rows)
             xq, xds = lc.quantize_x(x)
             xk = kq.quantize_x_q8k(x) if cols % 256 == 0 else None
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:

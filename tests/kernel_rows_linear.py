@@ -187,6 +187,12 @@ def _linear_rows():
         for n in (1, 2, 5, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_mma_bs{n}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 5), _ref_linear, _cuda_linear(), tol))
+    # short rows at batch 1 over F32_BLOCK_MIN_ROWS rows (an LM head): the fp32 block kernel, 4 rows a
+    # block (16387: the last block's rows end past the matrix)
+    for qtype in ("Q8_0", "Q4_1"):
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_f32_block_r4_bs1-16387x576",
+                              _make_linear(qtype, 1, 576, qtype == "Q8_0", rows=16387), _ref_linear, _cuda_linear(),
+                              _linear_tol(qtype, 1)))
     # Q4_K / Q6_K past batch 1 on int8 tensor cores (sm_80+): 2 and 4 tiles of 8 batch columns (the
     # rows above cover one tile); and the DP4A GEMV, which older GPUs run instead
     for qtype in ("Q4_K", "Q6_K"):

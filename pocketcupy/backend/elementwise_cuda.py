@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from .kernels import cuda_op, kernel
+from .pinned_upload import upload
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 
@@ -337,7 +338,6 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
 def scatter_tokens(ids, dst_rows, tokens, src_rows) -> None:
     """ids[dst_rows] = tokens[src_rows] in place: ids a contiguous device int64 array; tokens the
     sampler's device int32 ids (a strided column allowed); the row lists are host integers."""
-    cp = _cp()
     n = len(dst_rows)
     if ids.dtype != np.int64 or not ids.flags.c_contiguous or tokens.dtype != np.int32 or tokens.ndim != 1:
         raise TypeError(f"scatter_tokens: ids must be contiguous int64 and tokens int32 [B], got {ids.dtype}, "
@@ -346,6 +346,6 @@ def scatter_tokens(ids, dst_rows, tokens, src_rows) -> None:
         raise ValueError(f"scatter_tokens: {n} destination rows for {len(src_rows)} source rows")
     if n == 0:
         return
-    rows = cp.asarray(np.asarray([*dst_rows, *src_rows], np.int32))
+    rows = upload(np.asarray([*dst_rows, *src_rows], np.int32))
     _k("tokens.cu", "scatter_tokens")(((n + 127) // 128,), (128,),
                                       (tokens, _I64(tokens.strides[0] // 4), rows, _I32(n), ids))

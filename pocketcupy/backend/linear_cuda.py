@@ -66,7 +66,7 @@ def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     if w.is_dense:
         kind = "_mma" if (dense_kind or dense_gemv_kind(w, nb)) == "mma" else ""
         return f"gemv_{w.qtype.lower()}{kind}_bs{nb}"
-    cfg = f32_gemv_config(w.cols // 32, nb, w.qtype)
+    cfg = f32_gemv_config(w.cols // 32, nb, w.qtype, w.rows)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
     return f"gemv_{w.qtype.lower()}_f32_{shape}_r{cfg.rows_per_group}_bs{nb}"
 
@@ -150,6 +150,8 @@ F32_SHORT_ROW_UNITS = 64          # rows of at most this many units: the lanes k
 F32_LANES_SHORT = 16              # lanes per row group for rows of <= 32 units; 32 beyond
 F32_XS_ROWS = 4                   # rows per block of the xs kernel
 F32_XS_ROWS_HEAVY = {"Q3_K": 2}   # from batch 7 on: decoders whose R = 4 kernels spill registers
+F32_BLOCK_MIN_ROWS = 16384         # short rows at batch 1: from this many rows (an LM head) the block kernel, R = 4
+F32_SILU_STAGE_BYTES = 32 << 10  # shared memory of the staged silu(gate) * up (gemv_gguf_f32_lanes_silu)
 
 
 @dataclass(frozen=True)
@@ -170,11 +172,13 @@ class F32Gemv:
         return self.rows_per_group * (GEMV_THREADS // self.lanes if self.kind == "lanes" else 1)
 
 
-def f32_gemv_config(units: int, nb: int, qtype: str = "") -> F32Gemv:
-    """The fp32-activation GEMV launch for rows of `units` 32-value units at batch nb (1..8).
+def f32_gemv_config(units: int, nb: int, qtype: str = "", rows: int = 0) -> F32Gemv:
+    """The fp32-activation GEMV launch for `rows` rows of `units` 32-value units at batch nb (1..8).
     Long rows at batch 1 (H200 sweep, bench_decode_kernels.py): Q4_K / Q5_K a warp per 4 rows
     (1.9 vs 0.8 TB/s for xs:4 at 28672x4096), the rest xs with 8 rows (1.2-1.4x over 4)."""
     if units <= F32_SHORT_ROW_UNITS:
+        if nb == 1 and rows >= F32_BLOCK_MIN_ROWS:
+            return F32Gemv("block", 4)
         return F32Gemv("lanes", 2 if nb <= 2 else 1, F32_LANES_SHORT if units <= 32 else 32)
     if nb == 1:
         return F32Gemv("lanes", 4, 32) if qtype in ("Q4_K", "Q5_K") else F32Gemv("xs", 2 * F32_XS_ROWS)
@@ -212,8 +216,21 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     if cfg.kind == "lanes":
         ldx = np.int64(x.strides[0] // 4 if x.ndim == 2 else k)
         head += (ldx, x, ldx) if up is None else (ldx, up, np.int64(up.strides[0] // 4))
-    _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(
-        ((w.rows + rpb - 1) // rpb,), (threads,), head + (null_arg() if bias is None else bias, out))
+    grid, tail = ((w.rows + rpb - 1) // rpb,), (null_arg() if bias is None else bias, out)
+    e = silu_stage_units(k, nb) if up is not None else None
+    if e is not None:
+        expr = f"gemv_gguf_f32_lanes_silu<{tid}, {nb}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
+        kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))(grid, (threads,), head + tail)
+        return
+    _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(grid, (threads,), head + tail)
+
+
+def silu_stage_units(k: int, nb: int) -> int | None:
+    """E of gemv_gguf_f32_lanes_silu (its shared silu(gate) * up rows hold 32 * E values, E a multiple
+    of 16) for nb rows of k values, or None where they would pass F32_SILU_STAGE_BYTES: then every
+    lane computes its own units' silu(gate) * up (the lanes kernel's SILU loader)."""
+    e = -(-k // 512) * 16
+    return e if nb * e * 32 * 4 <= F32_SILU_STAGE_BYTES else None
 
 
 def norm_linear_lanes(w, n: int) -> F32Gemv | None:
@@ -226,7 +243,7 @@ def norm_linear_lanes(w, n: int) -> F32Gemv | None:
     if not (isinstance(w, CudaWeight) and not w.is_dense and not w.act_q8 and n == 1
             and w.cols % 32 == 0 and norm_warp_dim(w.cols) is not None):
         return None
-    cfg = f32_gemv_config(w.cols // 32, n, w.qtype)
+    cfg = f32_gemv_config(w.cols // 32, n, w.qtype, w.rows)
     return cfg if cfg.kind == "lanes" else None
 
 
@@ -382,7 +399,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
         if w.act_q8:
             launch_gemv_q8(w, xq[n0:], xds[n0:], bias, out[n0:], nb)
         else:
-            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype))
+            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype, w.rows))
 
 
 def _cast(x, qtype: str):
@@ -599,7 +616,7 @@ def silu_mul_linear(gate, up, w, out=None):
     elif not w.is_dense and w.act_q8 and vec4:
         _gemv_gguf(gate, w, None, out, up=up)
     elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and vec4 \
-            and (cfg := f32_gemv_config(k // 32, n, w.qtype)).kind == "lanes":
+            and (cfg := f32_gemv_config(k // 32, n, w.qtype, w.rows)).kind == "lanes":
         launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
     else:
         linear(silu_mul(gate, up), w, out=out)

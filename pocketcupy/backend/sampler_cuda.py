@@ -16,6 +16,7 @@ import numpy as np
 from ..sampler import (Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow, logit_bias_entries,
                        suppressed_tokens)
 from .kernels import cuda_op, kernel
+from .pinned_upload import upload
 
 SRC = "sampling.cu"
 NT = 1024
@@ -227,7 +228,7 @@ class PackedBatch:
     def upload(self):
         """(params, toks, masks) device views of one uploaded buffer."""
         cp = _cp()
-        dev = cp.asarray(np.concatenate([self.host, np.zeros(1, np.int32)]))  # never empty views
+        dev = upload(np.concatenate([self.host, np.zeros(1, np.int32)]))  # never empty views
         a, b = self.n_params, self.n_params + self.n_toks
         masks = dev[b:b + self.n_masks * self.mask_words].view(cp.uint32)
         return dev[:a], dev[a:b + 1], masks if self.n_masks else dev[-1:].view(cp.uint32)
