@@ -12,7 +12,8 @@
 //                                   shuffle-only reduction; SILU: activations silu(gate) * up;
 //   gemv_gguf_f32_lanes_norm<QT,NB,R,L,E>  the same over rms_norm(x + res) * w, which each block
 //                                   computes itself (a norm launch fewer);
-//   gemv_gguf_f32_lanes_silu<QT,NB,R,L,E>  the same over silu(gate) * up, staged by each block;
+//   gemv_gguf_f32_lanes_silu<QT,NB,R,L,E>, gemv_gguf_f32_block_silu<QT,NB,R,E>  the lanes / block
+//                                   kernel over silu(gate) * up, staged by each block;
 //   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
 //                                   shared memory chunk by chunk (coalesced cp.async, padded so
 //                                   each quarter-warp reads distinct banks) instead of every lane
@@ -252,23 +253,24 @@ gemv_gguf_f32_lanes_norm(const u8* __restrict__ W, long long bpr, int rows, int 
 }
 #endif
 
-// silu(gate) * up of the NB activation rows computed once per block into shared memory (each thread
-// 1/128 of them, float4 at a time) before the lanes read it: the fused SILU loader instead has every
-// warp recompute all K values, a serial chain of expf and divisions per lane that few warps cannot
-// hide (H200, SmolLM2's 576x1536 down projection: ~7.8 us of its decode graph). Same expression,
-// same order of the dot products, so the same bits. K <= 32 * E; gate / up rows 16-byte aligned.
-template <int NB, int E>
+// silu(gate) * up of the NB activation rows computed once per block into shared memory (h, rows of
+// K values; each thread a share of them, float4 at a time) before the dot products read it: the
+// fused SILU loader instead has every warp recompute all K values, a serial chain of expf and
+// divisions per lane that few warps cannot hide (H200, SmolLM2's 576x1536 down projection: its
+// batch-4 decode graph 1,932 -> 1,799 us). Same expression, same order of the dot products, so the
+// same bits. gate / up rows 16-byte aligned.
+template <int NB>
 struct SiluMulInto {
     const float *g, *u;
     long long ldg, ldu;
-    float (*h)[32 * E];
+    float* h;
     int K;
     __device__ __forceinline__ void operator()() const {
-        for (int i = threadIdx.x; i < NB * (K / 4); i += GEMV_THREADS) {
+        for (int i = threadIdx.x; i < NB * (K / 4); i += blockDim.x) {
             const int c = i / (K / 4), j = i - c * (K / 4);
             const float4 gv = ((const float4*)(g + c * ldg))[j], uv = ((const float4*)(u + c * ldu))[j];
-            ((float4*)h[c])[j] = make_float4(silu_mul1(gv.x, uv.x), silu_mul1(gv.y, uv.y), silu_mul1(gv.z, uv.z),
-                                             silu_mul1(gv.w, uv.w));
+            ((float4*)(h + (long long)c * K))[j] = make_float4(silu_mul1(gv.x, uv.x), silu_mul1(gv.y, uv.y),
+                                                               silu_mul1(gv.z, uv.z), silu_mul1(gv.w, uv.w));
         }
         __syncthreads();
     }
@@ -280,11 +282,34 @@ gemv_gguf_f32_lanes_silu(const u8* __restrict__ W, long long bpr, int rows, int 
                          long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
                          float* __restrict__ y) {
     constexpr int TAB = QTraits<QT>::TAB;
-    __shared__ __align__(16) float h_s[NB][32 * E];
+    __shared__ __align__(16) float h_s[NB * 32 * E];
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
-    f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, &h_s[0][0], 32 * E, nullptr, 0, bias, y, tab,
-                                        SiluMulInto<NB, E>{g, u, ldg, ldu, h_s, K});
+    f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, h_s, K, nullptr, 0, bias, y, tab,
+                                        SiluMulInto<NB>{g, u, ldg, ldu, h_s, K});
+}
+
+// The block kernel (gemv_gguf_f32) over silu(gate) * up staged the same way (K <= 32 * E).
+template <int QT, int NB, int R, int E>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_block_silu(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ g,
+                         long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
+                         float* __restrict__ y) {
+    constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
+    __shared__ __align__(16) float h_s[NB * 32 * E];
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int row0 = blockIdx.x * R;
+    const u8* wr[R];
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    prefetch_l2(wr[0], bpr * (min(rows, row0 + R) - row0));
+    pdl_wait();
+    SiluMulInto<NB>{g, u, ldg, ldu, h_s, K}();
+    float acc[R][NB];
+    zero_acc<R, NB>(acc);
+    const int nunits = (K / QTraits<QT>::QK) * NSUB;
+    for (int t = threadIdx.x; t < nunits; t += blockDim.x) unit_rows_global<QT, NB, R>(wr, t, tab, h_s, K, acc);
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
 // --- x staged in shared memory --------------------------------------------------------------
@@ -408,6 +433,8 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
     template __global__ void gemv_gguf_f32_lanes_norm<T, 1, 2, 16, 32>(                               \
         const u8*, long long, int, int, const float*, const float*, const float*, float, float*, const float*, float*); \
     template __global__ void gemv_gguf_f32_lanes_silu<T, 1, 2, 32, 48>(                               \
+        const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*); \
+    template __global__ void gemv_gguf_f32_block_silu<T, 1, 2, 48>(                                   \
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)

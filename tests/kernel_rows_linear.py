@@ -389,7 +389,9 @@ def _ref_silu_linear(inp):
     return NumpyOps().linear(_ref_x(inp, act), _deq64(inp))
 
 
-def _cuda_silu_linear(views: bool):
+def _cuda_silu_linear(views: bool, block_rows: int = 0):
+    """block_rows: the staged silu(gate) * up GEMV as the block kernel of that many rows at any batch
+    (0: the default choice)."""
     def run(inp, poison):
         import cupy as cp
 
@@ -402,7 +404,13 @@ def _cuda_silu_linear(views: bool):
         if not views:
             gate, up = cp.ascontiguousarray(gate), cp.ascontiguousarray(up)
         out = poison((gu.shape[0], inp["shape"][0]), np.float32)
-        got = linear_cuda.silu_mul_linear(gate, up, w, out=out)
+        old = linear_cuda.F32_SILU_BLOCK_MIN_BATCH, linear_cuda.F32_SILU_BLOCK_ROWS
+        if block_rows:
+            linear_cuda.F32_SILU_BLOCK_MIN_BATCH, linear_cuda.F32_SILU_BLOCK_ROWS = 1, block_rows
+        try:
+            got = linear_cuda.silu_mul_linear(gate, up, w, out=out)
+        finally:
+            linear_cuda.F32_SILU_BLOCK_MIN_BATCH, linear_cuda.F32_SILU_BLOCK_ROWS = old
         assert got is out
         return got
     return run
@@ -425,6 +433,10 @@ def _silu_linear_rows():
         rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-{act}" + ("-views" if views else ""),
                               _make_silu_linear(qtype, n, inter, act), _ref_silu_linear, _cuda_silu_linear(views),
                               tol))
+    for qtype, n, inter, r in (("Q4_1", 1, 1536, 2), ("Q4_1", 3, 1536, 1), ("Q8_0", 8, 576, 4)):
+        rows.append(KernelRow("silu_mul_linear", f"{qtype.lower()}-n{n}-i{inter}-block{r}-views",
+                              _make_silu_linear(qtype, n, inter, "auto"), _ref_silu_linear, _cuda_silu_linear(True, r),
+                              2e-5))
     return rows
 
 

@@ -151,7 +151,12 @@ F32_LANES_SHORT = 16              # lanes per row group for rows of <= 32 units;
 F32_XS_ROWS = 4                   # rows per block of the xs kernel
 F32_XS_ROWS_HEAVY = {"Q3_K": 2}   # from batch 7 on: decoders whose R = 4 kernels spill registers
 F32_BLOCK_MIN_ROWS = 16384         # short rows at batch 1: from this many rows (an LM head) the block kernel, R = 4
-F32_SILU_STAGE_BYTES = 32 << 10  # shared memory of the staged silu(gate) * up (gemv_gguf_f32_lanes_silu)
+# the staged silu(gate) * up GEMV from this batch on as the block kernel of F32_SILU_BLOCK_ROWS rows, below
+# as the lanes kernel (H200, SmolLM2 decode graphs: batch 4 1,805 -> 1,679 us with 4 rows, 1,726 with 1;
+# batch 1 743 against 780-815)
+F32_SILU_BLOCK_MIN_BATCH = 4
+F32_SILU_BLOCK_ROWS = 4
+F32_SILU_STAGE_BYTES = 32 << 10  # shared memory of the staged silu(gate) * up (gemv_gguf_f32_*_silu)
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,8 @@ def _gguf_gemv_f32(qtype: str, kqtype: str, kind: str, expr: str):
 def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=None) -> None:
     """out [nb, rows] = x [nb, K] @ w.T (+ bias) by the fp32-activation GEMV of shape cfg; x rows
     contiguous (x may have a row stride for the lanes kernel). up (lanes kernel only): the
-    activations are silu(x) * up instead."""
+    activations are silu(x) * up instead, staged in shared memory by each block where they fit
+    (silu_stage_units), by the lanes kernel or, from batch F32_SILU_BLOCK_MIN_BATCH, the block kernel."""
     k = w.cols
     tid = w.type_id
     rpb = cfg.rows_per_block()
@@ -219,14 +225,19 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     grid, tail = ((w.rows + rpb - 1) // rpb,), (null_arg() if bias is None else bias, out)
     e = silu_stage_units(k, nb) if up is not None else None
     if e is not None:
-        expr = f"gemv_gguf_f32_lanes_silu<{tid}, {nb}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
+        if nb >= F32_SILU_BLOCK_MIN_BATCH:
+            r = F32_SILU_BLOCK_ROWS
+            expr = f"gemv_gguf_f32_block_silu<{tid}, {nb}, {r}, {e}>"
+            grid, threads = ((w.rows + r - 1) // r,), gemv_threads(k // 32)
+        else:
+            expr = f"gemv_gguf_f32_lanes_silu<{tid}, {nb}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
         kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))(grid, (threads,), head + tail)
         return
     _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(grid, (threads,), head + tail)
 
 
 def silu_stage_units(k: int, nb: int) -> int | None:
-    """E of gemv_gguf_f32_lanes_silu (its shared silu(gate) * up rows hold 32 * E values, E a multiple
+    """E of gemv_gguf_f32_*_silu (their shared silu(gate) * up rows fit 32 * E values, E a multiple
     of 16) for nb rows of k values, or None where they would pass F32_SILU_STAGE_BYTES: then every
     lane computes its own units' silu(gate) * up (the lanes kernel's SILU loader)."""
     e = -(-k // 512) * 16

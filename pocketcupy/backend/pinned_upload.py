@@ -1,17 +1,20 @@
 """Small per-step host arrays (sampler parameters, token rows) to the device through pinned
 buffers: cudaMemcpyAsync from pinned memory returns at once, while cupy.asarray of a NumPy array
 copies from pageable memory (~40 us of host time a call under cProfile on the H200 machine, twice
-a decode step). Each stream has its own ring of slots (pinned buffer, device buffer): a slot is
-reused once the copy out of it has finished, and the copy into its device buffer is ordered after
-the kernels queued on that stream that read it before."""
+a decode step). Each thread and stream has its own ring of slots (pinned buffer, device buffer):
+a slot is reused once the copy out of it has finished, and the copy into its device buffer is
+ordered after the kernels queued on that stream that read it before (threads share the null
+stream, so one thread's uploads must not overwrite a slot another has yet to launch a reader of)."""
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 
 RING_SLOTS = 4
 MIN_SLOT_BYTES = 4096
 
-_rings: dict[tuple[int, int], "_Ring"] = {}
+_local = threading.local()      # .rings: (device id, stream pointer) -> _Ring
 
 
 class _Ring:
@@ -21,13 +24,14 @@ class _Ring:
 
 
 def upload(a: np.ndarray):
-    """A device copy of `a` (a view of a ring slot's buffer, valid for the kernels queued on the
-    current stream until RING_SLOTS more uploads there), copied on the current stream."""
+    """A device copy of `a` (a view of a ring slot's buffer, valid for the kernels this thread
+    queues on the current stream until its next RING_SLOTS uploads there), copied on that stream."""
     import cupy as cp
 
     a = np.ascontiguousarray(a)
     stream = cp.cuda.get_current_stream()
-    ring = _rings.setdefault((cp.cuda.Device().id, stream.ptr), _Ring())
+    rings = _local.__dict__.setdefault("rings", {})
+    ring = rings.setdefault((cp.cuda.Device().id, stream.ptr), _Ring())
     i, ring.next = ring.next, (ring.next + 1) % RING_SLOTS
     slot = ring.slots[i]
     if slot is None or slot[1].nbytes < a.nbytes:
