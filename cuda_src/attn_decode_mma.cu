@@ -184,11 +184,15 @@ __device__ __forceinline__ void decode_mma_body(
     chunk = max(DM_MIN_CHUNK, (chunk + DM_KEYS - 1) / DM_KEYS * DM_KEYS);
     const int k_begin = split * chunk, k_end = min(ctx, k_begin + chunk);
     // splits this sequence uses (the rest are empty): when the blocks merge their own splits, the
-    // empty ones leave at once and the merge reads only these (a graph's split count is set by the
-    // longest context, so at short contexts most splits are empty); attn_decode_combine_f32 reads
-    // every split, so without counters the empty ones still write their zero weight
+    // empty ones leave once they have waited (pdl.cuh) and the merge reads only these (a graph's
+    // split count is set by the longest context, so at short contexts most splits are empty);
+    // attn_decode_combine_f32 reads every split, so without counters the empty ones still write
+    // their zero weight
     const int ns = counters != nullptr ? max(1, (ctx + chunk - 1) / chunk) : num_splits;
-    if (split >= ns) return;
+    if (split >= ns) {
+        pdl_wait();
+        return;
+    }
     const int* table = block_tables + (i64)b * bt_stride;
     const i64 prow0 = (i64)b * hq_total + h0;         // part row of head 0 (times num_splits)
     const i64 out0 = (i64)b * out_stride + (i64)h0 * D;   // value 0 in out
