@@ -91,7 +91,7 @@ PQ_DEV void unit_accum(const Unit (&u)[R], const LD& ld, float (&acc)[R][NB], in
     }
 }
 
-// unit t of all R rows, dotted with the NB activation rows read straight from global memory
+// unit t of all R rows, dotted with the NB activation rows read straight from x (global or shared memory)
 template <int QT, int NB, int R>
 PQ_DEV void unit_rows_global(const u8* const (&wr)[R], int t, const u32* tab, const float* __restrict__ x, int K,
                              float (&acc)[R][NB]) {
@@ -117,24 +117,39 @@ PQ_DEV void zero_acc(float (&acc)[R][NB]) {
         for (int n = 0; n < NB; ++n) acc[r][n] = 0.0f;
 }
 
-// Grid: ceil(rows / R); block: 32-128 threads (fewer for short rows).
-template <int QT, int NB, int R>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
-              const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
-    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = stage_table<QT>(tab_s);
+struct NoPrologue {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+// Grid: ceil(rows / R); block: 32-128 threads (fewer for short rows), striding over the units of
+// the block's R rows; activation row n at x + n * K. after_wait() runs (the whole block) between
+// pdl_wait and the first read of x (x carries no __restrict__: after_wait may write it).
+template <int QT, int NB, int R, class AfterWait>
+PQ_DEV void f32_block_rows(const u8* __restrict__ W, long long bpr, int rows, int K, const float* x,
+                           const float* __restrict__ bias, float* __restrict__ y, const u32* tab,
+                           AfterWait after_wait) {
+    constexpr int NSUB = QTraits<QT>::QK / 32;
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
     row_ptrs<R>(W, bpr, row0, rows, wr);
     prefetch_l2(wr[0], bpr * (min(rows, row0 + R) - row0));   // the rows are consecutive
     pdl_wait();
+    after_wait();
     float acc[R][NB];
     zero_acc<R, NB>(acc);
     const int nunits = (K / QTraits<QT>::QK) * NSUB;
     for (int t = threadIdx.x; t < nunits; t += blockDim.x) unit_rows_global<QT, NB, R>(wr, t, tab, x, K, acc);
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+}
+
+template <int QT, int NB, int R>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
+              const float* __restrict__ bias, float* __restrict__ y) {
+    constexpr int TAB = QTraits<QT>::TAB;
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    f32_block_rows<QT, NB, R>(W, bpr, rows, K, x, bias, y, tab, NoPrologue{});
 }
 
 // Units t and t2 (= t + L, or t again past the end: loads stay unconditional) of the R rows
@@ -203,10 +218,6 @@ PQ_DEV void f32_lanes_rows(const u8* __restrict__ W, long long bpr, int rows, in
     }
     gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
 }
-
-struct NoPrologue {
-    __device__ __forceinline__ void operator()() const {}
-};
 
 template <int QT, int NB, int R, int L, bool SILU>
 __global__ void __launch_bounds__(GEMV_THREADS)
@@ -295,21 +306,11 @@ __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_block_silu(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ g,
                          long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
                          float* __restrict__ y) {
-    constexpr int NSUB = QTraits<QT>::QK / 32, TAB = QTraits<QT>::TAB;
+    constexpr int TAB = QTraits<QT>::TAB;
     __shared__ __align__(16) float h_s[NB * 32 * E];
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
-    const int row0 = blockIdx.x * R;
-    const u8* wr[R];
-    row_ptrs<R>(W, bpr, row0, rows, wr);
-    prefetch_l2(wr[0], bpr * (min(rows, row0 + R) - row0));
-    pdl_wait();
-    SiluMulInto<NB>{g, u, ldg, ldu, h_s, K}();
-    float acc[R][NB];
-    zero_acc<R, NB>(acc);
-    const int nunits = (K / QTraits<QT>::QK) * NSUB;
-    for (int t = threadIdx.x; t < nunits; t += blockDim.x) unit_rows_global<QT, NB, R>(wr, t, tab, h_s, K, acc);
-    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+    f32_block_rows<QT, NB, R>(W, bpr, rows, K, h_s, bias, y, tab, SiluMulInto<NB>{g, u, ldg, ldu, h_s, K});
 }
 
 // --- x staged in shared memory --------------------------------------------------------------
