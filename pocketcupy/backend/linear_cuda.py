@@ -30,8 +30,10 @@ GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")       # gemv_kquant.cu (the DP4A K-quant GEMV)
 KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
-# batch-1 int8 GEMV (gemv_gguf.cu) of these types on rows of > 128 units: rows a block (q8_gemv_launch)
+# batch-1 int8 GEMV (gemv_gguf.cu) of these types on rows of more than Q8_B1_LONG_ROW_UNITS units:
+# Q8_B1_LONG_ROW_ROWS rows a block (q8_gemv_launch)
 Q8_B1_LONG_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+Q8_B1_LONG_ROW_UNITS = 128
 Q8_B1_LONG_ROW_ROWS = 4
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
@@ -134,7 +136,7 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
         if qtype != "Q6_K":
             return Q8Gemv("kquant", 1, unroll=1)
     if nb == 1:
-        long_rows = units > 128 and qtype in Q8_B1_LONG_ROW_QTYPES
+        long_rows = units > Q8_B1_LONG_ROW_UNITS and qtype in Q8_B1_LONG_ROW_QTYPES
         return Q8Gemv("block", Q8_B1_LONG_ROW_ROWS if long_rows else 2, gemv_threads(units))
     return Q8Gemv("block", 2, 32) if units <= 128 else Q8Gemv("block", 4, 64)
 
