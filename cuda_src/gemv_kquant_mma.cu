@@ -532,19 +532,16 @@ template __global__ void quantize_q8k_x<false>(const float*, long long, const fl
 template __global__ void quantize_q8k_x<true>(const float*, long long, const float*, long long, int, long long,
                                               signed char*, float*, short*);
 // nvcc-only instances (the module NVRTC builds names its own): gemv_kquant_mma<QT, NT, TG, WARPS, U[,
-// MINB, RW, ACC, FULL, MT]>; the basic shapes for Q4_K, each other type once besides the variants below
-// (every shape for every type made this the slowest file of CI's compile check)
+// MINB, RW, ACC, FULL, MT]>; every tile count, type and launch feature once rather than every
+// combination (all of them made this the slowest file of CI's compile check)
 #define PQ_INSTK(...)                                                                                          \
     template __global__ void gemv_kquant_mma<__VA_ARGS__>(const u8*, long long, int, int, const signed char*,  \
                                                           const float*, const short*, int, const float*, float*);
-#define PQ_INST_ALL(T)                                                                                         \
-    PQ_INSTK(T, 1, 1, 4, 2) PQ_INSTK(T, 2, 2, 4, 2) PQ_INSTK(T, 4, 4, 4, 2) PQ_INSTK(T, 8, 8, 4, 2)          \
-    PQ_INSTK(T, 1, 1, 8, 1) PQ_INSTK(T, 2, 2, 8, 1)
-PQ_INST_ALL(pq::Q4_K) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2) PQ_INSTK(pq::Q6_K, 4, 4, 4, 2) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 2)
+PQ_INSTK(pq::Q4_K, 1, 1, 4, 2) PQ_INSTK(pq::Q4_K, 8, 8, 4, 2) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2)
+PQ_INSTK(pq::Q6_K, 4, 4, 4, 2) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 2)
 PQ_INSTK(pq::Q4_K, 8, 4, 4, 1) PQ_INSTK(pq::Q4_K, 8, 2, 8, 1)
 PQ_INSTK(pq::Q4_K, 8, 8, 4, 2, 0, 4) PQ_INSTK(pq::Q6_KP, 4, 4, 8, 1, 0, 4) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2, 0, 2)
-PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 0) PQ_INSTK(pq::Q4_K, 1, 1, 4, 2, 0, 1, 1, 0)
-PQ_INSTK(pq::Q5_K, 4, 4, 4, 1, 0, 1, 1, 0) PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 0, 1)
+PQ_INSTK(pq::Q4_K, 1, 1, 4, 2, 0, 1, 1, 0) PQ_INSTK(pq::Q5_K, 4, 4, 4, 1, 0, 1, 1, 0)
 PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 1) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 1, 0, 4, 0, 1)
 PQ_INSTK(pq::Q4_K, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q5_K, 1, 1, 4, 1, 0, 1, 0, 0, 2)
 PQ_INSTK(pq::Q6_KP, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q6_K, 2, 2, 4, 1, 0, 1, 0, 0, 2)
@@ -553,9 +550,8 @@ PQ_INSTK(pq::Q6_KP, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q6_K, 2, 2, 4, 1, 0,
         int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,        \
         const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int,    \
         const float*, float*);
-PQ_INST3(1, 1, 4, 2) PQ_INST3(2, 2, 4, 2) PQ_INST3(4, 4, 4, 2) PQ_INST3(8, 8, 4, 2)
+PQ_INST3(1, 1, 4, 2) PQ_INST3(8, 8, 4, 2)
 PQ_INST3(8, 8, 4, 1, 3, 1, 1) PQ_INST3(4, 4, 8, 1, 0, 4)
 #undef PQ_INST3
-#undef PQ_INST_ALL
 #undef PQ_INSTK
 #endif
