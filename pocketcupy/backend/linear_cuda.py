@@ -71,7 +71,7 @@ def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     if w.is_dense:
         kind = "_mma" if (dense_kind or dense_gemv_kind(w, nb)) == "mma" else ""
         return f"gemv_{w.qtype.lower()}{kind}_bs{nb}"
-    cfg = f32_gemv_config(w.cols // 32, nb, w.qtype, w.rows)
+    cfg = weight_f32_gemv_config(w, nb)
     shape = f"lanes{cfg.lanes}" if cfg.kind == "lanes" else cfg.kind
     return f"gemv_{w.qtype.lower()}_f32_{shape}_r{cfg.rows_per_group}_bs{nb}"
 
@@ -207,6 +207,11 @@ def _default_f32_exprs(qtype: str, kqtype: str, kind: str) -> tuple[str, ...]:
     return tuple(sorted(cfgs))
 
 
+def weight_f32_gemv_config(w: "CudaWeight", nb: int) -> F32Gemv:
+    """f32_gemv_config for this weight's rows at batch nb."""
+    return f32_gemv_config(w.cols // 32, nb, w.qtype, w.rows)
+
+
 @functools.lru_cache(maxsize=None)
 def _gguf_gemv_f32(qtype: str, kqtype: str, kind: str, expr: str):
     """One compiled module per (qtype, layout, kind) holds every default launch shape of that kind;
@@ -264,7 +269,7 @@ def norm_linear_lanes(w, n: int) -> F32Gemv | None:
     if not (isinstance(w, CudaWeight) and not w.is_dense and not w.act_q8 and n == 1
             and w.cols % 32 == 0 and norm_warp_dim(w.cols) is not None):
         return None
-    cfg = f32_gemv_config(w.cols // 32, n, w.qtype, w.rows)
+    cfg = weight_f32_gemv_config(w, n)
     return cfg if cfg.kind == "lanes" else None
 
 
@@ -408,7 +413,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
     else over column tiles of GEMV_MAX_BATCH; up: the activations are silu(x) * up
     (int8 activations only; the fp32 lanes kernel fuses it itself, see silu_mul_linear); xqd / xk:
     x already quantized (quantize_x / quantize_x_q8k)."""
-    n, k = x.shape
+    n = x.shape[0]
     nt = gguf_mma_tiles(w, n)
     if nt:
         launch_gemv_kquant_mma(w, xk or quantize_x_q8k(x, up), bias, out, n, nt)
@@ -420,7 +425,7 @@ def _gemv_gguf(x, w: CudaWeight, bias, out, up=None, xqd=None, xk=None) -> None:
         if w.act_q8:
             launch_gemv_q8(w, xq[n0:], xds[n0:], bias, out[n0:], nb)
         else:
-            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, f32_gemv_config(k // 32, nb, w.qtype, w.rows))
+            launch_gemv_f32(w, x[n0:], bias, out[n0:], nb, weight_f32_gemv_config(w, nb))
 
 
 def _cast(x, qtype: str):
@@ -637,7 +642,7 @@ def silu_mul_linear(gate, up, w, out=None):
     elif not w.is_dense and w.act_q8 and vec4:
         _gemv_gguf(gate, w, None, out, up=up)
     elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and vec4 \
-            and (cfg := f32_gemv_config(k // 32, n, w.qtype, w.rows)).kind == "lanes":
+            and (cfg := weight_f32_gemv_config(w, n)).kind == "lanes":
         launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
     else:
         linear(silu_mul(gate, up), w, out=out)
