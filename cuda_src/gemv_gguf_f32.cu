@@ -265,23 +265,39 @@ gemv_gguf_f32_lanes_norm(const u8* __restrict__ W, long long bpr, int rows, int 
 #endif
 
 // silu(gate) * up of the NB activation rows computed once per block into shared memory (h, rows of
-// K values; each thread a share of them, float4 at a time) before the dot products read it: the
-// fused SILU loader instead has every warp recompute all K values, a serial chain of expf and
-// divisions per lane that few warps cannot hide (H200, SmolLM2's 576x1536 down projection: its
-// batch-4 decode graph 1,932 -> 1,799 us). Same expression, same order of the dot products, so the
-// same bits. gate / up rows 16-byte aligned.
-template <int NB>
+// K <= 32 * E values; each thread a share of them, float4 at a time) before the dot products read
+// it: the fused SILU loader instead has every warp recompute all K values, a serial chain of expf
+// and divisions per lane that few warps cannot hide (H200, SmolLM2's 576x1536 down projection: its
+// batch-4 decode graph 1,932 -> 1,799 us). A thread issues the loads of up to PER float4s of gate
+// and up before it computes and stores any (a loop of load-compute-store paid one L2 round trip
+// per float4: the compiler may not move a global load above a store through h). Same expression,
+// same order of the dot products, so the same bits. gate / up rows 16-byte aligned.
+template <int NB, int E>
 struct SiluMulInto {
     const float *g, *u;
     long long ldg, ldu;
     float* h;
     int K;
     __device__ __forceinline__ void operator()() const {
-        for (int i = threadIdx.x; i < NB * (K / 4); i += blockDim.x) {
-            const int c = i / (K / 4), j = i - c * (K / 4);
-            const float4 gv = ((const float4*)(g + c * ldg))[j], uv = ((const float4*)(u + c * ldu))[j];
-            ((float4*)(h + (long long)c * K))[j] = make_float4(silu_mul1(gv.x, uv.x), silu_mul1(gv.y, uv.y),
-                                                               silu_mul1(gv.z, uv.z), silu_mul1(gv.w, uv.w));
+        constexpr int PER = NB * 8 * E / GEMV_THREADS < 4 ? (NB * 8 * E + GEMV_THREADS - 1) / GEMV_THREADS : 4;
+        const int k4 = K / 4, n4 = NB * k4;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += PER * blockDim.x) {
+            float4 gv[PER], uv[PER];
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+                const int i = i0 + e * blockDim.x, c = i / k4, j = i - c * k4;
+                if (i < n4) {
+                    gv[e] = ((const float4*)(g + c * ldg))[j];
+                    uv[e] = ((const float4*)(u + c * ldu))[j];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < PER; ++e) {
+                const int i = i0 + e * blockDim.x;
+                if (i < n4)
+                    ((float4*)h)[i] = make_float4(silu_mul1(gv[e].x, uv[e].x), silu_mul1(gv[e].y, uv[e].y),
+                                                  silu_mul1(gv[e].z, uv[e].z), silu_mul1(gv[e].w, uv[e].w));
+            }
         }
         __syncthreads();
     }
@@ -297,7 +313,7 @@ gemv_gguf_f32_lanes_silu(const u8* __restrict__ W, long long bpr, int rows, int 
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
     f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, h_s, K, nullptr, 0, bias, y, tab,
-                                        SiluMulInto<NB>{g, u, ldg, ldu, h_s, K});
+                                        SiluMulInto<NB, E>{g, u, ldg, ldu, h_s, K});
 }
 
 // The block kernel (gemv_gguf_f32) over silu(gate) * up staged the same way (K <= 32 * E).
@@ -310,7 +326,7 @@ gemv_gguf_f32_block_silu(const u8* __restrict__ W, long long bpr, int rows, int 
     __shared__ __align__(16) float h_s[NB * 32 * E];
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
-    f32_block_rows<QT, NB, R>(W, bpr, rows, K, h_s, bias, y, tab, SiluMulInto<NB>{g, u, ldg, ldu, h_s, K});
+    f32_block_rows<QT, NB, R>(W, bpr, rows, K, h_s, bias, y, tab, SiluMulInto<NB, E>{g, u, ldg, ldu, h_s, K});
 }
 
 // --- x staged in shared memory --------------------------------------------------------------
