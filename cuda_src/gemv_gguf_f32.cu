@@ -11,7 +11,8 @@
 //                                   groups per block of 128), two units in flight per lane,
 //                                   shuffle-only reduction; SILU: activations silu(gate) * up;
 //   gemv_gguf_f32_lanes_norm<QT,NB,R,L,E>  the same over rms_norm(x + res) * w, which each block
-//                                   computes itself (a norm launch fewer);
+//                                   computes itself (a norm launch fewer); _gated<QT,NB,L,E>: over
+//                                   [gate; up], writing silu(gate) * up (the down projection's input);
 //   gemv_gguf_f32_lanes_silu<QT,NB,R,L,E>, gemv_gguf_f32_block_silu<QT,NB,R,E>  the lanes / block
 //                                   kernel over silu(gate) * up, staged by each block;
 //   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
@@ -172,16 +173,26 @@ PQ_DEV void decode_unit_pair(const u8* const (&wr)[R], int t, int nunits, const 
 // silu(x) * up instead (up + n * ldu), the fused SiLU*up of a gated MLP. after_wait() runs
 // (the whole block) between pdl_wait and the first read of x. x and up carry no __restrict__ here:
 // after_wait may write what x points to (the kernels' own parameters keep theirs).
-template <int QT, int NB, int R, int L, bool SILU, class AfterWait>
+// GATED (R == 2): the weight is [gate; up] of 2 * rows rows; group i takes rows i and rows + i and
+// writes y[n, i] = silu(gate) * up of their sums (bias unused) -- the input of the down projection,
+// so that projection needs no SiLU of its own.
+template <int QT, int NB, int R, int L, bool SILU, bool GATED = false, class AfterWait>
 PQ_DEV void f32_lanes_rows(const u8* __restrict__ W, long long bpr, int rows, int K, const float* x, long long ldx,
                            const float* up, long long ldu, const float* __restrict__ bias, float* __restrict__ y,
                            const u32* tab, AfterWait after_wait) {
     static_assert(L >= 2 && L <= 32 && (L & (L - 1)) == 0, "L: a power of two <= 32");
+    static_assert(!GATED || R == 2, "GATED: a gate row and an up row per group");
     constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32;
     const int l = threadIdx.x & (L - 1);
-    const int row0 = (blockIdx.x * (GEMV_THREADS / L) + (int)(threadIdx.x / L)) * R;
+    const int group = blockIdx.x * (GEMV_THREADS / L) + (int)(threadIdx.x / L);
+    const int row0 = GATED ? group : group * R;
     const u8* wr[R];
-    row_ptrs<R>(W, bpr, row0, rows, wr);
+    if constexpr (GATED) {
+        wr[0] = W + (long long)min(group, rows - 1) * bpr;
+        wr[R - 1] = wr[0] + (long long)rows * bpr;
+    } else {
+        row_ptrs<R>(W, bpr, row0, rows, wr);
+    }
     float acc[R][NB];
     zero_acc<R, NB>(acc);
     const int nunits = (K / QK) * NSUB;
@@ -216,7 +227,20 @@ PQ_DEV void f32_lanes_rows(const u8* __restrict__ W, long long bpr, int rows, in
         }
 #undef PQ_F4
     }
-    gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
+    if constexpr (GATED) {
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            float g = acc[0][n], u = acc[R - 1][n];   // summed as gemv_reduce_lanes_store sums
+#pragma unroll
+            for (int o = L / 2; o > 0; o >>= 1) {
+                g += __shfl_xor_sync(0xffffffffu, g, o);
+                u += __shfl_xor_sync(0xffffffffu, u, o);
+            }
+            if (l == n % L && row0 < rows) y[(long long)n * rows + row0] = silu_mul1(g, u);
+        }
+    } else {
+        gemv_reduce_lanes_store<NB, R, L>(acc, row0, rows, bias, y);
+    }
 }
 
 template <int QT, int NB, int R, int L, bool SILU>
@@ -261,6 +285,21 @@ gemv_gguf_f32_lanes_norm(const u8* __restrict__ W, long long bpr, int rows, int 
     const u32* tab = stage_table<QT>(tab_s);
     f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, &h_s[0][0], 32 * E, nullptr, 0, bias, y, tab,
                                         NormInto<NB, E>{x, res, wn, res_out, h_s, K, eps});
+}
+
+// The same over a gated MLP's [gate; up] (2 * inter rows): y [NB, inter] = silu(gate) * up.
+template <int QT, int NB, int L, int E>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_gguf_f32_lanes_norm_gated(const u8* __restrict__ W, long long bpr, int inter, int K,
+                               const float* __restrict__ x, const float* __restrict__ res,
+                               const float* __restrict__ wn, float eps, float* __restrict__ res_out,
+                               float* __restrict__ y) {
+    constexpr int TAB = QTraits<QT>::TAB;
+    __shared__ __align__(16) float h_s[NB][32 * E];
+    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
+    const u32* tab = stage_table<QT>(tab_s);
+    f32_lanes_rows<QT, NB, 2, L, false, true>(W, bpr, inter, K, &h_s[0][0], 32 * E, nullptr, 0, nullptr, y, tab,
+                                              NormInto<NB, E>{x, res, wn, res_out, h_s, K, eps});
 }
 #endif
 
@@ -453,6 +492,8 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
                                                              const float*, const float*, float*);   \
     template __global__ void gemv_gguf_f32_lanes_norm<T, 1, 2, 16, 32>(                               \
         const u8*, long long, int, int, const float*, const float*, const float*, float, float*, const float*, float*); \
+    template __global__ void gemv_gguf_f32_lanes_norm_gated<T, 1, 16, 32>(                             \
+        const u8*, long long, int, int, const float*, const float*, const float*, float, float*, float*); \
     template __global__ void gemv_gguf_f32_lanes_silu<T, 1, 2, 32, 48>(                               \
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*); \
     template __global__ void gemv_gguf_f32_block_silu<T, 1, 2, 48>(                                   \

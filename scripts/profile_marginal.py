@@ -4,7 +4,8 @@ step, PDL overlap and launch gaps included (which ncu's serialised per-kernel ti
 Prints one JSON object.
 
     python scripts/profile_marginal.py MODEL [--batch 1] [--context 512] \\
-        [--remove rope_attention,add_rms_norm,linears,linear:wqkv,linear:wo,linear:w_gate_up,silu_mul_linear,linear:lm_head]
+        [--remove rope_attention,add_rms_norm,add_rms_norm_linear,add_rms_norm_mlp,linears,linear:wqkv,linear:wo,\\
+         linear:w_gate_up,linear:w_down,silu_mul_linear,linear:lm_head]
 
 A removal spec is an ops method name, optionally with ":attr": then only the calls whose weight
 (second argument) is that attribute of a layer or of the model (wo, w_gate_up, lm_head, ...). A
@@ -25,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from profile_decode import replay_us  # noqa: E402
 from profile_kernels import start_decodes  # noqa: E402
 
-DEFAULT_REMOVE = ("rope_attention,add_rms_norm,linears,linear:wqkv,linear:wo,linear:w_gate_up,silu_mul_linear,"
+DEFAULT_REMOVE = ("rope_attention,add_rms_norm,add_rms_norm_linear,add_rms_norm_mlp,linears,linear:wqkv,linear:wo,"
+                  "linear:w_gate_up,linear:w_down,silu_mul_linear,"
                   "linear:lm_head")
 
 

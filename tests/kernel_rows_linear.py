@@ -575,4 +575,37 @@ def _norm_linear_rows():
     return rows
 
 
-ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows() + _norm_linear_rows()
+def _ref_norm_silu_mul(inp):
+    (gu, res), inter = _ref_norm_linear(inp), inp["shape"][0] // 2
+    return NumpyOps().silu_mul(gu[:, :inter], gu[:, inter:]), res
+
+
+def _cuda_norm_silu_mul(inp, poison):
+    """The gated one-launch form, bit for bit the lanes GEMV normalising its input followed by
+    silu_mul (a lane group sums a gate row and its up row with the same arithmetic)."""
+    import cupy as cp
+
+    from pocketcupy.backend import elementwise_cuda, linear_cuda
+
+    w = _cuda_weight(inp)
+    x, res, wn = (cp.asarray(inp[k]) for k in ("x", "res", "w_norm"))
+    got = linear_cuda.add_rms_norm_silu_mul(x, res, wn, inp["eps"], w)
+    assert got is not None, "add_rms_norm_silu_mul: no one-launch form for this row"
+    gu, res_apart = linear_cuda.add_rms_norm_linear(x, res, wn, inp["eps"], w)
+    inter = w.rows // 2
+    cp.testing.assert_array_equal(got[0], elementwise_cuda.silu_mul(gu[:, :inter], gu[:, inter:]))
+    cp.testing.assert_array_equal(got[1], res_apart)
+    return got
+
+
+def _norm_silu_mul_rows():
+    # SmolLM2's joined gate / up (2 x 1536 rows of 576), and 2 x 67 rows: the last block's groups
+    # past the end
+    return [KernelRow("add_rms_norm_silu_mul", f"{qtype.lower()}-n1-2x{inter}x{cols}",
+                      _make_norm_linear(qtype, 1, cols, 2 * inter, False), _ref_norm_silu_mul, _cuda_norm_silu_mul,
+                      2e-5)
+            for qtype, cols, inter in (("Q4_1", 576, 1536), ("Q8_0", 576, 67), ("Q5_0", 1024, 67))]
+
+
+ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows() + \
+    _norm_linear_rows() + _norm_silu_mul_rows()

@@ -278,6 +278,21 @@ def add_rms_norm_linear(x, residual, w_norm, eps: float, w, bias=None):
     """(linear(rms_norm(x + residual) * w_norm, w), x + residual) in one launch
     (gemv_gguf_f32_lanes_norm: each block normalises the input itself, with the warp-per-row norm's
     arithmetic); the new residual is a new array. None where norm_linear_lanes does not apply."""
+    return _norm_lanes_launch(x, residual, w_norm, eps, w, bias, gated=False)
+
+
+@cuda_op("add_rms_norm_silu_mul")
+def add_rms_norm_silu_mul(x, residual, w_norm, eps: float, w_gate_up):
+    """(silu(gate) * up, x + residual) for [gate; up] = linear(rms_norm(x + residual) * w_norm,
+    w_gate_up) in one launch (gemv_gguf_f32_lanes_norm_gated: a lane group sums gate row i and up
+    row i, so the down projection after it reads finished activations); the same bits as
+    add_rms_norm_linear followed by silu_mul. None where norm_linear_lanes does not apply."""
+    if not isinstance(w_gate_up, CudaWeight) or w_gate_up.rows % 2:
+        return None
+    return _norm_lanes_launch(x, residual, w_norm, eps, w_gate_up, None, gated=True)
+
+
+def _norm_lanes_launch(x, residual, w_norm, eps: float, w, bias, gated: bool):
     import cupy as cp
 
     from .elementwise_cuda import norm_warp_dim
@@ -288,15 +303,23 @@ def add_rms_norm_linear(x, residual, w_norm, eps: float, w, bias=None):
         return None
     x, residual = cp.ascontiguousarray(x, dtype=cp.float32), cp.ascontiguousarray(residual, dtype=cp.float32)
     w_norm = cp.ascontiguousarray(w_norm, dtype=cp.float32)
-    bias = None if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
-    out, res_out = cp.empty((n, w.rows), cp.float32), cp.empty_like(residual)
-    expr = (f"gemv_gguf_f32_lanes_norm<{w.type_id}, {n}, {cfg.rows_per_group}, {cfg.lanes}, "
-            f"{norm_warp_dim(w.cols) // 32}>")
-    rpb = cfg.rows_per_block()
-    kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))(
-        ((w.rows + rpb - 1) // rpb,), (GEMV_THREADS,),
-        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), x, residual, w_norm,
-         np.float32(eps), res_out, null_arg() if bias is None else bias, out))
+    res_out = cp.empty_like(residual)
+    e = norm_warp_dim(w.cols) // 32
+    head = (w.data, np.int64(w.data.shape[1]))
+    norm_args = (np.int32(w.cols), x, residual, w_norm, np.float32(eps), res_out)
+    if gated:
+        inter = w.rows // 2
+        out = cp.empty((n, inter), cp.float32)
+        expr = f"gemv_gguf_f32_lanes_norm_gated<{w.type_id}, {n}, {cfg.lanes}, {e}>"
+        grid = -(-inter // (GEMV_THREADS // cfg.lanes))
+        args = head + (np.int32(inter),) + norm_args + (out,)
+    else:
+        bias = None if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
+        out = cp.empty((n, w.rows), cp.float32)
+        expr = f"gemv_gguf_f32_lanes_norm<{w.type_id}, {n}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
+        grid = -(-w.rows // cfg.rows_per_block())
+        args = head + (np.int32(w.rows),) + norm_args + (null_arg() if bias is None else bias, out)
+    kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))((grid,), (GEMV_THREADS,), args)
     return out, res_out
 
 

@@ -106,6 +106,19 @@ class CudaOps:
         h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
         return self.linear(h, w, bias), residual
 
+    def add_rms_norm_mlp(self, x, residual, w_norm, eps: float, w_gate_up, w_down):
+        """(silu_mul_linear(gate, up, w_down), residual') for [gate; up], residual' =
+        add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up): where the GEMV normalises its own
+        input it also writes silu(gate) * up (linear_cuda.add_rms_norm_silu_mul), so the down
+        projection is a plain GEMV."""
+        fused = linear_cuda.add_rms_norm_silu_mul(x, residual, w_norm, eps, w_gate_up)
+        if fused is not None:
+            act, residual = fused
+            return self.linear(act, w_down), residual
+        gu, residual = self.add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up)
+        inter = gu.shape[1] // 2
+        return self.silu_mul_linear(gu[:, :inter], gu[:, inter:], w_down), residual
+
     def silu_mul(self, gate, up):
         return elementwise_cuda.silu_mul(gate, up)
 

@@ -75,6 +75,14 @@ class NumpyOps:
         h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
         return self.linear(h, w, bias), residual
 
+    def add_rms_norm_mlp(self, x, residual, w_norm, eps, w_gate_up, w_down):
+        """(silu_mul_linear(gate, up, w_down), residual') for [gate; up], residual' =
+        add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up): a gated MLP over a joined
+        gate / up weight (the CUDA backend writes silu(gate) * up from the GEMV where it can)."""
+        gu, residual = self.add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up)
+        inter = gu.shape[1] // 2
+        return self.silu_mul_linear(gu[:, :inter], gu[:, inter:], w_down), residual
+
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (1.0 + np.exp(-gate)) * up
 

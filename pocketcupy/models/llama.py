@@ -88,7 +88,7 @@ class LlamaModel:
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions [N] (flat batch) -> final hidden states [N, hidden]."""
-        ops, c, lay = self.ops, self.config, self.layout
+        ops, c = self.ops, self.config
         n = len(input_ids)
         x = self.tp.embedding(ops, self.embed, input_ids)
         residual = None
@@ -111,12 +111,13 @@ class LlamaModel:
                                       self.scale, feeds=[layer.wo])   # [n, Hq * D]
             x = self.tp.all_reduce(ops.linear(attn, layer.wo))
             if layer.w_gate_up is not None:
-                gu, residual = ops.add_rms_norm_linear(x, residual, layer.ffn_norm, c.rms_eps, layer.w_gate_up)
-                gate, up = gu[:, :lay.intermediate_size], gu[:, lay.intermediate_size:]
+                y, residual = ops.add_rms_norm_mlp(x, residual, layer.ffn_norm, c.rms_eps, layer.w_gate_up,
+                                                   layer.w_down)
             else:
                 h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
                 gate, up = ops.linears(h, [layer.w_gate, layer.w_up])
-            x = self.tp.all_reduce(ops.silu_mul_linear(gate, up, layer.w_down))
+                y = ops.silu_mul_linear(gate, up, layer.w_down)
+            x = self.tp.all_reduce(y)
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
 
