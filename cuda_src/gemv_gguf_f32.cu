@@ -13,8 +13,8 @@
 //   gemv_gguf_f32_lanes_norm<QT,NB,R,L,E>  the same over rms_norm(x + res) * w, which each block
 //                                   computes itself (a norm launch fewer); _gated<QT,NB,L,E>: over
 //                                   [gate; up], writing silu(gate) * up (the down projection's input);
-//   gemv_gguf_f32_lanes_silu<QT,NB,R,L,E>, gemv_gguf_f32_block_silu<QT,NB,R,E>  the lanes / block
-//                                   kernel over silu(gate) * up, staged by each block;
+//   gemv_gguf_f32_staged_silu<QT,NB,R,L,E>  the lanes kernel (L = 0: the block kernel) over
+//                                   silu(gate) * up, staged by each block;
 //   gemv_gguf_f32_xs<QT,NB,R,WS>    long rows: 128 threads on R rows, the activations staged in
 //                                   shared memory chunk by chunk (coalesced cp.async, padded so
 //                                   each quarter-warp reads distinct banks) instead of every lane
@@ -342,30 +342,22 @@ struct SiluMulInto {
     }
 };
 
+// The lanes kernel (L lanes a row group) or, with L == 0, the block kernel (gemv_gguf_f32) over
+// silu(gate) * up staged by SiluMulInto (K <= 32 * E).
 template <int QT, int NB, int R, int L, int E>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_f32_lanes_silu(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ g,
-                         long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
-                         float* __restrict__ y) {
+gemv_gguf_f32_staged_silu(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ g,
+                          long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
+                          float* __restrict__ y) {
     constexpr int TAB = QTraits<QT>::TAB;
     __shared__ __align__(16) float h_s[NB * 32 * E];
     __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
-    f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, h_s, K, nullptr, 0, bias, y, tab,
-                                        SiluMulInto<NB, E>{g, u, ldg, ldu, h_s, K});
-}
-
-// The block kernel (gemv_gguf_f32) over silu(gate) * up staged the same way (K <= 32 * E).
-template <int QT, int NB, int R, int E>
-__global__ void __launch_bounds__(GEMV_THREADS)
-gemv_gguf_f32_block_silu(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ g,
-                         long long ldg, const float* __restrict__ u, long long ldu, const float* __restrict__ bias,
-                         float* __restrict__ y) {
-    constexpr int TAB = QTraits<QT>::TAB;
-    __shared__ __align__(16) float h_s[NB * 32 * E];
-    __shared__ u32 tab_s[TAB > 0 ? TAB : 1];
-    const u32* tab = stage_table<QT>(tab_s);
-    f32_block_rows<QT, NB, R>(W, bpr, rows, K, h_s, bias, y, tab, SiluMulInto<NB, E>{g, u, ldg, ldu, h_s, K});
+    const SiluMulInto<NB, E> stage{g, u, ldg, ldu, h_s, K};
+    if constexpr (L > 0)
+        f32_lanes_rows<QT, NB, R, L, false>(W, bpr, rows, K, h_s, K, nullptr, 0, bias, y, tab, stage);
+    else
+        f32_block_rows<QT, NB, R>(W, bpr, rows, K, h_s, bias, y, tab, stage);
 }
 
 // --- x staged in shared memory --------------------------------------------------------------
@@ -494,9 +486,9 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
         const u8*, long long, int, int, const float*, const float*, const float*, float, float*, const float*, float*); \
     template __global__ void gemv_gguf_f32_lanes_norm_gated<T, 1, 16, 32>(                             \
         const u8*, long long, int, int, const float*, const float*, const float*, float, float*, float*); \
-    template __global__ void gemv_gguf_f32_lanes_silu<T, 1, 2, 32, 48>(                               \
+    template __global__ void gemv_gguf_f32_staged_silu<T, 1, 2, 32, 48>(                              \
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*); \
-    template __global__ void gemv_gguf_f32_block_silu<T, 1, 2, 48>(                                   \
+    template __global__ void gemv_gguf_f32_staged_silu<T, 1, 2, 0, 48>(                               \
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*);
 PQ_INST_DECODE(Q4_0) PQ_INST_DECODE(Q4_1) PQ_INST_DECODE(Q5_0) PQ_INST_DECODE(Q5_1) PQ_INST_DECODE(Q8_0)
 PQ_INST_DECODE(Q2_K) PQ_INST_DECODE(Q3_K) PQ_INST_DECODE(Q4_K) PQ_INST_DECODE(Q5_K) PQ_INST_DECODE(Q6_K)

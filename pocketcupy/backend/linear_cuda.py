@@ -242,10 +242,10 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     if e is not None:
         if nb >= F32_SILU_BLOCK_MIN_BATCH:
             r = F32_SILU_BLOCK_ROWS
-            expr = f"gemv_gguf_f32_block_silu<{tid}, {nb}, {r}, {e}>"
+            expr = f"gemv_gguf_f32_staged_silu<{tid}, {nb}, {r}, 0, {e}>"
             grid, threads = ((w.rows + r - 1) // r,), gemv_threads(k // 32)
         else:
-            expr = f"gemv_gguf_f32_lanes_silu<{tid}, {nb}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
+            expr = f"gemv_gguf_f32_staged_silu<{tid}, {nb}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
         kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))(grid, (threads,), head + tail)
         return
     _gguf_gemv_f32(w.qtype, w.kernel_qtype, cfg.kind, cfg.expr(tid, nb, up is not None))(grid, (threads,), head + tail)
