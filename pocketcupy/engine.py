@@ -282,20 +282,10 @@ class Engine:
             return any(g.finished for g in self._groups.values())
 
     def stats(self) -> dict:
-        """Counters a server exports (see server/metrics.py)."""
+        """Counters a server exports (see server/metrics.py): the scheduler's, and the structured
+        output's (constrained requests, mask-fill times)."""
         with self._lock:
-            sch = self.scheduler
-            return {
-                "num_running": len(sch.running),
-                "num_waiting": len(sch.waiting),
-                "kv_blocks_used": sch.num_blocks_used,
-                "kv_blocks_total": sch.num_blocks_total,
-                "num_preemptions": sch.num_preemptions,
-                "prefix_cache_queries": sch.kv_cache_manager.prefix_cache_queries,  # tokens looked up
-                "prefix_cache_hits": sch.kv_cache_manager.prefix_cache_hits,        # tokens found
-                "num_computed_tokens_total": sch.num_computed_tokens_total,        # tokens the model computed
-                "structured": self.structured.stats.snapshot(),  # constrained requests, mask-fill times
-            }
+            return {**self.scheduler.get_stats(), "structured": self.structured.stats.snapshot()}
 
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -258,8 +258,8 @@ class Scheduler:
             "num_waiting": len(self.waiting),
             "kv_blocks_used": self.num_blocks_used,
             "kv_blocks_total": self.num_blocks_total,
-            "prefix_cache_queries": kv.prefix_cache_queries,
-            "prefix_cache_hits": kv.prefix_cache_hits,
             "num_preemptions": self.num_preemptions,
-            "num_computed_tokens_total": self.num_computed_tokens_total,
+            "prefix_cache_queries": kv.prefix_cache_queries,                # tokens looked up
+            "prefix_cache_hits": kv.prefix_cache_hits,                      # tokens found
+            "num_computed_tokens_total": self.num_computed_tokens_total,    # tokens the model computed
         }
