@@ -318,7 +318,8 @@ struct SiluMulInto {
     float* h;
     int K;
     __device__ __forceinline__ void operator()() const {
-        constexpr int PER = NB * 8 * E / GEMV_THREADS < 4 ? (NB * 8 * E + GEMV_THREADS - 1) / GEMV_THREADS : 4;
+        constexpr int SLOTS = (NB * 8 * E + GEMV_THREADS - 1) / GEMV_THREADS;   // float4s a thread, all rows
+        constexpr int PER = SLOTS < 4 ? SLOTS : 4;
         const int k4 = K / 4, n4 = NB * k4;
         for (int i0 = threadIdx.x; i0 < n4; i0 += PER * blockDim.x) {
             float4 gv[PER], uv[PER];
