@@ -39,6 +39,8 @@ def parse_config(s: str):
     from pocketcupy.backend import linear_cuda as lc
 
     kind, *nums = s.split(":")
+    if kind == "q8tile":      # q8tile:MT:RG:KW:ST: gemm_kquant_tile.cu (batches <= 64), see launch_gemm_kquant_tile
+        return s
     if kind in ("q8mma", "gemm"):   # K-quant past batch 2: int8 tensor cores (gemv_kquant_mma.cu), or
         return s if nums else kind  # dequantization + cuBLAS; q8mma:TG:W[:U[:B[:RW[:ACC[:MT]]]]]: TG tiles a pass, W
         #                             warps, U super-blocks in flight, B blocks per SM the registers allow,
@@ -56,6 +58,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     import cupy as cp
 
     from pocketcupy.backend import kquant_mma_cuda as kq
+    from pocketcupy.backend import kquant_tile_cuda as kt
     from pocketcupy.backend import linear_cuda as lc
     from pocketcupy.backend.weight_cuda import PADDED_QTYPES
 
@@ -85,13 +88,14 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
                 if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
-                        str(cfg).startswith("q8mma") and not kq.gguf_mma_tiles(copies[0], nb):
+                        str(cfg).startswith("q8mma") and not kq.gguf_mma_tiles(copies[0], nb) or \
+                        str(cfg).startswith("q8tile") and (copies[0].kernel_qtype not in kt.TILE_KERNEL_QTYPES or nb > 64):
                     continue
                 f32 = isinstance(cfg, lc.F32Gemv)
-                if not str(cfg).startswith(("q8mma", "gemm")) and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
+                if not str(cfg).startswith(("q8mma", "q8tile", "gemm")) and ((cfg.rows_per_group if f32 else cfg.rows) * nb > 32
                                        or (f32 and cfg.kind == "lanes" and cfg.lanes > 32)):
                     continue
-                if str(cfg).startswith(("q8mma", "gemm")):
+                if str(cfg).startswith(("q8mma", "q8tile", "gemm")):
                     name = cfg.replace(":", "_")
                 elif isinstance(cfg, lc.Q8Gemv):
                     name = f"q8_{cfg.name()}" + ("*" if cfg == lc.q8_gemv_launch(qtype, rows, cols, nb) else "")
@@ -108,6 +112,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                     if str(cfg).startswith("q8mma"):
                         groups = tuple(int(v) for v in cfg.split(":")[1:]) or None
                         kq.launch_gemv_kquant_mma(w, xk, None, y, nb, kq.gguf_mma_tiles(w, nb), groups)
+                    elif str(cfg).startswith("q8tile"):
+                        kt.launch_gemm_kquant_tile(w, xk, None, y, nb, tuple(int(v) for v in cfg.split(":")[1:]))
                     elif cfg == "gemm":
                         lc._gemm(x, w, None, y)
                     elif isinstance(cfg, lc.Q8Gemv):

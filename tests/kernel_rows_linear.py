@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pocketcupy.backend import kquant_mma_cuda, weight_cuda
+from pocketcupy.backend import kquant_mma_cuda, kquant_tile_cuda, weight_cuda
 from pocketcupy.backend.linear_cuda import KQUANT_QTYPES, Q8Gemv
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.quant.act_q8 import q8_roundtrip, q8k_roundtrip, uses_q8
@@ -156,6 +156,22 @@ def _cuda_gemv_kquant_mma(inp, poison):
     return out
 
 
+def _cuda_gemm_kquant_tile(shape):
+    """The shared-memory tile kernel (gemm_kquant_tile.cu) itself with launch shape (MT, RG, KW, ST)."""
+    def run(inp, poison):
+        import cupy as cp
+
+        w = _cuda_weight(inp)
+        x = cp.asarray(inp["x"])
+        n = x.shape[0]
+        out = poison((n, inp["shape"][0]), np.float32)
+        xk = kquant_mma_cuda.quantize_x_q8k(x, cp.asarray(inp["up"]) if "up" in inp else None)
+        kquant_tile_cuda.launch_gemm_kquant_tile(w, xk, cp.asarray(inp["bias"]) if "bias" in inp else None, out, n,
+                                                shape)
+        return out
+    return run
+
+
 def _ref_kquant_mma(inp):
     x = inp["x"] if "up" not in inp else NumpyOps().silu_mul(inp["x"], inp["up"])
     return _ref_linear({**inp, "x": x, "act_block": 256})
@@ -236,6 +252,24 @@ def _linear_rows():
             return inp
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8kmma_bs{n}{tag}-{ROWS_OUT}x{_cols(qtype)}",
                               make_k, _ref_kquant_mma, _cuda_gemv_kquant_mma, 2e-5))
+    # the shared-memory tile kernel (gemm_kquant_tile.cu) at batches 33-64, shapes (MT, RG, KW, ST):
+    # 67 rows end inside a block; KW 3 over 20 super-blocks ends inside a step. (silu(x) * up: NumPy's
+    # and CUDA's float SiLU round an int8 activation differently now and then, ~5e-5 of normalised
+    # error each at 5120 columns; the rows with it are ones where none does.)
+    for qtype, n, shape, up in (("Q4_K", 64, (1, 4, 1, 3), False), ("Q4_K", 37, (2, 2, 1, 2), True),
+                                ("Q6_K", 50, (1, 2, 2, 2), False), ("Q5_K", 33, (1, 1, 3, 3), False),
+                                ("Q6_K", 64, (2, 1, 3, 2), True), ("Q5_K", 64, (1, 4, 1, 2), False),
+                                ("Q4_K", 41, (1, 2, 3, 2), False), ("Q6_K", 64, (1, 8, 1, 2), False)):
+        make = _make_linear(qtype, n, _cols(qtype), n == 50)
+
+        def make_t(rng, make=make, up=up):
+            inp = make(rng)
+            if up:
+                inp["up"] = rng.standard_normal(inp["x"].shape, dtype=np.float32)
+            return inp
+        rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_q8tile_bs{n}-{'_'.join(map(str, shape))}"
+                              f"{'-up' if up else ''}-{ROWS_OUT}x{_cols(qtype)}",
+                              make_t, _ref_kquant_mma, _cuda_gemm_kquant_tile(shape), 2e-5))
     # the K-quant kernel over 64-value groups: R rows per warp, U groups in flight per lane (rows of 80
     # groups end inside a lane's last U-group step)
     for qtype in KQUANT_QTYPES:
@@ -491,6 +525,20 @@ def _cuda_kquant_mma3(groups):
     return run
 
 
+def _cuda_kquant_tile3(shape):
+    """The joined shared-memory tile launch (gemm_kquant_tile3) itself with launch shape `shape`."""
+    def run(inp, poison):
+        import cupy as cp
+
+        ws = [weight_cuda.prepare_weight(QTensor(q, sh, d)) for q, sh, d in inp["parts"]]
+        x = cp.asarray(inp["x"])
+        outs = [poison((x.shape[0], w.rows), np.float32) for w in ws]
+        kquant_tile_cuda.launch_gemm_kquant_tile3(ws, kquant_mma_cuda.quantize_x_q8k(x), [cp.asarray(inp["bias"])] +
+                                                 [None] * (len(ws) - 1), outs, x.shape[0], shape)
+        return tuple(outs)
+    return run
+
+
 def _linears_rows():
     # unfused projections of one input: int8-activation weights share one quantization of x; K-quants
     # at batch 1 in one gemv_kquant3 launch, past it in one gemv_kquant_mma3 launch (sm_80+; else
@@ -523,6 +571,11 @@ def _linears_rows():
         rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-mma3{tag}-4096-n{n}",
                               _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
                               _cuda_kquant_mma3(groups), 2e-5))
+    # gemm_kquant_tile3 (shapes (MT, RG, KW, ST)): blocks of 32 or 16 rows over segments of 40 / 9 / 9
+    for n, shape in ((64, (1, 2, 1, 2)), (45, (2, 1, 2, 2)), (33, (1, 1, 3, 3))):
+        rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-tile3-{'_'.join(map(str, shape))}-4096-n{n}",
+                              _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
+                              _cuda_kquant_tile3(shape), 2e-5))
     return rows
 
 

@@ -110,10 +110,10 @@ def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
     """A small random Q4_K_M model (Q4_K and Q6_K rows of whole super-blocks; int8 activations forced
     with quant_activations="q8") at 4, 16 and 40 concurrent decodes: the int8 tensor-core kernel with
     per-256 activations (1, 2 and 8 tiles, Q4_K in passes; the joined gate / up, 17408 x 512, tall
-    enough for ACC from 2 tiles, its FULL instance at 16, and on GPUs of up to 136 SMs for two row
-    tiles a warp at 4), the norm writing them, and the SiLU quantizer, replayed in graphs and run
-    eagerly, give the same tokens."""
-    from pocketcupy.backend import kquant_mma_cuda
+    enough for ACC from 2 tiles, its FULL instance at 16, on GPUs of up to 136 SMs for two row
+    tiles a warp at 4, and at 40 for the shared-memory tile kernel), the norm writing them, and the
+    SiLU quantizer, replayed in graphs and run eagerly, give the same tokens."""
+    from pocketcupy.backend import kquant_mma_cuda, kquant_tile_cuda
 
     mod = load_script("make_synthetic_model")
     out = str(tmp_path_factory.mktemp("q4km"))
@@ -132,6 +132,7 @@ def test_kquant_tensor_core_batches_graphs_match_eager(tmp_path_factory):
             shape = kquant_mma_cuda.kquant_mma_shape(
                 kquant_mma_cuda.kquant_mma_groups(kquant_mma_cuda.gguf_mma_tiles(gu, n), gu.cols, gu.rows, gu.qtype))
             assert shape[5] == (n > 8)   # ACC
+            assert (kquant_tile_cuda.kquant_tile_shape([gu], n) is not None) == (n > 32)
             runs[graphs] = [o.outputs[0].token_ids for o in gpu.generate(prompts, p)]
             del gpu
         assert runs[True] == runs[False]

@@ -1,11 +1,13 @@
 """The Q4_K / Q5_K / Q6_K linears of decode batches 2-64 on int8 tensor cores (gemv_kquant_mma.cu):
 where they apply, their launch shapes (measured choices), the per-256 activation quantizer they
-read, and their launchers for one weight or 2-3 joined weights of one input."""
+read, and their launchers for one weight or 2-3 joined weights of one input (which hand tall weights
+at batches 33-64 to kquant_tile_cuda's shared-memory tile kernel)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .kernels import grid_blocks, has_tensor_cores, kernel, null_arg, num_sms
+from .kquant_tile_cuda import kquant_tile_shape, launch_gemm_kquant_tile, launch_gemm_kquant_tile3
 from .weight_cuda import KERNEL_TYPE_IDS, PADDED_QTYPES, CudaWeight, joined_segments
 
 GGUF_MMA_QTYPES = ("Q4_K", "Q5_K", "Q6_K")          # gemv_kquant_mma.cu
@@ -156,7 +158,10 @@ def quantize_x_q8k(x, up=None):
 def launch_gemv_kquant_mma(w: CudaWeight, xk, bias, out, n: int, nt: int, groups: tuple | None = None) -> None:
     """out [n, rows] = activations (quantize_x_q8k's xk) @ w.T (+ bias) on int8 tensor cores,
     nt tiles of 8 batch columns (gemv_kquant_mma.cu); groups: the launch shape (kquant_mma_shape),
-    default kquant_mma_groups."""
+    default kquant_mma_groups, or gemm_kquant_tile where kquant_tile_shape picks it."""
+    if groups is None and (shape := kquant_tile_shape([w], n)):
+        launch_gemm_kquant_tile(w, xk, bias, out, n, shape)
+        return
     groups = kquant_mma_shape(groups or kquant_mma_groups(nt, w.cols, w.rows, w.qtype))
     expr = _kquant_mma_expr(w.kernel_qtype, nt, groups, _kquant_mma_full(n, nt, groups))
     fn = kernel("gemv_kquant_mma.cu", expr, name_expressions=_KQUANT_MMA_EXPRS if expr in _KQUANT_MMA_EXPRS else (expr,))
@@ -178,8 +183,12 @@ def launch_gemv_kquant_mma3(ws, xk, biases, outs, n: int, nt: int, groups: tuple
     """linear_cuda.launch_gemv_kquant3's join on int8 tensor cores: 2-3 weights (kquant_mma_joinable) over
     the same activations (quantize_x_q8k's xk), one gemv_kquant_mma3 launch; groups as
     launch_gemv_kquant_mma takes them."""
+    if groups is None and (shape := kquant_tile_shape(ws, n)):
+        launch_gemm_kquant_tile3(ws, xk, biases, outs, n, shape)
+        return
     groups = kquant_mma_shape(groups or kquant_mma_groups(nt, ws[0].cols, sum(w.rows for w in ws)))
     ends, tids, seg_args = joined_segments(ws, biases, outs, 16 * groups[4] * groups[6])
     expr = f"gemv_kquant_mma3<{tids}, {_kquant_mma_targs(nt, groups, _kquant_mma_full(n, nt, groups))}>"
     kernel("gemv_kquant_mma.cu", expr, name_expressions=(expr,))((ends[-1],), (32 * groups[1],), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
+
