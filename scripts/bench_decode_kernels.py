@@ -7,7 +7,8 @@
 GEMV: every config on every shape: lanes:L:R, xs:R, block:R (fp32 activations, see
 linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A, R rows per block of
 T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B[:RW[:ACC[:MT]]]]]] (int8 tensor cores with activations
-per 256, batch 2-64; the launch shape, see kquant_mma_cuda.kquant_mma_shape), gemm (dequantization + cuBLAS)
+per 256, batch 2-64; the launch shape, see kquant_mma_cuda.kquant_mma_shape), q8tile:MT:RG:KW:ST (the
+shared-memory tile kernel gemm_kquant_tile.cu, batches up to 64), gemm (dequantization + cuBLAS)
 and kq:R:U (Q4_K /
 Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
