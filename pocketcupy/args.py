@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, fields
 
 from .quant.act_q8 import check_mode
+from .quant.kv_quant import check_kv_cache_dtype
 
 ENV_PREFIX = "POCKETCUPY_"
 
@@ -19,6 +20,8 @@ class EngineArgs:
     block_size: int = 16                   # tokens per KV block
     num_kv_blocks: int | None = None       # explicit KV pool size (overrides kv_cache_memory)
     kv_cache_memory: int | None = None     # bytes for the KV pool (default: 512 MiB on the CPU)
+    kv_cache_dtype: str = "auto"           # "auto" (the backend's float type) | "int8" | "fp8" (E4M3), 8-bit
+                                           # codes + a scale per token and KV head (quant/kv_quant.py)
     max_num_seqs: int = 64                 # requests running at once
     max_num_batched_tokens: int = 2048     # tokens per step (longer prompts are prefilled in chunks)
     enable_prefix_caching: bool = True     # reuse KV blocks of equal prompt prefixes across requests
@@ -56,6 +59,7 @@ class EngineArgs:
         if not isinstance(self.enable_prefix_caching, bool):
             raise ValueError(f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}")
         check_mode(self.quant_activations)
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.async_scheduling not in ("auto", "on", "off"):
             raise ValueError(f"async_scheduling: must be 'auto', 'on' or 'off', got {self.async_scheduling!r}")
         if self.async_scheduling == "on" and self.tensor_parallel_size > 1:

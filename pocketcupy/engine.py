@@ -17,6 +17,7 @@ from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .progress import ProgressDict
+from .quant.kv_quant import kv_row_bytes
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
@@ -112,6 +113,10 @@ class Engine:
         from .models.registry import build_model
 
         self.ops = self._make_ops()
+        if self.args.kv_cache_dtype not in self.ops.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype: {self.args.kv_cache_dtype!r} is implemented on the NumPy (cpu) "
+                             f"backend only so far; the {self.device} backend stores {self.ops.kv_dtype_bytes * 8}-bit "
+                             "floats ('auto')")
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position
         if self.max_model_len > ckpt.config.max_position:
@@ -123,7 +128,7 @@ class Engine:
 
         a = self.args
         return ModelRunner(self.model, self.ops, num_blocks, a.block_size, self.max_model_len, a.max_num_seqs,
-                           cuda_graphs=self.device == "cuda" and a.cuda_graphs)
+                           cuda_graphs=self.device == "cuda" and a.cuda_graphs, kv_cache_dtype=a.kv_cache_dtype)
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do on one rank); no steps after this."""
@@ -141,7 +146,8 @@ class Engine:
     def _kv_block_bytes(self) -> int:
         c = self.config
         kv_heads = self.model.layout.num_kv_heads  # this tensor-parallel rank's
-        return 2 * c.num_layers * self.args.block_size * kv_heads * c.head_dim * self.ops.kv_dtype_bytes
+        row = kv_row_bytes(self.args.kv_cache_dtype, c.head_dim, self.ops.kv_dtype_bytes)
+        return 2 * c.num_layers * self.args.block_size * kv_heads * row
 
     def _default_kv_bytes(self) -> int:
         """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus

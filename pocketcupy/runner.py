@@ -78,13 +78,13 @@ class FlatBatchBuilder:
 
 class ModelRunner:
     def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
-                 max_num_seqs: int = 1, cuda_graphs: bool = False):
+                 max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto"):
         c = model.config
         self.model, self.ops, self.block_size = model, ops, block_size
         # one block past the pool: a scratch block where padded graph rows write their K/V; the KV
         # heads of this tensor-parallel rank only
-        self.kv_caches = [ops.empty_kv_cache(num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
-                          for _ in range(c.num_layers)]
+        kv = (num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
+        self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype) for _ in range(c.num_layers)]
         self.build_batch = FlatBatchBuilder(block_size)
         self.graphs = None
         if cuda_graphs:

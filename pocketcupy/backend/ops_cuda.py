@@ -19,6 +19,7 @@ def _decode_batch(q, meta: AttentionMetadata) -> bool:
 class CudaOps:
     name = "cuda"
     kv_dtype_bytes = 2  # float16 KV cache
+    kv_cache_dtypes = ("auto",)   # 8-bit pages (quant/kv_quant.py): NumPy backend only so far
 
     def __init__(self, quant_activations: str = "auto"):
         import cupy
@@ -55,7 +56,10 @@ class CudaOps:
         """Attention metadata with its arrays on the device (int32)."""
         return attn_cuda.device_meta(meta)
 
-    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: str = "auto"):
+        if dtype not in self.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype: {dtype!r} is not implemented on the CUDA backend")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         return self.xp.zeros(shape, np.float16), self.xp.zeros(shape, np.float16)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quant.act_q8 import Q8ActWeight, check_mode, q8_roundtrip, uses_q8
+from ..quant.kv_quant import KV_CACHE_DTYPES, QuantKVCache
 from ..quant.qtensor import QTensor
 from .attention_meta import AttentionMetadata
 
@@ -12,7 +13,8 @@ from .attention_meta import AttentionMetadata
 class NumpyOps:
     name = "cpu"
     xp = np
-    kv_dtype_bytes = 4  # float32 KV cache
+    kv_dtype_bytes = 4  # float32 KV cache ("auto")
+    kv_cache_dtypes = KV_CACHE_DTYPES
 
     def __init__(self, quant_activations: str = "auto"):
         self.quant_activations = check_mode(quant_activations)
@@ -51,8 +53,12 @@ class NumpyOps:
         """Attention metadata where the attention op reads it (host memory here)."""
         return meta
 
-    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int):
+    def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                       dtype: str = "auto"):
+        """One layer's K and V pages: float32, or QuantKVCache codes and scales (quant/kv_quant.py)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        if dtype != "auto":
+            return QuantKVCache.zeros(shape, dtype), QuantKVCache.zeros(shape, dtype)
         return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     # --- elementwise / normalisation -----------------------------------------------------
@@ -119,9 +125,11 @@ class NumpyOps:
 
     # --- attention -----------------------------------------------------------------------
     def store_kv(self, k_cache, v_cache, k, v, slot_mapping):
-        nkv, hd = k_cache.shape[2:]
-        k_cache.reshape(-1, nkv, hd)[slot_mapping] = k
-        v_cache.reshape(-1, nkv, hd)[slot_mapping] = v
+        for cache, x in ((k_cache, k), (v_cache, v)):
+            if isinstance(cache, QuantKVCache):
+                cache.store(slot_mapping, x)
+            else:
+                cache.reshape(-1, *cache.shape[2:])[slot_mapping] = x
 
     def rope_store_kv(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping):
         """rope(q), rope(k); k (rotated) and v written to the paged cache; returns the rotated q."""
@@ -150,14 +158,13 @@ class NumpyOps:
         hkv = k_cache.shape[2]
         g = hq // hkv
         bs = meta.block_size
-        kflat, vflat = k_cache.reshape(-1, hkv, d), v_cache.reshape(-1, hkv, d)
         out = np.empty_like(q)
         for b in range(meta.num_seqs):
             q0, q1 = int(meta.query_start[b]), int(meta.query_start[b + 1])
             ctx, nq = int(meta.seq_lens[b]), q1 - q0
             nblk = (ctx + bs - 1) // bs
             slots = (meta.block_tables[b, :nblk, None].astype(np.int64) * bs + np.arange(bs)).reshape(-1)[:ctx]
-            kk, vv = kflat[slots], vflat[slots]                                   # [ctx, Hkv, D]
+            kk, vv = _cache_rows(k_cache, slots), _cache_rows(v_cache, slots)     # [ctx, Hkv, D]
             qq = q[q0:q1].reshape(nq, hkv, g, d)
             s = np.einsum("qhgd,chd->hgqc", qq, kk) * scale                       # [Hkv, g, nq, ctx]
             qpos = ctx - nq + np.arange(nq)
@@ -167,3 +174,10 @@ class NumpyOps:
             p /= p.sum(axis=-1, keepdims=True)
             out[q0:q1] = np.einsum("hgqc,chd->qhgd", p, vv).reshape(nq, hq, d)
         return out if feeds is None else out.reshape(n_tok, hq * d)
+
+
+def _cache_rows(cache, slots) -> np.ndarray:
+    """The K or V rows [len(slots), kv_heads, head_dim] of a layer's pages at the given slots."""
+    if isinstance(cache, QuantKVCache):
+        return cache.rows(slots)
+    return cache.reshape(-1, *cache.shape[2:])[slots]
