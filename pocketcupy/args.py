@@ -20,8 +20,8 @@ class EngineArgs:
     block_size: int = 16                   # tokens per KV block
     num_kv_blocks: int | None = None       # explicit KV pool size (overrides kv_cache_memory)
     kv_cache_memory: int | None = None     # bytes for the KV pool (default: 512 MiB on the CPU)
-    kv_cache_dtype: str = "auto"           # "auto" (the backend's float type) | "int8" | "fp8" (E4M3), 8-bit
-                                           # codes + a scale per token and KV head (quant/kv_quant.py)
+    kv_cache_dtype: str = "auto"           # "auto" (the backend's float type) | "int8" | "fp8" (E4M3) | "k8v4"
+                                           # (int8 K, int4 V): codes + a scale per token and KV head (quant/kv_quant.py)
     max_num_seqs: int = 64                 # requests running at once
     max_num_batched_tokens: int = 2048     # tokens per step (longer prompts are prefilled in chunks)
     enable_prefix_caching: bool = True     # reuse KV blocks of equal prompt prefixes across requests

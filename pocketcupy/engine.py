@@ -17,7 +17,7 @@ from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .progress import ProgressDict
-from .quant.kv_quant import kv_row_bytes
+from .quant.kv_quant import kv_pair_bytes
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
@@ -146,8 +146,8 @@ class Engine:
     def _kv_block_bytes(self) -> int:
         c = self.config
         kv_heads = self.model.layout.num_kv_heads  # this tensor-parallel rank's
-        row = kv_row_bytes(self.args.kv_cache_dtype, c.head_dim, self.ops.kv_dtype_bytes)
-        return 2 * c.num_layers * self.args.block_size * kv_heads * row
+        pair = kv_pair_bytes(self.args.kv_cache_dtype, c.head_dim, self.ops.kv_dtype_bytes)
+        return c.num_layers * self.args.block_size * kv_heads * pair
 
     def _default_kv_bytes(self) -> int:
         """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..quant.act_q8 import Q8ActWeight, check_mode, q8_roundtrip, uses_q8
-from ..quant.kv_quant import KV_CACHE_DTYPES, QuantKVCache
+from ..quant.kv_quant import KV_CACHE_DTYPES, KV_KINDS, QuantKVCache
 from ..quant.qtensor import QTensor
 from .attention_meta import AttentionMetadata
 
@@ -58,7 +58,7 @@ class NumpyOps:
         """One layer's K and V pages: float32, or QuantKVCache codes and scales (quant/kv_quant.py)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         if dtype != "auto":
-            return QuantKVCache.zeros(shape, dtype), QuantKVCache.zeros(shape, dtype)
+            return tuple(QuantKVCache.zeros(shape, kind) for kind in KV_KINDS[dtype])
         return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
 
     # --- elementwise / normalisation -----------------------------------------------------
