@@ -17,7 +17,7 @@ from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .progress import ProgressDict
-from .quant.kv_quant import kv_pair_bytes
+from .quant.kv_quant import check_kv_head_dim, kv_pair_bytes
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
@@ -117,6 +117,7 @@ class Engine:
             raise ValueError(f"kv_cache_dtype: {self.args.kv_cache_dtype!r} is implemented on the NumPy (cpu) "
                              f"backend only so far; the {self.device} backend stores {self.ops.kv_dtype_bytes * 8}-bit "
                              "floats ('auto')")
+        check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position
         if self.max_model_len > ckpt.config.max_position:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from pocketcupy import Engine, SamplingParams
-from pocketcupy.quant.kv_quant import (E4M3_VALUES, QuantKVCache, dequantize_kv, encode_e4m3, quantize_kv,
-                                       round_e4m3)
+from pocketcupy.quant.kv_quant import (E4M3_VALUES, QuantKVCache, check_kv_head_dim, dequantize_kv, encode_e4m3,
+                                       quantize_kv, round_e4m3)
 
 PROMPT = "The three laws of motion formulated by Isaac Newton describe the relationship between"
 
@@ -64,6 +64,13 @@ def test_int4_codes_are_packed_nibbles():
     n = np.rint(np.arange(32) * 0.5 * np.float32(15 / 15.5)).astype(np.uint8)
     assert codes[0, :16].tolist() == (n[0::2] | n[1::2] << 4).tolist() and not codes[0, 16:].any()
     assert np.allclose(params[0], [15.5 / 15, -1, 0, 0])
+
+
+def test_k8v4_needs_whole_value_groups():
+    check_kv_head_dim("k8v4", 64)
+    check_kv_head_dim("int8", 80)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        check_kv_head_dim("k8v4", 80)
 
 
 def test_quant_cache_pages_store_and_read():

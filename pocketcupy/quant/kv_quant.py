@@ -72,6 +72,12 @@ def _num_params(kind: str, head_dim: int) -> int:
     return 2 * head_dim // INT4_GROUP if kind == "int4" else 1
 
 
+def check_kv_head_dim(dtype: str, head_dim: int) -> None:
+    if "int4" in KV_KINDS.get(dtype, ()) and head_dim % INT4_GROUP:
+        raise ValueError(f"kv_cache_dtype: {dtype!r} quantizes values in groups of {INT4_GROUP}; this model's "
+                         f"head_dim {head_dim} is not a multiple of it")
+
+
 def check_kv_cache_dtype(dtype) -> str:
     if dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype: must be one of {', '.join(map(repr, KV_CACHE_DTYPES))}, got {dtype!r}")
