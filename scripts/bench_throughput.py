@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from pocketcupy import Engine, SamplingParams  # noqa: E402
+from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES  # noqa: E402
 
 
 def pct(xs, q):
@@ -84,12 +85,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3, help="runs of each level of at most 16 requests, pooled")
     ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
                     help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                    help="KV cache pages: the backend's float type, or quantized (quant/kv_quant.py)")
     a = ap.parse_args(argv)
     if a.repeats < 1:
         ap.error("--repeats must be at least 1")
     top = max(a.concurrency)
     engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192,
-                    async_scheduling=a.async_scheduling)
+                    async_scheduling=a.async_scheduling, kv_cache_dtype=a.kv_cache_dtype)
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 
@@ -102,7 +105,7 @@ def main(argv=None):
     for c in a.concurrency:
         run_batch(engine, prompts(c, a.prompt), min(a.output, 16))
     res = {"model": a.model, "device": engine.device, "prompt": a.prompt, "output": a.output,
-           "async_scheduling": a.async_scheduling, "runs": {}}
+           "async_scheduling": a.async_scheduling, "kv_cache_dtype": a.kv_cache_dtype, "runs": {}}
     for c in a.concurrency:
         reps = a.repeats if c <= 16 else 1
         wall, ttft, tpot, n_out = 0.0, [], [], 0

@@ -26,13 +26,14 @@ def test_probe_decodes_among_all_others_then_leaves_nothing_behind(smollm2_gguf)
 
 def test_small_levels_pool_their_repeats(smollm2_gguf, capsys):
     """Levels of at most 16 requests run --repeats times: one JSON object whose per-level figures pool
-    every run; --repeats 0 is a usage error."""
+    every run (here over an int8 KV cache); --repeats 0 is a usage error."""
     import json
 
     bench = load_script("bench_throughput")
     bench.main([smollm2_gguf, "--device", "cpu", "--concurrency", "1", "2", "--prompt", "8", "--output", "4",
-                "--prefix-tokens", "0", "--repeats", "2"])
+                "--prefix-tokens", "0", "--repeats", "2", "--kv-cache-dtype", "int8"])
     res = json.loads(capsys.readouterr().out)
+    assert res["kv_cache_dtype"] == "int8"
     assert [res["runs"][c]["repeats"] for c in ("1", "2")] == [2, 2]
     one = res["runs"]["1"]
     assert one["output_tok_s"] > 0 and one["ttft_p50_ms"] <= one["ttft_p99_ms"] and one["tpot_p50_ms"] > 0
