@@ -90,7 +90,8 @@ def quantize_kv(x: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
     x = np.asarray(x, dtype=np.float32)
     if kind == "int4":
         g = x.reshape(*x.shape[:-1], -1, INT4_GROUP)
-        lo, span = g.min(axis=-1), g.max(axis=-1) - g.min(axis=-1)
+        lo = g.min(axis=-1)
+        span = g.max(axis=-1) - lo
         with np.errstate(divide="ignore"):
             inv = np.where(span > 0, np.float32(15.0) / span, np.float32(0.0)).astype(np.float32)
         n = np.clip(np.rint((g - lo[..., None]) * inv[..., None]), 0, 15).astype(np.uint8).reshape(x.shape)
