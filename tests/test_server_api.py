@@ -304,6 +304,8 @@ def test_metrics_move(client, server):
     for h in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
         assert metric(m1, f"pocketcupy_{h}_count") == metric(m0, f"pocketcupy_{h}_count") + 1
     assert metric(m1, "pocketcupy_kv_blocks_total") > 0 and metric(m1, "pocketcupy_model_ready") == 1
+    assert metric(m1, "pocketcupy_cache_config_info", block_size="16", cache_dtype="auto",
+                  num_blocks=str(int(metric(m1, "pocketcupy_kv_blocks_total")))) == 1
     for name in ("pocketcupy_num_requests_waiting", "pocketcupy_num_preemptions_total",
                  "pocketcupy_prefix_cache_hit_rate"):
         assert (name, frozenset()) in m1

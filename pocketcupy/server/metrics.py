@@ -38,6 +38,10 @@ class _EngineCollector:
                        hits / queries if queries else 0.0))
         for name, doc, v in gauges:
             yield GaugeMetricFamily(P + name, doc, value=float(v))
+        info = GaugeMetricFamily(P + "cache_config_info", "KV cache configuration (labels; value 1), as vLLM's "
+                                 "cache_config_info", labels=["block_size", "cache_dtype", "num_blocks"])
+        info.add_metric([str(engine.args.block_size), engine.args.kv_cache_dtype, str(total)], 1.0)
+        yield info
         for name, doc, v in [("num_preemptions", "requests preempted to free KV blocks", s.get("num_preemptions", 0)),
                              ("prefix_cache_queries", "tokens looked up in the prefix cache", queries),
                              ("prefix_cache_hits", "tokens found in the prefix cache", hits),
