@@ -122,31 +122,9 @@ __device__ __forceinline__ void kt_rows(u8* kt_smem, const u8* __restrict__ W, l
         }
     }
     cp_async_wait<0>();
-    float* red = reinterpret_cast<float*>(kt_smem);         // [KW - 1][RG][8 MT 4][32]
-    if constexpr (KW > 1) {
-        __syncthreads();
-        if (kw > 0)
-#pragma unroll
-            for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-                for (int m = 0; m < MT; ++m)
-#pragma unroll
-                    for (int i = 0; i < 4; ++i) red[(((kw - 1) * RG + rg) * 32 * MT + 4 * (MT * nt + m) + i) * 32 + lane] = acc[nt][m][i];
-        __syncthreads();
-        if (kw > 0) return;
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int m = 0; m < MT; ++m)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = acc[nt][m][i];
-#pragma unroll
-                for (int w = 1; w < KW; ++w) v += red[(((w - 1) * RG + rg) * 32 * MT + 4 * (MT * nt + m) + i) * 32 + lane];
-                const int row = row0 + 16 * (MT * rg + m) + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);
-                if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
-            }
+    if constexpr (KW > 1) __syncthreads();   // the stages become red: every warp is done reading them
+    kquant_tiles_store<8, MT, RG, KW>(acc, reinterpret_cast<float(*)[8 * MT * 4][32]>(kt_smem), warp, rg, kw, lane,
+                                      row0 + 16 * MT * rg, rows, nb, bias, y);
 }
 
 template <int QT, int MT, int RG, int KW, int ST>

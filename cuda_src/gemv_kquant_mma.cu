@@ -129,30 +129,7 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
                 kquant_superblock<QT, TG, ACC>(ra, rb, (i64)b * TS, b, x, accp);
         }
     }
-    if (kw > 0) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int m = 0; m < MT; ++m)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) red[warp - RW][4 * (MT * nt + m) + i][lane] = acc[nt][m][i];
-    }
-    if constexpr (KW > 1) __syncthreads();
-    if (kw > 0) return;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-        for (int m = 0; m < MT; ++m) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float v = acc[nt][m][i];
-#pragma unroll
-                for (int w = 1; w < KW; ++w) v += red[(w - 1) * RW + rg][4 * (MT * nt + m) + i][lane];
-                const int row = row0 + 16 * m + g + 8 * (i >> 1), col = 8 * nt + 2 * t + (i & 1);   // c fragment
-                if (row < rows && col < nb) y[(i64)col * rows + row] = bias ? v + bias[row] : v;
-            }
-        }
-    }
+    kquant_tiles_store<NT, MT, RW, KW>(acc, red, warp, rg, kw, lane, row0, rows, nb, bias, y);
 }
 
 template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1, int ACC = 0,
