@@ -17,6 +17,11 @@
 // Splits: with counters != nullptr the last block of a (sequence, KV head) to finish merges the
 // splits' partial outputs itself (and resets its counter for the next launch, so CUDA-graph
 // replays find zeros); without, attn_decode_combine_f32 does. Q and P are rounded to fp16.
+//
+// 8-bit caches (int8, E4M3; kv_codes.cuh): each lane loads 8 codes where it loaded 8 fp16 values
+// and converts them exactly to fp16. A key's scale multiplies its scores (the lane of key g
+// shuffles it to the lanes holding them); V is multiplied by its rows' scales in fp16 before PV, so
+// its values round as an fp16 cache's would. Under RoPE the newest key's warp quantizes its rows.
 // With xq, whoever writes the output (the block of a single split, or the merging block) also
 // writes its int8 blocks (q8_act.cuh), the input of the output projection's int8 GEMV, so that
 // projection needs no quantization launch of its own: of 32 values (xq, xds), or with xb of 256
@@ -35,48 +40,79 @@
 // are copied in before the graph.
 #include "common.cuh"
 #include "mma_prims.cuh"
+#include "kv_codes.cuh"
 #include "q8_act.cuh"
 #include "rope_prims.cuh"
 
 #define DM_WARPS 4
 #define DM_THREADS (DM_WARPS * 32)
-#define DM_KEYS 16              // keys per warp step: one k-step of PV
+#define DM_KEYS 16              // keys per sub-step: one k-step of PV
 #define DM_MIN_CHUNK 64         // fewest keys per split: a step for each warp
 #define DM_MAXG 16              // query heads per KV head: the m16 rows
 #define DM_MAX_SPLITS 64        // DECODE_MAX_SPLITS in attn_cuda.py
 
-template <int D>
-__device__ __forceinline__ const uint4* kv_ptr(const __half* cache, const int* __restrict__ table,
-                                               int key, int block_size, int num_kv_heads, int kh, int col) {
-    return reinterpret_cast<const uint4*>(cache + (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + col);
+// 8 elements at column col of key `key`'s row for KV head kh (C: kv_codes.cuh), and that row's index
+template <typename C, int D>
+__device__ __forceinline__ const typename KvCode<C>::Vec8* kv_ptr(const C* cache, const int* __restrict__ table,
+                                                                int key, int block_size, int num_kv_heads, int kh,
+                                                                int col, i64& row) {
+    row = cache_slot(table, key, block_size) * num_kv_heads + kh;
+    return reinterpret_cast<const typename KvCode<C>::Vec8*>(cache + row * D + col);
 }
 
-// K fragments of keys [k0, k0 + 16): rows k0 + g (n-tile 0) and k0 + 8 + g (n-tile 1), dims
-// 32j + 8t .. + 8; keys past k_last read k_last (their scores are masked)
-template <int D>
-__device__ __forceinline__ void load_k(uint4 (&kr)[2][D / 32], const __half* k_cache,
-                                       const int* __restrict__ table, int k0, int k_last, int block_size,
-                                       int num_kv_heads, int kh, int g, int t) {
+// K fragments of the NS 16-key sub-steps [k0 + 16u, k0 + 16u + 16): rows k0 + 16u + g (n-tile 0)
+// and k0 + 16u + 8 + g (n-tile 1), dims 32j + 8t .. + 8; keys past k_last read k_last (their scores
+// are masked). Codes: also the rows' scales (times HALF_SCALE) in ks.
+template <typename C, int D, int NS>
+__device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], float (&ks)[NS][2],
+                                       const C* k_cache, const float* k_scales, const int* __restrict__ table, int k0,
+                                       int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-        const uint4* p = kv_ptr<D>(k_cache, table, min(k0 + 8 * nt + g, k_last), block_size, num_kv_heads, kh, 8 * t);
+    for (int u = 0; u < NS; ++u)
 #pragma unroll
-        for (int j = 0; j < D / 32; ++j) kr[nt][j] = p[4 * j];
-    }
+        for (int nt = 0; nt < 2; ++nt) {
+            i64 row;
+            const auto* p = kv_ptr<C, D>(k_cache, table, min(k0 + 16 * u + 8 * nt + g, k_last), block_size,
+                                         num_kv_heads, kh, 8 * t, row);
+#pragma unroll
+            for (int j = 0; j < D / 32; ++j) kr[u][nt][j] = p[4 * j];
+            if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row] * KvCode<C>::HALF_SCALE;
+        }
 }
 
-// V of keys k0 + 2t, 2t + 1, 2t + 8, 2t + 9, dims 64h + 8g .. + 8 (P = 0 past k_last)
-template <int D>
-__device__ __forceinline__ void load_v(uint4 (&vr)[4][D / 64], const __half* v_cache,
-                                       const int* __restrict__ table, int k0, int k_last, int block_size,
-                                       int num_kv_heads, int kh, int g, int t) {
+// V of keys k0 + 16u + 2t, 2t + 1, 2t + 8, 2t + 9 (sub-step u), dims 64h + 8g .. + 8 (P = 0 past
+// k_last); codes: their scales (times HALF_SCALE) as fp16 pairs in vs
+template <typename C, int D, int NS>
+__device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D / 64], __half2 (&vs)[NS][4],
+                                       const C* v_cache, const float* v_scales, const int* __restrict__ table, int k0,
+                                       int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-        const uint4* p = kv_ptr<D>(v_cache, table, min(k0 + 2 * t + (r & 1) + 8 * (r >> 1), k_last), block_size,
-                                   num_kv_heads, kh, 8 * g);
+    for (int u = 0; u < NS; ++u)
 #pragma unroll
-        for (int h = 0; h < D / 64; ++h) vr[r][h] = p[8 * h];
+        for (int r = 0; r < 4; ++r) {
+            i64 row;
+            const auto* p = kv_ptr<C, D>(v_cache, table, min(k0 + 16 * u + 2 * t + (r & 1) + 8 * (r >> 1), k_last),
+                                         block_size, num_kv_heads, kh, 8 * g, row);
+#pragma unroll
+            for (int h = 0; h < D / 64; ++h) vr[u][r][h] = p[8 * h];
+            if constexpr (KvCode<C>::QUANT) vs[u][r] = __float2half2_rn(v_scales[row] * KvCode<C>::HALF_SCALE);
+        }
+}
+
+// 8 V elements as fp16 values: codes converted and multiplied by their row's scale in fp16 (as an
+// fp16 cache would round them); fp16 as they are
+template <typename C>
+__device__ __forceinline__ uint4 v_half8(const typename KvCode<C>::Vec8& r, __half2 scale) {
+    uint4 h = kv_half8<C>(r);
+    if constexpr (KvCode<C>::QUANT) {
+        u32* w = reinterpret_cast<u32*>(&h);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&w[i]), scale);
+            w[i] = *reinterpret_cast<const u32*>(&x);
+        }
     }
+    return h;
 }
 
 // Where the int8 blocks of the output go (all null: nowhere): per 32 (xq, xds) or, with xb, per 256
@@ -154,10 +190,10 @@ __device__ __forceinline__ float4 rope_q4(float4 x, const float* row, int c, con
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-template <int D, bool ROPE>
+template <typename C, int D, bool ROPE>
 __device__ __forceinline__ void decode_mma_body(
-    const float* __restrict__ q, i64 q_stride, const __half* k_cache,
-    const __half* v_cache, const int* __restrict__ block_tables, int bt_stride,
+    const float* __restrict__ q, i64 q_stride, const C* k_cache, const C* v_cache, const float* k_scales,
+    const float* v_scales, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
     int num_splits, float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds,
@@ -168,6 +204,10 @@ __device__ __forceinline__ void decode_mma_body(
     constexpr int KS = D / 16;          // k-steps of QK^T
     constexpr int VH = D / 64;          // 16-byte V loads per key row and lane
     constexpr int OSTR = D + 4;         // o_s row stride (floats)
+    // 16-key sub-steps of a warp step: two for 8-bit codes, so that a warp has as many bytes in
+    // flight as with fp16 (the loads' latency, not the bandwidth, bounds a step)
+    constexpr int NS = KvCode<C>::QUANT ? 2 : 1;
+    constexpr int WKEYS = DM_KEYS * NS;
     __shared__ __align__(16) float o_s[DM_WARPS][DM_MAXG][OSTR];
     __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
     __shared__ float w_s[DM_MAXG][DM_MAX_SPLITS];
@@ -204,18 +244,20 @@ __device__ __forceinline__ void decode_mma_body(
         const int k_last = k_end - 1;                  // keys past the split load this one (P = 0)
         // the first step's K/V are requested before Q; step i + 1's K once QK^T of step i has used
         // kr, its V once PV has used vr
-        uint4 kr[2][KJ], vr[4][VH];
-        const int k_first = k_begin + DM_KEYS * warp;
+        typename KvCode<C>::Vec8 kr[NS][2][KJ], vr[NS][4][VH];
+        float ks[NS][2];                               // codes: the K rows' scales (load_k)
+        __half2 vs[NS][4];                             // and the V rows' (load_v)
+        const int k_first = k_begin + WKEYS * warp;
         // the newest key (written by the kernel before, or by this block under RoPE) is read only
         // by the warp whose step holds it (keys past k_last read k_last), so every other warp
         // requests its first step's K/V before pdl_wait
         const int newest = ctx - 1;
         const bool has_newest = k_last == newest;
-        const int newest_warp = has_newest ? (newest - k_begin) / DM_KEYS % DM_WARPS : -1;
-        const bool early = k_first < k_end && !(has_newest && k_first + DM_KEYS > newest);
+        const int newest_warp = has_newest ? (newest - k_begin) / WKEYS % DM_WARPS : -1;
+        const bool early = k_first < k_end && !(has_newest && k_first + WKEYS > newest);
         if (early) {
-            load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-            load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
         if constexpr (ROPE) {
             const float pos = (float)rope.positions[b];
@@ -228,8 +270,9 @@ __device__ __forceinline__ void decode_mma_body(
             if (warp == newest_warp && slot >= 0) {    // the newest key and value into the cache
                 const float* __restrict__ kt = rope.k + (i64)b * rope.k_stride + (i64)kh * D;
                 const float* __restrict__ vt = rope.v + (i64)b * rope.v_stride + (i64)kh * D;
-                __half* kc = const_cast<__half*>(k_cache) + (slot * num_kv_heads + kh) * D;
-                __half* vc = const_cast<__half*>(v_cache) + (slot * num_kv_heads + kh) * D;
+                const i64 row = slot * num_kv_heads + kh;
+                C* kc = const_cast<C*>(k_cache) + row * D;
+                C* vc = const_cast<C*>(v_cache) + row * D;
                 constexpr int KP = D / 64, VE = D / 32;   // k pairs and v values per lane
                 int ia[KP], ib[KP];
                 float ka[KP], kb[KP], vv[VE];
@@ -241,21 +284,40 @@ __device__ __forceinline__ void decode_mma_body(
                 }
 #pragma unroll
                 for (int e = 0; e < VE; ++e) vv[e] = vt[lane + 32 * e];
+                float kmax = 0.0f, vmax = 0.0f;
 #pragma unroll
                 for (int p = 0; p < KP; ++p) {
                     const int j = lane + 32 * p;
                     if (j < rope.rot_half) rope_rotate(ka[p], kb[p], cs[0][j], cs[1][j]);
-                    kc[ia[p]] = KvType<__half>::store(ka[p]);
-                    kc[ib[p]] = KvType<__half>::store(kb[p]);
+                    kmax = fmaxf(kmax, fmaxf(fabsf(ka[p]), fabsf(kb[p])));
                 }
 #pragma unroll
-                for (int e = 0; e < VE; ++e) vc[lane + 32 * e] = KvType<__half>::store(vv[e]);
+                for (int e = 0; e < VE; ++e) vmax = fmaxf(vmax, fabsf(vv[e]));
+                if constexpr (KvCode<C>::QUANT) {      // the rows quantized as store_kv_quant does
+                    const float kinv = kv_warp_row_scale<C>(kmax, const_cast<float*>(k_scales) + row, lane == 0);
+                    const float vinv = kv_warp_row_scale<C>(vmax, const_cast<float*>(v_scales) + row, lane == 0);
+#pragma unroll
+                    for (int p = 0; p < KP; ++p) {
+                        kc[ia[p]] = KvCode<C>::encode(ka[p] * kinv);
+                        kc[ib[p]] = KvCode<C>::encode(kb[p] * kinv);
+                    }
+#pragma unroll
+                    for (int e = 0; e < VE; ++e) vc[lane + 32 * e] = KvCode<C>::encode(vv[e] * vinv);
+                } else {
+#pragma unroll
+                    for (int p = 0; p < KP; ++p) {
+                        kc[ia[p]] = KvType<__half>::store(ka[p]);
+                        kc[ib[p]] = KvType<__half>::store(kb[p]);
+                    }
+#pragma unroll
+                    for (int e = 0; e < VE; ++e) vc[lane + 32 * e] = KvType<__half>::store(vv[e]);
+                }
             }
             __syncwarp();                              // the warp's stores are visible to its loads
         }
         if (!early && k_first < k_end) {
-            load_k<D>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-            load_v<D>(vr, v_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
         // Q fragments, rows g and g + 8 (zero past the group); dims in the permuted order above
         u32 qf[KS][4];
@@ -284,55 +346,79 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int e = 0; e < 8; ++e) o[h][e][0] = o[h][e][1] = o[h][e][2] = o[h][e][3] = 0.0f;
         float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
-        for (int k0 = k_first; k0 < k_end; k0 += DM_KEYS * DM_WARPS) {
-            const int k_next = k0 + DM_KEYS * DM_WARPS;
-            float s[2][4];
+        for (int k0 = k_first; k0 < k_end; k0 += WKEYS * DM_WARPS) {
+            const int k_next = k0 + WKEYS * DM_WARPS;
+            float s[2 * NS][4];                        // n-tile n: keys k0 + 8n ..
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int u = 0; u < NS; ++u)
 #pragma unroll
-                for (int j = 0; j < KJ; ++j) {
-                    mma_16816(s[nt], qf[2 * j], kr[nt][j].x, kr[nt][j].y);
-                    mma_16816(s[nt], qf[2 * j + 1], kr[nt][j].z, kr[nt][j].w);
-                }
-            }
-            if (k_next < k_end) load_k<D>(kr, k_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
-            float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
+                for (int nt = 0; nt < 2; ++nt) {
+                    float* sn = s[2 * u + nt];
+                    sn[0] = sn[1] = sn[2] = sn[3] = 0.0f;
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const bool ok = k0 + 8 * nt + 2 * t + e < k_end;
-                    s[nt][e] = ok ? s[nt][e] * scale_log2 : pc_neg_inf();
-                    s[nt][2 + e] = ok ? s[nt][2 + e] * scale_log2 : pc_neg_inf();
-                    mx_a = fmaxf(mx_a, s[nt][e]);
-                    mx_b = fmaxf(mx_b, s[nt][2 + e]);
-                }
-            float al_a, al_b;
-            softmax_step<2>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
-            const u32 pa[4] = {pack_f2h2(s[0][0], s[0][1]), pack_f2h2(s[0][2], s[0][3]),
-                               pack_f2h2(s[1][0], s[1][1]), pack_f2h2(s[1][2], s[1][3])};
-#pragma unroll
-            for (int h = 0; h < VH; ++h) {
-                const u32 w0[4] = {vr[0][h].x, vr[0][h].y, vr[0][h].z, vr[0][h].w};
-                const u32 w1[4] = {vr[1][h].x, vr[1][h].y, vr[1][h].z, vr[1][h].w};
-                const u32 w2[4] = {vr[2][h].x, vr[2][h].y, vr[2][h].z, vr[2][h].w};
-                const u32 w3[4] = {vr[3][h].x, vr[3][h].y, vr[3][h].z, vr[3][h].w};
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                    for (int hi = 0; hi < 2; ++hi) {
-                        const u32 sel = hi ? 0x7632u : 0x5410u;   // low or high halves of both keys
-                        float* c = o[h][2 * i + hi];
-                        c[0] *= al_a;
-                        c[1] *= al_a;
-                        c[2] *= al_b;
-                        c[3] *= al_b;
-                        mma_16816(c, pa, __byte_perm(w0[i], w1[i], sel), __byte_perm(w2[i], w3[i], sel));
+                    for (int j = 0; j < KJ; ++j) {
+                        const uint4 kh8 = kv_half8<C>(kr[u][nt][j]);
+                        mma_16816(sn, qf[2 * j], kh8.x, kh8.y);
+                        mma_16816(sn, qf[2 * j + 1], kh8.z, kh8.w);
                     }
                 }
+            // score (., 8n + 2t + e) times its key's scale: lane 4 (2t + e) loaded that key's row
+            float sc[2 * NS][2];
+#pragma unroll
+            for (int n = 0; n < 2 * NS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e)
+                    sc[n][e] = KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * scale_log2
+                                                : scale_log2;
+            if (k_next < k_end)
+                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+            float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
+#pragma unroll
+            for (int n = 0; n < 2 * NS; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const bool ok = k0 + 8 * n + 2 * t + e < k_end;
+                    s[n][e] = ok ? s[n][e] * sc[n][e] : pc_neg_inf();
+                    s[n][2 + e] = ok ? s[n][2 + e] * sc[n][e] : pc_neg_inf();
+                    mx_a = fmaxf(mx_a, s[n][e]);
+                    mx_b = fmaxf(mx_b, s[n][2 + e]);
+                }
+            float al_a, al_b;
+            softmax_step<2 * NS>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
+#pragma unroll
+            for (int h = 0; h < VH; ++h)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    o[h][e][0] *= al_a;
+                    o[h][e][1] *= al_a;
+                    o[h][e][2] *= al_b;
+                    o[h][e][3] *= al_b;
+                }
+#pragma unroll
+            for (int u = 0; u < NS; ++u) {
+                const u32 pa[4] = {pack_f2h2(s[2 * u][0], s[2 * u][1]), pack_f2h2(s[2 * u][2], s[2 * u][3]),
+                                   pack_f2h2(s[2 * u + 1][0], s[2 * u + 1][1]),
+                                   pack_f2h2(s[2 * u + 1][2], s[2 * u + 1][3])};
+#pragma unroll
+                for (int h = 0; h < VH; ++h) {
+                    const uint4 v0 = v_half8<C>(vr[u][0][h], vs[u][0]), v1 = v_half8<C>(vr[u][1][h], vs[u][1]);
+                    const uint4 v2 = v_half8<C>(vr[u][2][h], vs[u][2]), v3 = v_half8<C>(vr[u][3][h], vs[u][3]);
+                    const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
+                    const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
+                    const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
+                    const u32 w3[4] = {v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+#pragma unroll
+                        for (int hi = 0; hi < 2; ++hi) {
+                            const u32 sel = hi ? 0x7632u : 0x5410u;   // low or high halves of both keys
+                            mma_16816(o[h][2 * i + hi], pa, __byte_perm(w0[i], w1[i], sel),
+                                      __byte_perm(w2[i], w3[i], sel));
+                        }
+                }
             }
-            if (k_next < k_end) load_v<D>(vr, v_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+            if (k_next < k_end)
+                load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
         }
         l_a = quad_sum(l_a);
         l_b = quad_sum(l_b);
@@ -430,31 +516,38 @@ __device__ __forceinline__ void decode_mma_body(
 }
 
 // RESTRICT: __restrict__ on the caches where the kernel only reads them (their loads may take the
-// read-only path), empty where it writes them too
-#define DECODE_MMA_PARAMS(RESTRICT)                                                                   \
-    const float* __restrict__ q, i64 q_stride, const __half* RESTRICT k_cache, const __half* RESTRICT v_cache, \
+// read-only path), empty where it writes them too. C: the cache element (kv_codes.cuh); the scales
+// are unused (null) for fp16.
+#define DECODE_MMA_PARAMS(C, RESTRICT)                                                                \
+    const float* __restrict__ q, i64 q_stride, const C* RESTRICT k_cache, const C* RESTRICT v_cache,  \
+        const float* RESTRICT k_scales, const float* RESTRICT v_scales,                              \
         const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ seq_lens,        \
         float* __restrict__ out, i64 out_stride, float* __restrict__ part_o, float* __restrict__ part_lse, \
         int* __restrict__ counters, int num_kv_heads, int group, int block_size, int num_splits,      \
         float scale_log2, signed char* __restrict__ xq, float4* __restrict__ xds, float* __restrict__ xd, \
         short* __restrict__ xb
 #define DECODE_MMA_ARGS                                                                               \
-    q, q_stride, k_cache, v_cache, block_tables, bt_stride, seq_lens, out, out_stride, part_o, part_lse, \
-        counters, num_kv_heads, group, block_size, num_splits, scale_log2, xq, xds, xd, xb
+    q, q_stride, k_cache, v_cache, k_scales, v_scales, block_tables, bt_stride, seq_lens, out, out_stride, \
+        part_o, part_lse, counters, num_kv_heads, group, block_size, num_splits, scale_log2, xq, xds, xd, xb
 
-// attn_decode_mma_f16_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_f16_hd<D>:
+// attn_decode_mma_<KV>_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_<KV>_hd<D>:
 // q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
-#define DECODE_MMA_KERNEL(D)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_f16_hd##D(DECODE_MMA_PARAMS(__restrict__)) { \
-        decode_mma_body<D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */               \
+#define DECODE_MMA_KERNEL(KV, C, D)                                                                   \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D(            \
+        DECODE_MMA_PARAMS(C, __restrict__)) {                                                         \
+        decode_mma_body<C, D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */            \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_f16_hd##D(           \
-        DECODE_MMA_PARAMS(), const float* __restrict__ k_new, i64 k_stride, const float* __restrict__ v_new, \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_##KV##_hd##D(       \
+        DECODE_MMA_PARAMS(C, ), const float* __restrict__ k_new, i64 k_stride, const float* __restrict__ v_new, \
         i64 v_stride, const i64* __restrict__ positions, const i64* __restrict__ slots,                \
         const float* __restrict__ inv_freq, int rot_half, int interleaved) {                          \
-        decode_mma_body<D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
-                                                             slots, inv_freq, rot_half, interleaved != 0}); \
+        decode_mma_body<C, D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
+                                                                slots, inv_freq, rot_half, interleaved != 0}); \
     }
 
-DECODE_MMA_KERNEL(64)
-DECODE_MMA_KERNEL(128)
+DECODE_MMA_KERNEL(f16, __half, 64)
+DECODE_MMA_KERNEL(f16, __half, 128)
+DECODE_MMA_KERNEL(i8, signed char, 64)
+DECODE_MMA_KERNEL(i8, signed char, 128)
+DECODE_MMA_KERNEL(e4m3, u8, 64)
+DECODE_MMA_KERNEL(e4m3, u8, 128)

@@ -1,7 +1,9 @@
 // Causal prefill attention over the paged KV cache (flash-attention style, online softmax).
 // q [N, Hq, D] float32 (token stride q_stride); sequence b owns rows query_start[b]..[b+1]; its
 // row i sits at position seq_lens[b] - nq + i and attends keys 0..that position (a cached prefix
-// plus the new chunk). K/V come from the fp16 cache, which already holds the new tokens.
+// plus the new chunk). K/V come from the cache, which already holds the new tokens: fp16, or 8-bit
+// codes with a scale per row (kv_codes.cuh; the _i8 / _e4m3 kernels), turned into fp16 values as
+// the key tiles are loaded into shared memory.
 //
 // Query tiles of BQ rows never straddle sequences. Sequence b's tiles are numbered from
 // query_start[b] / BQ + b, so grid.x = N / BQ + B covers every tile of every sequence without
@@ -15,6 +17,7 @@
 // attn_decode_combine_f32 (attn_decode.cu) merges them. Split 0 holds key 0, so every row has at
 // least one non-empty split; an empty split writes only lse = -inf.
 #include "common.cuh"
+#include "kv_codes.cuh"
 
 // Finds the sequence and the first row of query tile `t` (tiles of bq rows); false if none.
 __device__ __forceinline__ bool find_tile(const int* __restrict__ query_start, int num_seqs, int bq, int t,
@@ -78,18 +81,19 @@ __device__ __forceinline__ bool block_key_range(int kmax, int ctx, float* __rest
 #define PF_BQ 16
 #define PF_BK 32
 
-template <typename T, int D, bool SPLIT>
+template <typename C, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_plain_body(
-    const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-    const int* __restrict__ query_start, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
     int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,
     int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) {
     constexpr int KSTR = D + 2;                       // odd word stride: lane-per-key reads conflict-free
     constexpr int EPL = D >= 32 ? D / 32 : 1;         // output columns per lane: d = lane + 32 * e
     constexpr int RPW = PF_BQ / 4;                    // rows per warp
+    typedef __half T;                                 // the shared-memory tiles' values
     __shared__ float q_s[PF_BQ][D];
-    __shared__ T k_s[PF_BK][KSTR];
-    __shared__ T v_s[PF_BK][D];
+    __shared__ __align__(16) T k_s[PF_BK][KSTR];
+    __shared__ __align__(16) T v_s[PF_BK][D];
 
     int b, q0, nq, r0;
     if (!find_tile(query_start, num_seqs, PF_BQ, blockIdx.x, b, q0, nq, r0)) return;
@@ -118,16 +122,20 @@ __device__ __forceinline__ void prefill_plain_body(
 
     for (int k0 = k_begin; k0 < k_end; k0 += PF_BK) {
         __syncthreads();
-        for (int i = tid; i < PF_BK * D; i += blockDim.x) {
-            const int j = i / D, d = i % D, key = k0 + j;
-            T kv = KvType<T>::store(0.0f), vv = kv;
+        for (int i = tid; i < PF_BK * D / 8; i += blockDim.x) {     // 8 values at a time
+            const int j = i / (D / 8), d = i % (D / 8) * 8, key = k0 + j;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
             if (key < key_lim) {
-                const i64 off = (cache_slot(table, key, block_size) * num_kv_heads + kh) * D + d;
-                kv = k_cache[off];
-                vv = v_cache[off];
+                const i64 row = cache_slot(table, key, block_size) * num_kv_heads + kh;
+                kv = kv_load8_scaled<C>(k_cache, k_scales, row, D, d);
+                vv = kv_load8_scaled<C>(v_cache, v_scales, row, D, d);
             }
-            k_s[j][d] = kv;
-            v_s[j][d] = vv;
+            u32* kd = reinterpret_cast<u32*>(&k_s[j][d]);      // KSTR is even: 4-byte aligned
+            kd[0] = kv.x;
+            kd[1] = kv.y;
+            kd[2] = kv.z;
+            kd[3] = kv.w;
+            *reinterpret_cast<uint4*>(&v_s[j][d]) = vv;
         }
         __syncthreads();
 #pragma unroll
@@ -183,35 +191,40 @@ __device__ __forceinline__ void prefill_plain_body(
     }
 }
 
-// The kernels' parameters, shared by the plain and the mma variants (T: the cache element type).
-#define PREFILL_PARAMS(T)                                                                            \
-    const float* __restrict__ q, i64 q_stride, const T* __restrict__ k_cache, const T* __restrict__ v_cache, \
-        const int* __restrict__ query_start, const int* __restrict__ seq_lens,                     \
+// The kernels' parameters, shared by the plain and the mma variants (C: the cache element type;
+// the scales are unused, null, for fp16).
+#define PREFILL_PARAMS(C)                                                                            \
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache, \
+        const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens,                     \
         const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, \
         i64 out_stride, int num_kv_heads, int group, int block_size, float scale_log2
 #define PREFILL_ARGS                                                                                 \
-    q, q_stride, k_cache, v_cache, query_start, seq_lens, block_tables, bt_stride, num_seqs, out, out_stride, \
+    q, q_stride, k_cache, v_cache, k_scales, v_scales, query_start, seq_lens, block_tables, bt_stride, num_seqs, out, out_stride, \
         num_kv_heads, group, block_size, scale_log2
 
-// attn_prefill_<V>_f16_hd<D>: grid = (tiles + B, Hq); attn_prefill_<V>_split_f16_hd<D>: grid =
+// attn_prefill_<V>_<KV>_hd<D>: grid = (tiles + B, Hq); attn_prefill_<V>_split_<KV>_hd<D>: grid =
 // (tiles + B, Hq, S), partial outputs for the combine (out unused). BODY_FULL / BODY_SPLIT: the
-// variant's body instantiated with SPLIT false / true.
-#define PREFILL_KERNEL_PAIR(V, D, T, BODY_FULL, BODY_SPLIT)                                          \
-    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_f16_hd##D(PREFILL_PARAMS(T)) { \
+// variant's body instantiated with SPLIT false / true. KV: f16, i8, e4m3 (cache element C).
+#define PREFILL_KERNEL_PAIR(V, KV, D, C, BODY_FULL, BODY_SPLIT)                                      \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_##KV##_hd##D(PREFILL_PARAMS(C)) { \
         pdl_wait();                                                                                     \
         BODY_FULL(PREFILL_ARGS, nullptr, nullptr);                                                   \
     }                                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_split_f16_hd##D(          \
-        PREFILL_PARAMS(T), float* __restrict__ part_o, float* __restrict__ part_lse) {             \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_split_##KV##_hd##D(       \
+        PREFILL_PARAMS(C), float* __restrict__ part_o, float* __restrict__ part_lse) {             \
         pdl_wait();                                                                                \
         BODY_SPLIT(PREFILL_ARGS, part_o, part_lse);                                                  \
     }
 
-#define PREFILL_PLAIN_KERNELS(D) \
-    PREFILL_KERNEL_PAIR(plain, D, __half, (prefill_plain_body<__half, D, false>), (prefill_plain_body<__half, D, true>))
-PREFILL_PLAIN_KERNELS(16)
-PREFILL_PLAIN_KERNELS(32)
-PREFILL_PLAIN_KERNELS(64)
-PREFILL_PLAIN_KERNELS(128)
+// Every (cache type, head dim) of a variant: KERNELS(KV, C, D)
+#define PREFILL_KERNELS_ALL(KERNELS)                                                                   \
+    KERNELS(f16, __half, 16) KERNELS(f16, __half, 32) KERNELS(f16, __half, 64) KERNELS(f16, __half, 128) \
+    KERNELS(i8, signed char, 16) KERNELS(i8, signed char, 32) KERNELS(i8, signed char, 64)             \
+    KERNELS(i8, signed char, 128) KERNELS(e4m3, u8, 16) KERNELS(e4m3, u8, 32) KERNELS(e4m3, u8, 64)    \
+    KERNELS(e4m3, u8, 128)
+
+#define PREFILL_PLAIN_KERNELS(KV, C, D) \
+    PREFILL_KERNEL_PAIR(plain, KV, D, C, (prefill_plain_body<C, D, false>), (prefill_plain_body<C, D, true>))
+PREFILL_KERNELS_ALL(PREFILL_PLAIN_KERNELS)
 
 #include "attn_prefill_mma.cuh"

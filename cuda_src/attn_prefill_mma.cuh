@@ -2,15 +2,17 @@
 // fp32 accumulators, FlashAttention-2 register layout. BQ = 64 query rows (16 per warp); K/V
 // tiles of BK keys (64 for D <= 64, else 32) double-buffered in shared memory by cp.async, B
 // fragments read with ldmatrix (.trans for V). Q is rounded to fp16 (K/V already are); P is
-// rounded to fp16 for the PV product. On older archs the kernel traps: the launcher only picks
-// it for sm_80+. The *_split_* kernels take one key split per block (see attn_prefill.cu).
+// rounded to fp16 for the PV product. 8-bit caches: each tile's codes are loaded into registers
+// while the previous tile is used, then stored to its stage as fp16 values (CodeTile). On older
+// archs the kernel traps: the launcher only picks it for sm_80+. The *_split_* kernels take one
+// key split per block (see attn_prefill.cu).
 #pragma once
 
 #include "mma_prims.cuh"
 
 #define MMA_BQ 64
 
-// cp.async of keys [k0, k0 + BK) of one KV head into a stage; keys >= ctx are zero-filled
+// cp.async of keys [k0, k0 + BK) of one KV head (fp16) into a stage; keys >= ctx are zero-filled
 // (0 * garbage could be NaN in the PV product).
 template <int D, int BK, int STR>
 __device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, const __half* __restrict__ k_cache,
@@ -33,11 +35,47 @@ __device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, cons
     cp_async_commit();
 }
 
+// 8-bit codes of a key tile, held in registers from their loads (issued before the previous tile's
+// math) until they fill their stage as fp16 values (after it): a thread's CPT chunks of 8 values,
+// i = threadIdx.x + 128c (blockDim.x 128), and their rows' scales times HALF_SCALE (0 past ctx).
+template <typename C, int D, int BK>
+struct CodeTile {
+    static constexpr int CH = D / 8, CPT = BK * CH / 128;
+    typename KvCode<C>::Vec8 k[CPT], v[CPT];
+    float ks[CPT], vs[CPT];
+
+    __device__ __forceinline__ void load(const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+                                         const float* __restrict__ k_scales, const float* __restrict__ v_scales,
+                                         const int* __restrict__ table, int k0, int ctx, int block_size,
+                                         int num_kv_heads, int kh) {
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+            const int i = threadIdx.x + 128 * c, key = k0 + i / CH;
+            const i64 row = cache_slot(table, min(key, ctx - 1), block_size) * num_kv_heads + kh;
+            const i64 off = row * D + i % CH * 8;
+            k[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(k_cache + off);
+            v[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(v_cache + off);
+            ks[c] = key < ctx ? k_scales[row] * KvCode<C>::HALF_SCALE : 0.0f;   // codes are finite: 0 * code = 0
+            vs[c] = key < ctx ? v_scales[row] * KvCode<C>::HALF_SCALE : 0.0f;
+        }
+    }
+
+    template <int STR>
+    __device__ __forceinline__ void store(__half* k_dst, __half* v_dst) const {
+#pragma unroll
+        for (int c = 0; c < CPT; ++c) {
+            const int i = threadIdx.x + 128 * c, o = i / CH * STR + i % CH * 8;
+            *reinterpret_cast<uint4*>(k_dst + o) = kv_scaled8<C>(k[c], ks[c]);
+            *reinterpret_cast<uint4*>(v_dst + o) = kv_scaled8<C>(v[c], vs[c]);
+        }
+    }
+};
+
 // SPLIT: block z takes split z of the tile's keys and writes partials (see attn_prefill.cu).
-template <int D, bool SPLIT>
+template <typename C, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_mma_body(
-    const float* __restrict__ q, i64 q_stride, const __half* __restrict__ k_cache,
-    const __half* __restrict__ v_cache, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride,
     int num_kv_heads, int group, int block_size, float scale_log2, float* __restrict__ part_o,
     float* __restrict__ part_lse) {
@@ -90,8 +128,15 @@ __device__ __forceinline__ void prefill_mma_body(
     float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
 
     const int ntiles = SPLIT ? (k_end - k_begin + BK - 1) / BK : kmax / BK + 1;
-    mma_load_tile<D, BK, STR>(k_s[0], v_s[0], k_cache, v_cache, table, k_begin, key_lim, block_size, num_kv_heads,
-                              kh);
+    constexpr bool QUANT = KvCode<C>::QUANT;
+    CodeTile<C, D, BK> codes;                         // 8-bit caches: the next tile's codes
+    if constexpr (QUANT) {
+        codes.load(k_cache, v_cache, k_scales, v_scales, table, k_begin, key_lim, block_size, num_kv_heads, kh);
+        codes.template store<STR>(k_s[0], v_s[0]);
+    } else {
+        mma_load_tile<D, BK, STR>(k_s[0], v_s[0], k_cache, v_cache, table, k_begin, key_lim, block_size, num_kv_heads,
+                                  kh);
+    }
     // ldmatrix row addresses of this lane: matrix mi = lane / 8, row lane % 8
     const int mi = lane >> 3, mr = lane & 7;
     const int k_row = (mi >> 1) * 8 + mr, k_col = (mi & 1) * 8;      // K: (n-tile pair, d half)
@@ -99,11 +144,15 @@ __device__ __forceinline__ void prefill_mma_body(
 
     for (int it = 0; it < ntiles; ++it) {
         const int k0 = k_begin + it * BK, st = it & 1;
-        if (it + 1 < ntiles)
+        if constexpr (QUANT) {
+            if (it + 1 < ntiles)
+                codes.load(k_cache, v_cache, k_scales, v_scales, table, k0 + BK, key_lim, block_size, num_kv_heads, kh);
+        } else if (it + 1 < ntiles) {
             mma_load_tile<D, BK, STR>(k_s[st ^ 1], v_s[st ^ 1], k_cache, v_cache, table, k0 + BK, key_lim, block_size,
                                       num_kv_heads, kh);
-        else
+        } else {
             cp_async_commit();
+        }
         cp_async_wait<1>();
         __syncthreads();
         if (k0 <= warp_kmax) {            // else none of this warp's rows reach these keys
@@ -158,6 +207,9 @@ __device__ __forceinline__ void prefill_mma_body(
                 }
             }
         }                                 // k0 <= warp_kmax
+        if constexpr (QUANT) {            // stage st ^ 1 was read in tile it - 1, before the barrier below it
+            if (it + 1 < ntiles) codes.template store<STR>(k_s[st ^ 1], v_s[st ^ 1]);
+        }
         __syncthreads();                  // stage st is free for tile it + 2
     }
     cp_async_wait<0>();
@@ -186,9 +238,6 @@ __device__ __forceinline__ void prefill_mma_body(
 }
 
 // tiles of 64 query rows, block 128. Launch only on sm_80+.
-#define PREFILL_MMA_KERNELS(D) \
-    PREFILL_KERNEL_PAIR(mma, D, __half, (prefill_mma_body<D, false>), (prefill_mma_body<D, true>))
-PREFILL_MMA_KERNELS(16)
-PREFILL_MMA_KERNELS(32)
-PREFILL_MMA_KERNELS(64)
-PREFILL_MMA_KERNELS(128)
+#define PREFILL_MMA_KERNELS(KV, C, D) \
+    PREFILL_KERNEL_PAIR(mma, KV, D, C, (prefill_mma_body<C, D, false>), (prefill_mma_body<C, D, true>))
+PREFILL_KERNELS_ALL(PREFILL_MMA_KERNELS)

@@ -115,8 +115,8 @@ class Engine:
         self.ops = self._make_ops()
         if self.args.kv_cache_dtype not in self.ops.kv_cache_dtypes:
             raise ValueError(f"kv_cache_dtype: {self.args.kv_cache_dtype!r} is implemented on the NumPy (cpu) "
-                             f"backend only so far; the {self.device} backend stores {self.ops.kv_dtype_bytes * 8}-bit "
-                             "floats ('auto')")
+                             f"backend only; the {self.device} backend has "
+                             f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
         check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position

@@ -270,7 +270,10 @@ def _bench_decode_attention(args, copy_gbps, cache, tag, hq, hkv, d, shapes, bs)
 
     cp = _cp()
     out = {}
-    variants = ["plain"] + (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])
+    from pocketcupy.quant.kv_quant import kv_pair_bytes
+
+    variants = (["plain"] if args.kv_cache_dtype == "auto" else []) + \
+        (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])   # 8-bit pages: the mma kernel only
     for ctx, batch in shapes:
         kc, vc, tables = cache(batch, ctx, hkv, d)
         meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),
@@ -279,7 +282,7 @@ def _bench_decode_attention(args, copy_gbps, cache, tag, hq, hkv, d, shapes, bs)
         dmeta = attn_cuda.device_meta(meta)
         q = cp.random.standard_normal((batch, hq, d), dtype=cp.float32)
         o = cp.empty_like(q)
-        kv_bytes = 2 * batch * ctx * hkv * d * 2
+        kv_bytes = batch * ctx * hkv * kv_pair_bytes(args.kv_cache_dtype, d, 2)
         for variant in variants:
             t = time_us(lambda: attn_cuda.attn_decode(q, kc, vc, dmeta, d ** -0.5, out=o, variant=variant),
                         args.reps, 10)
@@ -299,7 +302,8 @@ def bench_attention(args, copy_gbps: float) -> dict:
     """Decode attention (plain and tensor-core kernels) at context 512 with batch 1 / 4 / 16, 4096 /
     32768 with batch 1 / 16 and context 1024 with batch 64 (and SmolLM2's heads at a few of them),
     prefill 2048, and a 48-token chunk over an 8064-token cached prefix with and without split-KV
-    (Llama-3-8B heads: 32 q, 8 kv, dim 128, fp16 paged cache of 16-token blocks)."""
+    (Llama-3-8B heads: 32 q, 8 kv, dim 128, paged cache of 16-token blocks: fp16, or --kv-cache-dtype's
+    8-bit codes with a scale per row)."""
     try:
         from pocketcupy.backend import attn_cuda
         from pocketcupy.backend.attention_meta import AttentionMetadata
@@ -310,11 +314,21 @@ def bench_attention(args, copy_gbps: float) -> dict:
     out = {}
 
     def cache(batch, ctx, hkv=hkv, d=d):
+        from pocketcupy.backend.kv_pages_cuda import empty_kv_pages
+
         nblk = batch * (-(-ctx // bs))
-        kc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
-        vc = cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
         tables = np.arange(nblk, dtype=np.int32).reshape(batch, -1)
-        return kc, vc, tables
+        if args.kv_cache_dtype == "auto":
+            return tuple(cp.random.standard_normal((nblk, bs, hkv, d), dtype=cp.float32).astype(cp.float16)
+                         for _ in range(2)) + (tables,)
+        pages = empty_kv_pages(nblk, bs, hkv, d, args.kv_cache_dtype)
+        for c in pages:          # random codes (E4M3: finite ones), scales of unit-variance rows
+            codes = cp.random.randint(0, 0x7F, c.codes.shape, dtype=np.int32)
+            if c.kind == "fp8":
+                codes |= cp.random.randint(0, 2, c.codes.shape, dtype=np.int32) << 7
+            c.codes[...] = (codes - 63 if c.kind == "int8" else codes).astype(c.codes.dtype)
+            c.params[...] = 0.03
+        return pages + (tables,)
 
     shapes = [(512, 1), (512, 4), (512, 16), (4096, 1), (4096, 16), (1024, 64)] + \
         ([] if args.quick else [(32768, 1), (32768, 16)])
@@ -373,12 +387,15 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="gemv,gemm,attention")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                    help="the attention benchmarks' KV pages (8-bit: codes and a scale per row)")
     args = ap.parse_args(argv)
     args.reps = args.reps or (5 if args.quick else 30)
     only = set(args.only.split(","))
     cp = _cp()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"]}
+    res: dict = {"device": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+                 "kv_cache_dtype": args.kv_cache_dtype}
     res["copy"] = copy_bandwidth(args.reps)
     res["gemm_f16_8192"] = gemm_peak(max(3, args.reps // 3))
     copy_gbps, peak = res["copy"]["GBps"], res["gemm_f16_8192"]["TFLOPs"]

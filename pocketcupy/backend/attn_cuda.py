@@ -1,4 +1,4 @@
-"""CuPy launchers for paged attention over the fp16 KV cache (cuda_src/attn_prefill.cu,
+"""CuPy launchers for paged attention over the KV cache (fp16 or 8-bit pages, kv_pages_cuda; cuda_src/attn_prefill.cu,
 attn_decode.cu, attn_decode_mma.cu): causal prefill (also covers prefix + chunk and mixed
 batches; split-KV when a short chunk over a long prefix gives too few blocks to fill the GPU)
 and split-K decode (tensor cores from sm_80 on, splits merged by the kernel's last block).
@@ -18,6 +18,7 @@ import numpy as np
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
 from .kernels import cuda_op, has_tensor_cores, null_arg, num_sms
+from .kv_pages_cuda import KvArgs, kv_args
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 LOG2E = 1.4426950408889634
@@ -60,17 +61,16 @@ def device_meta(meta: AttentionMetadata) -> AttentionMetadata:
                                block_tables=i32(meta.block_tables), slot_mapping=index_array(meta.slot_mapping))
 
 
-def _check(q, k_cache, v_cache):
+def _check(q, k_cache, v_cache) -> tuple[int, int, int, int, KvArgs]:
     check_f32("attention", q)
     n, hq, d = q.shape
+    kv = kv_args("attention", k_cache, v_cache)
     hkv = k_cache.shape[2]
-    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
-        raise TypeError(f"attention: the KV cache must be float16, got {k_cache.dtype}")
     if k_cache.shape[3] != d or hq % hkv:
         raise ValueError(f"attention: q {q.shape} does not fit the cache {k_cache.shape}")
     if d not in HEAD_DIMS:
         raise NotImplementedError(f"attention: head_dim {d} has no CUDA kernel (have {HEAD_DIMS})")
-    return n, hq, d, hkv
+    return n, hq, d, hkv, kv
 
 
 def _out(out, shape):
@@ -107,7 +107,7 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
     holds the new tokens). Any mix of prefill chunks and single decode rows. Returns [N, Hq, D].
     num_splits: key splits per block (None: prefill_splits' choice from the shapes, with the
     block-table width as the longest context); above 1, partials merged by the decode combine."""
-    n, hq, d, hkv = _check(q, k_cache, v_cache)
+    n, hq, d, hkv, kv = _check(q, k_cache, v_cache)
     meta = device_meta(meta)
     variant = variant or prefill_variant(d)
     q, qs = row_view(q, hq * d)
@@ -122,16 +122,16 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
         num_splits = prefill_splits(tiles, hq, meta.block_tables.shape[1] * meta.block_size, num_sms())
     if not 1 <= num_splits <= 65535 or (num_splits > 1 and n > 65535):
         raise ValueError(f"attn_prefill: num_splits {num_splits} out of range for {n} query rows")
-    args = (q, _I64(qs), k_cache, v_cache, meta.query_start, meta.seq_lens, meta.block_tables,
+    args = (q, _I64(qs), *kv.arrays, meta.query_start, meta.seq_lens, meta.block_tables,
             _I32(meta.block_tables.shape[1]), _I32(b), out, _I64(hq * d), _I32(hkv), _I32(hq // hkv),
             _I32(meta.block_size), _F32(scale * LOG2E))
     if num_splits == 1:
-        _k("attn_prefill.cu", f"attn_prefill_{variant}_f16_hd{d}")((tiles, hq), (128,), args)
+        _k("attn_prefill.cu", f"attn_prefill_{variant}_{kv.tag}_hd{d}")((tiles, hq), (128,), args)
         return out
     cp = _cp()
     part_o = cp.empty((n, hq, num_splits, d), np.float32)
     part_lse = cp.empty((n, hq, num_splits), np.float32)
-    _k("attn_prefill.cu", f"attn_prefill_{variant}_split_f16_hd{d}")(
+    _k("attn_prefill.cu", f"attn_prefill_{variant}_split_{kv.tag}_hd{d}")(
         (tiles, hq, num_splits), (128,), args + (part_o, part_lse))
     _k("attn_decode.cu", "attn_decode_combine_f32")(
         (hq, n), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
@@ -204,11 +204,13 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     cp = _cp()
     if q8 not in (None, "q8", "q8k"):
         raise ValueError(f"attn_decode: q8 must be None, 'q8' or 'q8k', got {q8!r}")
-    n, hq, d, hkv = _check(q, k_cache, v_cache)
+    n, hq, d, hkv, kv = _check(q, k_cache, v_cache)
     group = hq // hkv
-    if group > DECODE_MAX_GROUP:
-        return None if q8 else attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
     variant = variant or decode_variant(d)
+    if group > DECODE_MAX_GROUP or (variant == "plain" and kv.tag != "f16"):   # the plain kernel reads fp16 only
+        if rope is not None:
+            raise ValueError("attn_decode: this launch cannot apply RoPE itself (see decode_fuses_rope)")
+        return None if q8 else attn_prefill(q, k_cache, v_cache, meta, scale, out=out)
     if variant not in DECODE_MIN_CHUNK or (variant == "mma" and d not in DECODE_MMA_HEAD_DIMS):
         raise ValueError(f"attn_decode: no {variant!r} kernel for head_dim {d}")
     meta = device_meta(meta)
@@ -234,7 +236,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
         part_lse = cp.empty((b, hq, num_splits), np.float32)
     else:
         part_o = part_lse = out              # unused by the kernel
-    head = (q, _I64(qs), k_cache, v_cache, meta.block_tables, _I32(meta.block_tables.shape[1]), meta.seq_lens,
+    caches = kv.arrays if variant == "mma" else kv.arrays[:2]     # the plain kernel: fp16, no scales
+    head = (q, _I64(qs), *caches, meta.block_tables, _I32(meta.block_tables.shape[1]), meta.seq_lens,
             out, _I64(hq * d), part_o, part_lse)
     tail = (_I32(hkv), _I32(group), _I32(meta.block_size), _I32(num_splits), _F32(scale * LOG2E))
     fused = variant == "mma" and b * hkv <= DECODE_COUNTERS
@@ -254,7 +257,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
                      cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
-        _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_f16_hd{d}")(
+        _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}")(
             (num_splits, hkv, b), (128,), args)
         if q8:
             return out, blocks

@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from .kernels import cuda_op, kernel
+from .kv_pages_cuda import kv_args
 from .pinned_upload import upload
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
@@ -277,21 +278,24 @@ def rope(x, positions, inv_freq, interleaved: bool, out=None):
 
 @cuda_op("store_kv")
 def store_kv(k_cache, v_cache, k, v, slot_mapping):
-    """Writes k, v [N, Hkv, D] float32 into the fp16 caches [blocks, block_size, Hkv, D] at
-    slot_mapping [N] (int32/int64; negative = skip)."""
+    """Writes k, v [N, Hkv, D] float32 into the caches [blocks, block_size, Hkv, D] at slot_mapping
+    [N] (int32/int64; negative = skip): fp16 pages, or int8 / fp8 codes, a warp quantizing each row."""
     check_f32("store_kv", k)
     check_f32("store_kv", v)
     n, hkv, d = k.shape
     if tuple(k_cache.shape[2:]) != (hkv, d) or v.shape != k.shape:
         raise ValueError(f"store_kv: k {k.shape} / v {v.shape} do not match the cache {k_cache.shape}")
-    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
-        raise TypeError(f"store_kv: the cache must be float16, got {k_cache.dtype}")
+    kv = kv_args("store_kv", k_cache, v_cache)
     k, ks = row_view(k, hkv * d)
     v, vs = row_view(v, hkv * d)
     slots = index_array(slot_mapping)
     if n:
-        name = "store_kv_f16_slot32" if slots.dtype == np.int32 else "store_kv_f16_slot64"
-        _k("kv_store.cu", name)((n,), (128,), (k, v, k_cache, v_cache, slots, _I32(n), _I32(hkv * d), _I64(ks), _I64(vs)))
+        name = f"store_kv_{kv.tag}_slot{32 if slots.dtype == np.int32 else 64}"
+        if kv.tag == "f16":
+            args = (k, v, k_cache, v_cache, slots, _I32(n), _I32(hkv * d), _I64(ks), _I64(vs))
+        else:
+            args = (k, v, kv.k, kv.k_scales, kv.v, kv.v_scales, slots, _I32(n), _I32(hkv), _I32(d), _I64(ks), _I64(vs))
+        _k("kv_store.cu", name)((n,), (128,), args)
     return k_cache, v_cache
 
 
@@ -303,8 +307,9 @@ ROPE_STORE_MIN_BLOCKS = 264                  # small batches: a token's items sp
 @cuda_op("rope_store_kv")
 def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping, out=None):
     """RoPE on q [N, Hq, D] and k [N, Hkv, D] (float32; each token's heads contiguous, e.g. column
-    views of a fused QKV output), rotated k and v written to the fp16 caches at slot_mapping [N]
-    (negative: not stored). Returns the rotated q, [N, Hq, D] contiguous (out= if given)."""
+    views of a fused QKV output), rotated k and v written to the caches (fp16, or int8 / fp8 codes)
+    at slot_mapping [N] (negative: not stored). Returns the rotated q, [N, Hq, D] contiguous (out=
+    if given)."""
     check_f32("rope_store_kv", q)
     check_f32("rope_store_kv", k)
     check_f32("rope_store_kv", v)
@@ -315,8 +320,7 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
         raise ValueError(f"rope_store_kv: {rot_half} frequencies do not fit head_dim {d}")
     if k.shape != (n, hkv, d) or v.shape != k.shape or tuple(k_cache.shape[2:]) != (hkv, d):
         raise ValueError(f"rope_store_kv: q {q.shape}, k {k.shape}, v {v.shape} do not match the cache {k_cache.shape}")
-    if k_cache.dtype != np.float16 or v_cache.dtype != np.float16:
-        raise TypeError(f"rope_store_kv: the cache must be float16, got {k_cache.dtype}")
+    kv = kv_args("rope_store_kv", k_cache, v_cache)
     q, qs = row_view(q, hq * d)
     k, ks = row_view(k, hkv * d)
     v, vs = row_view(v, hkv * d)
@@ -324,13 +328,15 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
     inv_freq = _cp().asarray(inv_freq, dtype=np.float32)
     out = _out(out, (n, hq, d))
     if n:
-        name = (f"rope_store_kv_{'interleaved' if interleaved else 'halves'}_f16"
+        name = (f"rope_store_kv_{'interleaved' if interleaved else 'halves'}_{kv.tag}"
                 f"_pos{32 if positions.dtype == np.int32 else 64}_slot{32 if slots.dtype == np.int32 else 64}")
-        items = hq * d // 2 + hkv * d // 2 + hkv * d      # q pairs, k pairs, v values of one token
+        # one token's q pairs, then k pairs and v values (fp16) or a warp per K and V row (codes)
+        items = hq * d // 2 + (hkv * d // 2 + hkv * d if kv.tag == "f16" else 2 * hkv * 32)
         per_token = max(1, min(-(-items // ROPE_STORE_THREADS), max(1, ROPE_STORE_MIN_BLOCKS // n)))
+        caches = (k_cache, v_cache) if kv.tag == "f16" else (kv.k, kv.k_scales, kv.v, kv.v_scales)
         _k("rope_store.cu", name)((n, per_token), (ROPE_STORE_THREADS,),
-                                  (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots, out, k_cache,
-                                   v_cache, _I32(n), _I32(hq), _I32(hkv), _I32(d), _I32(rot_half)))
+                                  (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots, out, *caches,
+                                   _I32(n), _I32(hq), _I32(hkv), _I32(d), _I32(rot_half)))
     return out
 
 

@@ -1,5 +1,6 @@
 """The CUDA backend: NumpyOps' interface over CuPy arrays and our kernels. Activations are float32;
-weights stay in their stored format (weight_cuda); the paged KV cache is float16.
+weights stay in their stored format (weight_cuda); the paged KV cache is float16, or int8 / fp8
+codes with a scale per row (kv_cache_dtype; kv_pages_cuda).
 Importing this module does not import CuPy; creating a CudaOps does."""
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from . import attn_cuda, elementwise_cuda, linear_cuda
 from .attention_meta import AttentionMetadata
 from .kquant_mma_cuda import gguf_mma_tiles
+from .kv_pages_cuda import KV_CACHE_DTYPES, empty_kv_pages
 from .weight_cuda import CudaWeight, Half16Rows, Q8Rows, concat_rows, prepare_weight
 
 
@@ -19,7 +21,7 @@ def _decode_batch(q, meta: AttentionMetadata) -> bool:
 class CudaOps:
     name = "cuda"
     kv_dtype_bytes = 2  # float16 KV cache
-    kv_cache_dtypes = ("auto",)   # 8-bit pages (quant/kv_quant.py): NumPy backend only so far
+    kv_cache_dtypes = KV_CACHE_DTYPES   # fp16 ("auto"), int8 and fp8 pages (kv_pages_cuda.py)
 
     def __init__(self, quant_activations: str = "auto"):
         import cupy
@@ -58,10 +60,8 @@ class CudaOps:
 
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: str = "auto"):
-        if dtype not in self.kv_cache_dtypes:
-            raise ValueError(f"kv_cache_dtype: {dtype!r} is not implemented on the CUDA backend")
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        return self.xp.zeros(shape, np.float16), self.xp.zeros(shape, np.float16)
+        """One layer's K and V pages: fp16, or int8 / fp8 codes with a scale per row (kv_pages_cuda.py)."""
+        return empty_kv_pages(num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
     # --- elementwise / normalisation -----------------------------------------------------
     def embedding(self, table, ids):
