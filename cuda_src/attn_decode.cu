@@ -203,7 +203,7 @@ DECODE_KERNEL(attn_decode_split_f16_hd128, __half, 128)
 
 // Merges the splits: out[b, h] = sum_s w_s o_s / sum_s w_s, w_s = 2^(lse_s - max lse).
 // grid (Hq, B), block of >= head_dim threads (thread d owns column d). The split-KV prefill
-// (attn_prefill.cu) uses it too, with one b per query row. Warp 0 turns the log-sum-exps into
+// (attn_prefill.cuh) uses it too, with one b per query row. Warp 0 turns the log-sum-exps into
 // weights, 32 splits at a time, in shared memory (splits past num_splits and empty ones, lse =
 // -inf, get weight 0 and their partial outputs, not written, are not read).
 extern "C" __global__ void attn_decode_combine_f32(const float* __restrict__ part_o,

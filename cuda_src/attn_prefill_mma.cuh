@@ -1,11 +1,11 @@
-// Tensor-core prefill (sm_80+), included by attn_prefill.cu: mma.sync m16n8k16, fp16 inputs,
+// Tensor-core prefill (sm_80+; tiles of 64 query rows, block 128), included by attn_prefill.cuh: mma.sync m16n8k16, fp16 inputs,
 // fp32 accumulators, FlashAttention-2 register layout. BQ = 64 query rows (16 per warp); K/V
 // tiles of BK keys (64 for D <= 64, else 32) double-buffered in shared memory by cp.async, B
 // fragments read with ldmatrix (.trans for V). Q is rounded to fp16 (K/V already are); P is
 // rounded to fp16 for the PV product. 8-bit caches: each tile's codes are loaded into registers
 // while the previous tile is used, then stored to its stage as fp16 values (CodeTile). On older
 // archs the kernel traps: the launcher only picks it for sm_80+. The *_split_* kernels take one
-// key split per block (see attn_prefill.cu).
+// key split per block (see attn_prefill.cuh).
 #pragma once
 
 #include "mma_prims.cuh"
@@ -71,7 +71,7 @@ struct CodeTile {
     }
 };
 
-// SPLIT: block z takes split z of the tile's keys and writes partials (see attn_prefill.cu).
+// SPLIT: block z takes split z of the tile's keys and writes partials (see attn_prefill.cuh).
 template <typename C, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_mma_body(
     const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
@@ -237,7 +237,3 @@ __device__ __forceinline__ void prefill_mma_body(
 #endif
 }
 
-// tiles of 64 query rows, block 128. Launch only on sm_80+.
-#define PREFILL_MMA_KERNELS(KV, C, D) \
-    PREFILL_KERNEL_PAIR(mma, KV, D, C, (prefill_mma_body<C, D, false>), (prefill_mma_body<C, D, true>))
-PREFILL_KERNELS_ALL(PREFILL_MMA_KERNELS)

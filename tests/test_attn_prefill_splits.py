@@ -9,7 +9,7 @@ from pocketcupy.backend.attn_cuda import (PREFILL_MAX_SPLITS, PREFILL_SPLIT_ALIG
 
 
 def kernel_chunk(kend: int, splits: int) -> int:
-    """split_keys in cuda_src/attn_prefill.cu: keys per split of a tile that needs kend keys."""
+    """split_keys in cuda_src/attn_prefill.cuh: keys per split of a tile that needs kend keys."""
     return -(-math.ceil(kend / splits) // PREFILL_SPLIT_ALIGN) * PREFILL_SPLIT_ALIGN
 
 

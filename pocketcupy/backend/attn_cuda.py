@@ -1,5 +1,5 @@
 """CuPy launchers for paged attention over the KV cache (fp16 or 8-bit pages, kv_pages_cuda; cuda_src/attn_prefill.cu,
-attn_decode.cu, attn_decode_mma.cu): causal prefill (also covers prefix + chunk and mixed
+attn_decode.cu, attn_decode_mma.cu, and the _kv8.cu modules for 8-bit pages): causal prefill (also covers prefix + chunk and mixed
 batches; split-KV when a short chunk over a long prefix gives too few blocks to fill the GPU)
 and split-K decode (tensor cores from sm_80 on, splits merged by the kernel's last block).
 
@@ -36,7 +36,7 @@ PREFILL_TILE = {"plain": 16, "mma": 64}
 PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
 PREFILL_SPLIT_MIN_CHUNK = 256       # fewest keys per split at the longest context
 PREFILL_MAX_SPLITS = 32
-PREFILL_SPLIT_ALIGN = 64            # PF_SPLIT_ALIGN in attn_prefill.cu: split lengths round up to it
+PREFILL_SPLIT_ALIGN = 64            # PF_SPLIT_ALIGN in attn_prefill.cuh: split lengths round up to it
 
 
 def _cp():
@@ -126,12 +126,12 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
             _I32(meta.block_tables.shape[1]), _I32(b), out, _I64(hq * d), _I32(hkv), _I32(hq // hkv),
             _I32(meta.block_size), _F32(scale * LOG2E))
     if num_splits == 1:
-        _k("attn_prefill.cu", f"attn_prefill_{variant}_{kv.tag}_hd{d}")((tiles, hq), (128,), args)
+        _k(kv.source("attn_prefill"), f"attn_prefill_{variant}_{kv.tag}_hd{d}")((tiles, hq), (128,), args)
         return out
     cp = _cp()
     part_o = cp.empty((n, hq, num_splits, d), np.float32)
     part_lse = cp.empty((n, hq, num_splits), np.float32)
-    _k("attn_prefill.cu", f"attn_prefill_{variant}_split_{kv.tag}_hd{d}")(
+    _k(kv.source("attn_prefill"), f"attn_prefill_{variant}_split_{kv.tag}_hd{d}")(
         (tiles, hq, num_splits), (128,), args + (part_o, part_lse))
     _k("attn_decode.cu", "attn_decode_combine_f32")(
         (hq, n), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
@@ -139,7 +139,7 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
 
 
 def decode_variant(head_dim: int) -> str:
-    """Tensor cores (attn_decode_mma.cu) from sm_80 on for head dims 64 and 128; else the plain kernel."""
+    """Tensor cores (attn_decode_mma.cuh) from sm_80 on for head dims 64 and 128; else the plain kernel."""
     return "mma" if has_tensor_cores() and head_dim in DECODE_MMA_HEAD_DIMS else "plain"
 
 
@@ -257,7 +257,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
                      cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
-        _k("attn_decode_mma.cu", f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}")(
+        _k(kv.source("attn_decode_mma"), f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}")(
             (num_splits, hkv, b), (128,), args)
         if q8:
             return out, blocks

@@ -28,6 +28,11 @@ class KvArgs(NamedTuple):
     def arrays(self) -> tuple:
         return self.k, self.v, self.k_scales, self.v_scales
 
+    def source(self, name: str) -> str:
+        """The .cu file of kernel family `name` for these pages: the 8-bit kernels are a module of
+        their own (name_kv8.cu), so fp16 caches never compile them."""
+        return f"{name}.cu" if self.tag == "f16" else f"{name}_kv8.cu"
+
 
 def empty_kv_pages(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "auto"):
     """One layer's K and V pages, zeroed (so never-written slots hold finite values)."""
