@@ -64,7 +64,8 @@ __device__ __forceinline__ const typename KvCode<C>::Vec8* kv_ptr(const C* cache
 
 // K fragments of the NS 16-key sub-steps [k0 + 16u, k0 + 16u + 16): rows k0 + 16u + g (n-tile 0)
 // and k0 + 16u + 8 + g (n-tile 1), dims 32j + 8t .. + 8; keys past k_last read k_last (their scores
-// are masked). Codes: also the rows' scales (times HALF_SCALE) in ks.
+// are masked). Codes: also the rows' scales in ks (as loaded: anything computed from a load here
+// would wait for it at the end of the step instead of at its use in the next).
 template <typename C, int D, int NS>
 __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], float (&ks)[NS][2],
                                        const C* k_cache, const float* k_scales, const int* __restrict__ table, int k0,
@@ -78,14 +79,14 @@ __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D /
                                          num_kv_heads, kh, 8 * t, row);
 #pragma unroll
             for (int j = 0; j < D / 32; ++j) kr[u][nt][j] = p[4 * j];
-            if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row] * KvCode<C>::HALF_SCALE;
+            if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row];
         }
 }
 
 // V of keys k0 + 16u + 2t, 2t + 1, 2t + 8, 2t + 9 (sub-step u), dims 64h + 8g .. + 8 (P = 0 past
-// k_last); codes: their scales (times HALF_SCALE) as fp16 pairs in vs
+// k_last); codes: their scales in vs (as loaded, see load_k)
 template <typename C, int D, int NS>
-__device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D / 64], __half2 (&vs)[NS][4],
+__device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D / 64], float (&vs)[NS][4],
                                        const C* v_cache, const float* v_scales, const int* __restrict__ table, int k0,
                                        int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
@@ -97,7 +98,7 @@ __device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D /
                                          block_size, num_kv_heads, kh, 8 * g, row);
 #pragma unroll
             for (int h = 0; h < D / 64; ++h) vr[u][r][h] = p[8 * h];
-            if constexpr (KvCode<C>::QUANT) vs[u][r] = __float2half2_rn(v_scales[row] * KvCode<C>::HALF_SCALE);
+            if constexpr (KvCode<C>::QUANT) vs[u][r] = v_scales[row];
         }
 }
 
@@ -248,7 +249,7 @@ __device__ __forceinline__ void decode_mma_body(
         // kr, its V once PV has used vr
         typename KvCode<C>::Vec8 kr[NS][2][KJ], vr[NS][4][VH];
         float ks[NS][2];                               // codes: the K rows' scales (load_k)
-        __half2 vs[NS][4];                             // and the V rows' (load_v)
+        float vs[NS][4];                               // and the V rows' (load_v)
         const int k_first = k_begin + WKEYS * warp;
         // the newest key (written by the kernel before, or by this block under RoPE) is read only
         // by the warp whose step holds it (keys past k_last read k_last), so every other warp
@@ -348,6 +349,7 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
             for (int e = 0; e < 8; ++e) o[h][e][0] = o[h][e][1] = o[h][e][2] = o[h][e][3] = 0.0f;
         float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
+        const float k_mul = scale_log2 * KvCode<C>::HALF_SCALE;   // codes: a key's scores times its scale times this
         for (int k0 = k_first; k0 < k_end; k0 += WKEYS * DM_WARPS) {
             const int k_next = k0 + WKEYS * DM_WARPS;
             float s[2 * NS][4];                        // n-tile n: keys k0 + 8n ..
@@ -370,7 +372,7 @@ __device__ __forceinline__ void decode_mma_body(
             for (int n = 0; n < 2 * NS; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    sc[n][e] = KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * scale_log2
+                    sc[n][e] = KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * k_mul
                                                 : scale_log2;
             if (k_next < k_end)
                 load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
@@ -401,10 +403,13 @@ __device__ __forceinline__ void decode_mma_body(
                 const u32 pa[4] = {pack_f2h2(s[2 * u][0], s[2 * u][1]), pack_f2h2(s[2 * u][2], s[2 * u][3]),
                                    pack_f2h2(s[2 * u + 1][0], s[2 * u + 1][1]),
                                    pack_f2h2(s[2 * u + 1][2], s[2 * u + 1][3])};
+                __half2 vsh[4];                        // codes: the keys' V scales (times HALF_SCALE)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) vsh[r] = __float2half2_rn(vs[u][r] * KvCode<C>::HALF_SCALE);
 #pragma unroll
                 for (int h = 0; h < VH; ++h) {
-                    const uint4 v0 = v_half8<C>(vr[u][0][h], vs[u][0]), v1 = v_half8<C>(vr[u][1][h], vs[u][1]);
-                    const uint4 v2 = v_half8<C>(vr[u][2][h], vs[u][2]), v3 = v_half8<C>(vr[u][3][h], vs[u][3]);
+                    const uint4 v0 = v_half8<C>(vr[u][0][h], vsh[0]), v1 = v_half8<C>(vr[u][1][h], vsh[1]);
+                    const uint4 v2 = v_half8<C>(vr[u][2][h], vsh[2]), v3 = v_half8<C>(vr[u][3][h], vsh[3]);
                     const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
                     const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
                     const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};

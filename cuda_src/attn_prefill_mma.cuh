@@ -37,26 +37,30 @@ __device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, cons
 
 // 8-bit codes of a key tile, held in registers from their loads (issued before the previous tile's
 // math) until they fill their stage as fp16 values (after it): a thread's CPT chunks of 8 values,
-// i = threadIdx.x + 128c (blockDim.x 128), and their rows' scales times HALF_SCALE (0 past ctx).
+// i = threadIdx.x + 128c (blockDim.x 128), and their rows' scales, as loaded (anything computed
+// from them at the load would wait for it there); keys at or past ctx are stored as zeros.
 template <typename C, int D, int BK>
 struct CodeTile {
     static constexpr int CH = D / 8, CPT = BK * CH / 128;
     typename KvCode<C>::Vec8 k[CPT], v[CPT];
     float ks[CPT], vs[CPT];
+    int k0, ctx;
 
     __device__ __forceinline__ void load(const C* __restrict__ k_cache, const C* __restrict__ v_cache,
                                          const float* __restrict__ k_scales, const float* __restrict__ v_scales,
                                          const int* __restrict__ table, int k0, int ctx, int block_size,
                                          int num_kv_heads, int kh) {
+        this->k0 = k0;
+        this->ctx = ctx;
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
-            const int i = threadIdx.x + 128 * c, key = k0 + i / CH;
-            const i64 row = cache_slot(table, min(key, ctx - 1), block_size) * num_kv_heads + kh;
+            const int i = threadIdx.x + 128 * c;
+            const i64 row = cache_slot(table, min(k0 + i / CH, ctx - 1), block_size) * num_kv_heads + kh;
             const i64 off = row * D + i % CH * 8;
             k[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(k_cache + off);
             v[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(v_cache + off);
-            ks[c] = key < ctx ? k_scales[row] * KvCode<C>::HALF_SCALE : 0.0f;   // codes are finite: 0 * code = 0
-            vs[c] = key < ctx ? v_scales[row] * KvCode<C>::HALF_SCALE : 0.0f;
+            ks[c] = k_scales[row];
+            vs[c] = v_scales[row];
         }
     }
 
@@ -65,8 +69,9 @@ struct CodeTile {
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
             const int i = threadIdx.x + 128 * c, o = i / CH * STR + i % CH * 8;
-            *reinterpret_cast<uint4*>(k_dst + o) = kv_scaled8<C>(k[c], ks[c]);
-            *reinterpret_cast<uint4*>(v_dst + o) = kv_scaled8<C>(v[c], vs[c]);
+            const float m = k0 + i / CH < ctx ? KvCode<C>::HALF_SCALE : 0.0f;   // codes are finite: 0 * code = 0
+            *reinterpret_cast<uint4*>(k_dst + o) = kv_scaled8<C>(k[c], ks[c] * m);
+            *reinterpret_cast<uint4*>(v_dst + o) = kv_scaled8<C>(v[c], vs[c] * m);
         }
     }
 };
