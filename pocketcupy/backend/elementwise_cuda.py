@@ -294,7 +294,7 @@ def store_kv(k_cache, v_cache, k, v, slot_mapping):
         if kv.tag == "f16":
             args = (k, v, k_cache, v_cache, slots, _I32(n), _I32(hkv * d), _I64(ks), _I64(vs))
         else:
-            args = (k, v, kv.k, kv.k_scales, kv.v, kv.v_scales, slots, _I32(n), _I32(hkv), _I32(d), _I64(ks), _I64(vs))
+            args = (k, v, *kv.code_arrays, slots, _I32(n), _I32(hkv), _I32(d), _I64(ks), _I64(vs))
         _k("kv_store.cu", name)((n,), (128,), args)
     return k_cache, v_cache
 
@@ -333,7 +333,7 @@ def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_ca
         # one token's q pairs, then k pairs and v values (fp16) or a warp per K and V row (codes)
         items = hq * d // 2 + (hkv * d // 2 + hkv * d if kv.tag == "f16" else 2 * hkv * 32)
         per_token = max(1, min(-(-items // ROPE_STORE_THREADS), max(1, ROPE_STORE_MIN_BLOCKS // n)))
-        caches = (k_cache, v_cache) if kv.tag == "f16" else (kv.k, kv.k_scales, kv.v, kv.v_scales)
+        caches = (k_cache, v_cache) if kv.tag == "f16" else kv.code_arrays
         _k("rope_store.cu", name)((n, per_token), (ROPE_STORE_THREADS,),
                                   (q, _I64(qs), k, _I64(ks), v, _I64(vs), positions, inv_freq, slots, out, *caches,
                                    _I32(n), _I32(hq), _I32(hkv), _I32(d), _I32(rot_half)))

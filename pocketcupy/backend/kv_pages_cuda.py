@@ -26,7 +26,13 @@ class KvArgs(NamedTuple):
 
     @property
     def arrays(self) -> tuple:
+        """As the attention kernels take them: codes (or values), then scales."""
         return self.k, self.v, self.k_scales, self.v_scales
+
+    @property
+    def code_arrays(self) -> tuple:
+        """As the 8-bit stores take them: each cache's codes with its scales."""
+        return self.k, self.k_scales, self.v, self.v_scales
 
     def source(self, name: str) -> str:
         """The .cu file of kernel family `name` for these pages: the 8-bit kernels are a module of
