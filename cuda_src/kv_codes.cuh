@@ -13,6 +13,7 @@ template <typename C> struct KvCode;
 
 template <> struct KvCode<__half> {
     static constexpr bool QUANT = false;
+    static constexpr float HALF_SCALE = 1.0f;           // (the kernels' code paths for fp16 fold it away)
     typedef uint4 Vec8;                                 // 8 elements
 };
 

@@ -38,7 +38,9 @@ def test_concurrent_threads_match_alone(engine):
 
 def test_abort_from_client(engine):
     loop = EngineLoop(engine)
-    stream = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=200, ignore_eos=True))
+    # far more tokens than the loop makes while the client thread waits for the GIL (200 could all
+    # be made before the abort arrived on a loaded 2-core machine)
+    stream = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True))
     first = stream.get(timeout=30)
     assert not first.finished
     stream.abort()
