@@ -44,6 +44,17 @@ def make_case(rng, seqs, hkv, group, d, block_size=16):
             "v": rounded(n, hkv, d), "kc": kc, "vc": vc, "meta": meta, "scale": 1.0 / math.sqrt(d)}
 
 
+def make_rope_case(rng, ctxs, hkv, group, d, rot_half):
+    """A decode case (one new token per sequence of the given context lengths) with the new tokens'
+    positions and the inverse frequencies of rot_half rotated pairs, for the kernels doing RoPE."""
+    from .kernel_rows_core import _inv_freq
+
+    i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
+    i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
+    i["inv"] = _inv_freq(2 * rot_half)
+    return i
+
+
 def reference(i):
     return REF.attention(i["q"], i["k"], i["v"], i["kc"].astype(F32), i["vc"].astype(F32), i["meta"], i["scale"])
 
@@ -218,14 +229,6 @@ DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interlea
     ("halves-b4-splitsauto-hkv8-g4-d128-q8k", [512, 513, 700, 1], 8, 4, 128, 64, False, None, "q8k"),
 ]
 for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
-    def make_rope(rng, ctxs=ctxs, hkv=hkv, group=group, d=d, rot=rot):
-        from .kernel_rows_core import _inv_freq
-
-        i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
-        i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
-        i["inv"] = _inv_freq(2 * rot)
-        return i
-
     def ref_rope(i, interleaved=interleaved, q8=q8):
         kc, vc, slots = i["kc"].copy(), i["vc"].copy(), i["meta"].slot_mapping
         q = REF.rope_store_kv(i["q"], i["k"], i["v"], i["pos"], i["inv"], interleaved, kc, vc, slots)
@@ -252,7 +255,9 @@ for name, ctxs, hkv, group, d, rot, interleaved, splits, q8 in DECODE_ROPE:
         stored = [c.reshape(-1, *c.shape[2:])[meta.slot_mapping].astype(F32) for c in (kc, vc)]
         return (out, *stored) + ((own_q8_blocks(out, blocks, q8 == "q8k"),) if q8 else ())
 
-    ROWS.append(KernelRow("attn_decode", f"mma-rope-{name}", make_rope, ref_rope, cuda_rope, 3e-3))
+    ROWS.append(KernelRow("attn_decode", f"mma-rope-{name}",
+                          lambda rng, c=ctxs, h=hkv, g=group, d=d, r=rot: make_rope_case(rng, c, h, g, d, r),
+                          ref_rope, cuda_rope, 3e-3))
 
 OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
     ("prefill-b3-hkv2-g4-d64", [(50, 50), (80, 20), (9, 1)], 2, 4, 64, False),
@@ -287,11 +292,8 @@ ROPE_FEEDS = [  # id, context lengths, hkv, group, head_dim, per256
 for name, ctxs, hkv, group, d, per256 in ROPE_FEEDS:
     def make_feeds(rng, ctxs=ctxs, hkv=hkv, group=group, d=d):
         from .gguf_blocks import random_blocks
-        from .kernel_rows_core import _inv_freq
 
-        i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
-        i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
-        i["inv"] = _inv_freq(d)
+        i = make_rope_case(rng, ctxs, hkv, group, d, d // 2)
         i["w"] = random_blocks(rng, "Q4_K", 48, hkv * group * d)
         return i
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from pocketcupy.quant.kv_quant import QuantKVCache, dequantize_kv, quantize_kv
 
-from .kernel_rows_attn import REF, make_case, stored_caches
+from .kernel_rows_attn import REF, make_case, make_rope_case, stored_caches
 from .kernel_rows_core import _inv_freq, _randn
 from .kernel_table import KernelRow
 
@@ -177,12 +177,6 @@ DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interlea
 ]
 for kind in KINDS:
     for name, ctxs, hkv, group, d, rot, interleaved, splits in DECODE_ROPE:
-        def make_rope(rng, ctxs=ctxs, hkv=hkv, group=group, d=d, rot=rot):
-            i = make_case(rng, [(c, 1) for c in ctxs], hkv, group, d)
-            i["pos"] = np.asarray([c - 1 for c in ctxs], np.int64)
-            i["inv"] = _inv_freq(2 * rot)
-            return i
-
         def ref_rope(i, kind=kind, interleaved=interleaved):
             kc, vc = (quantized(c, kind) for c in (i["kc"], i["vc"]))
             slots = i["meta"].slot_mapping
@@ -204,7 +198,9 @@ for kind in KINDS:
                                      rope=rope)
             return (out, *(stored_rows(c, meta.slot_mapping.get()) for c in (kc, vc)))
 
-        ROWS.append(KernelRow("attn_decode", f"{kind}-mma-rope-{name}", make_rope, ref_rope, cuda_rope, 3e-3))
+        ROWS.append(KernelRow("attn_decode", f"{kind}-mma-rope-{name}",
+                              lambda rng, c=ctxs, h=hkv, g=group, d=d, r=rot: make_rope_case(rng, c, h, g, d, r),
+                              ref_rope, cuda_rope, 3e-3))
 
 # CudaOps.attention over 8-bit pages: the store, then decode or prefill
 for kind in KINDS:
