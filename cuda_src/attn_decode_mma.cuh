@@ -53,13 +53,13 @@
 #define DM_MAXG 16              // query heads per KV head: the m16 rows
 #define DM_MAX_SPLITS 64        // DECODE_MAX_SPLITS in attn_cuda.py
 
-// 8 elements at column col of key `key`'s row for KV head kh (C: kv_codes.cuh), and that row's index
+// 8 elements at value col of key `key`'s row for KV head kh (C: kv_codes.cuh), and that row's index
 template <typename C, int D>
 __device__ __forceinline__ const typename KvCode<C>::Vec8* kv_ptr(const C* cache, const int* __restrict__ table,
                                                                 int key, int block_size, int num_kv_heads, int kh,
                                                                 int col, i64& row) {
     row = cache_slot(table, key, block_size) * num_kv_heads + kh;
-    return reinterpret_cast<const typename KvCode<C>::Vec8*>(cache + row * D + col);
+    return kv_vec8<C>(cache, row, D, col);
 }
 
 // K fragments of the NS 16-key sub-steps [k0 + 16u, k0 + 16u + 16): rows k0 + 16u + g (n-tile 0)
@@ -83,12 +83,17 @@ __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D /
         }
 }
 
+// V parameters a lane keeps per key: one scale, or int4's (scale, min) for each of its VH groups
+template <typename C, int D>
+__host__ __device__ constexpr int v_params() { return KvCode<C>::PER_ELEM == 2 ? D / 64 : 1; }
+
 // V of keys k0 + 16u + 2t, 2t + 1, 2t + 8, 2t + 9 (sub-step u), dims 64h + 8g .. + 8 (P = 0 past
-// k_last); codes: their scales in vs (as loaded, see load_k)
+// k_last); codes: their parameters in vp (as loaded, see load_k)
 template <typename C, int D, int NS>
-__device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D / 64], float (&vs)[NS][4],
-                                       const C* v_cache, const float* v_scales, const int* __restrict__ table, int k0,
-                                       int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
+__device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D / 64],
+                                       typename KvCode<C>::Param (&vp)[NS][4][v_params<C, D>()], const C* v_cache,
+                                       const float* v_scales, const int* __restrict__ table, int k0, int k_last,
+                                       int block_size, int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
     for (int u = 0; u < NS; ++u)
 #pragma unroll
@@ -98,21 +103,39 @@ __device__ __forceinline__ void load_v(typename KvCode<C>::Vec8 (&vr)[NS][4][D /
                                          block_size, num_kv_heads, kh, 8 * g, row);
 #pragma unroll
             for (int h = 0; h < D / 64; ++h) vr[u][r][h] = p[8 * h];
-            if constexpr (KvCode<C>::QUANT) vs[u][r] = v_scales[row];
+            if constexpr (KvCode<C>::QUANT) {
+#pragma unroll
+                for (int h = 0; h < v_params<C, D>(); ++h) vp[u][r][h] = kv_param<C>(v_scales, row, D, 64 * h + 8 * g);
+            }
         }
 }
 
-// 8 V elements as fp16 values: codes converted and multiplied by their row's scale in fp16 (as an
-// fp16 cache would round them); fp16 as they are
+// A key's V parameters in fp16: the scale (times HALF_SCALE), and int4's minimum
+struct HalfParam {
+    __half2 s, m;
+};
+
 template <typename C>
-__device__ __forceinline__ uint4 v_half8(const typename KvCode<C>::Vec8& r, __half2 scale) {
+__device__ __forceinline__ HalfParam half_param(typename KvCode<C>::Param p) {
+    if constexpr (KvCode<C>::PER_ELEM == 2) {
+        return {__float2half2_rn(p.x), __float2half2_rn(p.y)};
+    } else {
+        return {__float2half2_rn(p * KvCode<C>::HALF_SCALE), __float2half2_rn(0.0f)};
+    }
+}
+
+// 8 V elements as fp16 values: codes converted and their parameters applied in fp16 (as an fp16
+// cache would round them); fp16 as they are
+template <typename C>
+__device__ __forceinline__ uint4 v_half8(const typename KvCode<C>::Vec8& r, HalfParam p) {
     uint4 h = kv_half8<C>(r);
     if constexpr (KvCode<C>::QUANT) {
         u32* w = reinterpret_cast<u32*>(&h);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&w[i]), scale);
-            w[i] = *reinterpret_cast<const u32*>(&x);
+            const __half2 x = *reinterpret_cast<const __half2*>(&w[i]);
+            const __half2 y = KvCode<C>::PER_ELEM == 2 ? __hfma2(x, p.s, p.m) : __hmul2(x, p.s);
+            w[i] = *reinterpret_cast<const u32*>(&y);
         }
     }
     return h;
@@ -193,9 +216,9 @@ __device__ __forceinline__ float4 rope_q4(float4 x, const float* row, int c, con
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-template <typename C, int D, bool ROPE>
+template <typename C, typename CV, int D, bool ROPE>
 __device__ __forceinline__ void decode_mma_body(
-    const float* __restrict__ q, i64 q_stride, const C* k_cache, const C* v_cache, const float* k_scales,
+    const float* __restrict__ q, i64 q_stride, const C* k_cache, const CV* v_cache, const float* k_scales,
     const float* v_scales, const int* __restrict__ block_tables, int bt_stride,
     const int* __restrict__ seq_lens, float* __restrict__ out, i64 out_stride, float* __restrict__ part_o,
     float* __restrict__ part_lse, int* __restrict__ counters, int num_kv_heads, int group, int block_size,
@@ -247,9 +270,10 @@ __device__ __forceinline__ void decode_mma_body(
         const int k_last = k_end - 1;                  // keys past the split load this one (P = 0)
         // the first step's K/V are requested before Q; step i + 1's K once QK^T of step i has used
         // kr, its V once PV has used vr
-        typename KvCode<C>::Vec8 kr[NS][2][KJ], vr[NS][4][VH];
+        typename KvCode<C>::Vec8 kr[NS][2][KJ];
+        typename KvCode<CV>::Vec8 vr[NS][4][VH];
         float ks[NS][2];                               // codes: the K rows' scales (load_k)
-        float vs[NS][4];                               // and the V rows' (load_v)
+        typename KvCode<CV>::Param vs[NS][4][v_params<CV, D>()];   // and the V rows' parameters (load_v)
         const int k_first = k_begin + WKEYS * warp;
         // the newest key (written by the kernel before, or by this block under RoPE) is read only
         // by the warp whose step holds it (keys past k_last read k_last), so every other warp
@@ -260,7 +284,7 @@ __device__ __forceinline__ void decode_mma_body(
         const bool early = k_first < k_end && !(has_newest && k_first + WKEYS > newest);
         if (early) {
             load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-            load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
         if constexpr (ROPE) {
             const float pos = (float)rope.positions[b];
@@ -275,7 +299,7 @@ __device__ __forceinline__ void decode_mma_body(
                 const float* __restrict__ vt = rope.v + (i64)b * rope.v_stride + (i64)kh * D;
                 const i64 row = slot * num_kv_heads + kh;
                 C* kc = const_cast<C*>(k_cache) + row * D;
-                C* vc = const_cast<C*>(v_cache) + row * D;
+                CV* vc = const_cast<CV*>(v_cache) + row * D / KvCode<CV>::PER_ELEM;
                 constexpr int KP = D / 64, VE = D / 32;   // k pairs and v values per lane
                 int ia[KP], ib[KP];
                 float ka[KP], kb[KP], vv[VE];
@@ -287,25 +311,21 @@ __device__ __forceinline__ void decode_mma_body(
                 }
 #pragma unroll
                 for (int e = 0; e < VE; ++e) vv[e] = vt[lane + 32 * e];
-                float kmax = 0.0f, vmax = 0.0f;
+                float kmax = 0.0f;
 #pragma unroll
                 for (int p = 0; p < KP; ++p) {
                     const int j = lane + 32 * p;
                     if (j < rope.rot_half) rope_rotate(ka[p], kb[p], cs[0][j], cs[1][j]);
                     kmax = fmaxf(kmax, fmaxf(fabsf(ka[p]), fabsf(kb[p])));
                 }
-#pragma unroll
-                for (int e = 0; e < VE; ++e) vmax = fmaxf(vmax, fabsf(vv[e]));
-                if constexpr (KvCode<C>::QUANT) {      // the rows quantized as store_kv_quant does
+                if constexpr (KvCode<C>::QUANT) {      // the rows quantized as store_kv's kernels do
                     const float kinv = kv_warp_row_scale<C>(kmax, const_cast<float*>(k_scales) + row, lane == 0);
-                    const float vinv = kv_warp_row_scale<C>(vmax, const_cast<float*>(v_scales) + row, lane == 0);
 #pragma unroll
                     for (int p = 0; p < KP; ++p) {
                         kc[ia[p]] = KvCode<C>::encode(ka[p] * kinv);
                         kc[ib[p]] = KvCode<C>::encode(kb[p] * kinv);
                     }
-#pragma unroll
-                    for (int e = 0; e < VE; ++e) vc[lane + 32 * e] = KvCode<C>::encode(vv[e] * vinv);
+                    quant_row<CV>(vv, const_cast<CV*>(v_cache), const_cast<float*>(v_scales), row, D, lane);
                 } else {
 #pragma unroll
                     for (int p = 0; p < KP; ++p) {
@@ -320,7 +340,7 @@ __device__ __forceinline__ void decode_mma_body(
         }
         if (!early && k_first < k_end) {
             load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-            load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         }
         // Q fragments, rows g and g + 8 (zero past the group); dims in the permuted order above
         u32 qf[KS][4];
@@ -403,13 +423,17 @@ __device__ __forceinline__ void decode_mma_body(
                 const u32 pa[4] = {pack_f2h2(s[2 * u][0], s[2 * u][1]), pack_f2h2(s[2 * u][2], s[2 * u][3]),
                                    pack_f2h2(s[2 * u + 1][0], s[2 * u + 1][1]),
                                    pack_f2h2(s[2 * u + 1][2], s[2 * u + 1][3])};
-                __half2 vsh[4];                        // codes: the keys' V scales (times HALF_SCALE)
+                constexpr int VP = v_params<CV, D>();
+                HalfParam vph[4][VP];                  // codes: the keys' V parameters in fp16
 #pragma unroll
-                for (int r = 0; r < 4; ++r) vsh[r] = __float2half2_rn(vs[u][r] * KvCode<C>::HALF_SCALE);
+                for (int r = 0; r < 4; ++r)
+#pragma unroll
+                    for (int i = 0; i < VP; ++i) vph[r][i] = half_param<CV>(vs[u][r][i]);
 #pragma unroll
                 for (int h = 0; h < VH; ++h) {
-                    const uint4 v0 = v_half8<C>(vr[u][0][h], vsh[0]), v1 = v_half8<C>(vr[u][1][h], vsh[1]);
-                    const uint4 v2 = v_half8<C>(vr[u][2][h], vsh[2]), v3 = v_half8<C>(vr[u][3][h], vsh[3]);
+                    const int i = h % VP;
+                    const uint4 v0 = v_half8<CV>(vr[u][0][h], vph[0][i]), v1 = v_half8<CV>(vr[u][1][h], vph[1][i]);
+                    const uint4 v2 = v_half8<CV>(vr[u][2][h], vph[2][i]), v3 = v_half8<CV>(vr[u][3][h], vph[3][i]);
                     const u32 w0[4] = {v0.x, v0.y, v0.z, v0.w};
                     const u32 w1[4] = {v1.x, v1.y, v1.z, v1.w};
                     const u32 w2[4] = {v2.x, v2.y, v2.z, v2.w};
@@ -425,7 +449,7 @@ __device__ __forceinline__ void decode_mma_body(
                 }
             }
             if (k_next < k_end)
-                load_v<C, D, NS>(vr, vs, v_cache, v_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+                load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
         }
         l_a = quad_sum(l_a);
         l_b = quad_sum(l_b);
@@ -523,10 +547,10 @@ __device__ __forceinline__ void decode_mma_body(
 }
 
 // RESTRICT: __restrict__ on the caches where the kernel only reads them (their loads may take the
-// read-only path), empty where it writes them too. C: the cache element (kv_codes.cuh); the scales
-// are unused (null) for fp16.
-#define DECODE_MMA_PARAMS(C, RESTRICT)                                                                \
-    const float* __restrict__ q, i64 q_stride, const C* RESTRICT k_cache, const C* RESTRICT v_cache,  \
+// read-only path), empty where it writes them too. C, CV: the K and V cache elements (kv_codes.cuh);
+// the scales are unused (null) for fp16.
+#define DECODE_MMA_PARAMS(C, CV, RESTRICT)                                                            \
+    const float* __restrict__ q, i64 q_stride, const C* RESTRICT k_cache, const CV* RESTRICT v_cache, \
         const float* RESTRICT k_scales, const float* RESTRICT v_scales,                              \
         const int* __restrict__ block_tables, int bt_stride, const int* __restrict__ seq_lens,        \
         float* __restrict__ out, i64 out_stride, float* __restrict__ part_o, float* __restrict__ part_lse, \
@@ -539,15 +563,15 @@ __device__ __forceinline__ void decode_mma_body(
 
 // attn_decode_mma_<KV>_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_<KV>_hd<D>:
 // q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
-#define DECODE_MMA_KERNEL(KV, C, D)                                                                   \
+#define DECODE_MMA_KERNEL(KV, C, CV, D)                                                               \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D(            \
-        DECODE_MMA_PARAMS(C, __restrict__)) {                                                         \
-        decode_mma_body<C, D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */            \
+        DECODE_MMA_PARAMS(C, CV, __restrict__)) {                                                     \
+        decode_mma_body<C, CV, D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */        \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_##KV##_hd##D(       \
-        DECODE_MMA_PARAMS(C, ), const float* __restrict__ k_new, i64 k_stride, const float* __restrict__ v_new, \
-        i64 v_stride, const i64* __restrict__ positions, const i64* __restrict__ slots,                \
-        const float* __restrict__ inv_freq, int rot_half, int interleaved) {                          \
-        decode_mma_body<C, D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
-                                                                slots, inv_freq, rot_half, interleaved != 0}); \
+        DECODE_MMA_PARAMS(C, CV, ), const float* __restrict__ k_new, i64 k_stride,                    \
+        const float* __restrict__ v_new, i64 v_stride, const i64* __restrict__ positions,             \
+        const i64* __restrict__ slots, const float* __restrict__ inv_freq, int rot_half, int interleaved) { \
+        decode_mma_body<C, CV, D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
+                                                                    slots, inv_freq, rot_half, interleaved != 0}); \
     }

@@ -2,4 +2,7 @@
 // they work) for every head dim, plain and tensor-core variants.
 #include "attn_prefill.cuh"
 
-PREFILL_ALL_KERNELS(f16, __half)
+PREFILL_KERNELS(f16, __half, __half, 16)
+PREFILL_KERNELS(f16, __half, __half, 32)
+PREFILL_KERNELS(f16, __half, __half, 64)
+PREFILL_KERNELS(f16, __half, __half, 128)

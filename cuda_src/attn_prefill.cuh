@@ -83,9 +83,9 @@ __device__ __forceinline__ bool block_key_range(int kmax, int ctx, float* __rest
 #define PF_BQ 16
 #define PF_BK 32
 
-template <typename C, int D, bool SPLIT>
+template <typename C, typename CV, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_plain_body(
-    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const CV* __restrict__ v_cache,
     const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens, const int* __restrict__ block_tables,
     int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride, int num_kv_heads, int group,
     int block_size, float scale_log2, float* __restrict__ part_o, float* __restrict__ part_lse) {
@@ -130,7 +130,7 @@ __device__ __forceinline__ void prefill_plain_body(
             if (key < key_lim) {
                 const i64 row = cache_slot(table, key, block_size) * num_kv_heads + kh;
                 kv = kv_load8_scaled<C>(k_cache, k_scales, row, D, d);
-                vv = kv_load8_scaled<C>(v_cache, v_scales, row, D, d);
+                vv = kv_load8_scaled<CV>(v_cache, v_scales, row, D, d);
             }
             u32* kd = reinterpret_cast<u32*>(&k_s[j][d]);      // KSTR is even: 4-byte aligned
             kd[0] = kv.x;
@@ -193,10 +193,10 @@ __device__ __forceinline__ void prefill_plain_body(
     }
 }
 
-// The kernels' parameters, shared by the plain and the mma variants (C: the cache element type;
-// the scales are unused, null, for fp16).
-#define PREFILL_PARAMS(C)                                                                            \
-    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache, \
+// The kernels' parameters, shared by the plain and the mma variants (C, CV: the K and V cache
+// elements; the scales are unused, null, for fp16).
+#define PREFILL_PARAMS(C, CV)                                                                        \
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const CV* __restrict__ v_cache, \
         const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens,                     \
         const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, \
         i64 out_stride, int num_kv_heads, int group, int block_size, float scale_log2
@@ -206,26 +206,23 @@ __device__ __forceinline__ void prefill_plain_body(
 
 // attn_prefill_<V>_<KV>_hd<D>: grid = (tiles + B, Hq); attn_prefill_<V>_split_<KV>_hd<D>: grid =
 // (tiles + B, Hq, S), partial outputs for the combine (out unused). BODY_FULL / BODY_SPLIT: the
-// variant's body instantiated with SPLIT false / true. KV: f16, i8, e4m3 (cache element C).
-#define PREFILL_KERNEL_PAIR(V, KV, D, C, BODY_FULL, BODY_SPLIT)                                      \
-    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_##KV##_hd##D(PREFILL_PARAMS(C)) { \
+// variant's body instantiated with SPLIT false / true. KV: f16, i8, e4m3, k8v4 (elements C, CV).
+#define PREFILL_KERNEL_PAIR(V, KV, D, C, CV, BODY_FULL, BODY_SPLIT)                                  \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_##KV##_hd##D(PREFILL_PARAMS(C, CV)) { \
         pdl_wait();                                                                                     \
         BODY_FULL(PREFILL_ARGS, nullptr, nullptr);                                                   \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(128) attn_prefill_##V##_split_##KV##_hd##D(       \
-        PREFILL_PARAMS(C), float* __restrict__ part_o, float* __restrict__ part_lse) {             \
+        PREFILL_PARAMS(C, CV), float* __restrict__ part_o, float* __restrict__ part_lse) {         \
         pdl_wait();                                                                                \
         BODY_SPLIT(PREFILL_ARGS, part_o, part_lse);                                                  \
     }
 
-// Both variants' kernels for one cache type at every head dim (attn_prefill.cu: fp16;
-// attn_prefill_kv8.cu: the 8-bit codes, a module of their own that fp16 caches never compile)
-#define PREFILL_KERNELS(V, BODY, KV, C)                                                               \
-    PREFILL_KERNEL_PAIR(V, KV, 16, C, (BODY<C, 16, false>), (BODY<C, 16, true>))                      \
-    PREFILL_KERNEL_PAIR(V, KV, 32, C, (BODY<C, 32, false>), (BODY<C, 32, true>))                      \
-    PREFILL_KERNEL_PAIR(V, KV, 64, C, (BODY<C, 64, false>), (BODY<C, 64, true>))                      \
-    PREFILL_KERNEL_PAIR(V, KV, 128, C, (BODY<C, 128, false>), (BODY<C, 128, true>))
-#define PREFILL_ALL_KERNELS(KV, C)                                                                    \
-    PREFILL_KERNELS(plain, prefill_plain_body, KV, C) PREFILL_KERNELS(mma, prefill_mma_body, KV, C)
+// Both variants' kernels for one cache type at head dim D (attn_prefill.cu: fp16;
+// attn_prefill_kv8.cu: the codes, a module of their own that fp16 caches never compile)
+#define PREFILL_KERNELS(KV, C, CV, D)                                                                 \
+    PREFILL_KERNEL_PAIR(plain, KV, D, C, CV, (prefill_plain_body<C, CV, D, false>),                    \
+                        (prefill_plain_body<C, CV, D, true>))                                         \
+    PREFILL_KERNEL_PAIR(mma, KV, D, C, CV, (prefill_mma_body<C, CV, D, false>), (prefill_mma_body<C, CV, D, true>))
 
 #include "attn_prefill_mma.cuh"

@@ -35,18 +35,21 @@ __device__ __forceinline__ void mma_load_tile(__half* k_dst, __half* v_dst, cons
     cp_async_commit();
 }
 
-// 8-bit codes of a key tile, held in registers from their loads (issued before the previous tile's
-// math) until they fill their stage as fp16 values (after it): a thread's CPT chunks of 8 values,
-// i = threadIdx.x + 128c (blockDim.x 128), and their rows' scales, as loaded (anything computed
-// from them at the load would wait for it there); keys at or past ctx are stored as zeros.
-template <typename C, int D, int BK>
+// The codes of a key tile (C, CV: K and V elements), held in registers from their loads (issued
+// before the previous tile's math) until they fill their stage as fp16 values (after it): a
+// thread's CPT chunks of 8 values, i = threadIdx.x + 128c (blockDim.x 128), and their parameters,
+// as loaded (anything computed from them at the load would wait for it there); keys at or past ctx
+// are stored as zeros.
+template <typename C, typename CV, int D, int BK>
 struct CodeTile {
     static constexpr int CH = D / 8, CPT = BK * CH / 128;
-    typename KvCode<C>::Vec8 k[CPT], v[CPT];
-    float ks[CPT], vs[CPT];
+    typename KvCode<C>::Vec8 k[CPT];
+    typename KvCode<CV>::Vec8 v[CPT];
+    typename KvCode<C>::Param ks[CPT];
+    typename KvCode<CV>::Param vs[CPT];
     int k0, ctx;
 
-    __device__ __forceinline__ void load(const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    __device__ __forceinline__ void load(const C* __restrict__ k_cache, const CV* __restrict__ v_cache,
                                          const float* __restrict__ k_scales, const float* __restrict__ v_scales,
                                          const int* __restrict__ table, int k0, int ctx, int block_size,
                                          int num_kv_heads, int kh) {
@@ -56,11 +59,10 @@ struct CodeTile {
         for (int c = 0; c < CPT; ++c) {
             const int i = threadIdx.x + 128 * c;
             const i64 row = cache_slot(table, min(k0 + i / CH, ctx - 1), block_size) * num_kv_heads + kh;
-            const i64 off = row * D + i % CH * 8;
-            k[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(k_cache + off);
-            v[c] = *reinterpret_cast<const typename KvCode<C>::Vec8*>(v_cache + off);
-            ks[c] = k_scales[row];
-            vs[c] = v_scales[row];
+            k[c] = *kv_vec8<C>(k_cache, row, D, i % CH * 8);
+            v[c] = *kv_vec8<CV>(v_cache, row, D, i % CH * 8);
+            ks[c] = kv_param<C>(k_scales, row, D, i % CH * 8);
+            vs[c] = kv_param<CV>(v_scales, row, D, i % CH * 8);
         }
     }
 
@@ -69,17 +71,17 @@ struct CodeTile {
 #pragma unroll
         for (int c = 0; c < CPT; ++c) {
             const int i = threadIdx.x + 128 * c, o = i / CH * STR + i % CH * 8;
-            const float m = k0 + i / CH < ctx ? KvCode<C>::HALF_SCALE : 0.0f;   // codes are finite: 0 * code = 0
-            *reinterpret_cast<uint4*>(k_dst + o) = kv_scaled8<C>(k[c], ks[c] * m);
-            *reinterpret_cast<uint4*>(v_dst + o) = kv_scaled8<C>(v[c], vs[c] * m);
+            const bool ok = k0 + i / CH < ctx;
+            *reinterpret_cast<uint4*>(k_dst + o) = ok ? kv_scaled8<C>(k[c], ks[c]) : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(v_dst + o) = ok ? kv_scaled8<CV>(v[c], vs[c]) : make_uint4(0, 0, 0, 0);
         }
     }
 };
 
 // SPLIT: block z takes split z of the tile's keys and writes partials (see attn_prefill.cuh).
-template <typename C, int D, bool SPLIT>
+template <typename C, typename CV, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_mma_body(
-    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const C* __restrict__ v_cache,
+    const float* __restrict__ q, i64 q_stride, const C* __restrict__ k_cache, const CV* __restrict__ v_cache,
     const float* __restrict__ k_scales, const float* __restrict__ v_scales, const int* __restrict__ query_start, const int* __restrict__ seq_lens,
     const int* __restrict__ block_tables, int bt_stride, int num_seqs, float* __restrict__ out, i64 out_stride,
     int num_kv_heads, int group, int block_size, float scale_log2, float* __restrict__ part_o,
@@ -134,7 +136,7 @@ __device__ __forceinline__ void prefill_mma_body(
 
     const int ntiles = SPLIT ? (k_end - k_begin + BK - 1) / BK : kmax / BK + 1;
     constexpr bool QUANT = KvCode<C>::QUANT;
-    CodeTile<C, D, BK> codes;                         // 8-bit caches: the next tile's codes
+    CodeTile<C, CV, D, BK> codes;                     // quantized caches: the next tile's codes
     if constexpr (QUANT) {
         codes.load(k_cache, v_cache, k_scales, v_scales, table, k_begin, key_lim, block_size, num_kv_heads, kh);
         codes.template store<STR>(k_s[0], v_s[0]);

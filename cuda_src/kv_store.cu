@@ -1,7 +1,7 @@
 // Writes k, v of the new tokens (float32 [N, Hkv, D], each token's Hkv*D values contiguous, token
 // strides given) into the paged cache [num_blocks * block_size, Hkv, D] at slot_mapping[t].
-// A negative slot skips the token (padding). The _i8 / _e4m3 kernels write 8-bit codes and a
-// float32 scale per (token, KV head) row instead (kv_codes.cuh): one warp quantizes a row.
+// A negative slot skips the token (padding). The _i8 / _e4m3 / _k8v4 kernels write codes and their
+// float32 parameters per (token, KV head) row instead (kv_codes.cuh): one warp quantizes a row.
 #include "common.cuh"
 #include "kv_codes.cuh"
 
@@ -38,11 +38,12 @@ STORE_KV_KERNEL(store_kv_f16_slot32, __half, int)
 STORE_KV_KERNEL(store_kv_f16_slot64, __half, i64)
 
 // grid.x = N tokens, blockDim.x a multiple of 32: warp w quantizes rows w, w + warps, ... of the
-// token's K and V heads. k_codes / v_codes [blocks * block_size * Hkv, D], scales [... * Hkv].
-#define STORE_KV_QUANT_KERNEL(NAME, C, S)                                                          \
+// token's K and V heads. k_codes / v_codes [blocks * block_size * Hkv, D / PER_ELEM], their
+// parameters [... * Hkv, P] (C, CV: the K and V elements).
+#define STORE_KV_QUANT_KERNEL(NAME, C, CV, S)                                                      \
     extern "C" __global__ void NAME(const float* __restrict__ k, const float* __restrict__ v,      \
                                     C* __restrict__ k_codes, float* __restrict__ k_scales,         \
-                                    C* __restrict__ v_codes, float* __restrict__ v_scales,         \
+                                    CV* __restrict__ v_codes, float* __restrict__ v_scales,        \
                                     const S* __restrict__ slot_mapping, int n_tok, int num_kv_heads, \
                                     int head_dim, i64 k_stride, i64 v_stride) {                    \
         pdl_wait();                                                                                \
@@ -53,13 +54,17 @@ STORE_KV_KERNEL(store_kv_f16_slot64, __half, i64)
         for (int r = threadIdx.x >> 5; r < 2 * num_kv_heads; r += blockDim.x >> 5) {               \
             const bool is_v = r >= num_kv_heads;                                                   \
             const int h = is_v ? r - num_kv_heads : r;                                             \
-            const float* x = (is_v ? v + tok * v_stride : k + tok * k_stride) + (i64)h * head_dim; \
-            store_row_quant<C>(x, is_v ? v_codes : k_codes, is_v ? v_scales : k_scales,            \
-                               slot * num_kv_heads + h, head_dim, lane);                           \
+            const i64 row = slot * num_kv_heads + h;                                               \
+            if (is_v)                                                                              \
+                store_row_quant<CV>(v + tok * v_stride + (i64)h * head_dim, v_codes, v_scales, row, head_dim, lane); \
+            else                                                                                   \
+                store_row_quant<C>(k + tok * k_stride + (i64)h * head_dim, k_codes, k_scales, row, head_dim, lane); \
         }                                                                                          \
     }
 
-STORE_KV_QUANT_KERNEL(store_kv_i8_slot32, signed char, int)
-STORE_KV_QUANT_KERNEL(store_kv_i8_slot64, signed char, i64)
-STORE_KV_QUANT_KERNEL(store_kv_e4m3_slot32, u8, int)
-STORE_KV_QUANT_KERNEL(store_kv_e4m3_slot64, u8, i64)
+STORE_KV_QUANT_KERNEL(store_kv_i8_slot32, signed char, signed char, int)
+STORE_KV_QUANT_KERNEL(store_kv_i8_slot64, signed char, signed char, i64)
+STORE_KV_QUANT_KERNEL(store_kv_e4m3_slot32, u8, u8, int)
+STORE_KV_QUANT_KERNEL(store_kv_e4m3_slot64, u8, u8, i64)
+STORE_KV_QUANT_KERNEL(store_kv_k8v4_slot32, signed char, nib2, int)
+STORE_KV_QUANT_KERNEL(store_kv_k8v4_slot64, signed char, nib2, i64)

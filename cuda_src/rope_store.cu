@@ -5,8 +5,8 @@
 // rows of heads (each token's heads contiguous, token strides given), e.g. column views of one
 // fused QKV projection output. The token's rot_half sin/cos pairs are computed once.
 // positions: int32/int64 [N]; inv_freq: float32 [rot_half], rot_half <= ROPE_MAX_HALF.
-// The _i8 / _e4m3 kernels store 8-bit codes with a scale per row (kv_codes.cuh) instead: a warp
-// rotates (K) and quantizes each of the token's K and V rows.
+// The _i8 / _e4m3 / _k8v4 kernels store codes with their parameters per row (kv_codes.cuh) instead:
+// a warp rotates (K) and quantizes each of the token's K and V rows.
 #include "common.cuh"
 #include "kv_codes.cuh"
 #include "rope_prims.cuh"
@@ -101,15 +101,14 @@ ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos32_slot64, int, i64, true)
 ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos64_slot32, i64, int, true)
 ROPE_STORE_KERNEL(rope_store_kv_interleaved_f16_pos64_slot64, i64, i64, true)
 
-// The 8-bit caches: q pairs spread over the token's threads as above; then warp w of the token's
-// warps (over its grid.y blocks) takes rows w, w + warps, ... of its K heads (rotated, pairs
-// lane + 32p) and V heads, each quantized as store_row_quant does. codes [slots * Hkv, D], scales
-// [slots * Hkv].
-template <typename P, typename S, typename C, bool INTERLEAVED>
+// The quantized caches: q pairs spread over the token's threads as above; then warp w of the
+// token's warps (over its grid.y blocks) takes rows w, w + warps, ... of its K heads (8-bit,
+// rotated, pairs lane + 32p) and V heads (store_row_quant). C, CV: the K and V elements.
+template <typename P, typename S, typename C, typename CV, bool INTERLEAVED>
 __device__ __forceinline__ void rope_store_kv_quant_body(
     const float* __restrict__ q, i64 q_stride, const float* __restrict__ k, i64 k_stride, const float* __restrict__ v,
     i64 v_stride, const P* __restrict__ positions, const float* __restrict__ inv_freq, const S* __restrict__ slot_mapping,
-    float* __restrict__ q_out, C* __restrict__ k_codes, float* __restrict__ k_scales, C* __restrict__ v_codes,
+    float* __restrict__ q_out, C* __restrict__ k_codes, float* __restrict__ k_scales, CV* __restrict__ v_codes,
     float* __restrict__ v_scales, int n_tok, int n_q_heads, int n_kv_heads, int head_dim, int rot_half) {
     __shared__ float cs[2][ROPE_MAX_HALF];
     const int tok = blockIdx.x;
@@ -133,7 +132,7 @@ __device__ __forceinline__ void rope_store_kv_quant_body(
         const int h = r % n_kv_heads;
         const i64 row = slot * n_kv_heads + h;
         if (r >= n_kv_heads) {
-            store_row_quant<C>(v + (i64)tok * v_stride + (i64)h * head_dim, v_codes, v_scales, row, head_dim, lane);
+            store_row_quant<CV>(v + (i64)tok * v_stride + (i64)h * head_dim, v_codes, v_scales, row, head_dim, lane);
             continue;
         }
         int ia[4], ib[4];                             // head_dim <= 2 * ROPE_MAX_HALF: 4 pairs a lane
@@ -159,27 +158,28 @@ __device__ __forceinline__ void rope_store_kv_quant_body(
     }
 }
 
-#define ROPE_STORE_QUANT_KERNEL(NAME, P, S, C, IL)                                                     \
+#define ROPE_STORE_QUANT_KERNEL(NAME, P, S, C, CV, IL)                                                 \
     extern "C" __global__ void NAME(const float* __restrict__ q, i64 q_stride, const float* __restrict__ k, \
                                     i64 k_stride, const float* __restrict__ v, i64 v_stride,          \
                                     const P* __restrict__ positions, const float* __restrict__ inv_freq, \
                                     const S* __restrict__ slot_mapping, float* __restrict__ q_out,    \
                                     C* __restrict__ k_codes, float* __restrict__ k_scales,            \
-                                    C* __restrict__ v_codes, float* __restrict__ v_scales, int n_tok,  \
+                                    CV* __restrict__ v_codes, float* __restrict__ v_scales, int n_tok, \
                                     int n_q_heads, int n_kv_heads, int head_dim, int rot_half) {      \
         pdl_wait();                                                                                     \
-        rope_store_kv_quant_body<P, S, C, IL>(q, q_stride, k, k_stride, v, v_stride, positions, inv_freq, \
+        rope_store_kv_quant_body<P, S, C, CV, IL>(q, q_stride, k, k_stride, v, v_stride, positions, inv_freq, \
                                               slot_mapping, q_out, k_codes, k_scales, v_codes, v_scales, \
                                               n_tok, n_q_heads, n_kv_heads, head_dim, rot_half);      \
     }
-#define ROPE_STORE_QUANT_KERNELS(KV, C)                                                                      \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos32_slot32, int, int, C, false)                    \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos32_slot64, int, i64, C, false)                    \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos64_slot32, i64, int, C, false)                    \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos64_slot64, i64, i64, C, false)                    \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos32_slot32, int, int, C, true)                \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos32_slot64, int, i64, C, true)                \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos64_slot32, i64, int, C, true)                \
-    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos64_slot64, i64, i64, C, true)
-ROPE_STORE_QUANT_KERNELS(i8, signed char)
-ROPE_STORE_QUANT_KERNELS(e4m3, u8)
+#define ROPE_STORE_QUANT_KERNELS(KV, C, CV)                                                                  \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos32_slot32, int, int, C, CV, false)                \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos32_slot64, int, i64, C, CV, false)                \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos64_slot32, i64, int, C, CV, false)                \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_halves_##KV##_pos64_slot64, i64, i64, C, CV, false)                \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos32_slot32, int, int, C, CV, true)            \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos32_slot64, int, i64, C, CV, true)            \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos64_slot32, i64, int, C, CV, true)            \
+    ROPE_STORE_QUANT_KERNEL(rope_store_kv_interleaved_##KV##_pos64_slot64, i64, i64, C, CV, true)
+ROPE_STORE_QUANT_KERNELS(i8, signed char, signed char)
+ROPE_STORE_QUANT_KERNELS(e4m3, u8, u8)
+ROPE_STORE_QUANT_KERNELS(k8v4, signed char, nib2)

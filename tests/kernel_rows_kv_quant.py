@@ -1,18 +1,19 @@
-"""Kernel-table rows for the 8-bit KV pages (kv_cache_dtype "int8" / "fp8"; kv_pages_cuda): the
-stores against NumPy's quantizer (quant/kv_quant.py), and prefill / decode attention over codes
-against NumpyOps.paged_attention over the same codes. The cases are kernel_rows_attn's (random
-block tables, NaN outside every context): here the scales of those slots are NaN, so a kernel that
-reads one fails."""
+"""Kernel-table rows for the quantized KV pages (kv_cache_dtype "int8" / "fp8" / "k8v4";
+kv_pages_cuda): the stores against NumPy's quantizer (quant/kv_quant.py), and prefill / decode
+attention over codes against NumpyOps.paged_attention over the same codes. The cases are
+kernel_rows_attn's (random block tables, NaN outside every context): here the parameters of those
+slots are NaN, so a kernel that reads one fails. k8v4 rows start at head dim 32 (its values come in
+groups of 32)."""
 import numpy as np
 
-from pocketcupy.quant.kv_quant import QuantKVCache, dequantize_kv, quantize_kv
+from pocketcupy.quant.kv_quant import KV_KINDS, QuantKVCache, dequantize_kv, quantize_kv
 
 from .kernel_rows_attn import REF, make_case, make_rope_case, stored_caches
 from .kernel_rows_core import _inv_freq, _randn
 from .kernel_table import KernelRow
 
 F32 = np.float32
-KINDS = ("int8", "fp8")
+DTYPES = ("int8", "fp8", "k8v4")
 
 
 def _cp():
@@ -34,9 +35,18 @@ def on_device(c: QuantKVCache) -> QuantKVCache:
     return QuantKVCache(_cp().asarray(c.codes), _cp().asarray(c.params), c.kind)
 
 
-def quant_caches(i, kind):
+def quant_caches(i, dtype):
     """The case's pages with the new tokens stored, quantized (NumPy)."""
-    return tuple(quantized(c, kind) for c in stored_caches(i))
+    return tuple(quantized(c, kind) for c, kind in zip(stored_caches(i), KV_KINDS[dtype]))
+
+
+def pages_quantized(i, dtype):
+    """The case's pages (the new tokens' slots still NaN), quantized, on the device."""
+    return tuple(on_device(quantized(c, kind)) for c, kind in zip((i["kc"], i["vc"]), KV_KINDS[dtype]))
+
+
+def zero_pages(shape, dtype):
+    return tuple(QuantKVCache.zeros(shape, kind) for kind in KV_KINDS[dtype])
 
 
 def stored_rows(cache: QuantKVCache, slots):
@@ -55,8 +65,9 @@ def _attn():
 ROWS = []
 
 # --- stores: exactly NumPy's codes and scales ---------------------------------------------------
-for kind in KINDS:
-    for n, hkv, d, slot_dtype in [(5, 2, 64, np.int64), (3, 8, 128, np.int32), (9, 1, 16, np.int32)]:
+for dtype in DTYPES:
+    for n, hkv, d, slot_dtype in [(5, 2, 64, np.int64), (3, 8, 128, np.int32), (9, 1, 16 if dtype != "k8v4" else 32,
+                                                                               np.int32)]:
         def make(rng, n=n, hkv=hkv, d=d, slot_dtype=slot_dtype):
             nb, bs = 4, 16
             slots = rng.choice(nb * bs, n, replace=False).astype(slot_dtype)
@@ -65,27 +76,27 @@ for kind in KINDS:
             k[0, 0] = 0.0                        # a row of zeros: zero scale and codes
             return {"k": k, "v": v, "slots": slots, "shape": (nb, bs, hkv, d)}
 
-        def ref(i, kind=kind):
-            kc, vc = (QuantKVCache.zeros(i["shape"], kind) for _ in range(2))
+        def ref(i, dtype=dtype):
+            kc, vc = zero_pages(i["shape"], dtype)
             keep = i["slots"] >= 0
             REF.store_kv(kc, vc, i["k"][keep], i["v"][keep], i["slots"][keep])
             return tuple(a.astype(F32) for c in (kc, vc) for a in (c.codes, c.params))
 
-        def cuda(i, poison, kind=kind):
+        def cuda(i, poison, dtype=dtype):
             from pocketcupy.backend import elementwise_cuda
             from pocketcupy.backend.kv_pages_cuda import empty_kv_pages
 
-            kc, vc = empty_kv_pages(*i["shape"], kind)
+            kc, vc = empty_kv_pages(*i["shape"], dtype)
             cp = _cp()
             elementwise_cuda.store_kv(kc, vc, cp.asarray(i["k"]), cp.asarray(i["v"]), cp.asarray(i["slots"]))
             return tuple(a.astype(F32) for c in (kc, vc) for a in (c.codes, c.params))
 
-        ROWS.append(KernelRow("store_kv", f"{kind}-n{n}-hkv{hkv}-d{d}-{np.dtype(slot_dtype).name}", make, ref, cuda,
+        ROWS.append(KernelRow("store_kv", f"{dtype}-n{n}-hkv{hkv}-d{d}-{np.dtype(slot_dtype).name}", make, ref, cuda,
                               tol=0.0))
 
 # --- RoPE + store: q and the stored values (a code may round the other way where the rotated k
 # differs in its last bit from NumPy's) ------------------------------------------------------------
-for kind in KINDS:
+for dtype in DTYPES:
     for n, hq, hkv, d, rot, interleaved in [(5, 4, 2, 64, 64, False), (3, 8, 2, 128, 64, True),
                                             (6, 4, 4, 32, 32, False)]:
         def make(rng, n=n, hq=hq, hkv=hkv, d=d, rot=rot):
@@ -96,33 +107,33 @@ for kind in KINDS:
                     "pos": rng.integers(0, 4096, n).astype(np.int64), "inv": _inv_freq(rot), "slots": slots,
                     "shape": (nb, bs, hkv, d)}
 
-        def ref(i, kind=kind, interleaved=interleaved):
-            kc, vc = (QuantKVCache.zeros(i["shape"], kind) for _ in range(2))
+        def ref(i, dtype=dtype, interleaved=interleaved):
+            kc, vc = zero_pages(i["shape"], dtype)
             keep = i["slots"] >= 0
             REF.rope_store_kv(i["q"][keep], i["k"][keep], i["v"][keep], i["pos"][keep], i["inv"], interleaved, kc, vc,
                               i["slots"][keep])
             return (REF.rope(i["q"], i["pos"], i["inv"], interleaved),
                     *(stored_rows(c, i["slots"][keep]) for c in (kc, vc)))
 
-        def cuda(i, poison, kind=kind, interleaved=interleaved):
+        def cuda(i, poison, dtype=dtype, interleaved=interleaved):
             from pocketcupy.backend import elementwise_cuda
             from pocketcupy.backend.kv_pages_cuda import empty_kv_pages
 
             cp = _cp()
-            kc, vc = empty_kv_pages(*i["shape"], kind)
+            kc, vc = empty_kv_pages(*i["shape"], dtype)
             q = elementwise_cuda.rope_store_kv(cp.asarray(i["q"]), cp.asarray(i["k"]), cp.asarray(i["v"]),
                                                cp.asarray(i["pos"]), cp.asarray(i["inv"]), interleaved, kc, vc,
                                                cp.asarray(i["slots"]), out=poison(i["q"].shape, F32))
             keep = i["slots"][i["slots"] >= 0]
             return (q, *(stored_rows(c, keep) for c in (kc, vc)))
 
-        ROWS.append(KernelRow("rope_store_kv", f"{kind}-{'interleaved' if interleaved else 'halves'}-n{n}-hq{hq}"
+        ROWS.append(KernelRow("rope_store_kv", f"{dtype}-{'interleaved' if interleaved else 'halves'}-n{n}-hq{hq}"
                               f"-hkv{hkv}-d{d}-rot{rot}", make, ref, cuda, tol=2e-3))
 
 
 # --- attention over codes -------------------------------------------------------------------------
-def reference(i, kind):
-    kc, vc = quant_caches(i, kind)
+def reference(i, dtype):
+    kc, vc = quant_caches(i, dtype)
     return REF.paged_attention(i["q"], kc, vc, i["meta"], i["scale"])
 
 
@@ -134,18 +145,21 @@ PREFILL = [  # id, seqs [(ctx, nq)], hkv, group, head_dim, num_splits
     ("split3-b3-prefix-hkv2-g4-d128", [(2000, 40), (700, 33), (50, 50)], 2, 4, 128, 3),
 ]
 # the plain kernel's tiles hold the values rounded to fp16 (the reference: exact products)
-for kind in KINDS:
+for dtype in DTYPES:
     for variant, tol in [("plain", 1e-3), ("mma", 3e-3)]:
         for name, seqs, hkv, group, d, splits in PREFILL:
-            def cuda(i, poison, kind=kind, variant=variant, splits=splits):
-                kc, vc = (on_device(c) for c in quant_caches(i, kind))
+            if dtype == "k8v4" and d % 32:
+                continue
+
+            def cuda(i, poison, dtype=dtype, variant=variant, splits=splits):
+                kc, vc = (on_device(c) for c in quant_caches(i, dtype))
                 return _attn().attn_prefill(_cp().asarray(i["q"]), kc, vc, i["meta"], i["scale"],
                                             out=poison(i["q"].shape, F32), variant=variant, num_splits=splits)
 
             ROWS.append(KernelRow(
-                "attn_prefill", f"{kind}-{variant}-{name}",
+                "attn_prefill", f"{dtype}-{variant}-{name}",
                 lambda rng, seqs=seqs, hkv=hkv, group=group, d=d: make_case(rng, seqs, hkv, group, d),
-                lambda i, kind=kind: reference(i, kind), cuda, tol))
+                lambda i, dtype=dtype: reference(i, dtype), cuda, tol))
 
 DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits, variant
     ("b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None, "mma"),
@@ -155,18 +169,18 @@ DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits, variant
     ("b2-hkv2-g12-d64", [333, 64], 2, 12, 64, 3, "mma"),
     ("b2-plain-runs-prefill-hkv2-g2-d32", [5, 130], 2, 2, 32, None, "plain"),
 ]
-for kind in KINDS:
+for dtype in DTYPES:
     for name, ctxs, hkv, group, d, splits, variant in DECODE:
-        def cuda(i, poison, kind=kind, splits=splits, variant=variant):
-            kc, vc = (on_device(c) for c in quant_caches(i, kind))
+        def cuda(i, poison, dtype=dtype, splits=splits, variant=variant):
+            kc, vc = (on_device(c) for c in quant_caches(i, dtype))
             args = (_cp().asarray(i["q"]), kc, vc, i["meta"], i["scale"])
             _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits, variant=variant)
             return _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits, variant=variant)
 
         ROWS.append(KernelRow(
-            "attn_decode", f"{kind}-{variant}-{name}",
+            "attn_decode", f"{dtype}-{variant}-{name}",
             lambda rng, ctxs=ctxs, hkv=hkv, group=group, d=d: make_case(rng, [(c, 1) for c in ctxs], hkv, group, d),
-            lambda i, kind=kind: reference(i, kind), cuda, 3e-3))
+            lambda i, dtype=dtype: reference(i, dtype), cuda, 3e-3))
 
 # The mma decode kernel rotating q and k and quantizing the new K/V rows itself (their slots' scales
 # NaN beforehand): its output and the stored values against rope_store_kv + paged attention.
@@ -175,17 +189,17 @@ DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interlea
     ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None),
     ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5),
 ]
-for kind in KINDS:
+for dtype in DTYPES:
     for name, ctxs, hkv, group, d, rot, interleaved, splits in DECODE_ROPE:
-        def ref_rope(i, kind=kind, interleaved=interleaved):
-            kc, vc = (quantized(c, kind) for c in (i["kc"], i["vc"]))
+        def ref_rope(i, dtype=dtype, interleaved=interleaved):
+            kc, vc = (quantized(c, kind) for c, kind in zip((i["kc"], i["vc"]), KV_KINDS[dtype]))
             slots = i["meta"].slot_mapping
             q = REF.rope_store_kv(i["q"], i["k"], i["v"], i["pos"], i["inv"], interleaved, kc, vc, slots)
             return (REF.paged_attention(q, kc, vc, i["meta"], i["scale"]), *(stored_rows(c, slots) for c in (kc, vc)))
 
-        def cuda_rope(i, poison, kind=kind, d=d, interleaved=interleaved, splits=splits):
+        def cuda_rope(i, poison, dtype=dtype, d=d, interleaved=interleaved, splits=splits):
             cp, at = _cp(), _attn()
-            kc, vc = (on_device(quantized(c, kind)) for c in (i["kc"], i["vc"]))
+            kc, vc = pages_quantized(i, dtype)
             meta = at.device_meta(i["meta"])
             q = cp.asarray(i["q"])
             rope = at.DecodeRope(cp.asarray(i["k"]), cp.asarray(i["v"]), cp.asarray(i["pos"]), cp.asarray(i["inv"]),
@@ -198,12 +212,12 @@ for kind in KINDS:
                                      rope=rope)
             return (out, *(stored_rows(c, meta.slot_mapping.get()) for c in (kc, vc)))
 
-        ROWS.append(KernelRow("attn_decode", f"{kind}-mma-rope-{name}",
+        ROWS.append(KernelRow("attn_decode", f"{dtype}-mma-rope-{name}",
                               lambda rng, c=ctxs, h=hkv, g=group, d=d, r=rot: make_rope_case(rng, c, h, g, d, r),
                               ref_rope, cuda_rope, 3e-3))
 
 # CudaOps.attention over 8-bit pages: the store, then decode or prefill
-for kind in KINDS:
+for dtype in DTYPES:
     for name, seqs, decode_only in [("prefill-b3", [(50, 50), (80, 20), (9, 1)], False),
                                     ("decode-b3", [(1, 1), (40, 1), (300, 1)], True)]:
         def make(rng, seqs=seqs, decode_only=decode_only):
@@ -211,13 +225,13 @@ for kind in KINDS:
             i["meta"].decode_only = decode_only
             return i
 
-        def cuda(i, poison, kind=kind):
+        def cuda(i, poison, dtype=dtype):
             from pocketcupy.backend.ops_cuda import CudaOps
 
             cp = _cp()
-            kc, vc = (on_device(quantized(c, kind)) for c in (i["kc"], i["vc"]))
+            kc, vc = pages_quantized(i, dtype)
             return CudaOps().attention(cp.asarray(i["q"]), cp.asarray(i["k"]), cp.asarray(i["v"]), kc, vc, i["meta"],
                                        i["scale"])
 
-        ROWS.append(KernelRow("ops.attention", f"{kind}-{name}", make, lambda i, kind=kind: reference(i, kind), cuda,
-                              3e-3))
+        ROWS.append(KernelRow("ops.attention", f"{dtype}-{name}", make, lambda i, dtype=dtype: reference(i, dtype),
+                              cuda, 3e-3))

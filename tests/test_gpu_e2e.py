@@ -76,9 +76,9 @@ def test_graphs_over_batch_8_match_eager(smollm2_gguf):
         del gpu                                    # its KV pool goes back before the next engine sizes its own
     assert runs[True] == runs[False]
 
-@pytest.mark.parametrize("dtype", ["int8", "fp8"])
+@pytest.mark.parametrize("dtype", ["int8", "fp8", "k8v4"])
 def test_quantized_kv_pages_match_cpu(smollm2_gguf, dtype):
-    """kv_cache_dtype int8 / fp8 on the GPU (the stores, prefill and decode over 8-bit pages): the
+    """kv_cache_dtype int8 / fp8 / k8v4 on the GPU (the stores, prefill and decode over codes): the
     graphs' greedy tokens equal eager ones and the NumPy backend's with the same pages up to its first
     near-tie (a K/V value an ulp apart before the rounding can take the next code); teacher-forced
     log-probs of those continuations (prefill over the pages) near the NumPy backend's."""

@@ -69,8 +69,8 @@ def _check(q, k_cache, v_cache) -> tuple[int, int, int, int, KvArgs]:
     hkv = k_cache.shape[2]
     if k_cache.shape[3] != d or hq % hkv:
         raise ValueError(f"attention: q {q.shape} does not fit the cache {k_cache.shape}")
-    if d not in HEAD_DIMS:
-        raise NotImplementedError(f"attention: head_dim {d} has no CUDA kernel (have {HEAD_DIMS})")
+    if d not in HEAD_DIMS or (kv.tag == "k8v4" and d % 32):   # k8v4: values in groups of 32
+        raise NotImplementedError(f"attention: head_dim {d} has no CUDA kernel for {kv.tag} pages (have {HEAD_DIMS})")
     return n, hq, d, hkv, kv
 
 

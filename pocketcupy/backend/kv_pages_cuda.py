@@ -1,7 +1,7 @@
 """The CUDA backend's KV pages and how the kernels take them: fp16 arrays [blocks, block_size,
-Hkv, D], or (kv_cache_dtype "int8" / "fp8") QuantKVCache of device codes (int8, or E4M3 as uint8)
-and a float32 scale per (token, KV head) row, the layout NumPy's reference stores
-(quant/kv_quant.py). "k8v4" (4-bit values) has no CUDA kernels."""
+Hkv, D], or (kv_cache_dtype "int8" / "fp8" / "k8v4") QuantKVCache of device codes (int8, E4M3 as
+uint8, 4-bit values two a byte) and their float32 parameters per (token, KV head) row, the layout
+NumPy's reference stores (quant/kv_quant.py)."""
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -11,13 +11,14 @@ import numpy as np
 from ..quant.kv_quant import KV_KINDS, QuantKVCache
 from .kernels import null_arg
 
-KV_CACHE_DTYPES = ("auto", "int8", "fp8")
-KERNEL_TAGS = {"int8": "i8", "fp8": "e4m3"}       # QuantKVCache.kind -> the kernels' name part (kv_codes.cuh)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8", "k8v4")
+# (K, V) QuantKVCache kinds -> the kernels' name part (kv_codes.cuh)
+KERNEL_TAGS = {("int8", "int8"): "i8", ("fp8", "fp8"): "e4m3", ("int8", "int4"): "k8v4"}
 
 
 class KvArgs(NamedTuple):
-    """A layer's pages as kernel arguments: tag names the kernels' cache type ("f16", "i8", "e4m3");
-    the scales are null pointers for fp16."""
+    """A layer's pages as kernel arguments: tag names the kernels' cache type ("f16", "i8", "e4m3",
+    "k8v4"); the scales (parameters) are null pointers for fp16."""
     tag: str
     k: object
     v: object
@@ -35,8 +36,8 @@ class KvArgs(NamedTuple):
         return self.k, self.k_scales, self.v, self.v_scales
 
     def source(self, name: str) -> str:
-        """The .cu file of kernel family `name` for these pages: the 8-bit kernels are a module of
-        their own (name_kv8.cu), so fp16 caches never compile them."""
+        """The .cu file of kernel family `name` for these pages: the kernels over codes are a module
+        of their own (name_kv8.cu), so fp16 caches never compile them."""
         return f"{name}.cu" if self.tag == "f16" else f"{name}_kv8.cu"
 
 
@@ -46,21 +47,21 @@ def empty_kv_pages(num_blocks: int, block_size: int, num_kv_heads: int, head_dim
 
     if dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype: {dtype!r} is not implemented on the CUDA backend (have "
-                         f"{', '.join(map(repr, KV_CACHE_DTYPES))}; 'k8v4' runs on the NumPy backend only)")
+                         f"{', '.join(map(repr, KV_CACHE_DTYPES))})")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     if dtype == "auto":
         return cupy.zeros(shape, np.float16), cupy.zeros(shape, np.float16)
-    return tuple(QuantKVCache(cupy.zeros(shape, np.int8 if kind == "int8" else np.uint8),
-                              cupy.zeros(shape[:-1] + (1,), np.float32), kind) for kind in KV_KINDS[dtype])
+    return tuple(QuantKVCache.zeros(shape, kind, cupy) for kind in KV_KINDS[dtype])
 
 
 def kv_args(op: str, k_cache, v_cache) -> KvArgs:
     """The pages' kernel arguments; TypeError for pages the kernels do not read."""
     if isinstance(k_cache, QuantKVCache) and isinstance(v_cache, QuantKVCache):
-        if k_cache.kind != v_cache.kind or k_cache.kind not in KERNEL_TAGS:
+        tag = KERNEL_TAGS.get((k_cache.kind, v_cache.kind))
+        if tag is None:
             raise TypeError(f"{op}: no CUDA kernel for K pages of {k_cache.kind} with V pages of {v_cache.kind}")
-        return KvArgs(KERNEL_TAGS[k_cache.kind], k_cache.codes, v_cache.codes, k_cache.params, v_cache.params)
+        return KvArgs(tag, k_cache.codes, v_cache.codes, k_cache.params, v_cache.params)
     if getattr(k_cache, "dtype", None) != np.float16 or getattr(v_cache, "dtype", None) != np.float16:
-        raise TypeError(f"{op}: the KV cache must be float16 pages or int8 / fp8 QuantKVCache, got "
+        raise TypeError(f"{op}: the KV cache must be float16 pages or QuantKVCache codes, got "
                         f"{type(k_cache).__name__} {getattr(k_cache, 'dtype', '')}")
     return KvArgs("f16", k_cache, v_cache, null_arg(), null_arg())

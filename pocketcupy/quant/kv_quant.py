@@ -124,9 +124,10 @@ class QuantKVCache:
     kind: str
 
     @classmethod
-    def zeros(cls, shape: tuple[int, ...], kind: str) -> "QuantKVCache":
-        codes = np.zeros((*shape[:-1], _code_bytes(kind, shape[-1])), np.int8 if kind == "int8" else np.uint8)
-        return cls(codes, np.zeros((*shape[:-1], _num_params(kind, shape[-1])), np.float32), kind)
+    def zeros(cls, shape: tuple[int, ...], kind: str, xp=np) -> "QuantKVCache":
+        """Zeroed pages of `shape` in values; xp: the array module (cupy for device pages)."""
+        codes = xp.zeros((*shape[:-1], _code_bytes(kind, shape[-1])), np.int8 if kind == "int8" else np.uint8)
+        return cls(codes, xp.zeros((*shape[:-1], _num_params(kind, shape[-1])), np.float32), kind)
 
     @property
     def shape(self) -> tuple[int, ...]:
