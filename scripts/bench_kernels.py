@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES  # noqa: E402
 from pocketcupy.quant.qtensor import QTensor  # noqa: E402
 
 L2_BYTES = 60 << 20
@@ -303,7 +304,7 @@ def bench_attention(args, copy_gbps: float) -> dict:
     32768 with batch 1 / 16 and context 1024 with batch 64 (and SmolLM2's heads at a few of them),
     prefill 2048, and a 48-token chunk over an 8064-token cached prefix with and without split-KV
     (Llama-3-8B heads: 32 q, 8 kv, dim 128, paged cache of 16-token blocks: fp16, or --kv-cache-dtype's
-    8-bit codes with a scale per row)."""
+    codes with their scales)."""
     try:
         from pocketcupy.backend import attn_cuda
         from pocketcupy.backend.attention_meta import AttentionMetadata
@@ -323,6 +324,10 @@ def bench_attention(args, copy_gbps: float) -> dict:
                          for _ in range(2)) + (tables,)
         pages = empty_kv_pages(nblk, bs, hkv, d, args.kv_cache_dtype)
         for c in pages:          # random codes (E4M3: finite ones), scales of unit-variance rows
+            if c.kind == "int4":     # two codes a byte; (scale, minimum) pairs per group
+                c.codes[...] = cp.random.randint(0, 256, c.codes.shape, dtype=np.int32).astype(c.codes.dtype)
+                c.params[..., 0::2], c.params[..., 1::2] = 0.25, -1.9
+                continue
             codes = cp.random.randint(0, 0x7F, c.codes.shape, dtype=np.int32)
             if c.kind == "fp8":
                 codes |= cp.random.randint(0, 2, c.codes.shape, dtype=np.int32) << 7
@@ -387,8 +392,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="gemv,gemm,attention")
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-                    help="the attention benchmarks' KV pages (8-bit: codes and a scale per row)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                    help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
     args.reps = args.reps or (5 if args.quick else 30)
     only = set(args.only.split(","))
