@@ -274,7 +274,7 @@ def _bench_decode_attention(args, copy_gbps, cache, tag, hq, hkv, d, shapes, bs)
     from pocketcupy.quant.kv_quant import kv_pair_bytes
 
     variants = (["plain"] if args.kv_cache_dtype == "auto" else []) + \
-        (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])   # 8-bit pages: the mma kernel only
+        (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])   # codes: the mma kernel only
     for ctx, batch in shapes:
         kc, vc, tables = cache(batch, ctx, hkv, d)
         meta = AttentionMetadata(np.arange(batch + 1, dtype=np.int32), np.full(batch, ctx, np.int32),

@@ -1,6 +1,6 @@
-"""CuPy launchers for paged attention over the KV cache, fp16 or 8-bit pages (kv_pages_cuda;
+"""CuPy launchers for paged attention over the KV cache, fp16 or quantized pages (kv_pages_cuda;
 cuda_src/attn_prefill.cu, attn_decode.cu, attn_decode_mma.cu, and attn_prefill_kv8.cu /
-attn_decode_mma_kv8.cu for 8-bit pages): causal prefill (also covers prefix + chunk and mixed
+attn_decode_mma_kv8.cu for int8 / fp8 / k8v4 codes): causal prefill (also covers prefix + chunk and mixed
 batches; split-KV when a short chunk over a long prefix gives too few blocks to fill the GPU)
 and split-K decode (tensor cores from sm_80 on, splits merged by the kernel's last block).
 

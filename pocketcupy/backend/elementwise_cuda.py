@@ -279,7 +279,7 @@ def rope(x, positions, inv_freq, interleaved: bool, out=None):
 @cuda_op("store_kv")
 def store_kv(k_cache, v_cache, k, v, slot_mapping):
     """Writes k, v [N, Hkv, D] float32 into the caches [blocks, block_size, Hkv, D] at slot_mapping
-    [N] (int32/int64; negative = skip): fp16 pages, or int8 / fp8 codes, a warp quantizing each row."""
+    [N] (int32/int64; negative = skip): fp16 pages, or int8 / fp8 / k8v4 codes, a warp quantizing each row."""
     check_f32("store_kv", k)
     check_f32("store_kv", v)
     n, hkv, d = k.shape
@@ -307,7 +307,7 @@ ROPE_STORE_MIN_BLOCKS = 264                  # small batches: a token's items sp
 @cuda_op("rope_store_kv")
 def rope_store_kv(q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping, out=None):
     """RoPE on q [N, Hq, D] and k [N, Hkv, D] (float32; each token's heads contiguous, e.g. column
-    views of a fused QKV output), rotated k and v written to the caches (fp16, or int8 / fp8 codes)
+    views of a fused QKV output), rotated k and v written to the caches (fp16, or int8 / fp8 / k8v4 codes)
     at slot_mapping [N] (negative: not stored). Returns the rotated q, [N, Hq, D] contiguous (out=
     if given)."""
     check_f32("rope_store_kv", q)

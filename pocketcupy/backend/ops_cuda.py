@@ -1,6 +1,6 @@
 """The CUDA backend: NumpyOps' interface over CuPy arrays and our kernels. Activations are float32;
-weights stay in their stored format (weight_cuda); the paged KV cache is float16, or int8 / fp8
-codes with a scale per row (kv_cache_dtype; kv_pages_cuda).
+weights stay in their stored format (weight_cuda); the paged KV cache is float16, or int8 / fp8 /
+k8v4 codes with their scales per row (kv_cache_dtype; kv_pages_cuda).
 Importing this module does not import CuPy; creating a CudaOps does."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _decode_batch(q, meta: AttentionMetadata) -> bool:
 class CudaOps:
     name = "cuda"
     kv_dtype_bytes = 2  # float16 KV cache
-    kv_cache_dtypes = KV_CACHE_DTYPES   # fp16 ("auto"), int8 and fp8 pages (kv_pages_cuda.py)
+    kv_cache_dtypes = KV_CACHE_DTYPES   # fp16 ("auto"), int8, fp8 and k8v4 pages (kv_pages_cuda.py)
 
     def __init__(self, quant_activations: str = "auto"):
         import cupy
@@ -60,7 +60,7 @@ class CudaOps:
 
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
                        dtype: str = "auto"):
-        """One layer's K and V pages: fp16, or int8 / fp8 codes with a scale per row (kv_pages_cuda.py)."""
+        """One layer's K and V pages: fp16, or codes with their scales per row (kv_pages_cuda.py)."""
         return empty_kv_pages(num_blocks, block_size, num_kv_heads, head_dim, dtype)
 
     # --- elementwise / normalisation -----------------------------------------------------
