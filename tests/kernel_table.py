@@ -18,7 +18,7 @@ class KernelRow:
     ref: Callable[[dict], Any]                     # inputs -> numpy reference output(s)
     cuda: Callable[[dict, Callable], Any]          # (inputs, poison) -> cupy output(s); call
                                                    # poison(shape, dtype) to allocate the out buffer
-    tol: float = 1e-5                              # bound on the normalised error
+    tol: float | tuple = 1e-5                      # bound on the normalised error (a tuple: one an output)
 
 
 def q8_blocks_dequantized(xq, xds):
