@@ -24,9 +24,9 @@ template <> struct KvCode<__half> {
     typedef float Param;                                // (unused)
 };
 
-// 8 codes of 4 bytes as fp16 halves of 0x64XX: 1024 + XX
-__device__ __forceinline__ void half_pairs_1024(u32 a, u32 b, u32& lo, u32& hi) {
-    const __half2 off = __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400));
+// Two words of fp16 pairs 0x64XX (1024 + XX) minus the fp16 `offset` (its bits) from each half
+__device__ __forceinline__ void half_pairs_minus(u32 a, u32 b, unsigned short offset, u32& lo, u32& hi) {
+    const __half2 off = __halves2half2(__ushort_as_half(offset), __ushort_as_half(offset));
     const __half2 ha = __hsub2(*reinterpret_cast<const __half2*>(&a), off);
     const __half2 hb = __hsub2(*reinterpret_cast<const __half2*>(&b), off);
     lo = *reinterpret_cast<const u32*>(&ha);
@@ -44,12 +44,7 @@ template <> struct KvCode<signed char> {
     // the code + 128, so subtracting 1152 (0x6480) leaves the code
     static __device__ __forceinline__ void half4(u32 w, u32& lo, u32& hi) {
         w ^= 0x80808080u;
-        const u32 a = __byte_perm(w, 0x64646464u, 0x4140), b = __byte_perm(w, 0x64646464u, 0x4342);
-        const __half2 off = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-        const __half2 ha = __hsub2(*reinterpret_cast<const __half2*>(&a), off);
-        const __half2 hb = __hsub2(*reinterpret_cast<const __half2*>(&b), off);
-        lo = *reinterpret_cast<const u32*>(&ha);
-        hi = *reinterpret_cast<const u32*>(&hb);
+        half_pairs_minus(__byte_perm(w, 0x64646464u, 0x4140), __byte_perm(w, 0x64646464u, 0x4342), 0x6480, lo, hi);
     }
     static __device__ __forceinline__ signed char encode(float y) { return (signed char)__float2int_rn(y); }
 };
@@ -99,8 +94,8 @@ template <> struct KvCode<nib2> {
 #pragma unroll
         for (int i = 0; i < 4; i += 2) {
             const u32 a = __byte_perm(w, 0u, 0x4040 + 0x0101 * i), b = __byte_perm(w, 0u, 0x4141 + 0x0101 * i);
-            half_pairs_1024((a & 0x0000000Fu) | ((a >> 4) & 0x000F0000u) | 0x64006400u,
-                            (b & 0x0000000Fu) | ((b >> 4) & 0x000F0000u) | 0x64006400u, h[i], h[i + 1]);
+            half_pairs_minus((a & 0x0000000Fu) | ((a >> 4) & 0x000F0000u) | 0x64006400u,
+                             (b & 0x0000000Fu) | ((b >> 4) & 0x000F0000u) | 0x64006400u, 0x6400, h[i], h[i + 1]);
         }
         return make_uint4(h[0], h[1], h[2], h[3]);
     }
