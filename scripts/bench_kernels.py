@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES  # noqa: E402
+from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES, kv_pair_bytes  # noqa: E402
 from pocketcupy.quant.qtensor import QTensor  # noqa: E402
 
 L2_BYTES = 60 << 20
@@ -271,8 +271,6 @@ def _bench_decode_attention(args, copy_gbps, cache, tag, hq, hkv, d, shapes, bs)
 
     cp = _cp()
     out = {}
-    from pocketcupy.quant.kv_quant import kv_pair_bytes
-
     variants = (["plain"] if args.kv_cache_dtype == "auto" else []) + \
         (["mma"] if attn_cuda.decode_variant(d) == "mma" else [])   # codes: the mma kernel only
     for ctx, batch in shapes:
