@@ -278,6 +278,9 @@ def _linear_rows():
             cfg = Q8Gemv("kquant", r, unroll=u)
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
                                   _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear_per32, _cuda_gemv_q8(cfg), 2e-5))
+    # the 8-rows-a-block launch of tall Q8_0 matrices at batch 1 (q8_gemv_launch: Q8_B1_TALL_ROWS), 67 rows
+    rows.append(KernelRow("linear", f"gemv_q8_0_q8r8_t128_bs1-{ROWS_OUT}x4096", _make_linear("Q8_0", 1, 4096, True),
+                          _ref_linear_per32, _cuda_gemv_q8(Q8Gemv("block", 8)), 2e-5))
     # Q6_K in its raw 210-byte blocks (uploads pad them to 224 bytes): the word-load paths
     for n, cfg in ((1, Q8Gemv("kquant", 2)), (2, None), (12, None)):
         make = _make_linear("Q6_K", n, _cols("Q6_K"), True)

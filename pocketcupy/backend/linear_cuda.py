@@ -35,6 +35,9 @@ KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more war
 Q8_B1_LONG_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 Q8_B1_LONG_ROW_UNITS = 128
 Q8_B1_LONG_ROW_ROWS = 4
+# batch-1 Q8_0 of Q8_B1_LONG_ROW_UNITS units a row (K = 4096, where it was measured) from this many rows
+# (an 8B model's joined gate / up, its LM head): 8 rows a block
+Q8_B1_TALL_ROWS = 16384
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
@@ -126,7 +129,9 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     rows of more than 128 units (H200, Q8_0 4096x14336 19.8 us against 22.1, Q4_0 14.1 against 14.9,
     Q5_1 16.8 against 17.6; Q8_0 8B decode graph 2,751 against 2,808 us; Q3_K lost, 25.6 against 22.7,
     IQ4_XS 20.3 against 20.1; one row a block on 4096x4096 / 6144x4096 won alone for Q8_0, 7.0 / 9.5
-    against 8.0 / 10.6, but lost in the graph, 2,816, and alone for the others). Larger batches: fewer threads
+    against 8.0 / 10.6, but lost in the graph, 2,816, and alone for the others); Q8_0 rows of 128 units
+    from Q8_B1_TALL_ROWS rows on take 8 rows a block (28672x4096 34.2 against 34.6 us, 49152x4096 54.6
+    against 56.5; decode graph 2,734 against 2,750 us, alternated in one process). Larger batches: fewer threads
     per row (the activations of nb columns are reused from registers), 2 rows per warp on rows of
     <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128 threads at batch 4)."""
     units = cols // 32
@@ -137,7 +142,8 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
             return Q8Gemv("kquant", 1, unroll=1)
     if nb == 1:
         long_rows = units > Q8_B1_LONG_ROW_UNITS and qtype in Q8_B1_LONG_ROW_QTYPES
-        return Q8Gemv("block", Q8_B1_LONG_ROW_ROWS if long_rows else 2, gemv_threads(units))
+        tall = qtype == "Q8_0" and units == Q8_B1_LONG_ROW_UNITS and rows >= Q8_B1_TALL_ROWS
+        return Q8Gemv("block", 8 if tall else Q8_B1_LONG_ROW_ROWS if long_rows else 2, gemv_threads(units))
     return Q8Gemv("block", 2, 32) if units <= 128 else Q8Gemv("block", 4, 64)
 
 

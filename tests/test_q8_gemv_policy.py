@@ -1,0 +1,13 @@
+"""q8_gemv_launch's batch-1 launch shapes for the int8 GEMV of 32-value-block types (the H200 sweeps in
+its docstring): 2 rows a block, 4 on rows of more than 128 units, 8 on tall Q8_0 matrices."""
+from pocketcupy.backend.linear_cuda import Q8_B1_TALL_ROWS, Q8Gemv, q8_gemv_launch
+
+
+def test_batch1_rows_a_block():
+    assert q8_gemv_launch("Q8_0", 6144, 4096, 1) == Q8Gemv("block", 2, 128)           # q/k/v
+    assert q8_gemv_launch("Q8_0", 4096, 14336, 1) == Q8Gemv("block", 4, 128)          # down: 448 units
+    assert q8_gemv_launch("Q8_0", 28672, 4096, 1) == Q8Gemv("block", 8, 128)          # gate / up
+    assert q8_gemv_launch("Q8_0", Q8_B1_TALL_ROWS - 1, 4096, 1) == Q8Gemv("block", 2, 128)
+    assert q8_gemv_launch("Q8_0", 49152, 576, 1) == Q8Gemv("block", 2, 32)            # short rows: 18 units
+    assert q8_gemv_launch("Q4_0", 28672, 4096, 1) == Q8Gemv("block", 2, 128)          # measured for Q8_0 only
+    assert q8_gemv_launch("Q8_0", 28672, 4096, 2) == Q8Gemv("block", 2, 32)           # batch 2 unchanged
