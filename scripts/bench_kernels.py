@@ -4,7 +4,8 @@ cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
 
     python scripts/bench_kernels.py                  # everything
     python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
-    python scripts/bench_kernels.py --only gemv,gemm,attention
+    python scripts/bench_kernels.py --only gemv,dense_batch,gemm,attention
+    python scripts/bench_kernels.py --only dense_batch      # BF16 at batches 16-64: ours vs cuBLAS
 
 Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
 cost excluded, as in the engine's decode graphs), median of `reps`; eager events if capture
@@ -188,6 +189,37 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             out[f"cublas_gemv_f16_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
                                                            "frac_copy_bw": round(gbps / copy_gbps, 3)}
         del wts
+    return out
+
+
+def bench_dense_batch(args, copy_gbps: float) -> dict:
+    """BF16 weights of the 8B decode step at batches 16-64 (many sequences decoding): the tensor-core
+    GEMM gemm_dense_mma.cu with linear()'s launch shape ("*") and others (NT tiles of 8 columns, RW x KW
+    warps a block), against cuBLAS; GB/s of the weights, cycled over copies larger than twice the L2."""
+    cp = _cp()
+    from pocketcupy.backend import linear_cuda as lc
+
+    rng = np.random.default_rng(3)
+    out = {}
+    for rows, cols in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+        w0 = make_weight("BF16", rows, cols, rng)
+        copies = [w0] + [make_weight("BF16", rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+        for nb in ((16, 64) if args.quick else (16, 32, 64)):
+            x16 = lc._cast(cp.random.standard_normal((nb, cols), dtype=cp.float32), "BF16")
+            y = cp.empty((nb, rows), cp.float32)
+            default = lc.dense_gemm_shape(rows, nb)
+            runs = {"cublas": lambda w: lc._gemm_dense(x16, w, y)}
+            for rw, kw in dict.fromkeys([(default.rw, default.kw), (8, 1), (4, 2), (2, 4), (1, 8), (4, 1), (2, 2)]):
+                shape = lc.DenseMmaShape(default.nt, rw, kw)
+                runs[f"mma_r{rw}_k{kw}" + ("*" if shape == default else "")] = \
+                    lambda w, shape=shape: lc.gemm_dense_mma(x16, w, None, y, shape)
+            for name, fn in runs.items():
+                it = iter(range(1 << 62))
+                t = time_us(lambda: fn(copies[next(it) % len(copies)]), args.reps, len(copies) * max(1, 8 // len(copies)))
+                gbps = weight_bytes(w0) / t["us"] / 1e3
+                out[f"bf16_{name}_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
+                                                            "frac_copy_bw": round(gbps / copy_gbps, 3)}
+        del copies, w0
     return out
 
 
@@ -388,7 +420,7 @@ def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="gemv,gemm,attention")
+    ap.add_argument("--only", default="gemv,dense_batch,gemm,attention", help="comma list of gemv, dense_batch, gemm, attention")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
@@ -406,6 +438,8 @@ def main(argv=None) -> int:
         res["gemv"] = bench_gemv(args, copy_gbps)
         if not args.quick:
             res["gemv_rows_per_block"] = bench_rows_per_block(args, copy_gbps)
+    if "dense_batch" in only:
+        res["dense_batch"] = bench_dense_batch(args, copy_gbps)
     if "gemm" in only:
         res["gemm"] = bench_gemm(args, peak, copy_gbps)
     if "attention" in only:
