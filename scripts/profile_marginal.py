@@ -23,7 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from profile_decode import replay_us  # noqa: E402
+from profile_decode import recaptured_us, replay_us  # noqa: E402
 from profile_kernels import start_decodes  # noqa: E402
 
 DEFAULT_REMOVE = ("rope_attention,add_rms_norm,add_rms_norm_linear,add_rms_norm_mlp,linears,linear:wqkv,linear:wo,"
@@ -101,25 +101,19 @@ def main():
     start_decodes(eng, a.batch, a.context, 3)   # prefill, then decode steps on the graph
     b = graphs.bucket_for(a.batch)
 
-    def recaptured() -> float:
-        graphs.capture(b)
-        eng.step()                      # the step's real inputs into the graph's buffers again
-        graphs.stream.synchronize()
-        return replay_us(graphs, b, a.reps)
-
     base = replay_us(graphs, b, a.reps)
     res = {"batch": a.batch, "bucket": b, "context": a.context, "graph_replay_us": base, "removed": {}}
     for spec in filter(None, a.remove.split(",")):
         try:
             with OpRemoval(eng.runner.model, spec) as r:
-                us = recaptured()
+                us = recaptured_us(eng, b, a.reps)
         except ValueError as e:
             res["removed"][spec] = {"error": str(e)}
             continue
         saved = round(base - us, 1)
         res["removed"][spec] = {"graph_replay_us": us, "saved_us": saved, "calls": r.skipped,
                                 "saved_us_per_call": round(saved / r.skipped, 2) if r.skipped else None}
-    res["graph_replay_us_after"] = recaptured()   # everything back: should be graph_replay_us again
+    res["graph_replay_us_after"] = recaptured_us(eng, b, a.reps)   # everything back: should be graph_replay_us again
     print(json.dumps(res))
 
 
