@@ -502,8 +502,9 @@ def dense_gemm_shape(rows: int, nb: int) -> DenseMmaShape:
 
 
 def dense_gemm_takes(w: CudaWeight, x16) -> bool:
-    """Whether gemm_dense_mma runs x16 [N, K] @ w.T: where DENSE_GEMM_MMA is on, batches GEMV_MAX_BATCH+1..DENSE_GEMM_MMA_MAX_BATCH
-    on tensor cores (sm_80+), K a multiple of 64, x16's rows contiguous and 16-byte aligned."""
+    """Whether gemm_dense_mma runs x16 [N, K] @ w.T: with DENSE_GEMM_MMA on, at batches past
+    GEMV_MAX_BATCH up to DENSE_GEMM_MMA_MAX_BATCH on tensor cores (sm_80+), K a multiple of 64, x16's
+    rows contiguous and 16-byte aligned."""
     n, k = x16.shape
     return (DENSE_GEMM_MMA and GEMV_MAX_BATCH < n <= DENSE_GEMM_MMA_MAX_BATCH and k % 64 == 0 and has_tensor_cores()
             and x16.strides[1] == 2 and x16.strides[0] % 16 == 0 and _aligned16(x16))
