@@ -215,7 +215,8 @@ def bench_dense_batch(args, copy_gbps: float) -> dict:
                     lambda w, shape=shape: lc.gemm_dense_mma(x16, w, None, y, shape)
             for name, fn in runs.items():
                 it = iter(range(1 << 62))
-                t = time_us(lambda: fn(copies[next(it) % len(copies)]), args.reps, len(copies) * max(1, 8 // len(copies)))
+                t = time_us(lambda: fn(copies[next(it) % len(copies)]), args.reps,
+                            len(copies) * max(1, 8 // len(copies)))
                 gbps = weight_bytes(w0) / t["us"] / 1e3
                 out[f"bf16_{name}_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
                                                             "frac_copy_bw": round(gbps / copy_gbps, 3)}
@@ -420,7 +421,8 @@ def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="gemv,dense_batch,gemm,attention", help="comma list of gemv, dense_batch, gemm, attention")
+    ap.add_argument("--only", default="gemv,dense_batch,gemm,attention",
+                    help="comma list of gemv, dense_batch, gemm, attention")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")

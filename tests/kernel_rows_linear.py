@@ -227,7 +227,8 @@ def _linear_rows():
             rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_mma_n{n}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 33), _ref_linear, _cuda_gemm_dense_mma(), tol))
         for n, shape in ((12, (2, 8, 1)), (40, (5, 1, 8)), (64, (8, 4, 2)), (20, (4, 2, 4)), (57, (8, 1, 1))):
-            rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_mma_n{n}_{'_'.join(map(str, shape))}-{ROWS_OUT}x1088",
+            tag = "_".join(map(str, shape))
+            rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_mma_n{n}_{tag}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 40), _ref_linear, _cuda_gemm_dense_mma(shape), tol))
     # short rows at batch 1 over F32_BLOCK_MIN_ROWS rows (an LM head): the fp32 block kernel, 4 rows a
     # block (16387: the last block's rows end past the matrix)
