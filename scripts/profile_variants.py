@@ -91,8 +91,11 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=200)
     a = ap.parse_args(argv)
-    variants = dict(parse_variant(v) for v in a.variant)
-    settings = {name: Settings(sets) for name, sets in variants.items()}   # unknown modules / constants fail here
+    try:                                         # unknown modules / constants fail here, before the model loads
+        variants = dict(parse_variant(v) for v in a.variant)
+        settings = {name: Settings(sets) for name, sets in variants.items()}
+    except (ValueError, ImportError) as e:
+        ap.error(str(e))
     eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1))
     if eng.runner.graphs is None:
         raise SystemExit("profile_variants: the engine runs without CUDA graphs")
