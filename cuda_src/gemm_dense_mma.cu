@@ -15,6 +15,16 @@
 
 #define DM_PIPE 2
 
+// Chunk ch of the lane's weights: a[0..1] row g, a[2..3] row g + 8 (wa, wb: the rows, advanced by
+// 2t); streamed (__ldcs), the weights are read once. gemv_dense_mma.cu has the same four loads
+// inline, in the machine code measured on the H200.
+__device__ __forceinline__ void load_w_chunk(const uint4* wa, const uint4* wb, int ch, uint4 (&a)[4]) {
+    a[0] = __ldcs(wa + 8 * ch);
+    a[1] = __ldcs(wa + 8 * ch + 1);
+    a[2] = __ldcs(wb + 8 * ch);
+    a[3] = __ldcs(wb + 8 * ch + 1);
+}
+
 template <int WT, int NT, int RW, int KW>
 __global__ void __launch_bounds__(RW * KW * 32)
 gemm_dense_mma(const u16* __restrict__ W, int rows, int K, const u16* __restrict__ x16, long long ldx, int nb,
@@ -31,11 +41,7 @@ gemm_dense_mma(const u16* __restrict__ W, int rows, int K, const u16* __restrict
     uint4 a[DM_PIPE][4];
 #pragma unroll
     for (int p = 0; p < DM_PIPE; ++p) {          // weights are no kernel's output: loaded before the wait
-        const int ch = min(kw + p * KW, nchunks - 1);
-        a[p][0] = __ldcs(wa + 8 * ch);
-        a[p][1] = __ldcs(wa + 8 * ch + 1);
-        a[p][2] = __ldcs(wb + 8 * ch);
-        a[p][3] = __ldcs(wb + 8 * ch + 1);
+        load_w_chunk(wa, wb, min(kw + p * KW, nchunks - 1), a[p]);
     }
     pdl_wait();
     const uint4* xr[NT];
@@ -50,12 +56,7 @@ gemm_dense_mma(const u16* __restrict__ W, int rows, int K, const u16* __restrict
             const u32 ra[8] = {a[p][0].x, a[p][0].y, a[p][0].z, a[p][0].w, a[p][1].x, a[p][1].y, a[p][1].z, a[p][1].w};
             const u32 rb[8] = {a[p][2].x, a[p][2].y, a[p][2].z, a[p][2].w, a[p][3].x, a[p][3].y, a[p][3].z, a[p][3].w};
             const int next = ch + KW * DM_PIPE;
-            if (next < nchunks) {
-                a[p][0] = __ldcs(wa + 8 * next);
-                a[p][1] = __ldcs(wa + 8 * next + 1);
-                a[p][2] = __ldcs(wb + 8 * next);
-                a[p][3] = __ldcs(wb + 8 * next + 1);
-            }
+            if (next < nchunks) load_w_chunk(wa, wb, next, a[p]);
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const uint4 x0 = xr[j][8 * ch], x1 = xr[j][8 * ch + 1];

@@ -498,7 +498,7 @@ def dense_gemm_shape(rows: int, nb: int) -> DenseMmaShape:
     """gemm_dense_mma's launch for a batch of nb over `rows` rows: the fewest 8-column tiles, and
     blocks of 8 warps, 4 row groups of 2 warps on tall matrices (28672 rows: 448 blocks), 2 of 4
     on the others (4096 rows: 128 blocks, each reading all of x)."""
-    return DenseMmaShape(-(-nb // 8), 4, 2) if rows >= 16384 else DenseMmaShape(-(-nb // 8), 2, 4)
+    return DenseMmaShape(-(-nb // 8), *((4, 2) if rows >= 16384 else (2, 4)))
 
 
 def dense_gemm_takes(w: CudaWeight, x16) -> bool:
