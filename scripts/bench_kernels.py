@@ -5,7 +5,7 @@ cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
     python scripts/bench_kernels.py                  # everything
     python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
     python scripts/bench_kernels.py --only gemv,dense_batch,gemm,attention
-    python scripts/bench_kernels.py --only dense_batch      # BF16 at batches 16-64: ours vs cuBLAS
+    python scripts/bench_kernels.py --only dense_batch      # BF16 through cuBLAS at batches 16-64
 
 Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
 cost excluded, as in the engine's decode graphs), median of `reps`; eager events if capture
@@ -193,33 +193,25 @@ def bench_gemv(args, copy_gbps: float) -> dict:
 
 
 def bench_dense_batch(args, copy_gbps: float) -> dict:
-    """BF16 weights of the 8B decode step at batches 16-64 (many sequences decoding): the tensor-core
-    GEMM gemm_dense_mma.cu with linear()'s launch shape ("*") and others (NT tiles of 8 columns, RW x KW
-    warps a block), against cuBLAS; GB/s of the weights, cycled over copies larger than twice the L2."""
+    """BF16 weights of the 8B decode step at batches 16-64 (many sequences decoding) through cuBLAS
+    (linear()'s path past the GEMVs); GB/s of the weights, cycled over copies larger than twice the L2."""
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
 
     rng = np.random.default_rng(3)
     out = {}
-    for rows, cols in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)):
+    for rows, cols in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (49152, 4096)):
         w0 = make_weight("BF16", rows, cols, rng)
         copies = [w0] + [make_weight("BF16", rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
-        for nb in ((16, 64) if args.quick else (16, 32, 64)):
+        for nb in ((16, 64) if args.quick else (16, 32, 48, 64)):
             x16 = lc._cast(cp.random.standard_normal((nb, cols), dtype=cp.float32), "BF16")
             y = cp.empty((nb, rows), cp.float32)
-            default = lc.dense_gemm_shape(rows, nb)
-            runs = {"cublas": lambda w: lc._gemm_dense(x16, w, y)}
-            for rw, kw in dict.fromkeys([(default.rw, default.kw), (8, 1), (4, 2), (2, 4), (1, 8), (4, 1), (2, 2)]):
-                shape = lc.DenseMmaShape(default.nt, rw, kw)
-                runs[f"mma_r{rw}_k{kw}" + ("*" if shape == default else "")] = \
-                    lambda w, shape=shape: lc.gemm_dense_mma(x16, w, None, y, shape)
-            for name, fn in runs.items():
-                it = iter(range(1 << 62))
-                t = time_us(lambda: fn(copies[next(it) % len(copies)]), args.reps,
-                            len(copies) * max(1, 8 // len(copies)))
-                gbps = weight_bytes(w0) / t["us"] / 1e3
-                out[f"bf16_{name}_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
-                                                            "frac_copy_bw": round(gbps / copy_gbps, 3)}
+            it = iter(range(1 << 62))
+            t = time_us(lambda: lc._gemm_dense(x16, copies[next(it) % len(copies)], y), args.reps,
+                        len(copies) * max(1, 8 // len(copies)))
+            gbps = weight_bytes(w0) / t["us"] / 1e3
+            out[f"bf16_cublas_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
+                                                       "frac_copy_bw": round(gbps / copy_gbps, 3)}
         del copies, w0
     return out
 
@@ -261,15 +253,15 @@ def bench_rows_per_block(args, copy_gbps: float) -> dict:
 
 
 def bench_gemm(args, peak_tflops: float, copy_gbps: float) -> dict:
-    """linear() past the GEMVs (a prefill) on the 8B model's gate/up- and down-shaped weights:
+    """linear() past the GEMVs (a prefill) on the 8B model's q/k/v-, gate/up- and down-shaped weights:
     cuBLAS for BF16, dequantization into fp16 tiles + cuBLAS for GGUF types; for those also the
     dequantization alone (GB/s of blocks read + fp16 written)."""
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
 
     rng = np.random.default_rng(1)
-    shapes = [(2048, 14336, 4096), (2048, 4096, 14336)] + ([] if args.quick else [(512, 14336, 4096),
-                                                                                   (512, 4096, 14336)])
+    shapes = [(2048, 14336, 4096), (2048, 4096, 14336), (8192, 6144, 4096), (8192, 28672, 4096)] + \
+        ([] if args.quick else [(512, 14336, 4096), (512, 4096, 14336)])
     out = {}
     for qtype in ("BF16", "Q4_K", "Q6_K"):
         for n, k in sorted({(n, k) for _, n, k in shapes}):

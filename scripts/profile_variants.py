@@ -4,7 +4,7 @@ graph of the batch's bucket is captured again and replayed, then the constants g
 alternate the variants so that clock drift falls on all of them. Prints one JSON object.
 
     python scripts/profile_variants.py MODEL --batch 64 \\
-        --variant base= --variant dense_mma=linear_cuda.DENSE_GEMM_MMA=True
+        --variant base= --variant splits2='attn_cuda.DECODE_BLOCKS_PER_SM={"plain": 4, "mma": 2}'
     python scripts/profile_variants.py MODEL --variant base= \\
         --variant no_tall=linear_cuda.Q8_B1_TALL_ROWS=10**9 --variant r8=linear_cuda.Q8_B1_LONG_ROW_ROWS=8
 

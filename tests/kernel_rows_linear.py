@@ -140,23 +140,6 @@ def _cuda_gemv_q8(cfg=None):
     return run
 
 
-def _cuda_gemm_dense_mma(shape=None):
-    """The dense tensor-core GEMM (gemm_dense_mma.cu) itself with launch shape (NT, RW, KW) (None:
-    dense_gemm_shape's)."""
-    def run(inp, poison):
-        import cupy as cp
-
-        from pocketcupy.backend import linear_cuda
-
-        w = _cuda_weight(inp)
-        out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
-        x16 = linear_cuda._cast(cp.asarray(inp["x"]), inp["qtype"])
-        linear_cuda.gemm_dense_mma(x16, w, cp.asarray(inp["bias"]) if "bias" in inp else None, out,
-                                   shape and linear_cuda.DenseMmaShape(*shape))
-        return out
-    return run
-
-
 def _cuda_gemv_kquant_mma(inp, poison):
     """The per-256 int8 tensor-core GEMV (gemv_kquant_mma.cu) itself, its activations quantized by
     quantize_x_q8k (inp["up"]: of silu(x) * up)."""
@@ -220,16 +203,6 @@ def _linear_rows():
         for n in (1, 2, 5, 8):
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_mma_bs{n}-{ROWS_OUT}x1088",
                                   _make_linear(qtype, n, 1088, n == 5), _ref_linear, _cuda_linear(), tol))
-    # fp16 / bf16 batches 9-64 on tensor cores (gemm_dense_mma.cu): dense_gemm_shape's launch, and launch
-    # shapes (NT, RW, KW) of every kind; 17 chunks of 64 end inside a warp's pipelined pair, 67 rows inside a block
-    for qtype, tol in (("F16", 1e-3), ("BF16", 5e-3)):
-        for n in (9, 16, 33, 64):
-            rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_mma_n{n}-{ROWS_OUT}x1088",
-                                  _make_linear(qtype, n, 1088, n == 33), _ref_linear, _cuda_gemm_dense_mma(), tol))
-        for n, shape in ((12, (2, 8, 1)), (40, (5, 1, 8)), (64, (8, 4, 2)), (20, (4, 2, 4)), (57, (8, 1, 1))):
-            tag = "_".join(map(str, shape))
-            rows.append(KernelRow("linear", f"gemm_{qtype.lower()}_mma_n{n}_{tag}-{ROWS_OUT}x1088",
-                                  _make_linear(qtype, n, 1088, n == 40), _ref_linear, _cuda_gemm_dense_mma(shape), tol))
     # short rows at batch 1 over F32_BLOCK_MIN_ROWS rows (an LM head): the fp32 block kernel, 4 rows a
     # block (16387: the last block's rows end past the matrix)
     for qtype in ("Q8_0", "Q4_1"):

@@ -1,13 +1,7 @@
 """linear_cuda's launch shapes (pure host code; the kernels are checked by tests/test_kernels.py on a GPU):
 q8_gemv_launch's batch-1 shapes for the int8 GEMV of 32-value-block types (the H200 sweeps in its
-docstring: 2 rows a block, 4 on rows of more than 128 units, 8 on tall Q8_0 matrices), and
-gemm_dense_mma's."""
-import numpy as np
-import pytest
-
-from pocketcupy.backend.linear_cuda import (Q8_B1_TALL_ROWS, DenseMmaShape, Q8Gemv, dense_gemm_shape, gemm_dense_mma,
-                                            q8_gemv_launch)
-from pocketcupy.backend.weight_cuda import CudaWeight
+docstring: 2 rows a block, 4 on rows of more than 128 units, 8 on tall Q8_0 matrices)."""
+from pocketcupy.backend.linear_cuda import Q8_B1_TALL_ROWS, Q8Gemv, q8_gemv_launch
 
 
 def test_batch1_rows_a_block():
@@ -19,13 +13,3 @@ def test_batch1_rows_a_block():
     assert q8_gemv_launch("Q4_0", 28672, 4096, 1) == Q8Gemv("block", 2, 128)          # measured for Q8_0 only
     assert q8_gemv_launch("Q8_0", 28672, 4096, 2) == Q8Gemv("block", 2, 32)           # batch 2 unchanged
 
-
-def test_dense_gemm_shapes():
-    assert dense_gemm_shape(28672, 64) == DenseMmaShape(8, 4, 2)      # the fewest tiles of 8 columns
-    assert dense_gemm_shape(4096, 9) == DenseMmaShape(2, 2, 4)
-    assert dense_gemm_shape(6144, 33) == DenseMmaShape(5, 2, 4)
-    w = CudaWeight("BF16", (64, 128), None)
-    with pytest.raises(ValueError, match="tiles of 8 columns"):
-        gemm_dense_mma(np.zeros((17, 128), np.uint16), w, None, None, DenseMmaShape(2, 1, 1))
-    with pytest.raises(ValueError, match="multiple of 64"):
-        gemm_dense_mma(np.zeros((9, 96), np.uint16), w, None, None)

@@ -10,13 +10,13 @@ def test_parse_and_apply_a_variant():
 
     mod = load_script("profile_variants")
     assert mod.parse_variant("base=") == ("base", [])
-    name, sets = mod.parse_variant("tall=linear_cuda.Q8_B1_TALL_ROWS=10**9; linear_cuda.DENSE_GEMM_MMA=True")
+    name, sets = mod.parse_variant("tall=linear_cuda.Q8_B1_TALL_ROWS=10**9; linear_cuda.Q8_B1_LONG_ROW_ROWS=8")
     assert name == "tall" and sets == [("linear_cuda", "Q8_B1_TALL_ROWS", 10 ** 9),
-                                       ("linear_cuda", "DENSE_GEMM_MMA", True)]
-    before = (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.DENSE_GEMM_MMA)
+                                       ("linear_cuda", "Q8_B1_LONG_ROW_ROWS", 8)]
+    before = (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.Q8_B1_LONG_ROW_ROWS)
     with mod.Settings(sets):
-        assert (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.DENSE_GEMM_MMA) == (10 ** 9, True)
-    assert (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.DENSE_GEMM_MMA) == before
+        assert (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.Q8_B1_LONG_ROW_ROWS) == (10 ** 9, 8)
+    assert (linear_cuda.Q8_B1_TALL_ROWS, linear_cuda.Q8_B1_LONG_ROW_ROWS) == before
 
 
 @pytest.mark.parametrize("spec, match", [("nonamehere", "NAME=ASSIGNMENTS"), ("x=Q8_B1_TALL_ROWS=3", "module.CONSTANT"),

@@ -6,8 +6,6 @@
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
     still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 2-64 on int8 tensor cores
     (kquant_mma_cuda.py);
-  - fp16 / bf16 weights at N 9-64 with POCKETCUPY_DENSE_GEMM_MMA=1: gemm_dense_mma.cu on tensor
-    cores (sm_80+; not yet run on a GPU, see DENSE_GEMM_MMA);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
     quantized weights dequantized to fp16 in row tiles first (dequant.cu).
 `get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
@@ -15,7 +13,6 @@ CuPy is imported lazily: importing this module needs only NumPy."""
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,10 +26,6 @@ from .weight_cuda import DENSE_QTYPES, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, 
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
 DENSE_MMA_MIN_BATCH = 1         # fp16 / bf16 weights from this batch on take the tensor-core GEMV
-DENSE_GEMM_MMA_MAX_BATCH = 64   # fp16 / bf16 past the GEMV up to this batch: gemm_dense_mma.cu, else cuBLAS
-# gemm_dense_mma.cu is not yet run on a GPU: linear() takes it only with POCKETCUPY_DENSE_GEMM_MMA=1 until
-# its kernel-table rows pass and it beats cuBLAS on the H200 (bench_kernels.py --only dense_batch)
-DENSE_GEMM_MMA = os.environ.get("POCKETCUPY_DENSE_GEMM_MMA", "0") == "1"
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")       # gemv_kquant.cu (the DP4A K-quant GEMV)
@@ -482,48 +475,6 @@ def _gemm_f32out(a16, w16, rows: int, dtype: int, out, col0: int = 0) -> None:
             out.data.ptr + col0 * 4, _F32, out.shape[1], _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
-@dataclass(frozen=True)
-class DenseMmaShape:
-    """A launch of gemm_dense_mma: NT tiles of 8 batch columns, RW x KW warps a block (RW 16-row
-    groups, the 64-wide chunks of K strided over KW warps)."""
-    nt: int
-    rw: int
-    kw: int
-
-    def expr(self, wt: int) -> str:
-        return f"gemm_dense_mma<{wt}, {self.nt}, {self.rw}, {self.kw}>"
-
-
-def dense_gemm_shape(rows: int, nb: int) -> DenseMmaShape:
-    """gemm_dense_mma's launch for a batch of nb over `rows` rows: the fewest 8-column tiles, and
-    blocks of 8 warps, 4 row groups of 2 warps on tall matrices (28672 rows: 448 blocks), 2 of 4
-    on the others (4096 rows: 128 blocks, each reading all of x)."""
-    return DenseMmaShape(-(-nb // 8), *((4, 2) if rows >= 16384 else (2, 4)))
-
-
-def dense_gemm_takes(w: CudaWeight, x16) -> bool:
-    """Whether gemm_dense_mma runs x16 [N, K] @ w.T: with DENSE_GEMM_MMA on, at batches past
-    GEMV_MAX_BATCH up to DENSE_GEMM_MMA_MAX_BATCH on tensor cores (sm_80+), K a multiple of 64, x16's
-    rows contiguous and 16-byte aligned."""
-    n, k = x16.shape
-    return (DENSE_GEMM_MMA and GEMV_MAX_BATCH < n <= DENSE_GEMM_MMA_MAX_BATCH and k % 64 == 0 and has_tensor_cores()
-            and x16.strides[1] == 2 and x16.strides[0] % 16 == 0 and _aligned16(x16))
-
-
-def gemm_dense_mma(x16, w: CudaWeight, bias, out, shape: DenseMmaShape | None = None) -> None:
-    """out [n, rows] = x16 [n, K] @ w.T (+ bias) on tensor cores, x16 rounded to w's type."""
-    n, k = x16.shape
-    shape = shape or dense_gemm_shape(w.rows, n)
-    if n > 8 * shape.nt or k % 64:
-        raise ValueError(f"gemm_dense_mma: batch {n} and K {k} need {shape.nt} tiles of 8 columns or more "
-                         "and a multiple of 64")
-    expr = shape.expr(DENSE_QTYPES[w.qtype])
-    kernel("gemm_dense_mma.cu", expr, name_expressions=(expr,))(
-        (-(-w.rows // (16 * shape.rw)),), (32 * shape.rw * shape.kw,),
-        (w.data, np.int32(w.rows), np.int32(k), x16, np.int64(x16.strides[0] // 2), np.int32(n),
-         null_arg() if bias is None else bias, out))
-
-
 def _gemm_dense(x16, w: CudaWeight, out) -> None:
     """out = x16 @ w.T for fp16 / bf16 weights, x16 already rounded to the weight's type (cuBLAS)."""
     _gemm_f32out(x16, w.data, w.rows, _F16 if w.qtype == "F16" else _BF16, out)
@@ -553,9 +504,6 @@ def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
     n, k = x.shape
     if w.is_dense:
         x16 = _cast(x, w.qtype) if x16 is None else x16
-        if dense_gemm_takes(w, x16):
-            gemm_dense_mma(x16, w, bias, out)
-            return
         _gemm_dense(x16, w, out)
     else:
         if x16 is None:
