@@ -141,7 +141,9 @@ for qtype, shape in [("BF16", (40, 4096)), ("F16", (33, 1024)), ("BF16", (9, 819
                           cuda=cuda, tol=1e-4))
 
 # --- SiLU * up, add ---------------------------------------------------------------------------
-for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
+# 4 columns a thread (silu_mul4_*) where cols and the strides allow, 1030 rows past its grid's 1024;
+# else (350 columns) the scalar kernel
+for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False), (1030, 36, True), (5, 350, True)]:
     def make(rng, rows_=rows_, cols=cols):
         return {"gu": _randn(rng, rows_, 2 * cols, scale=3.0)}
 
@@ -155,7 +157,8 @@ for rows_, cols, fused in [(6, 1536, False), (3, 352, True), (1, 14336, False)]:
     ROWS.append(KernelRow("silu_mul", f"{rows_}x{cols}" + ("-views" if fused else ""), make,
                           ref=lambda i, cols=cols: REF.silu_mul(i["gu"][:, :cols], i["gu"][:, cols:]), cuda=cuda))
 
-for qtype, rows_, cols, fused in [("BF16", 40, 1536, True), ("F16", 9, 352, False)]:
+for qtype, rows_, cols, fused in [("BF16", 40, 1536, True), ("F16", 9, 352, False), ("BF16", 1030, 20, False),
+                                  ("F16", 3, 350, True)]:
     def make(rng, rows_=rows_, cols=cols):
         return {"gu": _randn(rng, rows_, 2 * cols, scale=3.0)}
 
