@@ -40,3 +40,19 @@ def test_small_levels_pool_their_repeats(smollm2_gguf, capsys):
     assert res["probe"]["others"] == 1
     with pytest.raises(SystemExit):
         bench.main([smollm2_gguf, "--device", "cpu", "--repeats", "0"])
+
+
+def test_prefix_ttft_is_a_median_of_fresh_prefixes(smollm2_gguf, capsys):
+    """--prefix-tokens: PREFIX_ROUNDS fresh prefixes after a warm-up one, each timed cold and then with
+    the prefix cached; the figures are medians and the cached samples are reported."""
+    import json
+
+    bench = load_script("bench_throughput")
+    bench.main([smollm2_gguf, "--device", "cpu", "--concurrency", "1", "--prompt", "8", "--output", "2",
+                "--prefix-tokens", "96", "--repeats", "1"])
+    res = json.loads(capsys.readouterr().out)
+    pre = res["prefix"]
+    assert pre["tokens"] == 96 and pre["rounds"] == bench.PREFIX_ROUNDS == len(pre["ttft_cached_samples_ms"])
+    assert sorted(pre["ttft_cached_samples_ms"])[bench.PREFIX_ROUNDS // 2] == pre["ttft_cached_ms"]
+    assert pre["ttft_cached_ms"] < pre["ttft_cold_ms"]                 # 32 new tokens against 128
+    assert res["stats"]["prefix_cache_hits"] >= 6 * 96 // 16           # every round's cached request hit its prefix
