@@ -217,7 +217,8 @@ def _silu_mul_launch(kernel_name: str, gate, up, out_dtype, out=None):
     n = rows * cols
     if n == 0:
         return out
-    if SILU_MUL4 and cols % 4 == 0 and gs % 4 == 0 and us % 4 == 0 and all(a.data.ptr % 16 == 0 for a in (gate2, up2, out)):
+    if SILU_MUL4 and cols % 4 == 0 and gs % 4 == 0 and us % 4 == 0 \
+            and all(a.data.ptr % 16 == 0 for a in (gate2, up2, out)):
         _k("act.cu", kernel_name.replace("silu_mul_", "silu_mul4_"))(
             ((cols // 4 + 255) // 256, min(rows, SILU_MUL4_GRID_ROWS)), (256,),
             (gate2, up2, out, _I32(rows), _I32(cols // 4), _I64(gs // 4), _I64(us // 4)))
