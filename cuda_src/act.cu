@@ -29,7 +29,7 @@ SILU_MUL(silu_mul_bf16out, u16, pq::f2bf)
 // The same values, 4 columns a thread with 16-byte loads, when cols and both row strides are
 // multiples of 4 and gate, up are 16-byte aligned (the scalar kernels' 64-bit index division per
 // value held them to ~1.5 TB/s on a prefill's [8192, 14336]). grid (ceil(cols / 4 / 256),
-// min(rows, R)), block 256; row r and every gridDim.y-th after it.
+// min(rows, SILU_MUL4_GRID_ROWS of the launcher)), block 256; row r and every gridDim.y-th after it.
 __device__ __forceinline__ void store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 template <u16 (*ROUND)(float)>

@@ -6,7 +6,7 @@ quantizer where it has one, else random bytes with small fp16 scales). Reference
 dequantized by the gguf package, float64 NumPy, with the activations rounded to int8 blocks
 (act_q8.q8_roundtrip) where the weight takes int8 activations ("auto": rows longer than 2048).
 Tolerances: the GEMV's integer dot products are exact (~1e-6); the GEMM path and the tensor-core
-GEMV / GEMM (dense, batch 1-64, rows of whole 64-weight chunks) cast the activations to fp16 (~3e-4) or bf16
+GEMV (dense, batch 1-8, rows of whole 64-weight chunks) cast the activations to fp16 (~3e-4) or bf16
 (~1e-3); the plain dense GEMV (other rows) keeps them fp32."""
 from __future__ import annotations
 

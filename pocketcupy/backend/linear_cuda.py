@@ -503,8 +503,7 @@ def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
 
     n, k = x.shape
     if w.is_dense:
-        x16 = _cast(x, w.qtype) if x16 is None else x16
-        _gemm_dense(x16, w, out)
+        _gemm_dense(_cast(x, w.qtype) if x16 is None else x16, w, out)
     else:
         if x16 is None:
             x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
