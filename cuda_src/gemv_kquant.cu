@@ -203,25 +203,25 @@ PQ_DEV int kq_rows(const u8* __restrict__ W, long long bpr, int rows, int blk, c
     return row0;
 }
 
-// y[n, row] (+ bias) of the warp's rows against NB activation rows.
+// Groups t0, t0 + S, ... (S = stride: 32 a warp, or a block's threads; t0 % 4 is the lane's group
+// in each super-block) of rows wr[0..R) against NB activation rows, U groups in flight, into acc.
 template <int QT, int NB, int R, int U>
-PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, const i8* __restrict__ xq,
-                        const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+PQ_DEV void kq_accum(const u8* const (&wr)[R], int K, int t0, int stride, const i8* __restrict__ xq,
+                     const float4* __restrict__ xds, float (&acc)[R][NB]) {
     constexpr int TS = QTraits<QT>::TS;
-    const int lane = threadIdx.x & 31, j = lane & 3;
-    float acc[R][NB] = {};
+    const int j = t0 & 3;
     const int ngroups = K / 64;
-    for (int tb = lane; tb < ngroups; tb += 32 * U) {
+    for (int tb = t0; tb < ngroups; tb += stride * U) {
         KqGroup<QT> g[U][R];
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-            const int b = min(tb + 32 * i, ngroups - 1) >> 2;   // past the end: a valid group, unused
+            const int b = min(tb + stride * i, ngroups - 1) >> 2;   // past the end: a valid group, unused
 #pragma unroll
             for (int r = 0; r < R; ++r) kq_load<QT>(wr[r] + (long long)b * TS, j, g[i][r]);
         }
 #pragma unroll
         for (int i = 0; i < U; ++i) {
-            const int t = tb + 32 * i;
+            const int t = tb + stride * i;
             if (U > 1 && t >= ngroups) break;
             if constexpr (IS_Q6K<QT>)
                 kq_q6k_step<QT, NB, R>(g[i], t, j, K, xq, xds, acc);
@@ -229,6 +229,14 @@ PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, con
                 kq_q45k_step<QT, NB, R>(g[i], t, j, K, xq, xds, acc);
         }
     }
+}
+
+// y[n, row] (+ bias) of the warp's rows against NB activation rows.
+template <int QT, int NB, int R, int U>
+PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, const i8* __restrict__ xq,
+                        const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    float acc[R][NB] = {};
+    kq_accum<QT, NB, R, U>(wr, K, threadIdx.x & 31, 32, xq, xds, acc);
     gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y);
 }
 
@@ -240,6 +248,23 @@ gemv_kquant(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* 
     const int row0 = kq_rows<R>(W, bpr, rows, blockIdx.x, wr);
     pdl_wait();
     kq_rows_dot<QT, NB, R, U>(wr, row0, rows, K, xq, xds, bias, y);
+}
+
+// Long rows: a block's GEMV_THREADS threads stride over the groups of its R rows (row0 = blockIdx.x * R)
+// and sum through shared memory, so a row's groups are spread over four warps' loads instead of one.
+// Grid: ceil(rows / R).
+template <int QT, int NB, int R, int U>
+__global__ void __launch_bounds__(GEMV_THREADS)
+gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
+                  const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+    const int row0 = blockIdx.x * R;
+    const u8* wr[R];
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
+    pdl_wait();
+    float acc[R][NB] = {};
+    kq_accum<QT, NB, R, U>(wr, K, threadIdx.x, blockDim.x, xq, xds, acc);
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
 }
 
 // Two or three weights of one input in one launch (q, k, v projections of mixed types, as Q4_K_M
@@ -273,6 +298,8 @@ gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, i
                                                       const float4*, const float*, float*);
 PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KP, 1, 2, 1)
 #undef PQ_INST
+template __global__ void gemv_kquant_split<Q6_KP, 1, 2, 1>(const u8*, long long, int, int, const i8*, const float4*,
+                                                          const float*, float*);
 template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
                                                              long long, int, const float*, float*, const u8*,
                                                              long long, int, const float*, float*, const u8*,

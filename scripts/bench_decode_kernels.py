@@ -9,8 +9,9 @@ linear_cuda.F32Gemv); q8[:R[:T]] (llama.cpp's scheme, int8 activations and DP4A,
 T threads; plain q8: linear()'s launch), q8mma[:TG:W[:U[:B[:RW[:ACC[:MT]]]]]] (int8 tensor cores with activations
 per 256, batch 2-64; the launch shape, see kquant_mma_cuda.kquant_mma_shape), q8tile:MT:RG:KW:ST (the
 shared-memory tile kernel gemm_kquant_tile.cu, batches up to 64), gemm (dequantization + cuBLAS)
-and kq:R:U (Q4_K /
-Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane), the
+kq:R:U (Q4_K /
+Q5_K / Q6_K over 64-value groups, gemv_kquant.cu: R rows per warp, U groups in flight per lane) and kqs:R:U
+(the same, R rows per block whose threads split the rows' groups), the
 activations quantized beforehand as the fused norm does. "*" marks linear()'s
 default launch of each kind; weights cycled over copies larger than twice the L2 so they stream from
 HBM as in a decode step of a model bigger than the L2; frac_copy_bw: their GB/s (weight bytes) over
@@ -50,6 +51,8 @@ def parse_config(s: str):
         return lc.Q8Gemv("block", *(int(v) for v in nums)) if nums else "q8"
     if kind == "kq":          # kq:R:U: the K-quant kernel, R rows per warp, U 64-value groups in flight per lane
         return lc.Q8Gemv("kquant", int(nums[0]), unroll=int(nums[1]))
+    if kind == "kqs":         # kqs:R:U: the K-quant kernel, R rows per block whose threads split the groups
+        return lc.Q8Gemv("kqsplit", int(nums[0]), unroll=int(nums[1]))
     if kind == "lanes":
         return lc.F32Gemv(kind, int(nums[1]), int(nums[0]))
     return lc.F32Gemv(kind, int(nums[0]))
@@ -88,7 +91,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
-                if isinstance(cfg, lc.Q8Gemv) and cfg.kind == "kquant" and qtype not in lc.KQUANT_QTYPES or \
+                if isinstance(cfg, lc.Q8Gemv) and cfg.kind != "block" and qtype not in lc.KQUANT_QTYPES or \
                         str(cfg).startswith("q8mma") and not kq.gguf_mma_tiles(copies[0], nb) or \
                         str(cfg).startswith("q8tile") and (copies[0].kernel_qtype not in kt.TILE_KERNEL_QTYPES or nb > 64):
                     continue

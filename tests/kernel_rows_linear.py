@@ -272,10 +272,11 @@ def _linear_rows():
                               f"{'-up' if up else ''}-{ROWS_OUT}x{_cols(qtype)}",
                               make_t, _ref_kquant_mma, _cuda_gemm_kquant_tile(shape), 2e-5))
     # the K-quant kernel over 64-value groups: R rows per warp, U groups in flight per lane (rows of 80
-    # groups end inside a lane's last U-group step)
+    # groups end inside a lane's last U-group step); kqsplit: R rows per block, 128 threads over the groups
     for qtype in KQUANT_QTYPES:
-        for r, u, n in ((1, 4, 1), (2, 2, 1), (1, 2, 2), (1, 1, 1), (1, 1, 5), (2, 1, 8)):
-            cfg = Q8Gemv("kquant", r, unroll=u)
+        for kind, r, u, n in (("kquant", 1, 4, 1), ("kquant", 2, 2, 1), ("kquant", 1, 2, 2), ("kquant", 1, 1, 1),
+                              ("kquant", 1, 1, 5), ("kquant", 2, 1, 8), ("kqsplit", 2, 1, 1), ("kqsplit", 4, 2, 2)):
+            cfg = Q8Gemv(kind, r, unroll=u)
             rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8{cfg.name()}_bs{n}-{ROWS_OUT}x{_cols(qtype)}",
                                   _make_linear(qtype, n, _cols(qtype), r == 2), _ref_linear_per32, _cuda_gemv_q8(cfg), 2e-5))
     # the 8-rows-a-block launch of tall Q8_0 matrices at batch 1 (q8_gemv_launch: Q8_B1_TALL_ROWS), 67 rows
@@ -299,6 +300,10 @@ def _linear_rows():
                            ("Q4_K", 4096, 1), ("Q4_K", 256, 1), ("Q5_K", 1280, 1), ("Q6_K", 1792, 1), ("Q2_K", 512, 1)):
         rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8act_bs{n}-{ROWS_OUT}x{cols}",
                               _make_linear(qtype, n, cols, n == 3, "q8"), _ref_linear, _cuda_linear(), 2e-5))
+    # linear()'s batch-1 launch of long Q4_K / Q5_K rows on more than KQUANT_SMALL_ROWS rows: gemv_kquant_split
+    for qtype, cols in (("Q4_K", 4096), ("Q5_K", 8192)):
+        rows.append(KernelRow("linear", f"gemv_{qtype.lower()}_q8act_bs1-2118x{cols}",
+                              _make_linear(qtype, 1, cols, True, "q8", rows=2118), _ref_linear, _cuda_linear(), 2e-5))
     rows.append(KernelRow("linear", f"gemm_q4_1_q8act_n40-{ROWS_OUT}x576", _make_linear("Q4_1", 40, 576, True, "q8"),
                           _ref_linear, _cuda_linear(), 3e-3))
     # fp32 activations, every launch shape: lanes kernel (rows of <= 32 / <= 64 units: L = 16 / 32),

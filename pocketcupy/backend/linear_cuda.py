@@ -30,6 +30,10 @@ GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
 KQUANT_QTYPES = ("Q4_K", "Q5_K", "Q6_K")       # gemv_kquant.cu (the DP4A K-quant GEMV)
 KQUANT_SMALL_ROWS = 2048    # at most this many rows: one row per warp (more warps for short matrices)
+# batch 1, more than KQUANT_SMALL_ROWS rows of at least this many values: gemv_kquant_split,
+# KQUANT_SPLIT_ROWS rows a block (q8_gemv_launch says what it measured); Q6_K stays on gemv_kquant
+KQUANT_SPLIT_MIN_COLS = {"Q4_K": 4096, "Q5_K": 8192}
+KQUANT_SPLIT_ROWS = 4
 # batch-1 int8 GEMV (gemv_gguf.cu) of these types on rows of more than Q8_B1_LONG_ROW_UNITS units:
 # Q8_B1_LONG_ROW_ROWS rows a block (q8_gemv_launch)
 Q8_B1_LONG_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
@@ -90,32 +94,34 @@ def _dense_gemv(qtype: str, nb: int):
 class Q8Gemv:
     """A launch of the int8-activation GEMV. kind "block" (gemv_gguf.cu): R rows per block of
     `threads` threads striding over the rows' 32-value units; "kquant" (gemv_kquant.cu, Q4_K / Q5_K /
-    Q6_K): R rows per warp, 4 warps a block, each lane `unroll` 64-value groups in flight at once."""
+    Q6_K): R rows per warp, 4 warps a block, each lane `unroll` 64-value groups in flight at once;
+    "kqsplit" (gemv_kquant_split): R rows per block, its threads striding over their groups."""
     kind: str
     rows: int
     threads: int = GEMV_THREADS
     unroll: int = 1
 
     def expr(self, tid: int, nb: int) -> str:
-        if self.kind == "kquant":
-            return f"gemv_kquant<{tid}, {nb}, {self.rows}, {self.unroll}>"
+        if self.kind in ("kquant", "kqsplit"):
+            fn = "gemv_kquant" if self.kind == "kquant" else "gemv_kquant_split"
+            return f"{fn}<{tid}, {nb}, {self.rows}, {self.unroll}>"
         return f"gemv_gguf<{tid}, {nb}, {self.rows}>"
 
     @property
     def source(self) -> str:
-        return "gemv_kquant.cu" if self.kind == "kquant" else "gemv_gguf.cu"
+        return "gemv_gguf.cu" if self.kind == "block" else "gemv_kquant.cu"
 
     @property
     def block_threads(self) -> int:
         return self.threads if self.kind == "block" else GEMV_THREADS
 
     def rows_per_block(self) -> int:
-        return self.rows * (1 if self.kind == "block" else GEMV_THREADS // 32)
+        return self.rows * (GEMV_THREADS // 32 if self.kind == "kquant" else 1)
 
     def name(self) -> str:
         if self.kind == "block":
             return f"r{self.rows}_t{self.threads}"
-        return f"kq{self.rows}u{self.unroll}"
+        return f"{'kq' if self.kind == 'kquant' else 'kqs'}{self.rows}u{self.unroll}"
 
 
 def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
@@ -123,7 +129,13 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     bench_decode_kernels.py). K-quants of whole super-blocks at batches 1-2 (KQUANT_MAX_BATCH): the
     64-value-group kernel with 2 rows per warp (Q4_K 28672x4096 at batch 1: 3.05 TB/s against 2.32
     for 2 rows per 128-thread block; padded Q6_K 4096x14336 2.69, raw 2.11 against 1.91; file bytes
-    per second); on short matrices at batch 1
+    per second). At batch 1, Q4_K from 4096 values a row and Q5_K from 8192 take 4 rows a block
+    instead, its 128 threads over their groups (gemv_kquant_split; H200 2026-12-03: Q4_K 4096x14336
+    12.0 against 13.8 us, Q5_K 14.5 against 16.6, Q4_K 28672x4096 21.3 against 21.9; decode graphs
+    alternated in one process: llama.cpp's Q4_K_M mix, whose down projection is Q4_K in 16 layers,
+    2,055 against 2,078 us, ours, with the Q4_K gate / up and o, 2,161 against 2,173; padded Q6_K
+    4096x14336 lost with 2 / 4 rows, 19.2 / 19.3 against 18.0, and tied with 4 rows 2 groups in flight,
+    17.8); on short matrices at batch 1
     Q4_K / Q5_K a row per warp and Q6_K the block kernel (1024x4096: 0.76 / 0.90 TB/s,
     latency-bound). Other batch-1 types: 2 rows on up to 128 threads, 4 for the 32-value-block types'
     rows of more than 128 units (H200, Q8_0 4096x14336 19.8 us against 22.1, Q4_0 14.1 against 14.9,
@@ -136,6 +148,8 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128 threads at batch 4)."""
     units = cols // 32
     if qtype in KQUANT_QTYPES and cols % 256 == 0 and nb <= KQUANT_MAX_BATCH[qtype]:
+        if nb == 1 and rows > KQUANT_SMALL_ROWS and cols >= KQUANT_SPLIT_MIN_COLS.get(qtype, 1 << 62):
+            return Q8Gemv("kqsplit", KQUANT_SPLIT_ROWS)
         if rows > KQUANT_SMALL_ROWS or nb > 1:
             return Q8Gemv("kquant", 2, unroll=1)
         if qtype != "Q6_K":
@@ -401,7 +415,7 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | N
     k = w.cols
     cfg = cfg or q8_gemv_launch(w.qtype, w.rows, k, nb)
     rpb = cfg.rows_per_block()
-    if cfg.kind == "kquant" and (w.qtype not in KQUANT_QTYPES or k % 256):
+    if cfg.kind != "block" and (w.qtype not in KQUANT_QTYPES or k % 256):
         raise ValueError(f"gemv_kquant: no kernel for {w.qtype} rows of {k} (Q4_K / Q5_K / Q6_K, whole super-blocks)")
     _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb)(
         ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
