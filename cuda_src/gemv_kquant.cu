@@ -298,8 +298,8 @@ gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, i
                                                       const float4*, const float*, float*);
 PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KP, 1, 2, 1)
 #undef PQ_INST
-template __global__ void gemv_kquant_split<Q6_KP, 1, 2, 1>(const u8*, long long, int, int, const i8*, const float4*,
-                                                          const float*, float*);
+template __global__ void gemv_kquant_split<Q4_K, 1, 4, 1>(const u8*, long long, int, int, const i8*, const float4*,
+                                                         const float*, float*);
 template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
                                                              long long, int, const float*, float*, const u8*,
                                                              long long, int, const float*, float*, const u8*,

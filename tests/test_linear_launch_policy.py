@@ -15,7 +15,6 @@ def test_batch1_rows_a_block():
     assert q8_gemv_launch("Q8_0", 28672, 4096, 2) == Q8Gemv("block", 2, 32)           # batch 2 unchanged
 
 
-
 def test_kquant_split_rows():
     assert q8_gemv_launch("Q4_K", 28672, 4096, 1) == Q8Gemv("kqsplit", 4)             # gate / up
     assert q8_gemv_launch("Q4_K", 4096, 14336, 1) == Q8Gemv("kqsplit", 4)             # llama.cpp mix's down
