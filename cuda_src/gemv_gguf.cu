@@ -85,8 +85,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
-    row_ptrs<R>(W, bpr, row0, rows, wr);
-    prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
+    block_row_ptrs<R>(W, bpr, row0, rows, wr);
     pdl_wait();
 
     float acc[R][NB] = {};

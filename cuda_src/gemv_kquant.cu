@@ -259,8 +259,7 @@ gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, cons
                   const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
-    row_ptrs<R>(W, bpr, row0, rows, wr);
-    prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
+    block_row_ptrs<R>(W, bpr, row0, rows, wr);
     pdl_wait();
     float acc[R][NB] = {};
     kq_accum<QT, NB, R, U>(wr, K, threadIdx.x, blockDim.x, xq, xds, acc);

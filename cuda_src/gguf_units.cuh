@@ -10,6 +10,9 @@
 
 #include "gguf_prims.cuh"
 #include "gguf_tables.cuh"
+#ifndef PQ_HOST_SHIM
+#include "pdl.cuh"
+#endif
 
 namespace pq {
 
@@ -80,6 +83,14 @@ template <int R>
 PQ_DEV void row_ptrs(const u8* W, long long bpr, int row0, int rows, const u8* (&wr)[R]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) wr[r] = W + (long long)min(row0 + r, rows - 1) * bpr;
+}
+
+// row_ptrs for a GEMV block's R consecutive rows from row0 (< rows), their first bytes prefetched into
+// L2 before the block's pdl_wait (prefetch_l2: weights need no wait)
+template <int R>
+PQ_DEV void block_row_ptrs(const u8* W, long long bpr, int row0, int rows, const u8* (&wr)[R]) {
+    row_ptrs<R>(W, bpr, row0, rows, wr);
+    prefetch_l2(W + (long long)row0 * bpr, bpr * (min(rows, row0 + R) - row0));
 }
 #endif
 
