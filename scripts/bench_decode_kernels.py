@@ -91,7 +91,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
             for cfg in [default] + [parse_config(c) for c in args.configs.split(",")]:
                 if cfg == "q8":
                     cfg = lc.q8_gemv_launch(qtype, rows, cols, nb)
-                if isinstance(cfg, lc.Q8Gemv) and cfg.kind != "block" and qtype not in lc.KQUANT_QTYPES or \
+                if isinstance(cfg, lc.Q8Gemv) and cfg.kquant and qtype not in lc.KQUANT_QTYPES or \
                         str(cfg).startswith("q8mma") and not kq.gguf_mma_tiles(copies[0], nb) or \
                         str(cfg).startswith("q8tile") and (copies[0].kernel_qtype not in kt.TILE_KERNEL_QTYPES or nb > 64):
                     continue

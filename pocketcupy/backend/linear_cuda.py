@@ -101,15 +101,20 @@ class Q8Gemv:
     threads: int = GEMV_THREADS
     unroll: int = 1
 
+    @property
+    def kquant(self) -> bool:
+        """A gemv_kquant.cu launch (Q4_K / Q5_K / Q6_K rows of whole super-blocks only)."""
+        return self.kind in ("kquant", "kqsplit")
+
     def expr(self, tid: int, nb: int) -> str:
-        if self.kind in ("kquant", "kqsplit"):
+        if self.kquant:
             fn = "gemv_kquant" if self.kind == "kquant" else "gemv_kquant_split"
             return f"{fn}<{tid}, {nb}, {self.rows}, {self.unroll}>"
         return f"gemv_gguf<{tid}, {nb}, {self.rows}>"
 
     @property
     def source(self) -> str:
-        return "gemv_gguf.cu" if self.kind == "block" else "gemv_kquant.cu"
+        return "gemv_kquant.cu" if self.kquant else "gemv_gguf.cu"
 
     @property
     def block_threads(self) -> int:
@@ -415,7 +420,7 @@ def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | N
     k = w.cols
     cfg = cfg or q8_gemv_launch(w.qtype, w.rows, k, nb)
     rpb = cfg.rows_per_block()
-    if cfg.kind != "block" and (w.qtype not in KQUANT_QTYPES or k % 256):
+    if cfg.kquant and (w.qtype not in KQUANT_QTYPES or k % 256):
         raise ValueError(f"gemv_kquant: no kernel for {w.qtype} rows of {k} (Q4_K / Q5_K / Q6_K, whole super-blocks)")
     _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb)(
         ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
