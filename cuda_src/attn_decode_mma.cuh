@@ -216,7 +216,14 @@ __device__ __forceinline__ float4 rope_q4(float4 x, const float* row, int c, con
     return make_float4(v[0], v[1], v[2], v[3]);
 }
 
-template <typename C, typename CV, int D, bool ROPE>
+// c += a * b over all 16 rows, or (G8: a group of at most 8 query heads) over rows g only
+template <bool G8>
+__device__ __forceinline__ void mma_rows(float* c, const u32* a, u32 b0, u32 b1) {
+    if constexpr (G8) mma_16816_top(c, a, b0, b1);
+    else mma_16816(c, a, b0, b1);
+}
+
+template <typename C, typename CV, int D, bool ROPE, bool G8>
 __device__ __forceinline__ void decode_mma_body(
     const float* __restrict__ q, i64 q_stride, const C* k_cache, const CV* v_cache, const float* k_scales,
     const float* v_scales, const int* __restrict__ block_tables, int bt_stride,
@@ -347,7 +354,7 @@ __device__ __forceinline__ void decode_mma_body(
         {
             const float* qa = q + (i64)b * q_stride + (i64)(h0 + g) * D;
             const float* qb = qa + 8 * D;
-            const bool va = g < group, vb = g + 8 < group;
+            const bool va = g < group, vb = !G8 && g + 8 < group;
 #pragma unroll
             for (int ks = 0; ks < KS; ++ks) {
                 const int c = 32 * (ks >> 1) + 8 * t + 4 * (ks & 1);
@@ -382,8 +389,8 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
                     for (int j = 0; j < KJ; ++j) {
                         const uint4 kh8 = kv_half8<C>(kr[u][nt][j]);
-                        mma_16816(sn, qf[2 * j], kh8.x, kh8.y);
-                        mma_16816(sn, qf[2 * j + 1], kh8.z, kh8.w);
+                        mma_rows<G8>(sn, qf[2 * j], kh8.x, kh8.y);
+                        mma_rows<G8>(sn, qf[2 * j + 1], kh8.z, kh8.w);
                     }
                 }
             // score (., 8n + 2t + e) times its key's scale: lane 4 (2t + e) loaded that key's row
@@ -403,20 +410,24 @@ __device__ __forceinline__ void decode_mma_body(
                 for (int e = 0; e < 2; ++e) {
                     const bool ok = k0 + 8 * n + 2 * t + e < k_end;
                     s[n][e] = ok ? s[n][e] * sc[n][e] : pc_neg_inf();
-                    s[n][2 + e] = ok ? s[n][2 + e] * sc[n][e] : pc_neg_inf();
                     mx_a = fmaxf(mx_a, s[n][e]);
-                    mx_b = fmaxf(mx_b, s[n][2 + e]);
+                    if constexpr (!G8) {
+                        s[n][2 + e] = ok ? s[n][2 + e] * sc[n][e] : pc_neg_inf();
+                        mx_b = fmaxf(mx_b, s[n][2 + e]);
+                    }
                 }
             float al_a, al_b;
-            softmax_step<2 * NS>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
+            softmax_step<2 * NS, !G8>(s, mx_a, mx_b, m_a, m_b, l_a, l_b, al_a, al_b);
 #pragma unroll
             for (int h = 0; h < VH; ++h)
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                     o[h][e][0] *= al_a;
                     o[h][e][1] *= al_a;
-                    o[h][e][2] *= al_b;
-                    o[h][e][3] *= al_b;
+                    if constexpr (!G8) {
+                        o[h][e][2] *= al_b;
+                        o[h][e][3] *= al_b;
+                    }
                 }
 #pragma unroll
             for (int u = 0; u < NS; ++u) {
@@ -443,8 +454,8 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
                         for (int hi = 0; hi < 2; ++hi) {
                             const u32 sel = hi ? 0x7632u : 0x5410u;   // low or high halves of both keys
-                            mma_16816(o[h][2 * i + hi], pa, __byte_perm(w0[i], w1[i], sel),
-                                      __byte_perm(w2[i], w3[i], sel));
+                            mma_rows<G8>(o[h][2 * i + hi], pa, __byte_perm(w0[i], w1[i], sel),
+                                         __byte_perm(w2[i], w3[i], sel));
                         }
                 }
             }
@@ -452,10 +463,10 @@ __device__ __forceinline__ void decode_mma_body(
                 load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
         }
         l_a = quad_sum(l_a);
-        l_b = quad_sum(l_b);
+        if constexpr (!G8) l_b = quad_sum(l_b);
         // this warp's state to shared memory (a warp without keys has m = -inf, l = 0, o = 0)
 #pragma unroll
-        for (int rr = 0; rr < 2; ++rr) {
+        for (int rr = 0; rr < (G8 ? 1 : 2); ++rr) {
             const int row = g + 8 * rr;
             if (row < group) {
 #pragma unroll
@@ -563,15 +574,21 @@ __device__ __forceinline__ void decode_mma_body(
 
 // attn_decode_mma_<KV>_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_<KV>_hd<D>:
 // q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
-#define DECODE_MMA_KERNEL(KV, C, CV, D)                                                               \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D(            \
+// Names ending in _g8: for groups of at most 8 query heads (rows g + 8 of the tiles unused: fewer
+// registers and instructions).
+#define DECODE_MMA_KERNEL_G(KV, C, CV, D, SUFFIX, G8)                                                 \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D##SUFFIX(    \
         DECODE_MMA_PARAMS(C, CV, __restrict__)) {                                                     \
-        decode_mma_body<C, CV, D, false>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */        \
+        decode_mma_body<C, CV, D, false, G8>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */    \
     }                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_##KV##_hd##D(       \
+    extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_##KV##_hd##D##SUFFIX( \
         DECODE_MMA_PARAMS(C, CV, ), const float* __restrict__ k_new, i64 k_stride,                    \
         const float* __restrict__ v_new, i64 v_stride, const i64* __restrict__ positions,             \
         const i64* __restrict__ slots, const float* __restrict__ inv_freq, int rot_half, int interleaved) { \
-        decode_mma_body<C, CV, D, true>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, positions, \
-                                                                    slots, inv_freq, rot_half, interleaved != 0}); \
+        decode_mma_body<C, CV, D, true, G8>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, \
+                                                                        positions, slots, inv_freq, rot_half, \
+                                                                        interleaved != 0});             \
     }
+#define DECODE_MMA_KERNEL(KV, C, CV, D)                                                               \
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, , false)                                                        \
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, _g8, true)

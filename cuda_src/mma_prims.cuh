@@ -27,6 +27,20 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
 #endif
 }
 
+// mma_16816 for the rows g only (rows g + 8 of a are zero and their results dropped): c[0], c[1]
+// accumulate, c[2], c[3] are neither read nor written, so a caller's row-g+8 accumulators need no
+// registers.
+__device__ __forceinline__ void mma_16816_top(float* c, const u32* a, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    float d2, d3;
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%10,%10};\n"
+        : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+#endif
+}
+
 // The same with bf16 a and b.
 __device__ __forceinline__ void mma_16816_bf16(float* c, const u32* a, u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -110,14 +124,15 @@ __device__ __forceinline__ float quad_max(float v) {
 // lane's maxima of them; m_* / l_* the rows' running max and (lane-partial) sum. s becomes
 // exp2(s - max); al_* are the factors that rescale the rows' earlier output. A row with no key
 // yet keeps m = -inf and p = 0.
-template <int NT>
+// ROW_B false: row b is unused (mma_16816_top's callers); its state is left as it is and its p is 0.
+template <int NT, bool ROW_B = true>
 __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float mx_a, float mx_b, float& m_a, float& m_b,
                                              float& l_a, float& l_b, float& al_a, float& al_b) {
-    const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = fmaxf(m_b, quad_max(mx_b));
+    const float mn_a = fmaxf(m_a, quad_max(mx_a)), mn_b = ROW_B ? fmaxf(m_b, quad_max(mx_b)) : m_b;
     const float ms_a = mn_a == pc_neg_inf() ? 0.0f : mn_a;
     const float ms_b = mn_b == pc_neg_inf() ? 0.0f : mn_b;
     al_a = exp2f(m_a - ms_a);
-    al_b = exp2f(m_b - ms_b);
+    al_b = ROW_B ? exp2f(m_b - ms_b) : 0.0f;
     m_a = mn_a;
     m_b = mn_b;
     float sum_a = 0.0f, sum_b = 0.0f;
@@ -126,10 +141,10 @@ __device__ __forceinline__ void softmax_step(float (&s)[NT][4], float mx_a, floa
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             s[j][e] = exp2f(s[j][e] - ms_a);
-            s[j][2 + e] = exp2f(s[j][2 + e] - ms_b);
+            s[j][2 + e] = ROW_B ? exp2f(s[j][2 + e] - ms_b) : 0.0f;
             sum_a += s[j][e];
             sum_b += s[j][2 + e];
         }
     l_a = l_a * al_a + sum_a;
-    l_b = l_b * al_b + sum_b;
+    if (ROW_B) l_b = l_b * al_b + sum_b;
 }

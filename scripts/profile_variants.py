@@ -90,13 +90,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variant", action="append", required=True, help="NAME=module.CONSTANT=value[;...]")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="EngineArgs.kv_cache_dtype (auto, int8, fp8, k8v4)")
     a = ap.parse_args(argv)
     try:                                         # unknown modules / constants fail here, before the model loads
         variants = dict(parse_variant(v) for v in a.variant)
         settings = {name: Settings(sets) for name, sets in variants.items()}
     except (ValueError, ImportError) as e:
         ap.error(str(e))
-    eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1))
+    eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1), kv_cache_dtype=a.kv_cache_dtype)
     if eng.runner.graphs is None:
         raise SystemExit("profile_variants: the engine runs without CUDA graphs")
     start_decodes(eng, a.batch, a.context, 3)   # prefill, then decode steps on the graph

@@ -188,6 +188,7 @@ DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interlea
     ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1),
     ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None),
     ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5),
+    ("halves-b2-splits3-hkv1-g10-d128", [400, 90], 1, 10, 128, 64, False, 3),   # rows g + 8 of the mma tile
 ]
 for dtype in DTYPES:
     for name, ctxs, hkv, group, d, rot, interleaved, splits in DECODE_ROPE:

@@ -24,3 +24,30 @@ def test_compiles_for_all_archs(src, tmp_path):
            *gencode, "-o", str(tmp_path / "out.o"), src]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_headers_digest_follows_the_headers(tmp_path, monkeypatch):
+    """CuPy's disk cache keys a binary on the source text alone; module() appends headers_digest so
+    that an edited .cuh misses the cache. The digest changes with a header's text and with a new
+    header, and ignores other files."""
+    from pocketcupy.backend import kernels
+
+    def digest():
+        kernels.headers_digest.cache_clear()
+        return kernels.headers_digest()
+
+    (tmp_path / "a.cuh").write_text("#define A 1\n")
+    (tmp_path / "k.cu").write_text("__global__ void k() {}\n")
+    monkeypatch.setattr(kernels, "CUDA_SRC", str(tmp_path))
+    try:
+        first = digest()
+        (tmp_path / "k.cu").write_text("__global__ void k2() {}\n")
+        assert digest() == first
+        (tmp_path / "a.cuh").write_text("#define A 2\n")
+        second = digest()
+        assert second != first
+        (tmp_path / "b.cuh").write_text("\n")
+        assert digest() not in (first, second)
+    finally:
+        monkeypatch.undo()
+        kernels.headers_digest.cache_clear()

@@ -32,6 +32,7 @@ DECODE_MIN_CHUNK = {"plain": 32, "mma": 64}   # DEC_MIN_CHUNK / DM_MIN_CHUNK: fe
 # only add merge work
 DECODE_BLOCKS_PER_SM = {"plain": 4, "mma": 1}
 DECODE_MMA_HEAD_DIMS = (64, 128)
+DECODE_G8_GROUP = 8                 # groups of at most this many query heads take the _g8 mma kernels
 DECODE_COUNTERS = 1 << 16           # (sequence, KV head) pairs whose splits the mma kernel merges itself
 PREFILL_TILE = {"plain": 16, "mma": 64}
 PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
@@ -258,7 +259,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
                      cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
-        _k(kv.source("attn_decode_mma"), f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}")(
+        name = f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}{'_g8' if group <= DECODE_G8_GROUP else ''}"
+        _k(kv.source("attn_decode_mma"), name)(
             (num_splits, hkv, b), (128,), args)
         if q8:
             return out, blocks

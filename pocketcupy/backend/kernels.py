@@ -1,12 +1,14 @@
 """Loading our CUDA kernels: reads cuda_src/*.cu, prefixes a #line directive so compiler errors
 name the real file and line, compiles with NVRTC through cupy.RawModule for the current device's
-architecture, and caches the modules (CuPy also caches the binaries on disk).
+architecture, and caches the modules (CuPy also caches the binaries on disk, keyed on the source,
+which carries a hash of the headers).
 
 Launchers register the op names they implement with @cuda_op; the kernel test table fails for
 any registered op without a row."""
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 
 import numpy as np
@@ -56,13 +58,27 @@ def read_source(filename: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def headers_digest() -> str:
+    """A hash of every cuda_src/*.cuh: CuPy's disk cache keys a binary on the source it was given,
+    not on the headers that source includes, so the source carries this to miss the cache when a
+    header changes."""
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(CUDA_SRC)):
+        if name.endswith(".cuh"):
+            with open(os.path.join(CUDA_SRC, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
 def module(filename: str, name_expressions: tuple[str, ...] = (), defines: tuple[str, ...] = ()):
     """The compiled RawModule of cuda_src/<filename> (templates instantiated by name_expressions)."""
     import cupy
 
     options = ("-std=c++17", f"-I{CUDA_SRC}", f"--gpu-architecture={device_arch()}") + \
         tuple(f"-D{d}" for d in defines)
-    mod = cupy.RawModule(code=read_source(filename), options=options,
+    code = read_source(filename) + f"\n// cuda_src headers {headers_digest()}\n"
+    mod = cupy.RawModule(code=code, options=options,
                          name_expressions=list(name_expressions) or None)
     mod.compile()
     return mod
