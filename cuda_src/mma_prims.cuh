@@ -27,16 +27,15 @@ __device__ __forceinline__ void mma_16816(float* c, const u32* a, u32 b0, u32 b1
 #endif
 }
 
-// mma_16816 for the rows g only (rows g + 8 of a are zero and their results dropped): c[0], c[1]
-// accumulate, c[2], c[3] are neither read nor written, so a caller's row-g+8 accumulators need no
-// registers.
+// mma_16816 for the rows g only (the results of rows g + 8 are dropped, whatever a holds there):
+// c[0], c[1] accumulate, c[2], c[3] are neither read nor written, so a caller's row-g+8
+// accumulators need no registers.
 __device__ __forceinline__ void mma_16816_top(float* c, const u32* a, u32 b0, u32 b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    float d2, d3;
     asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%10,%10};\n"
-        : "+f"(c[0]), "+f"(c[1]), "=f"(d2), "=f"(d3)
+        "{\n.reg .f32 d2, d3;\n"
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,d2,d3}, {%2,%3,%4,%5}, {%6,%7}, {%0,%1,%8,%8};\n}\n"
+        : "+f"(c[0]), "+f"(c[1])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
 #endif
 }

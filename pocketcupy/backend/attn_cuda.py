@@ -259,8 +259,8 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
             args += (k, _I64(ks), v, _I64(vs), rope.positions, meta.slot_mapping,
                      cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
-        name = f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}{'_g8' if group <= DECODE_G8_GROUP else ''}"
-        _k(kv.source("attn_decode_mma"), name)(
+        name = f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}"
+        _k(kv.source("attn_decode_mma"), name + ("_g8" if group <= DECODE_G8_GROUP else ""))(
             (num_splits, hkv, b), (128,), args)
         if q8:
             return out, blocks
