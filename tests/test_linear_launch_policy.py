@@ -6,7 +6,8 @@ from pocketcupy.backend.linear_cuda import KQUANT_SMALL_ROWS, Q8_B1_TALL_ROWS, Q
 
 
 def test_batch1_rows_a_block():
-    assert q8_gemv_launch("Q8_0", 6144, 4096, 1) == Q8Gemv("block", 2, 128)           # q/k/v
+    assert q8_gemv_launch("Q8_0", 6144, 4096, 1) == Q8Gemv("block", 8, 128)           # q/k/v
+    assert q8_gemv_launch("Q8_0", 4096, 4096, 1) == Q8Gemv("block", 2, 128)           # o
     assert q8_gemv_launch("Q8_0", 4096, 14336, 1) == Q8Gemv("block", 4, 128)          # down: 448 units
     assert q8_gemv_launch("Q8_0", 28672, 4096, 1) == Q8Gemv("block", 8, 128)          # gate / up
     assert q8_gemv_launch("Q8_0", Q8_B1_TALL_ROWS - 1, 4096, 1) == Q8Gemv("block", 2, 128)

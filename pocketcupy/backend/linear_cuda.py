@@ -40,8 +40,8 @@ Q8_B1_LONG_ROW_QTYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 Q8_B1_LONG_ROW_UNITS = 128
 Q8_B1_LONG_ROW_ROWS = 4
 # batch-1 Q8_0 of Q8_B1_LONG_ROW_UNITS units a row (K = 4096, where it was measured) from this many rows
-# (an 8B model's joined gate / up, its LM head): 8 rows a block
-Q8_B1_TALL_ROWS = 16384
+# (an 8B model's joined q/k/v, gate / up, its LM head): 8 rows a block
+Q8_B1_TALL_ROWS = 6144
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
@@ -148,7 +148,8 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     IQ4_XS 20.3 against 20.1; one row a block on 4096x4096 / 6144x4096 won alone for Q8_0, 7.0 / 9.5
     against 8.0 / 10.6, but lost in the graph, 2,816, and alone for the others); Q8_0 rows of 128 units
     from Q8_B1_TALL_ROWS rows on take 8 rows a block (28672x4096 34.2 against 34.6 us, 49152x4096 54.6
-    against 56.5; decode graph 2,734 against 2,750 us, alternated in one process). Larger batches: fewer threads
+    against 56.5; decode graph 2,734 against 2,750 us, alternated in one process; from 6144 rows, the
+    joined q/k/v too, since 2026-12-03: 6144x4096 10.1 against 10.7 us, graph 2,656 against 2,705). Larger batches: fewer threads
     per row (the activations of nb columns are reused from registers), 2 rows per warp on rows of
     <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128 threads at batch 4)."""
     units = cols // 32
