@@ -149,9 +149,10 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
     against 8.0 / 10.6, but lost in the graph, 2,816, and alone for the others); Q8_0 rows of 128 units
     from Q8_B1_TALL_ROWS rows on take 8 rows a block (28672x4096 34.2 against 34.6 us, 49152x4096 54.6
     against 56.5; decode graph 2,734 against 2,750 us, alternated in one process; from 6144 rows, the
-    joined q/k/v too, since 2026-12-03: 6144x4096 10.1 against 10.7 us, graph 2,656 against 2,705). Larger batches: fewer threads
-    per row (the activations of nb columns are reused from registers), 2 rows per warp on rows of
-    <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128 threads at batch 4)."""
+    joined q/k/v too, since 2026-12-03: 6144x4096 10.1 against 10.7 us, graph 2,656 against 2,705).
+    Larger batches: fewer threads per row (the activations of nb columns are reused from registers),
+    2 rows per warp on rows of <= 128 units, 4 rows per 2 warps beyond (1.3-1.9x over 4 rows on 128
+    threads at batch 4)."""
     units = cols // 32
     if qtype in KQUANT_QTYPES and cols % 256 == 0 and nb <= KQUANT_MAX_BATCH[qtype]:
         if nb == 1 and rows > KQUANT_SMALL_ROWS and cols >= KQUANT_SPLIT_MIN_COLS.get(qtype, 1 << 62):
