@@ -1,4 +1,4 @@
-// Elementwise float32 ops: SiLU(gate) * up, and a + b.
+// Elementwise ops: SiLU(gate) * up (float32 or 16-bit inputs), and a + b.
 #include "common.cuh"
 #include "gguf_prims.cuh"
 
@@ -53,6 +53,35 @@ __device__ __forceinline__ void store4_16(u16* p, float4 v) {
 SILU_MUL4(silu_mul4_f32, float, store4)
 SILU_MUL4(silu_mul4_f16out, u16, store4_16<pq::f2h>)
 SILU_MUL4(silu_mul4_bf16out, u16, store4_16<pq::f2bf>)
+
+// SiLU(gate) * up over 16-bit inputs (a gate / up GEMM's fp16 or bf16 product), written in the same
+// type: 4 columns a thread, 8-byte loads; gate, up 8-byte aligned with row strides of a multiple of 4;
+// grid and rows as silu_mul4_*.
+template <float (*WIDEN)(u16), u16 (*ROUND)(float)>
+__device__ __forceinline__ void silu_mul4_h16(const uint2* __restrict__ gate, const uint2* __restrict__ up,
+                                              u16* __restrict__ out, int rows, int cols4, i64 gate_stride4,
+                                              i64 up_stride4) {
+    pdl_wait();
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols4) return;
+    for (int r = blockIdx.y; r < rows; r += gridDim.y) {
+        const uint2 g = gate[r * gate_stride4 + c], u = up[r * up_stride4 + c];
+        store4_16<ROUND>(out + ((i64)r * cols4 + c) * 4,
+                         make_float4(silu_times(WIDEN(g.x & 0xffff), WIDEN(u.x & 0xffff)),
+                                     silu_times(WIDEN(g.x >> 16), WIDEN(u.x >> 16)),
+                                     silu_times(WIDEN(g.y & 0xffff), WIDEN(u.y & 0xffff)),
+                                     silu_times(WIDEN(g.y >> 16), WIDEN(u.y >> 16))));
+    }
+}
+
+#define SILU_MUL4_H16(NAME, WIDEN, ROUND)                                                             \
+    extern "C" __global__ void NAME(const uint2* __restrict__ gate, const uint2* __restrict__ up,     \
+                                    u16* __restrict__ out, int rows, int cols4, i64 gate_stride4,     \
+                                    i64 up_stride4) {                                                 \
+        silu_mul4_h16<WIDEN, ROUND>(gate, up, out, rows, cols4, gate_stride4, up_stride4);            \
+    }
+SILU_MUL4_H16(silu_mul4_f16in, pq::h2f, pq::f2h)
+SILU_MUL4_H16(silu_mul4_bf16in, pq::bf2f, pq::f2bf)
 
 // out = a + b over n contiguous elements. grid.x = ceil(n / 256), block 256.
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n) {

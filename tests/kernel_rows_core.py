@@ -6,6 +6,7 @@ import numpy as np
 
 from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.backend.ops_ref import NumpyOps
+from pocketcupy.quant.dequant import f32_to_bf16
 
 from .kernel_table import KernelRow, q8_blocks_dequantized, q8k_blocks_dequantized
 
@@ -172,6 +173,32 @@ for qtype, rows_, cols, fused in [("BF16", 40, 1536, True), ("F16", 9, 352, Fals
     ROWS.append(KernelRow("silu_mul_h16", f"{qtype.lower()}-{rows_}x{cols}" + ("-views" if fused else ""), make,
                           ref=lambda i, cols=cols, qtype=qtype: round16(
                               REF.silu_mul(i["gu"][:, :cols], i["gu"][:, cols:]), qtype), cuda=cuda, tol=1e-4))
+
+
+def bits16(x, qtype: str):
+    """float32 -> the CUDA side's fp16 values / bf16 bits (uint16), rounded to nearest even."""
+    return x.astype(np.float16) if qtype == "F16" else f32_to_bf16(x)
+
+
+# 16-bit inputs (a gate / up GEMM's product): 1030 rows past the grid's 1024
+for qtype, rows_, cols, fused in [("BF16", 40, 1536, True), ("F16", 9, 352, False), ("BF16", 1030, 20, True)]:
+    def make(rng, rows_=rows_, cols=cols):
+        return {"gu": _randn(rng, rows_, 2 * cols, scale=3.0)}
+
+    def cuda(i, poison, cols=cols, fused=fused, qtype=qtype):
+        gu = _up(bits16(i["gu"], qtype))
+        gate, up = gu[:, :cols], gu[:, cols:]
+        if not fused:
+            gate, up = _cp().ascontiguousarray(gate), _cp().ascontiguousarray(up)
+        out = poison(gate.shape, gu.dtype)
+        return widen16(_ew().silu_mul_h16in(gate, up, qtype, out=out), qtype)
+
+    def ref(i, cols=cols, qtype=qtype):
+        gu = round16(i["gu"], qtype)
+        return round16(REF.silu_mul(gu[:, :cols], gu[:, cols:]), qtype)
+
+    ROWS.append(KernelRow("silu_mul_h16in", f"{qtype.lower()}-{rows_}x{cols}" + ("-views" if fused else ""), make,
+                          ref=ref, cuda=cuda, tol=1e-4))
 
 for shape in [(1000,), (5, 4096)]:
     ROWS.append(KernelRow(

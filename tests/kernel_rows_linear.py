@@ -670,5 +670,41 @@ def _norm_silu_mul_rows():
             for qtype, cols, inter in (("Q4_1", 576, 1536), ("Q8_0", 576, 67), ("Q5_0", 1024, 67))]
 
 
+def _make_dense_mlp(qtype: str, n: int, dim: int, inter: int):
+    def make(rng):
+        return {"qtype": qtype, "x": rng.standard_normal((n, dim), dtype=np.float32),
+                "gu": _weight(rng, qtype, 2 * inter, dim), "down": _weight(rng, qtype, ROWS_OUT, inter)}
+    return make
+
+
+def _ref_dense_mlp(inp):
+    """The roundings dense_mlp makes: x, the gate / up product and SiLU·up to the weights' type."""
+    from tests.kernel_rows_core import round16
+
+    qtype, inter = inp["qtype"], inp["down"].shape[1]
+    w_gu, w_down = (QTensor(qtype, w.shape, w).dequantize().astype(np.float64) for w in (inp["gu"], inp["down"]))
+    gu = round16((round16(inp["x"], qtype) @ w_gu.T).astype(np.float32), qtype)
+    act = round16(NumpyOps().silu_mul(gu[:, :inter], gu[:, inter:]), qtype)
+    return act.astype(np.float64) @ w_down.T
+
+
+def _cuda_dense_mlp(inp, poison):
+    import cupy as cp
+
+    from pocketcupy.backend import linear_cuda
+
+    qtype = inp["qtype"]
+    w_gu, w_down = (_cuda_weight({"qtype": qtype, "shape": w.shape, "w": w, "act": "auto"})
+                    for w in (inp["gu"], inp["down"]))
+    assert linear_cuda.dense_mlp_applies(inp["x"].shape[0], w_gu, w_down)
+    return linear_cuda.dense_mlp(cp.asarray(inp["x"]), w_gu, w_down)
+
+
+def _dense_mlp_rows():
+    return [KernelRow("dense_mlp", f"{qtype.lower()}-n{n}-{dim}x{inter}", _make_dense_mlp(qtype, n, dim, inter),
+                      _ref_dense_mlp, _cuda_dense_mlp, tol)
+            for qtype, n, dim, inter, tol in (("BF16", 40, 1024, 1536, 1e-2), ("F16", 9, 576, 68, 3e-3))]
+
+
 ROWS = _linear_rows() + _linears_rows() + _get_rows_rows() + _concat_rows() + _silu_linear_rows() + \
-    _norm_linear_rows() + _norm_silu_mul_rows()
+    _norm_linear_rows() + _norm_silu_mul_rows() + _dense_mlp_rows()

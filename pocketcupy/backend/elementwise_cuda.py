@@ -243,6 +243,30 @@ def silu_mul_h16(gate, up, qtype: str):
     return _silu_mul_launch(name, gate, up, np.float16 if qtype == "F16" else np.uint16)
 
 
+@cuda_op("silu_mul_h16in")
+def silu_mul_h16in(gate, up, qtype: str, out=None):
+    """silu(gate) * up for [N, I] 16-bit gate and up, qtype "F16" (float16) or "BF16" (uint16 bits),
+    computed in float32 and rounded back to that type (a gate / up GEMM's 16-bit product in, the
+    down projection's GEMM input out). Needs I and both row strides a multiple of 4 and 8-byte
+    aligned rows (column views of one [N, 2I] product qualify)."""
+    cp = _cp()
+    dt = np.dtype(np.float16 if qtype == "F16" else np.uint16)
+    if gate.dtype != dt or up.dtype != dt or gate.shape != up.shape or gate.ndim != 2:
+        raise ValueError(f"silu_mul_h16in: gate and up must be [N, I] {dt} arrays of one shape for {qtype}, "
+                         f"got {gate.dtype} {gate.shape} and {up.dtype} {up.shape}")
+    rows, cols = gate.shape
+    gs, us = gate.strides[0] // 2, up.strides[0] // 2
+    if cols % 4 or gs % 4 or us % 4 or gate.strides[1] != 2 or up.strides[1] != 2 \
+            or gate.data.ptr % 8 or up.data.ptr % 8:
+        raise ValueError("silu_mul_h16in: columns and row strides must be multiples of 4 values, rows 8-byte aligned")
+    out = _out(out, gate.shape, dt)
+    if rows and cols:
+        _k("act.cu", "silu_mul4_f16in" if qtype == "F16" else "silu_mul4_bf16in")(
+            ((cols // 4 + 255) // 256, min(rows, SILU_MUL4_GRID_ROWS)), (256,),
+            (gate, up, out, _I32(rows), _I32(cols // 4), _I64(gs // 4), _I64(us // 4)))
+    return out
+
+
 @cuda_op("add")
 def add(a, b, out=None):
     """a + b, float32, same shapes."""

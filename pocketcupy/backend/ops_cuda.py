@@ -114,11 +114,15 @@ class CudaOps:
         """(silu_mul_linear(gate, up, w_down), residual') for [gate; up], residual' =
         add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up): where the GEMV normalises its own
         input it also writes silu(gate) * up (linear_cuda.add_rms_norm_silu_mul), so the down
-        projection is a plain GEMV."""
+        projection is a plain GEMV; fp16 / bf16 weights on cuBLAS keep gate / up in 16 bits
+        (linear_cuda.dense_mlp)."""
         fused = linear_cuda.add_rms_norm_silu_mul(x, residual, w_norm, eps, w_gate_up)
         if fused is not None:
             act, residual = fused
             return self.linear(act, w_down), residual
+        if linear_cuda.dense_mlp_applies(x.shape[0], w_gate_up, w_down):
+            h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w_gate_up])
+            return linear_cuda.dense_mlp(h, w_gate_up, w_down), residual
         gu, residual = self.add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up)
         inter = gu.shape[1] // 2
         return self.silu_mul_linear(gu[:, :inter], gu[:, inter:], w_down), residual
