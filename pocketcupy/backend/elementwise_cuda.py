@@ -204,6 +204,14 @@ def add_rms_norm_h16(x, residual, w, eps: float, qtype: str):
     return _add_rms_norm_vec_extra(name, x, residual, w, eps, lambda rows, dim: (cp.empty((rows, dim), dt),))
 
 
+def _silu_mul4(kernel_name: str, gate, up, out, gate_stride: int, up_stride: int) -> None:
+    """A silu_mul4_* launch over [rows, cols] gate / up (row strides in values, all multiples of 4)."""
+    rows, cols = gate.shape
+    _k("act.cu", kernel_name)(((cols // 4 + 255) // 256, min(rows, SILU_MUL4_GRID_ROWS)), (256,),
+                              (gate, up, out, _I32(rows), _I32(cols // 4), _I64(gate_stride // 4),
+                               _I64(up_stride // 4)))
+
+
 def _silu_mul_launch(kernel_name: str, gate, up, out_dtype, out=None):
     check_f32("silu_mul", gate)
     check_f32("silu_mul", up)
@@ -219,9 +227,7 @@ def _silu_mul_launch(kernel_name: str, gate, up, out_dtype, out=None):
         return out
     if SILU_MUL4 and cols % 4 == 0 and gs % 4 == 0 and us % 4 == 0 \
             and all(a.data.ptr % 16 == 0 for a in (gate2, up2, out)):
-        _k("act.cu", kernel_name.replace("silu_mul_", "silu_mul4_"))(
-            ((cols // 4 + 255) // 256, min(rows, SILU_MUL4_GRID_ROWS)), (256,),
-            (gate2, up2, out, _I32(rows), _I32(cols // 4), _I64(gs // 4), _I64(us // 4)))
+        _silu_mul4(kernel_name.replace("silu_mul_", "silu_mul4_"), gate2, up2, out, gs, us)
     else:
         _k("act.cu", kernel_name)(((n + 255) // 256,), (256,),
                                   (gate2, up2, out, _I32(rows), _I32(cols), _I64(gs), _I64(us)))
@@ -261,9 +267,7 @@ def silu_mul_h16in(gate, up, qtype: str, out=None):
         raise ValueError("silu_mul_h16in: columns and row strides must be multiples of 4 values, rows 8-byte aligned")
     out = _out(out, gate.shape, dt)
     if rows and cols:
-        _k("act.cu", "silu_mul4_f16in" if qtype == "F16" else "silu_mul4_bf16in")(
-            ((cols // 4 + 255) // 256, min(rows, SILU_MUL4_GRID_ROWS)), (256,),
-            (gate, up, out, _I32(rows), _I32(cols // 4), _I64(gs // 4), _I64(us // 4)))
+        _silu_mul4("silu_mul4_f16in" if qtype == "F16" else "silu_mul4_bf16in", gate, up, out, gs, us)
     return out
 
 

@@ -43,9 +43,9 @@ Q8_B1_LONG_ROW_ROWS = 4
 # (an 8B model's joined q/k/v, gate / up, its LM head): 8 rows a block
 Q8_B1_TALL_ROWS = 6144
 
-# fp16 / bf16 weights from this batch on (past the GEMVs, on cuBLAS): the joined gate / up GEMM
-# writes 16-bit values for SiLU·up (dense_mlp)
-DENSE_MLP_MIN_BATCH = GEMV_MAX_BATCH + 1
+# fp16 / bf16 weights past the GEMVs (on cuBLAS): the joined gate / up GEMM writes 16-bit values for
+# SiLU·up (dense_mlp; False: the float32 product, for A/B runs)
+DENSE_MLP_H16 = True
 
 _F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
 _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
@@ -501,6 +501,14 @@ def _gemm_into(a16, w16, rows: int, dtype: int, out, col0: int = 0, out_type: in
             out.data.ptr + col0 * out.itemsize, out_type, out.shape[1], _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
 
 
+def _half16_input(h, w):
+    """(x, x16) of an activation for w: a Half16Rows' float32 rows and its 16-bit copy where that
+    copy is of w's type (else None: the GEMM casts x); a plain array with no copy."""
+    if not isinstance(h, Half16Rows):
+        return h, None
+    return h.x, (h.x16 if isinstance(w, CudaWeight) and w.qtype == h.qtype else None)
+
+
 def _dense_type(w: CudaWeight) -> int:
     return _F16 if w.qtype == "F16" else _BF16
 
@@ -513,7 +521,7 @@ def _gemm_dense(x16, w: CudaWeight, out) -> None:
 def dense_mlp_applies(n: int, w_gate_up, w_down) -> bool:
     """Whether dense_mlp takes this batch: fp16 / bf16 weights of one type past the GEMVs (cuBLAS),
     [gate; up] over w_down's columns, a multiple of 4 of them (silu_mul_h16in's loads)."""
-    return (isinstance(w_gate_up, CudaWeight) and isinstance(w_down, CudaWeight) and n >= DENSE_MLP_MIN_BATCH
+    return (DENSE_MLP_H16 and isinstance(w_gate_up, CudaWeight) and isinstance(w_down, CudaWeight)
             and n > GEMV_MAX_BATCH and w_gate_up.is_dense and w_down.qtype == w_gate_up.qtype
             and w_gate_up.rows == 2 * w_down.cols and w_down.cols % 4 == 0)
 
@@ -529,12 +537,11 @@ def dense_mlp(h, w_gate_up: CudaWeight, w_down: CudaWeight):
 
     from .elementwise_cuda import silu_mul_h16in
 
-    x, x16 = (h.x, h.x16) if isinstance(h, Half16Rows) and h.qtype == w_gate_up.qtype else (h, None)
-    if x16 is None:
-        x16 = _cast(x, w_gate_up.qtype)
+    x, x16 = _half16_input(h, w_gate_up)
     n, inter, dt = x.shape[0], w_down.cols, _dense_type(w_gate_up)
     gu = cp.empty((n, 2 * inter), dtype=cp.float16 if dt == _F16 else cp.uint16)
-    _gemm_into(x16, w_gate_up.data, w_gate_up.rows, dt, gu, out_type=dt)
+    _gemm_into(_cast(x, w_gate_up.qtype) if x16 is None else x16, w_gate_up.data, w_gate_up.rows, dt, gu,
+               out_type=dt)
     out = cp.empty((n, w_down.rows), dtype=cp.float32)
     _gemm_dense(silu_mul_h16in(gu[:, :inter], gu[:, inter:], w_gate_up.qtype), w_down, out)
     return out
@@ -586,7 +593,7 @@ def linear(x, w, bias=None, out=None):
     if isinstance(x, Q8Rows):
         x, xqd, xk = x.x, (x.xq, x.xds) if x.xq is not None else None, x.xk
     elif isinstance(x, Half16Rows):
-        x, x16 = x.x, (x.x16 if isinstance(w, CudaWeight) and w.qtype == x.qtype else None)
+        x, x16 = _half16_input(x, w)
 
     if not isinstance(w, CudaWeight):                      # a plain float32 matrix
         y = cp.matmul(cp.asarray(x, dtype=cp.float32), w.T.astype(cp.float32))
