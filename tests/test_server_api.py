@@ -272,17 +272,23 @@ def test_client_gone_frees_kv_blocks(server, stream):
     if stream:
         r = c.getresponse()
         assert r.status == 200
-        got = 0
-        while got < 3:
-            got += r.readline().startswith(b"data:")
+        lines = []
+        while len(lines) < 3 and (line := r.readline()):
+            if line.startswith(b"data:"):
+                lines.append(line)
+        assert len(lines) == 3, lines
+        assert not any(x.startswith((b'data: {"error"', b"data: [DONE]")) for x in lines), lines
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:  # generating: it holds KV blocks
         m = metrics(server)
-        if metric(m, "pocketcupy_kv_blocks_used") > 0 and metric(m, "pocketcupy_num_requests_running") == 1:
+        if metric(m, "pocketcupy_kv_blocks_used") > 0 and metric(m, "pocketcupy_num_requests_running") >= 1:
             break
         time.sleep(0.05)
     else:
-        pytest.fail("the request never ran")
+        seen = {k: metric(m, "pocketcupy_" + k) for k in ("model_ready", "num_requests_running",
+                                                          "num_requests_waiting", "kv_blocks_used",
+                                                          "requests_in_flight")}
+        pytest.fail(f"the request never ran: {seen}\n{server.output()[-3000:]}")
     if stream:
         r.close()
     c.close()  # the client goes away mid-request
