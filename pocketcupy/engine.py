@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
 from typing import Iterator
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from .args import EngineArgs
 from .bad_words import bad_words_token_ids, banned_tokens
+from .engine_lock import EngineLock
 from .outputs import CompletionOutput, RequestOutput
 from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
 from .sampling import SamplingParams, truncate_prompt
@@ -97,7 +97,7 @@ class Engine:
         self.structured = StructuredOutputManager(self.tokenizer, self.config.vocab_size)
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
-        self._lock = threading.RLock()
+        self._lock = EngineLock()
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None)
         self._inflight: LaunchedStep | None = None   # async scheduling: the step whose tokens are awaited
@@ -300,6 +300,7 @@ class Engine:
         With async scheduling the step's sampled tokens reach the host during the next call, which
         has already launched the step after it (so the device never waits for the host); a
         request that stopped at a token then computed one step in vain, whose token is dropped."""
+        self._lock.yield_to_waiters()
         with self._lock:
             touched = {gid: g for gid, g in self._groups.items() if g.finished}  # aborted since the last step
             prev, self._inflight = self._inflight, None
