@@ -37,51 +37,41 @@ __device__ __forceinline__ void store4_16(u16* p, float4 v) {
     *reinterpret_cast<uint2*>(p) = make_uint2(ROUND(v.x) | (u32)ROUND(v.y) << 16, ROUND(v.z) | (u32)ROUND(v.w) << 16);
 }
 
-#define SILU_MUL4(NAME, OUT_T, STORE4)                                                                \
-    extern "C" __global__ void NAME(const float4* __restrict__ gate, const float4* __restrict__ up,   \
-                                    OUT_T* __restrict__ out, int rows, int cols4, i64 gate_stride4,   \
-                                    i64 up_stride4) {                                                 \
-        pdl_wait();                                                                                   \
-        const int c = blockIdx.x * blockDim.x + threadIdx.x;                                          \
-        if (c >= cols4) return;                                                                       \
-        for (int r = blockIdx.y; r < rows; r += gridDim.y) {                                          \
-            const float4 g = gate[r * gate_stride4 + c], u = up[r * up_stride4 + c];                  \
-            STORE4(out + ((i64)r * cols4 + c) * 4, make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y), \
-                                                              silu_times(g.z, u.z), silu_times(g.w, u.w))); \
-        }                                                                                             \
-    }
-SILU_MUL4(silu_mul4_f32, float, store4)
-SILU_MUL4(silu_mul4_f16out, u16, store4_16<pq::f2h>)
-SILU_MUL4(silu_mul4_bf16out, u16, store4_16<pq::f2bf>)
+__device__ __forceinline__ float4 load4(float4 v) { return v; }
 
-// SiLU(gate) * up over 16-bit inputs (a gate / up GEMM's fp16 or bf16 product), written in the same
-// type: 4 columns a thread, 8-byte loads; gate, up 8-byte aligned with row strides of a multiple of 4;
-// grid and rows as silu_mul4_*.
-template <float (*WIDEN)(u16), u16 (*ROUND)(float)>
-__device__ __forceinline__ void silu_mul4_h16(const uint2* __restrict__ gate, const uint2* __restrict__ up,
-                                              u16* __restrict__ out, int rows, int cols4, i64 gate_stride4,
-                                              i64 up_stride4) {
+template <float (*WIDEN)(u16)>
+__device__ __forceinline__ float4 load4_16(uint2 v) {
+    return make_float4(WIDEN(v.x & 0xffff), WIDEN(v.x >> 16), WIDEN(v.y & 0xffff), WIDEN(v.y >> 16));
+}
+
+template <typename IN4, typename OUT_T, float4 (*LOAD4)(IN4), void (*STORE4)(OUT_T*, float4)>
+__device__ __forceinline__ void silu_mul4(const IN4* __restrict__ gate, const IN4* __restrict__ up,
+                                          OUT_T* __restrict__ out, int rows, int cols4, i64 gate_stride4,
+                                          i64 up_stride4) {
     pdl_wait();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols4) return;
     for (int r = blockIdx.y; r < rows; r += gridDim.y) {
-        const uint2 g = gate[r * gate_stride4 + c], u = up[r * up_stride4 + c];
-        store4_16<ROUND>(out + ((i64)r * cols4 + c) * 4,
-                         make_float4(silu_times(WIDEN(g.x & 0xffff), WIDEN(u.x & 0xffff)),
-                                     silu_times(WIDEN(g.x >> 16), WIDEN(u.x >> 16)),
-                                     silu_times(WIDEN(g.y & 0xffff), WIDEN(u.y & 0xffff)),
-                                     silu_times(WIDEN(g.y >> 16), WIDEN(u.y >> 16))));
+        const float4 g = LOAD4(gate[r * gate_stride4 + c]), u = LOAD4(up[r * up_stride4 + c]);
+        STORE4(out + ((i64)r * cols4 + c) * 4, make_float4(silu_times(g.x, u.x), silu_times(g.y, u.y),
+                                                          silu_times(g.z, u.z), silu_times(g.w, u.w)));
     }
 }
 
-#define SILU_MUL4_H16(NAME, WIDEN, ROUND)                                                             \
-    extern "C" __global__ void NAME(const uint2* __restrict__ gate, const uint2* __restrict__ up,     \
-                                    u16* __restrict__ out, int rows, int cols4, i64 gate_stride4,     \
+// float32 inputs (16-byte loads) written as float32, fp16 or bf16; and 16-bit inputs (a gate / up
+// GEMM's fp16 or bf16 product; 8-byte loads: gate, up 8-byte aligned, row strides a multiple of 4)
+// written in their own type.
+#define SILU_MUL4(NAME, IN4, OUT_T, LOAD4, STORE4)                                                   \
+    extern "C" __global__ void NAME(const IN4* __restrict__ gate, const IN4* __restrict__ up,         \
+                                    OUT_T* __restrict__ out, int rows, int cols4, i64 gate_stride4,   \
                                     i64 up_stride4) {                                                 \
-        silu_mul4_h16<WIDEN, ROUND>(gate, up, out, rows, cols4, gate_stride4, up_stride4);            \
+        silu_mul4<IN4, OUT_T, LOAD4, STORE4>(gate, up, out, rows, cols4, gate_stride4, up_stride4);   \
     }
-SILU_MUL4_H16(silu_mul4_f16in, pq::h2f, pq::f2h)
-SILU_MUL4_H16(silu_mul4_bf16in, pq::bf2f, pq::f2bf)
+SILU_MUL4(silu_mul4_f32, float4, float, load4, store4)
+SILU_MUL4(silu_mul4_f16out, float4, u16, load4, store4_16<pq::f2h>)
+SILU_MUL4(silu_mul4_bf16out, float4, u16, load4, store4_16<pq::f2bf>)
+SILU_MUL4(silu_mul4_f16in, uint2, u16, load4_16<pq::h2f>, store4_16<pq::f2h>)
+SILU_MUL4(silu_mul4_bf16in, uint2, u16, load4_16<pq::bf2f>, store4_16<pq::f2bf>)
 
 // out = a + b over n contiguous elements. grid.x = ceil(n / 256), block 256.
 extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i64 n) {

@@ -90,7 +90,7 @@ class ModelRunner:
         if cuda_graphs:
             from .backend.graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, ops, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
+            self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
                                        block_size, scratch_slot=num_blocks * block_size)
 
     def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None) -> RunnerOutput:

@@ -235,3 +235,27 @@ for n_ids, B, n in [(7, 5, 3), (300, 64, 64), (1, 1, 1)]:
         return ids
 
     ROWS.append(KernelRow("scatter_tokens", f"{n}-of-{n_ids}-from-{B}", make, ref=ref, cuda=cuda, tol=0.0))
+
+# --- the same inside a decode graph: rows < n of a buffer of `top`, the source named by the feed ----
+for top, n, fed, B in [(8, 5, 3, 4), (256, 64, 64, 64), (1, 1, 1, 1), (4, 3, 0, 2)]:
+    def make(rng, top=top, n=n, fed=fed, B=B):
+        res = rng.integers(0, 49152, size=(B, 48)).astype(np.int32)
+        return {"ids": rng.integers(0, 49152, size=top).astype(np.int64), "res": res,
+                "dst": rng.permutation(n)[:fed].tolist(), "src": rng.integers(0, B, size=fed).tolist()}
+
+    def ref(i):
+        ids = i["ids"].copy()
+        ids[i["dst"]] = i["res"][i["src"], 0]
+        return ids
+
+    def cuda(i, poison, top=top, n=n):
+        from pocketcupy.backend import elementwise_cuda as ew
+
+        tokens = _cp().asarray(i["res"])[:, 0]
+        feed = np.full(ew.feed_row_count(top), 7, np.int64)      # stale rows past n must not be read
+        ew.fill_feed(feed, n, i["dst"], tokens if i["dst"] else None, i["src"])
+        ids = _cp().asarray(i["ids"])
+        ew.feed_tokens(_cp().asarray(feed), n, ids)
+        return ids
+
+    ROWS.append(KernelRow("feed_tokens", f"{fed}-of-{n}-of-{top}", make, ref=ref, cuda=cuda, tol=0.0))

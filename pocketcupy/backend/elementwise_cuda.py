@@ -392,3 +392,26 @@ def scatter_tokens(ids, dst_rows, tokens, src_rows) -> None:
     rows = upload(np.asarray([*dst_rows, *src_rows], np.int32))
     _k("tokens.cu", "scatter_tokens")(((n + 127) // 128,), (128,),
                                       (tokens, _I64(tokens.strides[0] // 4), rows, _I32(n), ids))
+
+
+def feed_row_count(top: int) -> int:
+    """int64 words of a decode graph's feed buffer for top rows (see tokens.cu feed_tokens)."""
+    return 2 + top
+
+
+def fill_feed(feed: np.ndarray, n: int, dst_rows, tokens, src_rows) -> None:
+    """The host side of feed_tokens: rows n.. and rows not in dst_rows keep their uploaded id."""
+    feed[2:2 + n] = -1
+    if tokens is not None and len(dst_rows):
+        feed[0], feed[1] = tokens.data.ptr, tokens.strides[0] // 4
+        feed[2 + np.asarray(dst_rows, np.int64)] = src_rows
+
+
+@cuda_op("feed_tokens")
+def feed_tokens(feed, n: int, ids) -> None:
+    """ids[i] = tokens[feed[2 + i]] for rows i < n that name one (fill_feed), on the device: the
+    launch a decode graph captures, so the sampled ids' address travels in feed, not as an argument."""
+    if ids.dtype != np.int64 or feed.dtype != np.int64 or len(feed) < feed_row_count(n) or len(ids) < n:
+        raise TypeError(f"feed_tokens: feed int64 [>= {feed_row_count(n)}] and ids int64 [>= {n}], got "
+                        f"{feed.dtype} {feed.shape}, {ids.dtype} {ids.shape}")
+    _k("tokens.cu", "feed_tokens")(((n + 127) // 128,), (128,), (feed, _I32(n), ids))

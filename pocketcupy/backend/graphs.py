@@ -10,6 +10,7 @@ import numpy as np
 
 from . import pdl
 from .attention_meta import AttentionMetadata
+from .elementwise_cuda import feed_row_count, feed_tokens, fill_feed
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Larger decode batches run eagerly (launch overhead is spread over the batch there).
@@ -17,11 +18,11 @@ GRAPH_MAX_BATCH = 256
 
 
 class DecodeGraphs:
-    def __init__(self, model, ops, kv_caches, max_batch: int, max_blocks_per_seq: int, block_size: int,
+    def __init__(self, model, kv_caches, max_batch: int, max_blocks_per_seq: int, block_size: int,
                  scratch_slot: int):
         import cupy
 
-        self.cp, self.model, self.ops, self.kv_caches = cupy, model, ops, kv_caches
+        self.cp, self.model, self.kv_caches = cupy, model, kv_caches
         self.block_size, self.scratch_slot = block_size, scratch_slot
         max_batch = min(max_batch, GRAPH_MAX_BATCH)
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
@@ -29,9 +30,11 @@ class DecodeGraphs:
         self.pool = cupy.cuda.MemoryPool()
         self.stream = cupy.cuda.Stream(non_blocking=True)
         # The graphs' inputs are views of one device buffer, filled by one copy a step from a
-        # pinned host twin: ids, pos, slots int64 [top], seq_lens int32 [top], tables int32 [top, W].
+        # pinned host twin: ids, pos, slots int64 [top], feed int64 (elementwise_cuda.fill_feed),
+        # seq_lens int32 [top], tables int32 [top, W].
         fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
-                  ("seq_lens", np.int32, (top,)), ("tables", np.int32, (top, max_blocks_per_seq))]
+                  ("feed", np.int64, (feed_row_count(top),)), ("seq_lens", np.int32, (top,)),
+                  ("tables", np.int32, (top, max_blocks_per_seq))]
         nbytes = sum(np.dtype(t).itemsize * int(np.prod(shape)) for _, t, shape in fields)
         self._host_mem = cupy.cuda.alloc_pinned_memory(nbytes)
         host = np.frombuffer(self._host_mem, np.uint8, nbytes)
@@ -60,6 +63,7 @@ class DecodeGraphs:
                                  self.block_size, decode_only=True)
 
     def _forward(self, b: int):
+        feed_tokens(self.feed, b, self.ids)
         hidden = self.model.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv_caches)
         return self.model.compute_logits(hidden)
 
@@ -68,6 +72,7 @@ class DecodeGraphs:
         over that one token."""
         h = self.host
         h["ids"][n:b] = 0
+        h["feed"][2 + n:2 + b] = -1
         h["pos"][n:b] = 0
         h["slots"][n:b] = self.scratch_slot
         h["seq_lens"][n:b] = 1
@@ -108,9 +113,11 @@ class DecodeGraphs:
 
     def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None):
         """Replay the bucket's graph for a decode batch of len(ids) rows; returns logits [n, vocab].
-        fed: (rows, tokens, token rows): ids[rows] = tokens[token rows] on the device first (the
-        previous step's sampled ids, async scheduling). The replay waits for the work queued on the
-        current stream (that step's sampler reads the logits buffer this replay overwrites)."""
+        fed: (rows, tokens, token rows): ids[rows] = tokens[token rows], taken by the graph's first
+        kernel (the previous step's sampled ids, async scheduling). The inputs' copy is queued
+        behind the last replay only (the one that read them); the replay itself waits for the work
+        queued on the current stream (the sampler that wrote tokens and reads the logits buffer
+        this replay overwrites)."""
         cp, n = self.cp, len(ids)
         b = self.bucket_for(n)
         if b not in self.graphs:
@@ -124,12 +131,10 @@ class DecodeGraphs:
         width = meta.block_tables.shape[1]
         h["tables"][:n, :width] = meta.block_tables
         h["tables"][:n, width:] = 0
+        fill_feed(h["feed"], n, *(fed or ((), None, ())))
         self._set_padding(n, b)
+        self._upload(b)
         self.stream.wait_event(cp.cuda.get_current_stream().record())
-        with self.stream:
-            self._upload(b)
-            if fed is not None:
-                self.ops.scatter_tokens(self.ids, *fed)
-            self.graphs[b].launch(self.stream)
+        self.graphs[b].launch(self.stream)
         cp.cuda.get_current_stream().wait_event(self.stream.record())
         return self.logits[b][:n]

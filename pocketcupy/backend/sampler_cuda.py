@@ -253,6 +253,11 @@ class CudaSampler:
         self._cnt = None
         self._pinned = [None, None]  # host buffers of the results, alternating: one step may be in flight
         self._turn = 0
+        # Side streams keep the copies off the path from one decode step's logits to the next
+        # step's input ids: parameters go up while the forward still runs, results come down
+        # while the next forward already does.
+        self._up = self._down = None
+        self._sampled = None         # event after the last sampler kernel (the readers of `_up`'s uploads)
         self.last_raw: np.ndarray | None = None  # the last [B, SO_WORDS] result (tests, debugging)
 
     def _scratch(self, name: str, rows: int, V: int, dtype):
@@ -295,15 +300,23 @@ class CudaSampler:
             rows_idx, ids, vals = entries
             x = x.copy()
             x[cp.asarray(rows_idx), cp.asarray(ids)] += cp.asarray(vals)
-        params, toks, masks = batch.upload()
+        if self._up is None:
+            self._up, self._down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        stream = cp.cuda.get_current_stream()
+        if self._sampled is not None:    # pinned_upload's ring of `_up` reuses a slot once its reader ran
+            self._up.wait_event(self._sampled)
+        with self._up:
+            params, toks, masks = batch.upload()
+        stream.wait_event(self._up.record())
         work = self._scratch("_work", B, V, np.float32)
         cnt = self._scratch("_cnt", batch.n_cnt, V, np.int32)
         dev = sample_rows(x, params, toks, masks, batch.mask_words, work, cnt)
+        self._sampled = stream.record()
         host = self._host_buffer(dev.nbytes)[:dev.nbytes].view(np.int32).reshape(dev.shape)
-        stream = cp.cuda.get_current_stream()
+        self._down.wait_event(self._sampled)
         cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, dev.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
-                                    stream.ptr)
-        done = stream.record()
+                                    self._down.ptr)
+        done = self._down.record()
 
         def result() -> SamplerOutput:
             done.synchronize()
