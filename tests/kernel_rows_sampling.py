@@ -216,46 +216,45 @@ for n, key in [(1000, 0x0123456789ABCDEF), (3, 0)]:
                           tol=0.0))
 
 # --- the previous step's sampled ids into this step's input ids (async scheduling) --------------
+def _make_fed_ids(size: int, pool: int, k: int, B: int):
+    """ids [size]; k destination rows drawn from the first `pool`, each fed from one of B sampler
+    result rows (ids in column 0)."""
+    def make(rng):
+        res = rng.integers(0, 49152, size=(B, 48)).astype(np.int32)
+        return {"ids": rng.integers(0, 49152, size=size).astype(np.int64), "res": res,
+                "dst": rng.permutation(pool)[:k].tolist(), "src": rng.integers(0, B, size=k).tolist()}
+    return make
+
+
+def _ref_fed_ids(i):
+    ids = i["ids"].copy()
+    ids[i["dst"]] = i["res"][i["src"], 0]
+    return ids
+
+
+def _cuda_scatter_tokens(i, poison):
+    from pocketcupy.backend import elementwise_cuda
+
+    ids = _cp().asarray(i["ids"])
+    elementwise_cuda.scatter_tokens(ids, i["dst"], _cp().asarray(i["res"])[:, 0], i["src"])
+    return ids
+
+
 for n_ids, B, n in [(7, 5, 3), (300, 64, 64), (1, 1, 1)]:
-    def make(rng, n_ids=n_ids, B=B, n=n):
-        res = rng.integers(0, 49152, size=(B, 48)).astype(np.int32)    # sampler result rows: ids in column 0
-        return {"ids": rng.integers(0, 49152, size=n_ids).astype(np.int64), "res": res,
-                "dst": rng.permutation(n_ids)[:n].tolist(), "src": rng.integers(0, B, size=n).tolist()}
-
-    def ref(i):
-        ids = i["ids"].copy()
-        ids[i["dst"]] = i["res"][i["src"], 0]
-        return ids
-
-    def cuda(i, poison):
-        from pocketcupy.backend import elementwise_cuda
-
-        ids = _cp().asarray(i["ids"])
-        elementwise_cuda.scatter_tokens(ids, i["dst"], _cp().asarray(i["res"])[:, 0], i["src"])
-        return ids
-
-    ROWS.append(KernelRow("scatter_tokens", f"{n}-of-{n_ids}-from-{B}", make, ref=ref, cuda=cuda, tol=0.0))
+    ROWS.append(KernelRow("scatter_tokens", f"{n}-of-{n_ids}-from-{B}", _make_fed_ids(n_ids, n_ids, n, B),
+                          ref=_ref_fed_ids, cuda=_cuda_scatter_tokens, tol=0.0))
 
 # --- the same inside a decode graph: rows < n of a buffer of `top`, the source named by the feed ----
 for top, n, fed, B in [(8, 5, 3, 4), (256, 64, 64, 64), (1, 1, 1, 1), (4, 3, 0, 2)]:
-    def make(rng, top=top, n=n, fed=fed, B=B):
-        res = rng.integers(0, 49152, size=(B, 48)).astype(np.int32)
-        return {"ids": rng.integers(0, 49152, size=top).astype(np.int64), "res": res,
-                "dst": rng.permutation(n)[:fed].tolist(), "src": rng.integers(0, B, size=fed).tolist()}
-
-    def ref(i):
-        ids = i["ids"].copy()
-        ids[i["dst"]] = i["res"][i["src"], 0]
-        return ids
-
     def cuda(i, poison, top=top, n=n):
         from pocketcupy.backend import elementwise_cuda as ew
 
         tokens = _cp().asarray(i["res"])[:, 0]
         feed = np.full(ew.feed_row_count(top), 7, np.int64)      # stale rows past n must not be read
-        ew.fill_feed(feed, n, i["dst"], tokens if i["dst"] else None, i["src"])
+        ew.fill_feed(feed, n, (i["dst"], tokens, i["src"]) if i["dst"] else None)
         ids = _cp().asarray(i["ids"])
         ew.feed_tokens(_cp().asarray(feed), n, ids)
         return ids
 
-    ROWS.append(KernelRow("feed_tokens", f"{fed}-of-{n}-of-{top}", make, ref=ref, cuda=cuda, tol=0.0))
+    ROWS.append(KernelRow("feed_tokens", f"{fed}-of-{n}-of-{top}", _make_fed_ids(top, n, fed, B),
+                          ref=_ref_fed_ids, cuda=cuda, tol=0.0))

@@ -399,10 +399,12 @@ def feed_row_count(top: int) -> int:
     return 2 + top
 
 
-def fill_feed(feed: np.ndarray, n: int, dst_rows, tokens, src_rows) -> None:
-    """The host side of feed_tokens: rows n.. and rows not in dst_rows keep their uploaded id."""
+def fill_feed(feed: np.ndarray, n: int, fed=None) -> None:
+    """The host side of feed_tokens for rows < n. fed: (dst rows, tokens, src rows) as for
+    scatter_tokens, or None; rows not in dst rows keep their uploaded id."""
     feed[2:2 + n] = -1
-    if tokens is not None and len(dst_rows):
+    if fed is not None and len(fed[0]):
+        dst_rows, tokens, src_rows = fed
         feed[0], feed[1] = tokens.data.ptr, tokens.strides[0] // 4
         feed[2 + np.asarray(dst_rows, np.int64)] = src_rows
 

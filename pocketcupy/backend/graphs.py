@@ -131,7 +131,7 @@ class DecodeGraphs:
         width = meta.block_tables.shape[1]
         h["tables"][:n, :width] = meta.block_tables
         h["tables"][:n, width:] = 0
-        fill_feed(h["feed"], n, *(fed or ((), None, ())))
+        fill_feed(h["feed"], n, fed)
         self._set_padding(n, b)
         self._upload(b)
         self.stream.wait_event(cp.cuda.get_current_stream().record())
