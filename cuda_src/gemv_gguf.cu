@@ -4,7 +4,7 @@
 //
 // gemv_gguf<QT, NB, R>: block of 32-128 threads (fewer for short rows) owns R rows; its
 // threads stride over the (block, unit) pairs of those rows, each unit's weights read once
-// and used for all NB activation rows.  Grid: ceil(rows / R).
+// and used for all NB activation rows.  Grid: ceil(rows / R).  XN: the sums take xnorm_scale(xpart) (gemv_reduce.cuh).
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 #include "q8_act.cuh"
@@ -77,10 +77,11 @@ __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int 
     }
 }
 
-template <int QT, int NB, int R>
+template <int QT, int NB, int R, bool XN = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
-          const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+          const float4* __restrict__ xds, const float* __restrict__ xpart, const float* __restrict__ bias,
+          float* __restrict__ y) {
     __shared__ u32 tab_s[QTraits<QT>::TAB > 0 ? QTraits<QT>::TAB : 1];
     const u32* tab = stage_table<QT>(tab_s);
     const int row0 = blockIdx.x * R;
@@ -90,7 +91,7 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
 
     float acc[R][NB] = {};
     gemv_units<QT, NB, R>(wr, K, threadIdx.x, blockDim.x, tab, xq, xds, acc);
-    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
 }
 
 #ifndef __CUDACC_RTC__
@@ -102,7 +103,7 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(
 #undef PQ_INST_Q
 #define PQ_INST(T)                                                                                    \
     template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,            \
-                                                const float4*, const float*, float*);
+                                                const float4*, const float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST

@@ -17,9 +17,12 @@
 // groups l, l + 32, ..., U at a time with all their loads issued first; shuffles sum the lanes.
 // Grid: ceil(rows / (R * GEMV_THREADS / 32)).  Needs K % 256 == 0.  Blocks of Q4_K / Q5_K are
 // 16-byte aligned (144 and 176 bytes, rows start 16-byte aligned); Q6_K is read 4 bytes at a time.
+// XN (gemv_kquant, gemv_kquant_split, gemv_kquant3): the activations are a norm epilogue's
+// blocks and the sums take its scale (xnorm_scale); gemv_kquant_norm is that epilogue's GEMV.
 #include "gguf_units.cuh"
 #include "gemv_reduce.cuh"
 #include "pdl.cuh"
+#include "q8_act.cuh"
 
 using namespace pq;
 
@@ -231,39 +234,105 @@ PQ_DEV void kq_accum(const u8* const (&wr)[R], int K, int t0, int stride, const 
     }
 }
 
-// y[n, row] (+ bias) of the warp's rows against NB activation rows.
-template <int QT, int NB, int R, int U>
+// y[n, row] (+ bias) of the warp's rows against NB activation rows (XN: times xnorm_scale(xpart)).
+template <int QT, int NB, int R, int U, bool XN>
 PQ_DEV void kq_rows_dot(const u8* const (&wr)[R], int row0, int rows, int K, const i8* __restrict__ xq,
-                        const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+                        const float4* __restrict__ xds, const float* __restrict__ xpart,
+                        const float* __restrict__ bias, float* __restrict__ y) {
     float acc[R][NB] = {};
     kq_accum<QT, NB, R, U>(wr, K, threadIdx.x & 31, 32, xq, xds, acc);
-    gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y);
+    gemv_reduce_lanes_store<NB, R, 32>(acc, row0, rows, bias, y, XN ? xnorm_scale(xpart, K) : 1.0f);
 }
 
-template <int QT, int NB, int R, int U>
+template <int QT, int NB, int R, int U, bool XN = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kquant(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
-            const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+            const float4* __restrict__ xds, const float* __restrict__ xpart, const float* __restrict__ bias,
+            float* __restrict__ y) {
     const u8* wr[R];
     const int row0 = kq_rows<R>(W, bpr, rows, blockIdx.x, wr);
     pdl_wait();
-    kq_rows_dot<QT, NB, R, U>(wr, row0, rows, K, xq, xds, bias, y);
+    kq_rows_dot<QT, NB, R, U, XN>(wr, row0, rows, K, xq, xds, xpart, bias, y);
 }
 
 // Long rows: a block's GEMV_THREADS threads stride over the groups of its R rows (row0 = blockIdx.x * R)
 // and sum through shared memory, so a row's groups are spread over four warps' loads instead of one.
 // Grid: ceil(rows / R).
-template <int QT, int NB, int R, int U>
+template <int QT, int NB, int R, int U, bool XN = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __restrict__ xq,
-                  const float4* __restrict__ xds, const float* __restrict__ bias, float* __restrict__ y) {
+                  const float4* __restrict__ xds, const float* __restrict__ xpart, const float* __restrict__ bias,
+                  float* __restrict__ y) {
     const int row0 = blockIdx.x * R;
     const u8* wr[R];
     block_row_ptrs<R>(W, bpr, row0, rows, wr);
     pdl_wait();
     float acc[R][NB] = {};
     kq_accum<QT, NB, R, U>(wr, K, threadIdx.x, blockDim.x, xq, xds, acc);
-    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y);
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
+}
+
+// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue, for the linears whose
+// output feeds a norm (o, down): a block of 32 / R groups of SB threads owns 32 rows (group i: rows
+// 32 * blockIdx.x + i * R .., its threads striding over their 64-value groups as gemv_kquant_split's
+// do). Warp 0 then takes a row a lane: h = y (+ bias) + res, stored to res (in place), and
+// g = h * w_norm as int8 blocks of 32 (q8_act.cuh's rounding) into yq / yds, without the norm's
+// rsqrt(mean(h^2) + eps); instead ypart[blockIdx.x] = sum of the block's h^2 + 32 * eps, from which
+// the GEMVs reading yq take that scale (xnorm_scale). No block waits on another, and the norm
+// costs no launch of its own. rows % 32 == 0; grid rows / 32.
+template <int QT, int R, int SB>
+__global__ void __launch_bounds__(32 / R * SB)
+gemv_kquant_norm(const u8* __restrict__ W, long long bpr, int K, const i8* __restrict__ xq,
+                 const float4* __restrict__ xds, const float* __restrict__ bias,
+                 float* __restrict__ res, const float* __restrict__ w_norm, float eps, i8* __restrict__ yq,
+                 float4* __restrict__ yds, float* __restrict__ ypart) {
+    constexpr int WPS = SB / 32;                  // warps a group
+    __shared__ float red[32 / R * WPS][R];
+    const int t = threadIdx.x % SB, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 32 + lane;       // warp 0's row in the epilogue
+    const u8* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        wr[r] = W + (long long)(blockIdx.x * 32 + threadIdx.x / SB * R + r) * bpr;
+        if (t * 128 < bpr) prefetch_l2_line(wr[r] + t * 128);
+    }
+    const float wn = warp == 0 ? w_norm[row] : 0.0f;
+    pdl_wait();
+    const float r_in = warp == 0 ? res[row] : 0.0f;   // loaded now, used after the loop
+    float acc[R][1] = {};
+    kq_accum<QT, 1, R, 1>(wr, K, t, SB, xq, xds, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        float v = acc[r][0];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp][r] = v;
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    float y = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WPS; ++w) y += red[lane / R * WPS + w][lane % R];
+    if (bias) y += bias[row];
+    const float h = y + r_in, g = h * wn;
+    res[row] = h;
+    float amax = fabsf(g), ss = h * h;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    }
+    const int q = __float2int_rn(g * q8_inv_scale(amax));
+    yq[row] = (i8)q;
+    int s16 = q;
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, o);   // lanes 0-15 / 16-31
+    const int s16_hi = __shfl_sync(0xffffffffu, s16, 16);
+    if (lane == 0) {
+        const float d = amax / 127.0f;
+        yds[blockIdx.x] = make_float4(d, d * (float)(s16 + s16_hi), d * (float)s16, d * (float)s16_hi);
+        ypart[blockIdx.x] = ss + 32.0f * eps;
+    }
 }
 
 // Two or three weights of one input in one launch (q, k, v projections of mixed types, as Q4_K_M
@@ -272,10 +341,10 @@ gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, cons
 // k / v matrices, latency-bound alone, ride in the grid of the long one.
 #define PQ_KQ_SEG(s) const u8 *__restrict__ W##s, long long bpr_##s, int rows_##s, const float *__restrict__ bias_##s, \
                      float *__restrict__ y_##s
-template <int QA, int QB, int QC, int NB, int R>
+template <int QA, int QB, int QC, int NB, int R, bool XN = false>
 __global__ void __launch_bounds__(GEMV_THREADS)
-gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, int end_a, int end_b, PQ_KQ_SEG(a),
-             PQ_KQ_SEG(b), PQ_KQ_SEG(c)) {
+gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, const float* __restrict__ xpart,
+             int end_a, int end_b, PQ_KQ_SEG(a), PQ_KQ_SEG(b), PQ_KQ_SEG(c)) {
     const int blk = blockIdx.x, seg = blk < end_a ? 0 : blk < end_b ? 1 : 2;
     const int rows = seg == 0 ? rows_a : seg == 1 ? rows_b : rows_c;
     const u8* wr[R];
@@ -283,24 +352,37 @@ gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, i
                                 blk - (seg == 0 ? 0 : seg == 1 ? end_a : end_b), wr);
     pdl_wait();
     if (seg == 0)
-        kq_rows_dot<QA, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_a, y_a);
+        kq_rows_dot<QA, NB, R, 1, XN>(wr, row0, rows, K, xq, xds, xpart, bias_a, y_a);
     else if (seg == 1)
-        kq_rows_dot<QB, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_b, y_b);
+        kq_rows_dot<QB, NB, R, 1, XN>(wr, row0, rows, K, xq, xds, xpart, bias_b, y_b);
     else
-        kq_rows_dot<QC, NB, R, 1>(wr, row0, rows, K, xq, xds, bias_c, y_c);
+        kq_rows_dot<QC, NB, R, 1, XN>(wr, row0, rows, K, xq, xds, xpart, bias_c, y_c);
 }
 #undef PQ_KQ_SEG
 
 #ifndef __CUDACC_RTC__
 #define PQ_INST(T, NB, R, U)                                                                          \
     template __global__ void gemv_kquant<T, NB, R, U>(const u8*, long long, int, int, const i8*,     \
-                                                      const float4*, const float*, float*);
+                                                      const float4*, const float*, const float*, float*);
 PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KP, 1, 2, 1)
 #undef PQ_INST
 template __global__ void gemv_kquant_split<Q4_K, 1, 4, 1>(const u8*, long long, int, int, const i8*, const float4*,
-                                                         const float*, float*);
-template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, int, int, const u8*,
-                                                             long long, int, const float*, float*, const u8*,
-                                                             long long, int, const float*, float*, const u8*,
-                                                             long long, int, const float*, float*);
+                                                         const float*, const float*, float*);
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, const float*, int, int,
+                                                             const u8*, long long, int, const float*, float*,
+                                                             const u8*, long long, int, const float*, float*,
+                                                             const u8*, long long, int, const float*, float*);
+template __global__ void gemv_kquant_split<Q4_K, 1, 4, 1, true>(const u8*, long long, int, int, const i8*,
+                                                               const float4*, const float*, const float*, float*);
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2, true>(int, const i8*, const float4*, const float*, int,
+                                                                   int, const u8*, long long, int, const float*,
+                                                                   float*, const u8*, long long, int, const float*,
+                                                                   float*, const u8*, long long, int, const float*,
+                                                                   float*);
+#define PQ_INST_NORM(T, R, SB)                                                                            \
+    template __global__ void gemv_kquant_norm<T, R, SB>(const u8*, long long, int, const i8*, const float4*, \
+                                                        const float*, float*, const float*, float, i8*,     \
+                                                        float4*, float*);
+PQ_INST_NORM(Q4_K, 4, 128) PQ_INST_NORM(Q5_K, 2, 64) PQ_INST_NORM(Q6_KP, 2, 32) PQ_INST_NORM(Q6_K, 2, 32)
+#undef PQ_INST_NORM
 #endif

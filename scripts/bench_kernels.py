@@ -241,7 +241,7 @@ def bench_rows_per_block(args, copy_gbps: float) -> dict:
                 expr = f"gemv_gguf<12, 1, {r}>"
                 fn = kernel("gemv_gguf.cu", expr, name_expressions=(expr,))
                 args_of = lambda w: (w.data, np.int64(w.data.shape[1]), np.int32(rows), np.int32(cols),  # noqa: E731
-                                     xq, xds, np.uint64(0), y)
+                                     xq, xds, np.uint64(0), np.uint64(0), y)
             it = iter(range(1 << 62))
             t = time_us(lambda: fn(((rows + r - 1) // r,), (lc.GEMV_THREADS,), args_of(copies[next(it) % len(copies)])),
                         args.reps, len(copies) * max(1, 8 // len(copies)))

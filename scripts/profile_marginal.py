@@ -27,7 +27,7 @@ from profile_decode import recaptured_us, replay_us  # noqa: E402
 from profile_kernels import start_decodes  # noqa: E402
 
 DEFAULT_REMOVE = ("rope_attention,add_rms_norm,add_rms_norm_linear,add_rms_norm_mlp,linears,linear:wqkv,linear:wo,"
-                  "linear:w_gate_up,linear:w_down,silu_mul_linear,"
+                  "linear:w_gate_up,linear:w_down,silu_mul_linear,linear_add_rms_norm:wo,linear_add_rms_norm:w_down,"
                   "linear:lm_head")
 
 

@@ -97,6 +97,11 @@ def null_arg():
     return np.uint64(0)
 
 
+def opt_arg(a):
+    """An optional array kernel argument: a null pointer for None."""
+    return null_arg() if a is None else a
+
+
 def grid_blocks(n: int, threads: int, cap: int = 1 << 16) -> int:
     """Blocks of `threads` covering n work items, at least 1 and at most cap."""
     return max(1, min((n + threads - 1) // threads, cap))

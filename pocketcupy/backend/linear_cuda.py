@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .cublas_graph import gemm_ex
-from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg
+from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg, opt_arg
 from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
                               launch_gemv_kquant_mma3, quantize_x_q8k)
 from .weight_cuda import DENSE_QTYPES, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, Q8Rows, joined_segments
@@ -110,11 +110,13 @@ class Q8Gemv:
         """A gemv_kquant.cu launch (Q4_K / Q5_K / Q6_K rows of whole super-blocks only)."""
         return self.kind in ("kquant", "kqsplit")
 
-    def expr(self, tid: int, nb: int) -> str:
+    def expr(self, tid: int, nb: int, xn: bool = False) -> str:
+        """xn: the instance whose sums take the norm scale of linear_add_rms_norm's blocks."""
+        tail = ", true" if xn else ""
         if self.kquant:
             fn = "gemv_kquant" if self.kind == "kquant" else "gemv_kquant_split"
-            return f"{fn}<{tid}, {nb}, {self.rows}, {self.unroll}>"
-        return f"gemv_gguf<{tid}, {nb}, {self.rows}>"
+            return f"{fn}<{tid}, {nb}, {self.rows}, {self.unroll}{tail}>"
+        return f"gemv_gguf<{tid}, {nb}, {self.rows}{tail}>"
 
     @property
     def source(self) -> str:
@@ -173,14 +175,14 @@ def q8_gemv_launch(qtype: str, rows: int, cols: int, nb: int) -> Q8Gemv:
 
 
 @functools.lru_cache(maxsize=None)
-def _gguf_gemv(qtype: str, kqtype: str, cfg: Q8Gemv, nb: int):
+def _gguf_gemv(qtype: str, kqtype: str, cfg: Q8Gemv, nb: int, xn: bool = False):
     """The int8-activation GEMV for qtype weights in layout kqtype: one module per (type, source)
     holds the default launches of every batch; other launches (benchmark sweeps) compile on their own."""
     tid = KERNEL_TYPE_IDS[kqtype]
     defaults = [(q8_gemv_launch(qtype, r, c, b), b) for b in range(1, GEMV_MAX_BATCH + 1) for r in (1024, 4096)
                 for c in (4096, 4128)]
     exprs = tuple(sorted({c.expr(tid, b) for c, b in defaults if c.source == cfg.source}))
-    expr = cfg.expr(tid, nb)
+    expr = cfg.expr(tid, nb, xn)
     return kernel(cfg.source, expr, name_expressions=exprs if expr in exprs else (expr,))
 
 
@@ -268,7 +270,7 @@ def launch_gemv_f32(w: "CudaWeight", x, bias, out, nb: int, cfg: F32Gemv, up=Non
     if cfg.kind == "lanes":
         ldx = np.int64(x.strides[0] // 4 if x.ndim == 2 else k)
         head += (ldx, x, ldx) if up is None else (ldx, up, np.int64(up.strides[0] // 4))
-    grid, tail = ((w.rows + rpb - 1) // rpb,), (null_arg() if bias is None else bias, out)
+    grid, tail = ((w.rows + rpb - 1) // rpb,), (opt_arg(bias), out)
     e = silu_stage_units(k, nb) if up is not None else None
     if e is not None:
         if nb >= F32_SILU_BLOCK_MIN_BATCH:
@@ -349,7 +351,7 @@ def _norm_lanes_launch(x, residual, w_norm, eps: float, w, bias, gated: bool):
         out = cp.empty((n, w.rows), cp.float32)
         expr = f"gemv_gguf_f32_lanes_norm<{w.type_id}, {n}, {cfg.rows_per_group}, {cfg.lanes}, {e}>"
         grid = -(-w.rows // cfg.rows_per_block())
-        args = head + (np.int32(w.rows),) + norm_args + (null_arg() if bias is None else bias, out)
+        args = head + (np.int32(w.rows),) + norm_args + (opt_arg(bias), out)
     kernel("gemv_gguf_f32.cu", expr, name_expressions=(expr,))((grid,), (GEMV_THREADS,), args)
     return out, res_out
 
@@ -382,13 +384,13 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
     if (kind or dense_gemv_kind(w, n)) == "mma":
         kernel("gemv_dense_mma.cu", f"gemv_dense_mma<{DENSE_QTYPES[w.qtype]}>", name_expressions=_DENSE_MMA_EXPRS)(
             (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
-            (w.data, np.int32(w.rows), np.int32(k), x, np.int32(n), null_arg() if bias is None else bias, out))
+            (w.data, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
         return
     r = rows_per_block(n)
     fn = _dense_gemv(w.qtype, n)
     unroll = 2 if r >= 4 else 4                            # U in gemv_dense
     fn(((w.rows + r - 1) // r,), (gemv_threads(-(-(k // 8) // unroll)),),
-       (w.data, np.int32(w.rows), np.int32(k), x, null_arg() if bias is None else bias, out))
+       (w.data, np.int32(w.rows), np.int32(k), x, opt_arg(bias), out))
 
 
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
@@ -420,18 +422,18 @@ def quantize_x(x, up=None, half: bool = False):
     return xh if half else (xq, xds)
 
 
-def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | None = None) -> None:
+def launch_gemv_q8(w: "CudaWeight", xq, xds, bias, out, nb: int, cfg: Q8Gemv | None = None, xpart=None) -> None:
     """out [nb, rows] = activations (quantized by quantize_x) @ w.T (+ bias): the int8 DP4A GEMV
-    launched as cfg (default: q8_gemv_launch)."""
+    launched as cfg (default: q8_gemv_launch). xpart: the norm partials of batch-1 blocks written by
+    linear_add_rms_norm (their sums take its scale)."""
     k = w.cols
     cfg = cfg or q8_gemv_launch(w.qtype, w.rows, k, nb)
     rpb = cfg.rows_per_block()
     if cfg.kquant and (w.qtype not in KQUANT_QTYPES or k % 256):
         raise ValueError(f"gemv_kquant: no kernel for {w.qtype} rows of {k} (Q4_K / Q5_K / Q6_K, whole super-blocks)")
-    _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb)(
+    _gguf_gemv(w.qtype, w.kernel_qtype, cfg, nb, xpart is not None)(
         ((w.rows + rpb - 1) // rpb,), (cfg.block_threads,),
-        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds,
-         null_arg() if bias is None else bias, out))
+        (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(k), xq, xds, opt_arg(xpart), opt_arg(bias), out))
 
 
 KQUANT3_ROWS = 2                  # rows per warp of the joined launch
@@ -447,13 +449,13 @@ def kquant_joinable(ws, nb: int) -> bool:
         for w in ws)
 
 
-def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int) -> None:
+def launch_gemv_kquant3(ws, xq, xds, biases, outs, nb: int, xpart=None) -> None:
     """outs[i] [nb, ws[i].rows] = activations @ ws[i].T (+ biases[i]) for 2-3 K-quant weights
-    (kquant_joinable) in one gemv_kquant3 launch."""
+    (kquant_joinable) in one gemv_kquant3 launch; xpart as launch_gemv_q8's."""
     ends, tids, seg_args = joined_segments(ws, biases, outs, KQUANT3_ROWS * GEMV_THREADS // 32)
-    expr = f"gemv_kquant3<{tids}, {nb}, {KQUANT3_ROWS}>"
+    expr = f"gemv_kquant3<{tids}, {nb}, {KQUANT3_ROWS}{'' if xpart is None else ', true'}>"
     kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((ends[-1],), (GEMV_THREADS,), (
-        np.int32(ws[0].cols), xq, xds, np.int32(ends[0]), np.int32(ends[1]), *seg_args))
+        np.int32(ws[0].cols), xq, xds, opt_arg(xpart), np.int32(ends[0]), np.int32(ends[1]), *seg_args))
 
 
 def _gemv_gguf_takes(w: CudaWeight, n: int) -> bool:
@@ -590,6 +592,8 @@ def linear(x, w, bias=None, out=None):
     import cupy as cp
 
     xqd = xk = x16 = None
+    if isinstance(x, Q8Rows) and x.x is None:
+        return _linear_blocks_only(x, w, bias, out)
     if isinstance(x, Q8Rows):
         x, xqd, xk = x.x, (x.xq, x.xds) if x.xq is not None else None, x.xk
     elif isinstance(x, Half16Rows):
@@ -631,6 +635,26 @@ def linear(x, w, bias=None, out=None):
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
 
 
+def reads_q8_blocks(w, n: int) -> bool:
+    """Whether the linear of w at batch n reads its input as int8 blocks of 32 (the DP4A GEMVs)."""
+    return isinstance(w, CudaWeight) and not w.is_dense and w.act_q8 and n <= GEMV_MAX_BATCH \
+        and not gguf_mma_tiles(w, n)
+
+
+def _linear_blocks_only(x: Q8Rows, w, bias, out):
+    """linear of activations that exist only as int8 blocks (linear_add_rms_norm's output)."""
+    import cupy as cp
+
+    n, k = x.xq.shape
+    if not reads_q8_blocks(w, n) or k != w.cols:
+        raise ValueError(f"linear: activations given only as int8 blocks of {k} values need a weight read by "
+                         f"the int8 GEMV with {k} columns, not {getattr(w, 'qtype', type(w).__name__)} {w.shape}")
+    out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
+    launch_gemv_q8(w, x.xq, x.xds, None if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32),
+                   out.reshape(n, w.rows), n, xpart=x.xpart)
+    return out
+
+
 @cuda_op("linears")
 def linears(x, ws, biases=None):
     """[linear(x, w, b) for each weight]: the projections of one input (unfused QKV or gate/up of
@@ -638,12 +662,13 @@ def linears(x, ws, biases=None):
     import cupy as cp
 
     biases = [None] * len(ws) if biases is None else biases
-    if isinstance(x, Q8Rows) and x.x.ndim == 2 and all(isinstance(w, CudaWeight) and w.cols == x.x.shape[1]
-                                                       for w in ws):
-        if x.xq is not None and kquant_joinable(ws, x.x.shape[0]):
-            return _linears_joined(x.x, ws, biases, launch_gemv_kquant3, x.xq, x.xds)
-        if x.xk is not None and (nt := kquant_mma_joinable(ws, x.x.shape[0])):
-            return _linears_joined(x.x, ws, biases, launch_gemv_kquant_mma3, x.xk, nt=nt)
+    if isinstance(x, Q8Rows) and len(x.shape) == 2 and all(isinstance(w, CudaWeight) and w.cols == x.shape[1]
+                                                           for w in ws):
+        n = x.shape[0]
+        if x.xq is not None and kquant_joinable(ws, n):
+            return _linears_joined(n, ws, biases, launch_gemv_kquant3, x.xq, x.xds, xpart=x.xpart)
+        if x.xk is not None and (nt := kquant_mma_joinable(ws, n)):
+            return _linears_joined(n, ws, biases, launch_gemv_kquant_mma3, x.xk, nt=nt)
     if isinstance(x, (Q8Rows, Half16Rows)):    # already quantized / rounded
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     shared = [w for w in ws if isinstance(w, CudaWeight) and w.act_q8]
@@ -661,9 +686,9 @@ def linears(x, ws, biases=None):
             _gemm(x2, w, b, out, x16=x16)
     else:
         if kquant_joinable(ws, n):
-            return _linears_joined(x2, ws, biases, launch_gemv_kquant3, *quantize_x(x2), lead=lead)
+            return _linears_joined(n, ws, biases, launch_gemv_kquant3, *quantize_x(x2), lead=lead)
         if nt := kquant_mma_joinable(ws, n):
-            return _linears_joined(x2, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), lead=lead, nt=nt)
+            return _linears_joined(n, ws, biases, launch_gemv_kquant_mma3, quantize_x_q8k(x2), lead=lead, nt=nt)
         on_mma = [gguf_mma_tiles(w, n) > 0 for w in shared]
         xqd = quantize_x(x2) if not all(on_mma) else None
         xk = quantize_x_q8k(x2) if any(on_mma) else None
@@ -681,13 +706,12 @@ def linears(x, ws, biases=None):
     return outs
 
 
-def _linears_joined(x2, ws, biases, launch, *xquant, lead=None, **kw):
-    """linears of 2-D x over joinable weights in one launch (launch_gemv_kquant3 with x's int8
-    blocks of 32, or launch_gemv_kquant_mma3 with its blocks of 256); lead: the outputs' leading
+def _linears_joined(n: int, ws, biases, launch, *xquant, lead=None, **kw):
+    """linears of n rows over joinable weights in one launch (launch_gemv_kquant3 with the rows' int8
+    blocks of 32, or launch_gemv_kquant_mma3 with their blocks of 256); lead: the outputs' leading
     shape where x had more than two dimensions."""
     import cupy as cp
 
-    n = x2.shape[0]
     outs = [cp.empty((n, w.rows), dtype=cp.float32) for w in ws]
     biases = [None if b is None else cp.ascontiguousarray(b, dtype=cp.float32) for b in biases]
     launch(ws, *xquant, biases, outs, n, **kw)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attn_cuda, elementwise_cuda, linear_cuda
+from . import attn_cuda, elementwise_cuda, linear_cuda, linear_norm_cuda
 from .attention_meta import AttentionMetadata
 from .kquant_mma_cuda import gguf_mma_tiles
 from .kv_pages_cuda import KV_CACHE_DTYPES, empty_kv_pages
@@ -109,6 +109,12 @@ class CudaOps:
             return fused
         h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
         return self.linear(h, w, bias), residual
+
+    def linear_add_rms_norm(self, x, w, residual, w_norm, eps: float, feeds, up=None):
+        """add_rms_norm(linear(x, w), residual, w_norm, eps, feeds) (with up: of silu(x) * up) in the
+        GEMV's launch: the batch-1 K-quant GEMV writes the int8 blocks the feeds read
+        (linear_norm_cuda); None elsewhere."""
+        return linear_norm_cuda.linear_add_rms_norm(x, w, residual, w_norm, eps, feeds, up=up)
 
     def add_rms_norm_mlp(self, x, residual, w_norm, eps: float, w_gate_up, w_down):
         """(silu_mul_linear(gate, up, w_down), residual') for [gate; up], residual' =

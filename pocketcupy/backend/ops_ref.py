@@ -81,6 +81,12 @@ class NumpyOps:
         h, residual = self.add_rms_norm(x, residual, w_norm, eps, feeds=[w])
         return self.linear(h, w, bias), residual
 
+    def linear_add_rms_norm(self, x, w, residual, w_norm, eps, feeds, up=None):
+        """add_rms_norm(linear(x, w), residual, ...) in the GEMV's launch (with up: of silu(x) * up),
+        or None where the backend does not fuse them: here never (the CUDA backend's batch-1 K-quant
+        GEMVs do); the model then runs the two ops."""
+        return None
+
     def add_rms_norm_mlp(self, x, residual, w_norm, eps, w_gate_up, w_down):
         """(silu_mul_linear(gate, up, w_down), residual') for [gate; up], residual' =
         add_rms_norm_linear(x, residual, w_norm, eps, w_gate_up): a gated MLP over a joined

@@ -37,11 +37,18 @@ _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 
 class Q8Rows:
     """Activations [N, K] float32 whose int8 blocks were computed by the kernel that produced them
     (a fused norm): per 32 (quantize_x's layout) in xq / xds, which linears with int8 activations
-    read, or per 256 (quantize_x_q8k's) in xk, which the K-quant tensor-core linears read."""
+    read, or per 256 (quantize_x_q8k's) in xk, which the K-quant tensor-core linears read.
+    From a GEMV with a norm epilogue (linear_norm_cuda.linear_add_rms_norm) there are only the blocks
+    (x is None) and xpart, the partial sums that give the blocks' norm scale."""
     x: Any
     xq: Any
     xds: Any
     xk: Any = None
+    xpart: Any = None
+
+    @property
+    def shape(self) -> tuple:
+        return self.x.shape if self.x is not None else self.xq.shape
 
 
 @dataclass

@@ -91,10 +91,12 @@ class LlamaModel:
         ops, c = self.ops, self.config
         n = len(input_ids)
         x = self.tp.embedding(ops, self.embed, input_ids)
-        residual = None
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
+        residual = h = None     # h: the attention norm's output where the down projection before wrote it
+        for i, (layer, (k_cache, v_cache)) in enumerate(zip(self.layers, kv_caches)):
             # a norm feeding one fused weight goes with it (one launch where the GEMV can normalise)
-            if residual is None:
+            if h is not None:
+                q, k, v = self._qkv(layer, h, n)
+            elif residual is None:
                 residual = x
                 q, k, v = self._qkv(layer, ops.rms_norm(x, layer.attn_norm, c.rms_eps), n)
             elif layer.wqkv is not None:
@@ -109,17 +111,43 @@ class LlamaModel:
                 k = ops.rms_norm(k, layer.k_norm, c.rms_eps)
             attn = ops.rope_attention(q, k, v, positions, self.inv_freq, c.rope_interleaved, k_cache, v_cache, meta,
                                       self.scale, feeds=[layer.wo])   # [n, Hq * D]
+            nxt = self.layers[i + 1] if i + 1 < len(self.layers) else None
+            x, residual, h = self._o_and_mlp(layer, attn, residual, nxt)
+        h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
+        return h
+
+    def _o_and_mlp(self, layer, attn, residual, nxt):
+        """The o projection and the MLP of a layer: (x, residual, None) with x to add to the
+        residual, or (None, residual, h) where the down projection wrote the next layer's (nxt's)
+        attention norm itself."""
+        ops, c = self.ops, self.config
+        fused = self._linear_norm(attn, layer.wo, residual, layer.ffn_norm, layer.ffn_inputs)
+        if fused is None:
             x = self.tp.all_reduce(ops.linear(attn, layer.wo))
             if layer.w_gate_up is not None:
                 y, residual = ops.add_rms_norm_mlp(x, residual, layer.ffn_norm, c.rms_eps, layer.w_gate_up,
                                                    layer.w_down)
-            else:
-                h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
-                gate, up = ops.linears(h, [layer.w_gate, layer.w_up])
-                y = ops.silu_mul_linear(gate, up, layer.w_down)
-            x = self.tp.all_reduce(y)
-        h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
-        return h
+                return self.tp.all_reduce(y), residual, None
+            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps, feeds=layer.ffn_inputs)
+        else:
+            h, residual = fused
+        if layer.w_gate_up is not None:
+            gu = ops.linear(h, layer.w_gate_up)
+            gate, up = gu[:, :gu.shape[1] // 2], gu[:, gu.shape[1] // 2:]
+        else:
+            gate, up = ops.linears(h, [layer.w_gate, layer.w_up])
+        fused = None if nxt is None else self._linear_norm(gate, layer.w_down, residual, nxt.attn_norm,
+                                                             nxt.attn_inputs, up=up)
+        if fused is not None:
+            return None, fused[1], fused[0]
+        return self.tp.all_reduce(ops.silu_mul_linear(gate, up, layer.w_down)), residual, None
+
+    def _linear_norm(self, x, w, residual, w_norm, feeds, up=None):
+        """ops.linear_add_rms_norm (None where the backend does not fuse them, or where the ranks
+        must all-reduce the linear's output before the norm)."""
+        if self.tp.world > 1:
+            return None
+        return self.ops.linear_add_rms_norm(x, w, residual, w_norm, self.config.rms_eps, feeds, up=up)
 
     def _qkv(self, layer, h, n):
         """q [n, Hq, D], k and v [n, Hkv, D]: column views of one fused projection when there is one."""
