@@ -1,5 +1,5 @@
-"""Shared test helpers: run a model's forward pass directly over one sequence; load a script of
-scripts/ as a module."""
+"""Shared test helpers: run a model's forward pass directly over one sequence, or steps of several
+sequences over a paged cache; load a script of scripts/ as a module."""
 import importlib.util
 import os
 import sys
@@ -37,3 +37,44 @@ def load_script(name: str):
     sys.modules.setdefault(name, mod)
     spec.loader.exec_module(mod)
     return mod
+
+
+def rel_err(got, ref) -> float:
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+class PagedRun:
+    """Runs forward steps of several sequences over one paged cache with shuffled block ids."""
+
+    def __init__(self, model, ops, num_blocks=12, seed=0, block=16):
+        c = model.config
+        self.model, self.ops, self.block = model, ops, block
+        self.caches = [ops.empty_kv_cache(num_blocks, block, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
+        self.free = list(np.random.default_rng(seed).permutation(num_blocks))
+        self.tables: dict[str, list[int]] = {}
+
+    def step(self, chunks, decode_only=False):
+        """chunks: [(seq name, token ids, start position)] -> host logits of every row."""
+        ids, pos, slots, starts, lens, tables = [], [], [], [0], [], []
+        for name, toks, start in chunks:
+            stop = start + len(toks)
+            table = self.tables.setdefault(name, [])
+            while len(table) * self.block < stop:
+                table.append(int(self.free.pop()))
+            p = np.arange(start, stop)
+            ids.extend(int(t) for t in toks)
+            pos.append(p)
+            slots.append(np.asarray(table, np.int64)[p // self.block] * self.block + p % self.block)
+            starts.append(starts[-1] + len(toks))
+            lens.append(stop)
+            tables.append(table)
+        bt = np.zeros((len(chunks), max(len(t) for t in tables) + 1), np.int32)
+        for i, t in enumerate(tables):
+            bt[i, :len(t)] = t
+        meta = AttentionMetadata(np.asarray(starts, np.int32), np.asarray(lens, np.int32), bt, np.concatenate(slots),
+                                 self.block, decode_only=decode_only)
+        ops = self.ops
+        hidden = self.model.forward(ops.asarray(np.asarray(ids, np.int64)), ops.asarray(np.concatenate(pos)),
+                                    ops.upload_meta(meta), self.caches)
+        logits = ops.to_host(self.model.compute_logits(hidden))
+        return np.split(logits, starts[1:-1])

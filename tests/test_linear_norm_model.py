@@ -10,8 +10,7 @@ from pocketcupy import Engine, SamplingParams
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
-from .helpers import load_script
-from .test_ops_cuda_model import PagedRun, rel_err
+from .helpers import PagedRun, load_script, rel_err
 
 pytestmark = pytest.mark.gpu
 

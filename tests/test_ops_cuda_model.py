@@ -6,19 +6,17 @@ import os
 import numpy as np
 import pytest
 
-from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
 from .conftest import FIXTURES
-from .helpers import full_logits
+from .helpers import PagedRun, full_logits, rel_err
 
 MODELS = ["tiny_llama", "tiny_qwen2", "tiny_qwen3"]
 REF = np.load(os.path.join(FIXTURES, "hf_logits.npz"))
 # max |cuda - ref| / max |ref|. The CUDA path keeps K/V in fp16 and feeds fp16/bf16 activations to
 # cuBLAS for batches > 8 rows; the same roundings simulated in NumPy give at most 2.6e-3 here.
 TOL = 1e-2
-BLOCK = 16
 
 
 def cuda_model(name):
@@ -27,47 +25,6 @@ def cuda_model(name):
     ck = load_checkpoint(os.path.join(FIXTURES, name))
     ops = CudaOps()
     return build_model(ck.config, ck.tensors, ops), ops
-
-
-def rel_err(got, ref) -> float:
-    return float(np.abs(got - ref).max() / np.abs(ref).max())
-
-
-class PagedRun:
-    """Runs forward steps of several sequences over one paged cache with shuffled block ids."""
-
-    def __init__(self, model, ops, num_blocks=12, seed=0):
-        c = model.config
-        self.model, self.ops = model, ops
-        self.caches = [ops.empty_kv_cache(num_blocks, BLOCK, c.num_kv_heads, c.head_dim) for _ in range(c.num_layers)]
-        self.free = list(np.random.default_rng(seed).permutation(num_blocks))
-        self.tables: dict[str, list[int]] = {}
-
-    def step(self, chunks, decode_only=False):
-        """chunks: [(seq name, token ids, start position)] -> host logits of every row."""
-        ids, pos, slots, starts, lens, tables = [], [], [], [0], [], []
-        for name, toks, start in chunks:
-            stop = start + len(toks)
-            table = self.tables.setdefault(name, [])
-            while len(table) * BLOCK < stop:
-                table.append(int(self.free.pop()))
-            p = np.arange(start, stop)
-            ids.extend(int(t) for t in toks)
-            pos.append(p)
-            slots.append(np.asarray(table, np.int64)[p // BLOCK] * BLOCK + p % BLOCK)
-            starts.append(starts[-1] + len(toks))
-            lens.append(stop)
-            tables.append(table)
-        bt = np.zeros((len(chunks), max(len(t) for t in tables) + 1), np.int32)
-        for i, t in enumerate(tables):
-            bt[i, :len(t)] = t
-        meta = AttentionMetadata(np.asarray(starts, np.int32), np.asarray(lens, np.int32), bt, np.concatenate(slots),
-                                 BLOCK, decode_only=decode_only)
-        ops = self.ops
-        hidden = self.model.forward(ops.asarray(np.asarray(ids, np.int64)), ops.asarray(np.concatenate(pos)),
-                                    ops.upload_meta(meta), self.caches)
-        logits = ops.to_host(self.model.compute_logits(hidden))
-        return np.split(logits, starts[1:-1])
 
 
 @pytest.mark.gpu
