@@ -5,7 +5,9 @@
 // gemv_gguf<QT, NB, R>: block of 32-128 threads (fewer for short rows) owns R rows; its
 // threads stride over the (block, unit) pairs of those rows, each unit's weights read once
 // and used for all NB activation rows.  Grid: ceil(rows / R).  XN: the sums take xnorm_scale(xpart) (gemv_reduce.cuh).
+// gemv_gguf_norm: the batch-1 GEMV with a norm epilogue (gemv_norm.cuh) for these types.
 #include "gguf_units.cuh"
+#include "gemv_norm.cuh"
 #include "gemv_reduce.cuh"
 #include "q8_act.cuh"
 #include "pdl.cuh"
@@ -94,6 +96,32 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
 }
 
+// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh): group
+// i of the block's 32 / R groups of SB threads owns rows 32 * blockIdx.x + i * R .., its threads
+// striding over their units as gemv_gguf's do. rows % 32 == 0; grid rows / 32.
+template <int QT, int R, int SB>
+__global__ void __launch_bounds__(32 / R * SB)
+gemv_gguf_norm(const u8* __restrict__ W, long long bpr, int K, const i8* __restrict__ xq,
+               const float4* __restrict__ xds, const float* __restrict__ bias,
+               float* __restrict__ res, const float* __restrict__ w_norm, float eps, i8* __restrict__ yq,
+               float4* __restrict__ yds, float* __restrict__ ypart) {
+    __shared__ u32 tab_s[QTraits<QT>::TAB > 0 ? QTraits<QT>::TAB : 1];
+    __shared__ float red[32 / R * (SB / 32)][R];
+    const u32* tab = stage_table<QT>(tab_s);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * 32 + lane;       // warp 0's row in the epilogue
+    const u8* wr[R];
+    norm_group_rows<R, SB>(W, bpr, wr);
+    const float wn = warp == 0 ? w_norm[row] : 0.0f;
+    pdl_wait();
+    const float r_in = warp == 0 ? res[row] : 0.0f;   // loaded now, used after the loop
+    float acc[R][1] = {};
+    gemv_units<QT, 1, R>(wr, K, threadIdx.x % SB, SB, tab, xq, xds, acc);
+    norm_block_reduce<R>(acc, red);
+    if (warp > 0) return;
+    norm_epilogue(norm_row_sum<R, SB>(red, lane), r_in, wn, eps, bias, res, yq, yds, ypart);
+}
+
 #ifndef __CUDACC_RTC__
 // nvcc (the CI compile test) sees every type's code; NVRTC instantiates via name_expressions
 #define PQ_INST_Q(S, H) \
@@ -107,4 +135,6 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST
+template __global__ void gemv_gguf_norm<Q8_0, 2, 64>(const u8*, long long, int, const i8*, const float4*,
+                                                     const float*, float*, const float*, float, i8*, float4*, float*);
 #endif

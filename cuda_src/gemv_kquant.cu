@@ -18,8 +18,10 @@
 // Grid: ceil(rows / (R * GEMV_THREADS / 32)).  Needs K % 256 == 0.  Blocks of Q4_K / Q5_K are
 // 16-byte aligned (144 and 176 bytes, rows start 16-byte aligned); Q6_K is read 4 bytes at a time.
 // XN (gemv_kquant, gemv_kquant_split, gemv_kquant3): the activations are a norm epilogue's
-// blocks and the sums take its scale (xnorm_scale); gemv_kquant_norm is that epilogue's GEMV.
+// blocks and the sums take its scale (xnorm_scale); gemv_kquant_norm is that epilogue's GEMV
+// (gemv_norm.cuh).
 #include "gguf_units.cuh"
+#include "gemv_norm.cuh"
 #include "gemv_reduce.cuh"
 #include "pdl.cuh"
 #include "q8_act.cuh"
@@ -272,67 +274,28 @@ gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, cons
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
 }
 
-// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue, for the linears whose
-// output feeds a norm (o, down): a block of 32 / R groups of SB threads owns 32 rows (group i: rows
-// 32 * blockIdx.x + i * R .., its threads striding over their 64-value groups as gemv_kquant_split's
-// do). Warp 0 then takes a row a lane: h = y (+ bias) + res, stored to res (in place), and
-// g = h * w_norm as int8 blocks of 32 (q8_act.cuh's rounding) into yq / yds, without the norm's
-// rsqrt(mean(h^2) + eps); instead ypart[blockIdx.x] = sum of the block's h^2 + 32 * eps, from which
-// the GEMVs reading yq take that scale (xnorm_scale). No block waits on another, and the norm
-// costs no launch of its own. rows % 32 == 0; grid rows / 32.
+// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh): group
+// i of the block's 32 / R groups of SB threads owns rows 32 * blockIdx.x + i * R .., its threads
+// striding over their 64-value groups as gemv_kquant_split's do. rows % 32 == 0; grid rows / 32.
 template <int QT, int R, int SB>
 __global__ void __launch_bounds__(32 / R * SB)
 gemv_kquant_norm(const u8* __restrict__ W, long long bpr, int K, const i8* __restrict__ xq,
                  const float4* __restrict__ xds, const float* __restrict__ bias,
                  float* __restrict__ res, const float* __restrict__ w_norm, float eps, i8* __restrict__ yq,
                  float4* __restrict__ yds, float* __restrict__ ypart) {
-    constexpr int WPS = SB / 32;                  // warps a group
-    __shared__ float red[32 / R * WPS][R];
-    const int t = threadIdx.x % SB, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float red[32 / R * (SB / 32)][R];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * 32 + lane;       // warp 0's row in the epilogue
     const u8* wr[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        wr[r] = W + (long long)(blockIdx.x * 32 + threadIdx.x / SB * R + r) * bpr;
-        if (t * 128 < bpr) prefetch_l2_line(wr[r] + t * 128);
-    }
+    norm_group_rows<R, SB>(W, bpr, wr);
     const float wn = warp == 0 ? w_norm[row] : 0.0f;
     pdl_wait();
     const float r_in = warp == 0 ? res[row] : 0.0f;   // loaded now, used after the loop
     float acc[R][1] = {};
-    kq_accum<QT, 1, R, 1>(wr, K, t, SB, xq, xds, acc);
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        float v = acc[r][0];
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) red[warp][r] = v;
-    }
-    __syncthreads();
+    kq_accum<QT, 1, R, 1>(wr, K, threadIdx.x % SB, SB, xq, xds, acc);
+    norm_block_reduce<R>(acc, red);
     if (warp > 0) return;
-    float y = 0.0f;
-#pragma unroll
-    for (int w = 0; w < WPS; ++w) y += red[lane / R * WPS + w][lane % R];
-    if (bias) y += bias[row];
-    const float h = y + r_in, g = h * wn;
-    res[row] = h;
-    float amax = fabsf(g), ss = h * h;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    }
-    const int q = __float2int_rn(g * q8_inv_scale(amax));
-    yq[row] = (i8)q;
-    int s16 = q;
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s16 += __shfl_xor_sync(0xffffffffu, s16, o);   // lanes 0-15 / 16-31
-    const int s16_hi = __shfl_sync(0xffffffffu, s16, 16);
-    if (lane == 0) {
-        const float d = amax / 127.0f;
-        yds[blockIdx.x] = make_float4(d, d * (float)(s16 + s16_hi), d * (float)s16, d * (float)s16_hi);
-        ypart[blockIdx.x] = ss + 32.0f * eps;
-    }
+    norm_epilogue(norm_row_sum<R, SB>(red, lane), r_in, wn, eps, bias, res, yq, yds, ypart);
 }
 
 // Two or three weights of one input in one launch (q, k, v projections of mixed types, as Q4_K_M

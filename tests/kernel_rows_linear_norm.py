@@ -1,5 +1,5 @@
-"""Kernel-table rows for linear_add_rms_norm (linear_norm_cuda.py): the batch-1 K-quant GEMV whose
-epilogue adds the residual and writes the RMSNorm's int8 blocks without the norm's scale, and the
+"""Kernel-table rows for linear_add_rms_norm (linear_norm_cuda.py): the batch-1 K-quant or Q8_0 GEMV
+whose epilogue adds the residual and writes the RMSNorm's int8 blocks without the norm's scale, and the
 linears that read those blocks (gemv_kquant3, gemv_kquant_split, gemv_kquant and gemv_gguf taking
 the scale from the partial sums). Reference: float64 NumPy, the GEMV's input rounded to int8 per 32
 (act_q8.q8_roundtrip), the normalised rows rounded the same way for the linears after it.
@@ -84,4 +84,6 @@ ROWS = [KernelRow("linear_add_rms_norm", f"{q.lower()}-{rows}x{cols}{'-gated' if
         for q, rows, cols, gated, bias in (("Q4_K", 4096, 4096, False, False),   # the o projection's shape
                                            ("Q6_K", 512, 1536, True, False),     # a down projection (padded Q6_K)
                                            ("Q4_K", 1024, 512, True, True),
-                                           ("Q5_K", 768, 1024, False, False))]
+                                           ("Q5_K", 768, 1024, False, False),
+                                           ("Q8_0", 4096, 4096, False, False),   # gemv_gguf_norm
+                                           ("Q8_0", 512, 1536, True, True))]

@@ -1,28 +1,33 @@
-"""The batch-1 K-quant GEMV with the residual-add RMSNorm of its output as epilogue
-(gemv_kquant_norm in gemv_kquant.cu), for the linears whose output goes straight into a norm (the
-o and down projections of a Llama layer): the norm then costs no launch of its own. Its output
-is only the int8 blocks the next linears read (Q8Rows with x None) and the partial sums of
-squares they take the norm's scale from (xnorm_scale in gemv_reduce.cuh)."""
+"""The batch-1 int8 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh:
+gemv_kquant_norm for K-quants, gemv_gguf_norm for Q8_0), for the linears whose output goes straight
+into a norm (the o and down projections of a Llama layer): the norm then costs no launch of its
+own. Its output is only the int8 blocks the next linears read (Q8Rows with x None) and the partial
+sums of squares they take the norm's scale from (xnorm_scale in gemv_reduce.cuh)."""
 from __future__ import annotations
 
 import numpy as np
 
 from .kernels import cuda_op, kernel, opt_arg
 from .kquant_mma_cuda import gguf_mma_tiles
-from .linear_cuda import _vec4, quantize_x, reads_q8_blocks
+from .linear_cuda import KQUANT_QTYPES, _vec4, quantize_x, reads_q8_blocks
 from .weight_cuda import CudaWeight, Q8Rows
 
 # (R rows, SB threads) of each of the block's 32 / R row groups, by weight type: the batch-1
-# launches of gemv_kquant_split (Q4_K: 4 rows on 128 threads) and gemv_kquant (Q6_K: 2 rows a warp)
-NORM_GEMV_LAUNCH = {"Q4_K": (4, 128), "Q5_K": (2, 64), "Q6_K": (2, 32)}
+# launches of gemv_kquant_split (Q4_K: 4 rows on 128 threads) and gemv_kquant (Q6_K: 2 rows a
+# warp); Q8_0: 2 rows on 64 threads (H200, 8B decode graph 2,613-2,621 us against 2,665-2,672 with
+# gemv_gguf's 4 rows on 128 and 2,660-2,663 with the norms apart; 4 on 64 2,823, 8 on 128 2,886,
+# 2 on 32 2,854; one row a warp 2,588-2,592, not yet run through the kernel table)
+NORM_GEMV_LAUNCH = {"Q4_K": (4, 128), "Q5_K": (2, 64), "Q6_K": (2, 32), "Q8_0": (2, 64)}
 
 
 def norm_epilogue_applies(w, n: int, feeds) -> bool:
     """Whether linear_add_rms_norm runs w at batch n for a norm read by `feeds`: one row, a K-quant
-    weight of whole super-blocks and of rows in blocks of 32, and feeds that all read int8 blocks
-    of 32 of w's output (the DP4A GEMVs, which take the norm's scale from the partial sums)."""
+    weight of whole super-blocks or a Q8_0 weight, with rows in blocks of 32, and feeds that all
+    read int8 blocks of 32 of w's output (the DP4A GEMVs, which take the norm's scale from the
+    partial sums)."""
     return (n == 1 and isinstance(w, CudaWeight) and w.qtype in NORM_GEMV_LAUNCH and w.act_q8
-            and w.cols % 256 == 0 and w.rows % 32 == 0 and not gguf_mma_tiles(w, n)
+            and w.cols % (256 if w.qtype in KQUANT_QTYPES else 32) == 0 and w.rows % 32 == 0
+            and not gguf_mma_tiles(w, n)
             and bool(feeds) and all(reads_q8_blocks(f, n) and f.cols == w.rows for f in feeds))
 
 
@@ -53,8 +58,10 @@ def linear_add_rms_norm(x, w, residual, w_norm, eps: float, feeds, up=None, bias
     ypart = cp.empty(w.rows // 32, dtype=cp.float32)
     w_norm = cp.ascontiguousarray(w_norm, dtype=cp.float32)
     bias = None if bias is None else cp.ascontiguousarray(bias, dtype=cp.float32)
-    expr = f"gemv_kquant_norm<{w.type_id}, {r}, {sb}>"
-    kernel("gemv_kquant.cu", expr, name_expressions=(expr,))((w.rows // 32,), (32 // r * sb,), (
+    kquant = w.qtype in KQUANT_QTYPES
+    source = "gemv_kquant.cu" if kquant else "gemv_gguf.cu"
+    expr = f"{'gemv_kquant_norm' if kquant else 'gemv_gguf_norm'}<{w.type_id}, {r}, {sb}>"
+    kernel(source, expr, name_expressions=(expr,))((w.rows // 32,), (32 // r * sb,), (
         w.data, np.int64(w.data.shape[1]), np.int32(w.cols), xq, xds, opt_arg(bias), residual, w_norm,
         np.float32(eps), yq, yds, ypart))
     return Q8Rows(None, yq, yds, xpart=ypart), residual
