@@ -112,7 +112,7 @@ class CudaOps:
 
     def linear_add_rms_norm(self, x, w, residual, w_norm, eps: float, feeds, up=None):
         """add_rms_norm(linear(x, w), residual, w_norm, eps, feeds) (with up: of silu(x) * up) in the
-        GEMV's launch: the batch-1 K-quant GEMV writes the int8 blocks the feeds read
+        GEMV's launch: the batch-1 K-quant or Q8_0 GEMV writes the int8 blocks the feeds read
         (linear_norm_cuda); None elsewhere."""
         return linear_norm_cuda.linear_add_rms_norm(x, w, residual, w_norm, eps, feeds, up=up)
 

@@ -84,7 +84,7 @@ class NumpyOps:
     def linear_add_rms_norm(self, x, w, residual, w_norm, eps, feeds, up=None):
         """add_rms_norm(linear(x, w), residual, ...) in the GEMV's launch (with up: of silu(x) * up),
         or None where the backend does not fuse them: here never (the CUDA backend's batch-1 K-quant
-        GEMVs do); the model then runs the two ops."""
+        and Q8_0 GEMVs do); the model then runs the two ops."""
         return None
 
     def add_rms_norm_mlp(self, x, residual, w_norm, eps, w_gate_up, w_down):
