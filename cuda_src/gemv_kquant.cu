@@ -274,28 +274,19 @@ gemv_kquant_split(const u8* __restrict__ W, long long bpr, int rows, int K, cons
     gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
 }
 
-// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh): group
-// i of the block's 32 / R groups of SB threads owns rows 32 * blockIdx.x + i * R .., its threads
-// striding over their 64-value groups as gemv_kquant_split's do. rows % 32 == 0; grid rows / 32.
+// The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh's
+// gemv_norm_block), a group's threads striding over their 64-value groups as gemv_kquant_split's
+// do. rows % 32 == 0; grid rows / 32.
 template <int QT, int R, int SB>
 __global__ void __launch_bounds__(32 / R * SB)
 gemv_kquant_norm(const u8* __restrict__ W, long long bpr, int K, const i8* __restrict__ xq,
                  const float4* __restrict__ xds, const float* __restrict__ bias,
                  float* __restrict__ res, const float* __restrict__ w_norm, float eps, i8* __restrict__ yq,
                  float4* __restrict__ yds, float* __restrict__ ypart) {
-    __shared__ float red[32 / R * (SB / 32)][R];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * 32 + lane;       // warp 0's row in the epilogue
-    const u8* wr[R];
-    norm_group_rows<R, SB>(W, bpr, wr);
-    const float wn = warp == 0 ? w_norm[row] : 0.0f;
-    pdl_wait();
-    const float r_in = warp == 0 ? res[row] : 0.0f;   // loaded now, used after the loop
-    float acc[R][1] = {};
-    kq_accum<QT, 1, R, 1>(wr, K, threadIdx.x % SB, SB, xq, xds, acc);
-    norm_block_reduce<R>(acc, red);
-    if (warp > 0) return;
-    norm_epilogue(norm_row_sum<R, SB>(red, lane), r_in, wn, eps, bias, res, yq, yds, ypart);
+    gemv_norm_block<R, SB>(W, bpr, bias, res, w_norm, eps, yq, yds, ypart,
+                           [&](const u8* const (&wr)[R], int t, float (&acc)[R][1]) {
+                               kq_accum<QT, 1, R, 1>(wr, K, t, SB, xq, xds, acc);
+                           });
 }
 
 // Two or three weights of one input in one launch (q, k, v projections of mixed types, as Q4_K_M

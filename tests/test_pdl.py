@@ -24,9 +24,23 @@ def _body(src: str, after: int) -> str:
         i += 1
 
 
+def _with_headers(src: str, seen=None) -> str:
+    """src followed by the cuda_src headers it includes, transitively (where device functions a
+    kernel calls may be defined)."""
+    seen = set() if seen is None else seen
+    out = [src]
+    for name in re.findall(r'#include "([\w.]+)"', src):
+        path = os.path.join(CUDA_SRC, name)
+        if name not in seen and os.path.exists(path):
+            seen.add(name)
+            out.append(_with_headers(open(path).read(), seen))
+    return "\n".join(out)
+
+
 def _waiting_body(src: str, body: str) -> str:
-    """body, or where it has no pdl_wait() the body of the first device function of this file it
-    calls that has one (a kernel whose body function waits inside, after its pre-wait reads)."""
+    """body, or where it has no pdl_wait() the body of the first device function of this file or
+    its headers it calls that has one (a kernel whose body function waits inside, after its
+    pre-wait reads)."""
     if "pdl_wait();" in body:
         return body
     for called in re.findall(r"(\w+)\s*(?:<[^<>()]*>)?\s*\(", body):
@@ -45,7 +59,7 @@ def _kernel_bodies():
                 continue
             start = src.index("{", m.end())
             name = [w for w in re.findall(r"(\w+)\s*\(", src[m.end():start]) if w != "__launch_bounds__"][0]
-            yield f"{os.path.basename(path)}:{name}", _waiting_body(src, _body(src, m.end()))
+            yield f"{os.path.basename(path)}:{name}", _waiting_body(_with_headers(src), _body(src, m.end()))
 
 
 def test_every_kernel_waits_for_its_predecessor_before_returning():
