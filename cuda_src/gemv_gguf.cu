@@ -126,6 +126,10 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST
-template __global__ void gemv_gguf_norm<Q8_0, 2, 64>(const u8*, long long, int, const i8*, const float4*,
-                                                     const float*, float*, const float*, float, i8*, float4*, float*);
+#define PQ_INST_N(R, SB)                                                                                   \
+    template __global__ void gemv_gguf_norm<Q8_0, R, SB>(const u8*, long long, int, const i8*, const float4*, \
+                                                         const float*, float*, const float*, float, i8*,      \
+                                                         float4*, float*);
+PQ_INST_N(1, 32) PQ_INST_N(4, 128)
+#undef PQ_INST_N
 #endif

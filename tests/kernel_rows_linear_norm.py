@@ -85,5 +85,6 @@ ROWS = [KernelRow("linear_add_rms_norm", f"{q.lower()}-{rows}x{cols}{'-gated' if
                                            ("Q6_K", 512, 1536, True, False),     # a down projection (padded Q6_K)
                                            ("Q4_K", 1024, 512, True, True),
                                            ("Q5_K", 768, 1024, False, False),
-                                           ("Q8_0", 4096, 4096, False, False),   # gemv_gguf_norm
-                                           ("Q8_0", 512, 1536, True, True))]
+                                           ("Q8_0", 4096, 4096, False, False),   # gemv_gguf_norm, short rows
+                                           ("Q8_0", 512, 1536, True, True),
+                                           ("Q8_0", 512, 8192, True, True))]     # long rows

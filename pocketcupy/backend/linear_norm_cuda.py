@@ -14,10 +14,19 @@ from .weight_cuda import CudaWeight, Q8Rows
 
 # (R rows, SB threads) of each of the block's 32 / R row groups, by weight type: the batch-1
 # launches of gemv_kquant_split (Q4_K: 4 rows on 128 threads) and gemv_kquant (Q6_K: 2 rows a
-# warp); Q8_0: 2 rows on 64 threads (H200, 8B decode graph 2,613-2,621 us against 2,665-2,672 with
-# gemv_gguf's 4 rows on 128 and 2,660-2,663 with the norms apart; 4 on 64 2,823, 8 on 128 2,886,
-# 2 on 32 2,854; one row a warp 2,588-2,592, not yet run through the kernel table)
-NORM_GEMV_LAUNCH = {"Q4_K": (4, 128), "Q5_K": (2, 64), "Q6_K": (2, 32), "Q8_0": (2, 64)}
+# warp); Q8_0: one row a warp, and on rows of at most NORM_SHORT_ROW_UNITS 32-value units 4 rows on
+# 128 threads (NORM_GEMV_SHORT_ROW_LAUNCH). H200, 8B Q8_0 decode graph (2026-12-04): 2,572-2,578 us;
+# both projections one row a warp 2,583-2,589, 2 rows on 64 threads 2,623-2,626 (2,660-2,663 with the
+# norms apart); the down projection on 2 x 64 2,615-2,617; 4 on 64 2,823, 8 on 128 2,886, 2 on 32 2,854
+NORM_GEMV_LAUNCH = {"Q4_K": (4, 128), "Q5_K": (2, 64), "Q6_K": (2, 32), "Q8_0": (1, 32)}
+NORM_GEMV_SHORT_ROW_LAUNCH = {"Q8_0": (4, 128)}
+NORM_SHORT_ROW_UNITS = 128
+
+
+def norm_gemv_launch(w) -> tuple[int, int]:
+    """(R, SB) of w's norm GEMV (see NORM_GEMV_LAUNCH)."""
+    short = NORM_GEMV_SHORT_ROW_LAUNCH if w.cols // 32 <= NORM_SHORT_ROW_UNITS else {}
+    return short.get(w.qtype, NORM_GEMV_LAUNCH[w.qtype])
 
 
 def norm_epilogue_applies(w, n: int, feeds) -> bool:
@@ -52,7 +61,7 @@ def linear_add_rms_norm(x, w, residual, w_norm, eps: float, feeds, up=None, bias
                 or (up is not None and (up.shape != x.shape or up.dtype != cp.float32 or not _vec4(up))):
             return None
         xq, xds = quantize_x(x, up)
-    r, sb = NORM_GEMV_LAUNCH[w.qtype]
+    r, sb = norm_gemv_launch(w)
     yq = cp.empty((1, w.rows), dtype=cp.int8)
     yds = cp.empty((1, w.rows // 32, 4), dtype=cp.float32)
     ypart = cp.empty(w.rows // 32, dtype=cp.float32)
