@@ -52,6 +52,7 @@
 #define DM_MIN_CHUNK 64         // fewest keys per split: a step for each warp
 #define DM_MAXG 16              // query heads per KV head: the m16 rows
 #define DM_MAX_SPLITS 64        // DECODE_MAX_SPLITS in attn_cuda.py
+#define DM_MERGE_CHUNK 16       // splits the merging block loads at once
 
 // 8 elements at value col of key `key`'s row for KV head kh (C: kv_codes.cuh), and that row's index
 template <typename C, int D>
@@ -243,7 +244,6 @@ __device__ __forceinline__ void decode_mma_body(
     constexpr int WKEYS = DM_KEYS * NS;
     __shared__ __align__(16) float o_s[DM_WARPS][DM_MAXG][OSTR];
     __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
-    __shared__ float w_s[DM_MAXG][DM_MAX_SPLITS];
     __shared__ int last_s;
     __shared__ float wmax_s[DM_WARPS];                 // the per-256 quantizer's warp maxima
     __shared__ float cs[2][64];                        // RoPE: cos, sin of the token's angles
@@ -524,31 +524,38 @@ __device__ __forceinline__ void decode_mma_body(
     __syncthreads();
     if (!last_s) return;
     __threadfence();
-    for (int i = tid; i < group * ns; i += DM_THREADS) {   // all log-sum-exps at once
-        const int row = i / ns, s = i % ns;
-        w_s[row][s] = __ldcg(part_lse + (prow0 + row) * num_splits + s);
-    }
-    __syncthreads();
-    if (tid < group) {
-        float mx = pc_neg_inf();
-        for (int s = 0; s < ns; ++s) mx = fmaxf(mx, w_s[tid][s]);
-        for (int s = 0; s < ns; ++s)
-            w_s[tid][s] = w_s[tid][s] == pc_neg_inf() ? 0.0f : exp2f(w_s[tid][s] - mx);
-    }
-    __syncthreads();
     for (int i0 = 0; i0 < n4; i0 += DM_THREADS) {
         const int i = i0 + tid;
         const bool ok = i < n4;
         const int row = ok ? 4 * i / D : 0, d = 4 * i % D;
         const float* po = part_o + (prow0 + row) * num_splits * D + d;
+        const float* pl = part_lse + (prow0 + row) * num_splits;
         float4 num = make_float4(0.f, 0.f, 0.f, 0.f);
-        float den = 0.0f;
-#pragma unroll 16
-        for (int s = 0; s < ns; ++s) {                 // every load issued; a split with no keys weighs 0
-            const float wt = w_s[row][s];
-            const float4 v = __ldcg(reinterpret_cast<const float4*>(po + (i64)s * D));
-            if (wt != 0.0f) num = f4_fma(wt, v, num);
-            den += wt;
+        float mx = pc_neg_inf(), den = 0.0f;
+        // DM_MERGE_CHUNK splits at a time, their log-sum-exps loaded with their partial outputs (one
+        // round trip); the chunks merge online (split 0, in the first, is never empty)
+        for (int s0 = 0; s0 < ns; s0 += DM_MERGE_CHUNK) {
+            float lse[DM_MERGE_CHUNK];
+            float4 v[DM_MERGE_CHUNK];
+#pragma unroll
+            for (int j = 0; j < DM_MERGE_CHUNK; ++j) {
+                const bool in = s0 + j < ns;
+                lse[j] = in ? __ldcg(pl + s0 + j) : pc_neg_inf();
+                v[j] = in ? __ldcg(reinterpret_cast<const float4*>(po + (i64)(s0 + j) * D)) : num;
+            }
+            float m = mx;
+#pragma unroll
+            for (int j = 0; j < DM_MERGE_CHUNK; ++j) m = fmaxf(m, lse[j]);
+            const float a = mx == pc_neg_inf() ? 0.0f : exp2f(mx - m);
+            num = f4_scale(num, a);
+            den *= a;
+#pragma unroll
+            for (int j = 0; j < DM_MERGE_CHUNK; ++j) {   // a split with no keys weighs 0
+                const float wt = lse[j] == pc_neg_inf() ? 0.0f : exp2f(lse[j] - m);
+                if (wt != 0.0f) num = f4_fma(wt, v[j], num);
+                den += wt;
+            }
+            mx = m;
         }
         store_out4(f4_scale(num, 1.0f / den), i, ok, out, out0, q8, b, r0, n4_row);   // split 0 is never empty
     }
