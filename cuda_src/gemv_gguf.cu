@@ -90,10 +90,13 @@ gemv_gguf(const u8* __restrict__ W, long long bpr, int rows, int K, const i8* __
     const u8* wr[R];
     block_row_ptrs<R>(W, bpr, row0, rows, wr);
     pdl_wait();
+    const float* xp = XN && threadIdx.x < 32 ? xpart : nullptr;
+    float xv[XN_EARLY];
+    xnorm_load(xp, K, xv);
 
     float acc[R][NB] = {};
     gemv_units<QT, NB, R>(wr, K, threadIdx.x, blockDim.x, tab, xq, xds, acc);
-    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, XN && threadIdx.x < 32 ? xnorm_scale(xpart, K) : 1.0f);
+    gemv_reduce_store<NB, R>(acc, row0, rows, bias, y, xnorm_scale(xp, K, xv));
 }
 
 // The batch-1 GEMV with the residual-add RMSNorm of its output as epilogue (gemv_norm.cuh's

@@ -14,14 +14,38 @@ constexpr int GEMV_THREADS = 128;
 // s = rsqrt(sum / K) = rsqrt(mean(h^2) + eps); the block scales d are linear in s, so the GEMV's
 // sums take it at the end. part == nullptr: 1. Every lane of the warp calls it and gets the same
 // bits (a fixed order of loads, then a butterfly).
-__device__ __forceinline__ float xnorm_scale(const float* __restrict__ part, int K) {
-    if (part == nullptr) return 1.0f;
-    float t = 0.0f;
+__device__ __forceinline__ float xnorm_rest(const float* __restrict__ part, int K, float t, int i0) {
 #pragma unroll 4
-    for (int i = threadIdx.x & 31; i < K / 32; i += 32) t += __ldcg(part + i);
+    for (int i = (threadIdx.x & 31) + i0; i < K / 32; i += 32) t += __ldcg(part + i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
     return rsqrtf(t / (float)K);
+}
+
+__device__ __forceinline__ float xnorm_scale(const float* __restrict__ part, int K) {
+    return part == nullptr ? 1.0f : xnorm_rest(part, K, 0.0f, 0);
+}
+
+// The same with a lane's first XN_EARLY sums loaded by xnorm_load right after pdl_wait, so that their
+// round trip overlaps the GEMV's loop instead of following it (gemv_gguf: H200 Q8_0 8B decode graph
+// 2,480-2,490 us against 2,500-2,503; the K-quant GEMVs lost, 2,048 against 2,017 on Q4_K_M, so they
+// load them at the end).
+constexpr int XN_EARLY = 4;
+
+__device__ __forceinline__ void xnorm_load(const float* __restrict__ part, int K, float (&v)[XN_EARLY]) {
+#pragma unroll
+    for (int j = 0; j < XN_EARLY; ++j) {
+        const int i = (threadIdx.x & 31) + 32 * j;
+        v[j] = part != nullptr && i < K / 32 ? __ldcg(part + i) : 0.0f;
+    }
+}
+
+__device__ __forceinline__ float xnorm_scale(const float* __restrict__ part, int K, const float (&v)[XN_EARLY]) {
+    if (part == nullptr) return 1.0f;
+    float t = 0.0f;
+#pragma unroll
+    for (int j = 0; j < XN_EARLY; ++j) t += v[j];
+    return xnorm_rest(part, K, t, 32 * XN_EARLY);
 }
 
 // red: (GEMV_THREADS / 32 - 1) * R * NB * 32 floats of shared memory, free for this call
