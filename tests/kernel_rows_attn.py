@@ -157,6 +157,7 @@ DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits (None = the 
     ("b2-splits1-hkv1-g8-d128", [300, 2000], 1, 8, 128, 1),
     ("b2-splits7-hkv2-g4-d128", [300, 2000], 2, 4, 128, 7),
     ("b2-splits64-short-hkv2-g4-d128", [70, 129], 2, 4, 128, 64),   # mostly empty splits
+    ("b2-splits40-hkv2-g4-d128", [3000, 700], 2, 4, 128, 40),       # 38 splits used: merged 16 at a time
     ("b2-hkv2-g2-d16", [33, 70], 2, 2, 16, None),
     ("b2-hkv2-g2-d32", [5, 130], 2, 2, 32, None),
     ("b1-hkv1-g16-d128", [200], 1, 16, 128, None),
