@@ -90,12 +90,42 @@ __device__ void sparse_edits(const RowSrc& raw, float* w, int* cnt, const int* P
     __syncthreads();
 }
 
+// One value of the raw pass: into the work row, the log-softmax statistics and the argmax.
+__device__ __forceinline__ void raw_take(float x, int i, float* w, bool lse, float& m, float& z, float& av, int& ai) {
+    if (w) w[i] = x;
+    if (lse && x != pc_neg_inf()) {
+        if (x > m) { z = z * expf(m - x) + 1.0f; m = x; }
+        else z += expf(x - m);
+    }
+    argmax_merge(av, ai, x, i);
+}
+
 // Masked raw logits: optional copy into the work row, log-softmax statistics and argmax.
+// A 16-byte aligned row is read as float4, U loads in flight a thread (a block reads a
+// 49152-value row in two rounds); the rest, or an unaligned row, value by value.
 __device__ void raw_pass(const RowSrc& raw, int V, float* w, bool lse, bool amax, float& m, float& z,
                          float& av, int& ai, SelShared& s) {
     m = pc_neg_inf(); z = 0.0f; av = pc_neg_inf(); ai = 0x7fffffff;
-    constexpr int U = 8;                  // loads in flight a thread: the row is ~V / blockDim.x loads deep
-    for (int i0 = threadIdx.x; i0 < V; i0 += U * blockDim.x) {
+    constexpr int U = 8;
+    const int V4 = (reinterpret_cast<size_t>(raw.p) & 15) == 0 ? V / 4 : 0;
+    for (int j0 = threadIdx.x; j0 < V4; j0 += U * blockDim.x) {
+        float4 xs[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = j0 + u * blockDim.x;
+            xs[u] = j < V4 ? raw.load4(j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = j0 + u * blockDim.x;
+            if (j >= V4) break;
+            raw_take(xs[u].x, 4 * j, w, lse, m, z, av, ai);
+            raw_take(xs[u].y, 4 * j + 1, w, lse, m, z, av, ai);
+            raw_take(xs[u].z, 4 * j + 2, w, lse, m, z, av, ai);
+            raw_take(xs[u].w, 4 * j + 3, w, lse, m, z, av, ai);
+        }
+    }
+    for (int i0 = 4 * V4 + threadIdx.x; i0 < V; i0 += U * blockDim.x) {
         float xs[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -106,13 +136,7 @@ __device__ void raw_pass(const RowSrc& raw, int V, float* w, bool lse, bool amax
         for (int u = 0; u < U; ++u) {
             const int i = i0 + u * blockDim.x;
             if (i >= V) break;
-            const float x = xs[u];
-            if (w) w[i] = x;
-            if (lse && x != pc_neg_inf()) {
-                if (x > m) { z = z * expf(m - x) + 1.0f; m = x; }
-                else z += expf(x - m);
-            }
-            argmax_merge(av, ai, x, i);
+            raw_take(xs[u], i, w, lse, m, z, av, ai);
         }
     }
     if (lse) block_lse(m, z, s);
@@ -224,11 +248,11 @@ __device__ int race(const RowSrc& src, int V, u32 tau, uint2 seed, float& min_ke
     return bi < V ? bi : (ai < V ? ai : 0);
 }
 
-extern "C" __global__ void __launch_bounds__(SAMP_NT)
-sample_rows_f32(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ params,
-                const int* __restrict__ toks, const u32* __restrict__ masks, i64 mask_words,
-                float* __restrict__ work, i64 ld_work, int* __restrict__ cnt, i64 ld_cnt, int* __restrict__ out) {
-    pdl_wait();
+// One row per block: the sampler of sample_rows_f32 and sample_rows_at_f32.
+__device__ __forceinline__ void
+sample_row(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ params,
+           const int* __restrict__ toks, const u32* __restrict__ masks, i64 mask_words,
+           float* __restrict__ work, i64 ld_work, int* __restrict__ cnt, i64 ld_cnt, int* __restrict__ out) {
     __shared__ SelShared s;
     const int row = blockIdx.x, tid = threadIdx.x;
     const int* P = params + (i64)row * SP_WORDS;
@@ -283,6 +307,26 @@ sample_rows_f32(const float* __restrict__ logits, i64 ld, int V, const int* __re
         o[SO_KEPT] = kept;
         if (!want_lp) o[SO_N] = -1;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(SAMP_NT)
+sample_rows_f32(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ params,
+                const int* __restrict__ toks, const u32* __restrict__ masks, i64 mask_words,
+                float* __restrict__ work, i64 ld_work, int* __restrict__ cnt, i64 ld_cnt, int* __restrict__ out) {
+    pdl_wait();
+    sample_row(logits, ld, V, params, toks, masks, mask_words, work, ld_work, cnt, ld_cnt, out);
+}
+
+// sample_rows_f32 writing to the address held in out_at[0], read when it runs: a decode graph
+// captures this launch and alternates its result buffers step by step.
+extern "C" __global__ void __launch_bounds__(SAMP_NT)
+sample_rows_at_f32(const float* __restrict__ logits, i64 ld, int V, const int* __restrict__ params,
+                   const int* __restrict__ toks, const u32* __restrict__ masks, i64 mask_words,
+                   float* __restrict__ work, i64 ld_work, int* __restrict__ cnt, i64 ld_cnt,
+                   const i64* __restrict__ out_at) {
+    pdl_wait();
+    sample_row(logits, ld, V, params, toks, masks, mask_words, work, ld_work, cnt, ld_cnt,
+               reinterpret_cast<int*>(out_at[0]));
 }
 
 // Prompt logprobs: top-N logprobs of each row and the rank/logprob of tokens[row].

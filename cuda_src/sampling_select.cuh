@@ -71,6 +71,19 @@ struct RowSrc {
         if (mask && !((mask[i >> 5] >> (i & 31)) & 1u)) v = pc_neg_inf();
         return scale ? v / t : v;
     }
+    // values 4j .. 4j + 3 (p 16-byte aligned)
+    __device__ __forceinline__ float4 load4(int j) const {
+        float4 v = reinterpret_cast<const float4*>(p)[j];
+        if (mask) {
+            const u32 bits = mask[j >> 3] >> ((j & 7) * 4);
+            if (!(bits & 1u)) v.x = pc_neg_inf();
+            if (!(bits & 2u)) v.y = pc_neg_inf();
+            if (!(bits & 4u)) v.z = pc_neg_inf();
+            if (!(bits & 8u)) v.w = pc_neg_inf();
+        }
+        if (scale) { v.x /= t; v.y /= t; v.z /= t; v.w /= t; }
+        return v;
+    }
 };
 
 // ---- block reductions (every thread gets the result; each call synchronises) ----------------

@@ -328,7 +328,8 @@ class Engine:
     def _launch(self, sched_out, prev: LaunchedStep | None) -> LaunchedStep:
         """Runs the forward and launches sampling; each sampled sequence gets a PENDING_TOKEN
         (so the next schedule sees its gap). prev: the step whose tokens are still awaited."""
-        run_out = self.runner.execute(sched_out) if prev is None else self.runner.execute(sched_out, prev.feed())
+        feed = None if prev is None else prev.feed()
+        run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
         seqs = [self._seqs[i] for i in run_out.sample_ids]
         self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
         for s in seqs:
@@ -337,12 +338,29 @@ class Engine:
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
             self._collect_prompt_logits(self._seqs[seq_id], chunk)
-        sample = self.sampler.launch(run_out.logits, [s.row for s in seqs]) if seqs else None
+        if run_out.sampled is not None:
+            sample = self.sampler.pending(run_out.sampled, [s.row for s in seqs])
+        else:
+            sample = self.sampler.launch(run_out.logits, [s.row for s in seqs]) if seqs else None
         slots = []
         for s in seqs:
             slots.append(s.req.num_output_tokens)
             self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
         return LaunchedStep(seqs, slots, sample)
+
+    def _graph_sample_params(self, sched_out):
+        """For runner.execute: the sampled rows' parameters when the device sampler can run inside
+        the decode graph (no structured-output mask or bad words, which are known only later)."""
+        graph_params = getattr(self.sampler, "graph_params", None)
+        if graph_params is None:
+            return None
+
+        def params(V: int):
+            seqs = [self._seqs[s.request_id] for s in sched_out.scheduled if s.sample]
+            if any(s.matcher is not None or s.group.bad_words for s in seqs):
+                return None
+            return graph_params([s.row for s in seqs], V)
+        return params
 
     def _resolve(self, step: LaunchedStep, touched: dict) -> None:
         """The launched step's tokens on the host: each replaces its PENDING_TOKEN and is appended

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,8 @@ class RunnerOutput:
     sample_ids: list[str]                   # requests to sample for, in row order of `logits`
     logits: object                          # [len(sample_ids), vocab] on the backend
     prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
+    sampled: object = None                  # [len(sample_ids), SO_WORDS] results of a sampler run
+                                            # inside the decode graph (logits None then)
 
 
 @dataclass
@@ -93,8 +96,11 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
                                        block_size, scratch_slot=num_blocks * block_size)
 
-    def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None) -> RunnerOutput:
-        """One step. feed: the previous step's sampled ids, for scheduled PENDING_TOKENs."""
+    def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None,
+                sample_params: Callable[[int], np.ndarray | None] | None = None) -> RunnerOutput:
+        """One step. feed: the previous step's sampled ids, for scheduled PENDING_TOKENs.
+        sample_params(V): the sampled rows' parameters for a sampler inside the decode graph (or
+        None), asked for when the step replays a graph whose every row samples."""
         ops = self.ops
         ids, pos, meta = self.build_batch(out)
         meta.decode_only = len(ids) == meta.num_seqs
@@ -104,11 +110,12 @@ class ModelRunner:
         fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
         if (self.graphs is not None and meta.decode_only and self.graphs.bucket_for(len(ids))
                 and not any(s.prompt_logits for s in out.scheduled)):
-            logits = self.graphs.run(ids, pos, meta, fed)
             rows = [i for i, s in enumerate(out.scheduled) if s.sample]
+            params = sample_params(self.model.config.vocab_size) if sample_params and len(rows) == len(ids) else None
+            logits, sampled = self.graphs.run(ids, pos, meta, fed, params)
             if len(rows) < len(ids):  # a prompt chunk of one token that does not end the prompt
                 logits = logits[ops.asarray(np.asarray(rows, np.int64))]
-            return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {})
+            return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {}, sampled)
         ids_dev = ops.asarray(ids)
         if fed is not None:
             ops.scatter_tokens(ids_dev, *fed)

@@ -169,6 +169,18 @@ for B, V in [(12, 49152), (6, 128256), (6, 1000)]:
         ref=lambda i: Sampler(i["eos"])(i["x"], i["rows"]).token_ids.astype(I32),
         cuda=lambda i, poison: run_sample_rows(i["x"], i["rows"], poison, i["eos"])[:, 0], tol=0.0))
 
+
+def run_sample_rows_at(x: np.ndarray, rows, poison):
+    """sample_rows_at into a poisoned buffer named through out_at, as a decode graph runs it."""
+    sc, cp = _sc(), _cp()
+    B, V = x.shape
+    out = poison((B, sc.SO_WORDS), I32)
+    params = cp.asarray(sc.CudaSampler().graph_params(rows, V))
+    sc.sample_rows_at(cp.asarray(x), params, cp.empty((B + 1, V + 5), cp.float32),
+                      cp.asarray(np.array([out.data.ptr], np.int64)))
+    return out
+
+
 FILTERS = [  # temperature, top_k, top_p, min_p
     (1.0, 50, 1.0, 0.0), (0.7, 0, 0.9, 0.0), (1.3, 0, 1.0, 0.05), (1.0, 1000, 0.95, 0.01),
     (0.5, 3000, 0.5, 0.0), (2.0, 0, 0.99, 0.0), (1.0, 1, 1.0, 0.0), (1.0, 5000, 1.0, 0.0),
@@ -197,13 +209,33 @@ for V, span in [(49152, 24.0), (151936, 12.0), (1000, 30.0)]:
                 for j, (t, k, tp, mp) in enumerate(FILTERS)]
         return {"x": x, "rows": rows}
 
+    for op, run in [("sample_rows", run_sample_rows), ("sample_rows_at", run_sample_rows_at)]:
+        def cuda(i, poison, run=run):
+            sc = _sc()
+            out = run(i["x"], i["rows"], poison)
+            return out[:, sc.SO_KEPT], out[:, sc.SO_MINKEPT].view(_cp().float32)
+
+        ROWS.append(KernelRow(op, f"cut-topk-topp-minp-{V}", make,
+                              ref=lambda i: ref_cut(i["x"], i["rows"]), cuda=cuda, tol=0.0))
+
+# --- sample_rows_at: the decode graph's sampler, parameters from CudaSampler.graph_params -------
+for B, V in [(7, 49152), (3, 151936), (1, 1000)]:
+    def make(rng, B=B, V=V):   # greedy rows, with and without logprobs
+        rows = [SamplingRow(SamplingParams(temperature=0.0, logprobs=[None, 5, 0][b % 3])) for b in range(B)]
+        return {"x": separated(rng, B, V), "rows": rows}
+
+    def ref(i):
+        out = Sampler()(i["x"], i["rows"])
+        lp = np.array([0.0 if d is None else d[t].logprob for d, t in zip(out.logprobs, out.token_ids)], F32)
+        return out.token_ids.astype(I32), lp
+
     def cuda(i, poison):
         sc = _sc()
-        out = run_sample_rows(i["x"], i["rows"], poison)
-        return out[:, sc.SO_KEPT], out[:, sc.SO_MINKEPT].view(_cp().float32)
+        out = run_sample_rows_at(i["x"], i["rows"], poison)
+        want_lp = _cp().asarray([r.params.logprobs is not None for r in i["rows"]])
+        return out[:, sc.SO_TOK], _cp().where(want_lp, out[:, sc.SO_LP].view(_cp().float32), 0.0)
 
-    ROWS.append(KernelRow("sample_rows", f"cut-topk-topp-minp-{V}", make,
-                          ref=lambda i: ref_cut(i["x"], i["rows"]), cuda=cuda, tol=0.0))
+    ROWS.append(KernelRow("sample_rows_at", f"greedy-logprobs-{B}x{V}", make, ref=ref, cuda=cuda, tol=(0.0, 1e-6)))
 
 # --- Philox ---------------------------------------------------------------------------------
 for n, key in [(1000, 0x0123456789ABCDEF), (3, 0)]:

@@ -72,9 +72,32 @@ def test_graphs_over_batch_8_match_eager(smollm2_gguf):
         gpu = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
         runs[graphs] = [o.outputs[0].token_ids for o in gpu.generate(prompts, p)]
         if graphs:
-            assert 24 in gpu.runner.graphs.graphs  # the batch really ran through a graph above 8
+            assert (24, True) in gpu.runner.graphs.graphs  # a graph above 8, with the sampler inside
         del gpu                                    # its KV pool goes back before the next engine sizes its own
     assert runs[True] == runs[False]
+
+
+def test_sampler_inside_graph_matches_eager(smollm2_gguf):
+    """Seeded top-p sampling with logprobs: the sampler captured in the decode graph gives the tokens
+    and logprobs of the eager steps' sampler launch; a batch with a penalised row samples after its
+    graph instead, with the same result as eager."""
+    prompts = [f"Tell me about the number {i}." for i in range(4)]
+    plain = [SamplingParams(temperature=0.8, top_p=0.9, seed=i, logprobs=3, max_tokens=16, ignore_eos=True)
+             for i in range(4)]
+    mixed = plain[:3] + [SamplingParams(temperature=0.0, repetition_penalty=1.3, max_tokens=16, ignore_eos=True)]
+    runs = {}
+    for graphs in (True, False):
+        gpu = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
+        for name, params in (("plain", plain), ("mixed", mixed)):
+            outs = [o.outputs[0] for o in gpu.generate(prompts, params)]
+            runs[graphs, name] = ([o.token_ids for o in outs],
+                                  [[d[t].logprob for d, t in zip(o.logprobs or [], o.token_ids)] for o in outs])
+        if graphs:
+            assert {(4, True), (4, False)} <= set(gpu.runner.graphs.graphs)
+        del gpu
+    for name in ("plain", "mixed"):
+        assert runs[True, name][0] == runs[False, name][0], name
+        np.testing.assert_allclose(sum(runs[True, name][1], []), sum(runs[False, name][1], []), atol=1e-5)
 
 # per kv_cache_dtype: (near-tie gap, tokens before the CPU's first near-tie at least, mean and max
 # teacher-forced log-prob difference). H200 (2026-12-03): fp8 35 of the 96 tokens before a tie of

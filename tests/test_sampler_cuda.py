@@ -87,6 +87,25 @@ def test_packed_batch_layout():
     assert masks.tolist() == [0x55555555] * 3 + [0x5]
 
 
+def test_graph_params_only_for_rows_without_lists_masks_or_bias():
+    """CudaSampler.graph_params: the decode graph's sampler takes greedy / filtered / logprob rows
+    (their PackedBatch parameters, seeds drawn as launch() draws them) and nothing that needs token
+    lists, masks or a logit bias."""
+    V, smp = 100, sc.CudaSampler(eos_token_ids=[5])
+    plain = [SamplingRow(SamplingParams(temperature=0.0, logprobs=2)),
+             SamplingRow(SamplingParams(temperature=0.8, top_k=7, top_p=0.9, min_p=0.1, seed=3)),
+             SamplingRow(SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[9]), output_ids=[1, 2])]
+    got = smp.graph_params(plain, V)
+    want = sc.PackedBatch([SamplingRow(r.params, output_ids=r.output_ids) for r in plain], V, [5])
+    assert got.shape == (3, sc.SP_WORDS) and (got == want.host.reshape(3, sc.SP_WORDS)).all()
+    needs_launch = [dict(logit_bias={3: 1.0}), dict(repetition_penalty=1.1), dict(frequency_penalty=0.5),
+                    dict(presence_penalty=0.5), dict(min_tokens=5)]
+    for kw in needs_launch:
+        assert smp.graph_params([plain[0], SamplingRow(SamplingParams(**kw), output_ids=[1])], V) is None, kw
+    for row_kw in [dict(allowed_mask=np.arange(V) < 50), dict(packed_mask=np.ones(4, np.uint32)), dict(banned_ids=[4])]:
+        assert smp.graph_params([SamplingRow(SamplingParams(temperature=0.0), **row_kw)], V) is None, row_kw
+
+
 # ---- GPU -------------------------------------------------------------------------------------
 
 def _cp():

@@ -96,6 +96,22 @@ def sample_rows(logits, params, toks, masks, mask_words: int, work, cnt, out=Non
     return out
 
 
+@cuda_op("sample_rows_at")
+def sample_rows_at(logits, params, work, out_at) -> None:
+    """sample_rows for rows without token lists or masks, writing [B, SO_WORDS] int32 to the device
+    address held in out_at (int64 [1]) when it runs: the launch a decode graph captures."""
+    x, ld = _rows_f32(logits)
+    B, V = x.shape
+    if (params.dtype != np.int32 or params.size < B * SP_WORDS or out_at.dtype != np.int64
+            or work.shape[0] < B or work.shape[1] < V):
+        raise TypeError(f"sample_rows_at: params int32 [>= {B}, {SP_WORDS}], work [>= {B}, >= {V}] and out_at "
+                        f"int64, got {params.dtype} {params.shape}, {work.shape}, {out_at.dtype}")
+    if B:
+        kernel(SRC, "sample_rows_at_f32")((B,), (NT,), (
+            x, ld, np.int32(V), params, params, params, np.int64(0),
+            work, np.int64(work.shape[1]), params, np.int64(0), out_at))
+
+
 @cuda_op("philox4x32")
 def philox4x32(counters, key: int, out=None):
     """Philox 4x32-10 of uint32 counters [N, 4] under a 64-bit key (RNG known-answer tests)."""
@@ -145,6 +161,14 @@ def _prompt_ids(row: SamplingRow) -> np.ndarray:
         c = (p, len(p), _ids(p))
         row.__dict__["_cuda_prompt"] = c
     return c[2]
+
+
+def in_graph(row: SamplingRow, eos: Sequence[int], V: int) -> bool:
+    """Whether the row samples without token lists, masks or a logit bias (sample_rows_at can)."""
+    p = row.params
+    return (not p.logit_bias and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
+            and p.presence_penalty == 0.0 and row.allowed_mask is None and row.packed_mask is None
+            and not suppressed_tokens(row, eos, V))
 
 
 class PackedBatch:
@@ -301,7 +325,7 @@ class CudaSampler:
             x = x.copy()
             x[cp.asarray(rows_idx), cp.asarray(ids)] += cp.asarray(vals)
         if self._up is None:
-            self._up, self._down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+            self._up = cp.cuda.Stream(non_blocking=True)
         stream = cp.cuda.get_current_stream()
         if self._sampled is not None:    # pinned_upload's ring of `_up` reuses a slot once its reader ran
             self._up.wait_event(self._sampled)
@@ -312,8 +336,26 @@ class CudaSampler:
         cnt = self._scratch("_cnt", batch.n_cnt, V, np.int32)
         dev = sample_rows(x, params, toks, masks, batch.mask_words, work, cnt)
         self._sampled = stream.record()
+        return self.pending(dev, rows, self._sampled)
+
+    def graph_params(self, rows: Sequence[SamplingRow], V: int) -> np.ndarray | None:
+        """The rows' parameters (int32 [B, SP_WORDS]) for a sampler inside the decode graph
+        (sample_rows_at), or None when a row needs what only launch() does (in_graph)."""
+        if not all(in_graph(r, self.eos_token_ids, V) for r in rows):
+            return None
+        batch = PackedBatch(rows, V, self.eos_token_ids)
+        return batch.host[:batch.n_params].reshape(len(rows), SP_WORDS)
+
+    def pending(self, dev, rows: Sequence[SamplingRow], sampled=None) -> PendingSample:
+        """The sample whose results dev ([B, SO_WORDS] int32) holds once the event `sampled` (by
+        default: the work queued on the current stream) has passed: they come down on a side
+        stream while the device goes on."""
+        cp = _cp()
+        sampled = sampled or cp.cuda.get_current_stream().record()
+        if self._down is None:
+            self._down = cp.cuda.Stream(non_blocking=True)
         host = self._host_buffer(dev.nbytes)[:dev.nbytes].view(np.int32).reshape(dev.shape)
-        self._down.wait_event(self._sampled)
+        self._down.wait_event(sampled)
         cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, dev.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
                                     self._down.ptr)
         done = self._down.record()

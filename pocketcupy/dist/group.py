@@ -296,7 +296,9 @@ class GroupRunner:
     def __getattr__(self, name):
         return getattr(self.runner, name)
 
-    def execute(self, out):
+    def execute(self, out, feed=None, sample_params=None):
+        """sample_params is not passed on: rank 0's graphs keep the sampler outside, so that every
+        rank captures the same graphs (a capture runs the forward's collectives once)."""
         g = self.group
         if g.failure is not None:
             g.fail(g.failure.rank)   # returns once the other ranks are stopped
@@ -305,7 +307,7 @@ class GroupRunner:
             raise RuntimeError("the engine is closed: its tensor-parallel ranks have stopped")
         try:
             g.comm.broadcast_object(out)
-            return self.runner.execute(out)
+            return self.runner.execute(out, feed)
         except RankFailedError as e:
             g.fail(e.rank, e.reason)
             raise (g.failure or e) from None
