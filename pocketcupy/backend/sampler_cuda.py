@@ -4,7 +4,9 @@
 `SamplingRow`s as the NumPy `Sampler`, and returns the same `SamplerOutput`. Per step it makes
 one host->device copy (row parameters, token-id lists for penalties, packed allowed-masks), one
 kernel launch (one block per row), and one device->host copy of [B, SO_WORDS] int32 (token ids,
-top-N logprobs, sampled-token logprob and rank). Random rows draw a 64-bit seed from their numpy
+top-N logprobs, sampled-token logprob and rank); inside a decode graph (`graph_params`,
+`sample_rows_at`, backend/graphs.py) the parameters travel with the graph's inputs and the kernel is
+part of the graph, so only the copy down is left. Random rows draw a 64-bit seed from their numpy
 Generator each step, so a request seed gives the same tokens run to run (not the NumPy sampler's
 tokens: only the distribution is shared). Imports cupy lazily."""
 from __future__ import annotations
