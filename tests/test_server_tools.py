@@ -6,7 +6,8 @@ server renders them Hermes-style itself; the tiny model rarely follows that by i
 is only checked for a well-formed answer). For a named function or "required", the server
 prefills the assistant turn with '<tool_call>\\n{"name": "<fn>", "arguments": ' (for "required"
 with several functions it first picks the one the model finds most likely), so a call to a
-listed function is guaranteed; its arguments are whatever JSON the model then writes.
+listed function is guaranteed, and its arguments follow the function's parameters schema (the
+structured-output engine constrains them).
 """
 import json
 
@@ -37,8 +38,8 @@ def test_named_tool_choice_round_trip(client):
     assert call.type == "function" and call.function.name == "get_weather" and call.id
     assert isinstance(call.function.arguments, str) and call.function.arguments
     print("model's arguments:", call.function.arguments)
-    if c.finish_reason == "tool_calls":  # the model closed a JSON object: arguments are exactly that object
-        assert isinstance(json.loads(call.function.arguments), dict)
+    if c.finish_reason == "tool_calls":  # not cut by max_tokens: the object the parameters' schema allows
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
     follow = ASK + [c.message.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 18, "sky": "sunny"})}]
     answer = create(client, messages=follow, tool_choice="none", max_tokens=24)
@@ -66,6 +67,8 @@ def test_required_picks_a_listed_function(client):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name in {"get_weather", "get_time"}
     print("required ->", call.function.name, call.function.arguments)
+    if r.choices[0].finish_reason == "tool_calls":
+        assert isinstance(json.loads(call.function.arguments)["city"], str)
     # the names scored on a left-truncated prompt (truncate_prompt_tokens)
     t = create(client, tool_choice="required", extra_body={"truncate_prompt_tokens": r.usage.prompt_tokens - 40})
     assert t.choices[0].message.tool_calls[0].function.name in {"get_weather", "get_time"}
@@ -91,3 +94,26 @@ def test_parallel_tool_calls_false_and_n(server):
     assert status == 200 and len(resp["choices"]) == 2
     for c in resp["choices"]:
         assert len(c["message"]["tool_calls"]) == 1 and c["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+
+def test_forced_arguments_follow_the_schema(client, server):
+    """Sampled (n=3, temperature 1) forced calls: every choice's arguments are an object the schema
+    allows (a short string and a boolean, only the listed keys: at most ~40 tokens); a function
+    without parameters gets {}; a schema the structured-output engine refuses is a 400 naming it."""
+    strict = [{"type": "function", "function": {
+        "name": "forecast", "parameters": {"type": "object", "additionalProperties": False, "required": ["city", "metric"],
+                                           "properties": {"city": {"type": "string", "maxLength": 16},
+                                                          "metric": {"type": "boolean"}}}}},
+              {"type": "function", "function": {"name": "ping"}}]
+    r = create(client, tools=strict, tool_choice={"type": "function", "function": {"name": "forecast"}}, n=3,
+               temperature=1.0, max_tokens=64)
+    for c in r.choices:
+        assert c.finish_reason == "tool_calls"
+        args = json.loads(c.message.tool_calls[0].function.arguments)
+        assert set(args) == {"city", "metric"} and len(args["city"]) <= 16 and isinstance(args["metric"], bool)
+    r = create(client, tools=strict, tool_choice={"type": "function", "function": {"name": "ping"}})
+    assert r.choices[0].message.tool_calls[0].function.arguments == "{}"
+    body = {"model": MODEL, "messages": ASK, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]}
+    status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters"

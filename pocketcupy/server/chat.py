@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
@@ -10,7 +10,8 @@ from .protocol import Fields, bad, check_context, check_model, make_params, pars
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
-from .tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools, template_knows_tools
+from .tool_prompt import (for_template, forced_call_arguments, parse_messages, parse_tool_choice, parse_tools,
+                          template_knows_tools)
 from .tools import ForcedCallParser, ToolParser, forced_prefill
 
 
@@ -26,6 +27,7 @@ class ChatRequest:
     top_logprobs: int | None        # None: no logprobs
     tools: list | None
     tool_mode: object               # "none" | "auto" | "required" | ("function", name)
+    forced_arguments: dict          # function the server may force -> the constraint on its arguments
     parallel_tool_calls: bool
     max_tokens: tuple | None
 
@@ -71,12 +73,11 @@ def parse_chat(state, body) -> ChatRequest:
     mt = kw["max_tokens"]
     if kw["structured_outputs"] is not None and mode not in ("none", "auto"):
         raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
-    if mode != "none" and mode != "auto":
-        kw["stop"] = kw["stop"] + ["</tool_call>"]
+    forced = forced_call_arguments(tools, mode)
     params = make_params(kw, (top or 0) if logprobs else None)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, parallel, mt)
+                       tools, mode, forced, parallel, mt)
 
 
 def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
@@ -162,13 +163,14 @@ def handle_chat(state, body, gone):
     rid = new_id("chatcmpl")
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced) if forced else "")
+    params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
     try:
         ids = state.engine.tokenizer.encode(text, add_special_tokens=False)
     except ValueError as e:
         raise bad("messages", str(e)) from None
     ids = truncate_prompt(ids, req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
-    job = Job(state, rid, [ids], req.params, req.priority, gone,
+    job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": req.model, "system_fingerprint": "pocketcupy"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from ..chat_template import validate_messages
+from ..structured import StructuredOutputsParams
 from .protocol import bad
 from .tools import CLOSE, OPEN, valid_function_name
 
@@ -48,6 +49,27 @@ def parse_tools(raw) -> list[dict] | None:
         if unknown:
             raise bad(f"{where}.function.{sorted(unknown)[0]}", "unrecognized function field")
     return raw
+
+
+def forced_call_arguments(tools: list[dict], mode) -> dict[str, StructuredOutputsParams]:
+    """For tool_choice "required" or a named function: each function the server may make the model
+    call -> its parameters' JSON schema as the constraint on the arguments the model writes (as
+    vLLM guides forced calls); no parameters: {}. A schema the structured-output engine refuses
+    is a 400 naming it."""
+    if mode in ("none", "auto"):
+        return {}
+    out = {}
+    for i, t in enumerate(tools):
+        fn = t["function"]
+        if isinstance(mode, tuple) and fn["name"] != mode[1]:
+            continue
+        try:
+            schema = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+            out[fn["name"]] = StructuredOutputsParams(json=schema)
+        except ValueError as e:
+            msg = str(e).removeprefix("structured_outputs.json: ")
+            raise bad(f"tools[{i}].function.parameters", f"a forced call's parameters: {msg}") from None
+    return out
 
 
 def parse_tool_choice(raw, tools: list[dict] | None):
