@@ -76,6 +76,26 @@ def test_completions_stream_equals_non_stream(client):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(client):
+    """echo with max_tokens 0 (lm-eval's loglikelihood requests): each prompt and its logprobs come
+    back, nothing generated; the logprobs are those of the same prompt echoed with a token after it;
+    streamed alike. Without echo, max_tokens 0 stays a 400."""
+    prompts = ["The capital of France is Paris", "Hello there"]
+    r = client.completions.create(model=MODEL, prompt=prompts, echo=True, max_tokens=0, logprobs=2)
+    assert [c.text for c in r.choices] == prompts and {c.finish_reason for c in r.choices} == {"length"}
+    assert r.usage.completion_tokens == 0
+    one = client.completions.create(model=MODEL, prompt=prompts[0], echo=True, max_tokens=1, logprobs=2, temperature=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == one.usage.prompt_tokens and lp.tokens == one.choices[0].logprobs.tokens[:-1]
+    assert lp.token_logprobs == one.choices[0].logprobs.token_logprobs[:-1]
+    chunks = list(client.completions.create(model=MODEL, prompt=prompts[1], echo=True, max_tokens=0, logprobs=1,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == prompts[1]
+    assert chunks[-1].usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt=prompts[1], max_tokens=0)
+
+
 def test_completions_several_prompts_and_token_ids(client):
     out = client.completions.create(model=MODEL, prompt=["Hello, my name is", "The weather today"], max_tokens=4,
                                     temperature=0, n=2)

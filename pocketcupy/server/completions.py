@@ -46,10 +46,19 @@ def _prompts(raw, tok) -> list[tuple[list[int], str]]:
     return out
 
 
+def _scores_only(body) -> bool:
+    """echo with max_tokens 0: OpenAI's prompt scoring (lm-eval's loglikelihood requests): the
+    prompt and its logprobs come back and nothing is generated (the engine computes one token,
+    which is dropped)."""
+    return isinstance(body, dict) and body.get("echo") is True and type(body.get("max_tokens")) is int \
+        and body["max_tokens"] == 0
+
+
 def handle_completion(state, body, gone):
     engine = state.engine
     tok = engine.tokenizer
-    f = Fields(body)
+    scores_only = _scores_only(body)
+    f = Fields(dict(body, max_tokens=1) if scores_only else body)
     model = check_model(f, state.config.served_model_names)
     prompts = _prompts(f.require("prompt"), tok)
     kw, priority = parse_common(f, tok.vocab_size)
@@ -76,25 +85,35 @@ def handle_completion(state, body, gone):
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
     n = params.n
     if stream:
-        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage)), job)
+        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage),
+                                 scores_only), job)
     with job:
         finals = job.results()
     choices = []
     for pi, out in enumerate(finals):
         for o in out.outputs:
+            ids, lps, text, fr = _generated(o, scores_only)
             lp = None
             if k is not None:
                 cl = CompletionLogprobs(tok, k)
                 lp = cl.make(out.prompt_token_ids, out.prompt_logprobs) if echo else None
-                gen = cl.make(o.token_ids, o.logprobs)
+                gen = cl.make(ids, lps)
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
-            choices.append({"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + o.text,
-                            "logprobs": lp, "finish_reason": finish_reason(o), "stop_reason": o.stop_reason})
+            choices.append({"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + text,
+                            "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason})
     return dict(head, object="text_completion", choices=choices,
-                usage=usage(sum(len(p) for p, _ in prompts), sum(len(o.token_ids) for r in finals for o in r.outputs)))
+                usage=usage(sum(len(p) for p, _ in prompts), sum(len(_generated(o, scores_only)[0])
+                                                                 for r in finals for o in r.outputs)))
 
 
-def _stream(tok, job, head, prompts, n, echo, k, usage_opts):
+def _generated(o, scores_only: bool):
+    """(token ids, logprobs, text, finish reason) a choice reports of its output o so far."""
+    if scores_only:
+        return [], [], "", "length" if o.finished else None
+    return o.token_ids, o.logprobs or [], o.text, finish_reason(o)
+
+
+def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
     """usage_opts: (include_usage, continuous usage) of parse_stream."""
     include_usage, continuous = usage_opts
     prompt_tokens = sum(len(p) for p, _ in prompts)
@@ -112,22 +131,22 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts):
             idx = pi * n + o.index
             if idx not in logs:
                 logs[idx], sent[idx] = CompletionLogprobs(tok, k or 0), 0
-            text, lp = o.delta_text, None
+            ids, lps, _, fr = _generated(o, scores_only)
+            text, lp = "" if scores_only else o.delta_text, None
             if echo and idx not in echoed:
                 echoed.add(idx)
                 text = prompts[pi][1] + text
                 if k is not None:
                     lp = logs[idx].make(out.prompt_token_ids, out.prompt_logprobs)
-            if k is not None and o.logprobs is not None and len(o.logprobs) > sent[idx]:
-                gen = logs[idx].make(o.token_ids[sent[idx]:], o.logprobs[sent[idx]:])
+            if k is not None and len(lps) > sent[idx]:
+                gen = logs[idx].make(ids[sent[idx]:], lps[sent[idx]:])
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
-                sent[idx] = len(o.logprobs)
-            total[idx] = len(o.token_ids)
-            fr = finish_reason(o)
+                sent[idx] = len(lps)
+            total[idx] = len(ids)
             if text or lp or fr:  # one choice per chunk
                 c = {"index": idx, "text": text, "logprobs": lp, "finish_reason": fr}
                 if fr:
-                    c["stop_reason"] = o.stop_reason
+                    c["stop_reason"] = None if scores_only else o.stop_reason
                 yield chunk([c])
     if include_usage:
         yield dict(head, object="text_completion", choices=[], usage=usage(prompt_tokens, sum(total.values())))
