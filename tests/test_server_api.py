@@ -96,6 +96,27 @@ def test_echo_with_max_tokens_0_scores_the_prompt(client):
         client.completions.create(model=MODEL, prompt=prompts[1], max_tokens=0)
 
 
+def test_prompt_logprobs(client, server):
+    """vLLM's prompt_logprobs on /v1/completions: per prompt token null (the first) or the k most
+    likely tokens and the prompt's own, with ranks, the same values the echoed logprobs carry; with
+    a larger echo k the entries still stop at k; not with stream."""
+    text = "The capital of France is"
+    body = {"model": MODEL, "prompt": text, "max_tokens": 1, "prompt_logprobs": 1}
+    status, resp, _ = request(server, "POST", "/v1/completions", body)
+    assert status == 200
+    pl = resp["choices"][0]["prompt_logprobs"]
+    ids = request(server, "POST", "/tokenize", {"prompt": text})[1]["tokens"]
+    assert len(pl) == len(ids) and pl[0] is None
+    echo = client.completions.create(model=MODEL, prompt=text, max_tokens=1, echo=True, logprobs=3).choices[0].logprobs
+    for i, (tid, pos) in enumerate(zip(ids[1:], pl[1:]), 1):
+        assert str(tid) in pos and pos[str(tid)]["logprob"] == echo.token_logprobs[i]
+        assert [e["rank"] for t, e in pos.items() if t != str(tid)] in ([], [1]) and len(pos) <= 2
+    status, resp, _ = request(server, "POST", "/v1/completions", dict(body, echo=True, logprobs=3))
+    assert resp["choices"][0]["prompt_logprobs"] == pl
+    status, resp, _ = request(server, "POST", "/v1/completions", dict(body, stream=True))
+    assert status == 400 and resp["error"]["param"] == "prompt_logprobs"
+
+
 def test_completions_several_prompts_and_token_ids(client):
     out = client.completions.create(model=MODEL, prompt=["Hello, my name is", "The weather today"], max_tokens=4,
                                     temperature=0, n=2)

@@ -6,7 +6,7 @@ import time
 from ..sampling import MAX_LOGPROBS, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
-from .responses import CompletionLogprobs, chunk_usage, finish_reason, new_id, usage
+from .responses import CompletionLogprobs, chunk_usage, finish_reason, new_id, prompt_logprobs_json, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
 
@@ -64,9 +64,12 @@ def handle_completion(state, body, gone):
     kw, priority = parse_common(f, tok.vocab_size)
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
+    kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)   # vLLM's: per choice, in its own shape
     if f.get("suffix") is not None:
         raise bad("suffix", "'suffix' is not supported")
     stream, include_usage, continuous_usage = parse_stream(f)
+    if kp is not None and stream:
+        raise bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true")
     kw["structured_outputs"] = parse_structured_outputs(f)
     f.reject_unknown()
 
@@ -78,7 +81,8 @@ def handle_completion(state, body, gone):
         kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
     for ids, _ in prompts:
         check_context(C, len(ids), kw["max_tokens"], "prompt", "prompt")
-    params = make_params(kw, k, k if (echo and k is not None) else None)
+    echo_k = k if echo else None
+    params = make_params(kw, k, None if echo_k is None and kp is None else max(echo_k or 0, kp or 0))
     rid = new_id("cmpl")
     job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"})
     job.start()
@@ -99,8 +103,11 @@ def handle_completion(state, body, gone):
                 lp = cl.make(out.prompt_token_ids, out.prompt_logprobs) if echo else None
                 gen = cl.make(ids, lps)
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
-            choices.append({"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + text,
-                            "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason})
+            choice = {"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + text,
+                      "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason}
+            if kp is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, kp)
+            choices.append(choice)
     return dict(head, object="text_completion", choices=choices,
                 usage=usage(sum(len(p) for p, _ in prompts), sum(len(_generated(o, scores_only)[0])
                                                                  for r in finals for o in r.outputs)))

@@ -79,6 +79,20 @@ class CompletionLogprobs:
         return d
 
 
+def prompt_logprobs_json(token_ids, positions, k: int) -> list:
+    """vLLM's prompt_logprobs: per prompt token null (the first) or {token id: {logprob, rank,
+    decoded_token}} of the k most likely tokens and the prompt's own (positions: the engine's, which
+    may hold more than k)."""
+    out = []
+    for tid, pos in zip(token_ids, positions):
+        if pos is None:
+            out.append(None)
+            continue
+        out.append({str(t): {"logprob": _num(lp.logprob), "rank": lp.rank, "decoded_token": lp.decoded_token}
+                    for t, lp in pos.items() if t == tid or (lp.rank is not None and lp.rank <= k)})
+    return out
+
+
 def finish_reason(o, tool_calls: bool = False) -> str | None:
     if o.finish_reason is None:
         return None
