@@ -513,17 +513,18 @@ __device__ __forceinline__ void decode_mma_body(
     }
     if (ns == 1 || counters == nullptr) return;
 
-    // the last block of this (sequence, KV head) to get here merges the splits
-    __threadfence();
+    // the last block of this (sequence, KV head) to get here merges the splits. One thread counts
+    // with an acquire-release atomic after the barrier (the barrier orders the block's partials
+    // before it, the release publishes them; the acquire makes the others' visible to the merging
+    // block after the next barrier): no fence by every thread.
     __syncthreads();
     if (tid == 0) {
         int* cnt = counters + (i64)b * num_kv_heads + kh;
-        last_s = atomicAdd(cnt, 1) == ns - 1;
+        last_s = atomic_add_acq_rel_gpu(cnt, 1) == ns - 1;
         if (last_s) *cnt = 0;                          // every block has counted: ready for the next launch
     }
     __syncthreads();
     if (!last_s) return;
-    __threadfence();
     for (int i0 = 0; i0 < n4; i0 += DM_THREADS) {
         const int i = i0 + tid;
         const bool ok = i < n4;

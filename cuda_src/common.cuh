@@ -18,6 +18,13 @@ typedef unsigned char u8;
 
 __device__ __forceinline__ float pc_neg_inf() { return __int_as_float(0xff800000); }
 
+// atomicAdd with acquire-release semantics at GPU scope (sm_70+); returns the old value.
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+    int old;
+    asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(PC_FULL_MASK, v, o);
