@@ -1,11 +1,12 @@
 """CUDA graphs of the whole decode step (model forward + LM head, and the sampler where every row
-samples without token lists or masks), captured once per batch-size bucket and replayed: one
-graph launch instead of hundreds of kernel launches.
+samples without token lists or masks), captured once per batch-size bucket and input slot and
+replayed: one graph launch instead of hundreds of kernel launches.
 
 Graph memory comes from a private CuPy pool that nothing else allocates from, so buffers the
 graphs read and write are never handed to other arrays; graphs share it and are replayed one
-at a time, on the current stream (as the sampler and the eager steps: no waits between streams
-on the path from one step to the next). Kernels in a graph overlap their predecessors' tails
+at a time, on the current stream (as the sampler and the eager steps). The steps' inputs go to
+two slots by turns, copied on a side stream while the step before runs, so the only thing between
+two replays is a wait on a copy long done. Kernels in a graph overlap their predecessors' tails
 (pdl.py, sm_90+)."""
 from __future__ import annotations
 
@@ -33,33 +34,18 @@ class DecodeGraphs:
         top = self.buckets[-1]
         self.pool = cupy.cuda.MemoryPool()
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        # The graphs' inputs are views of one device buffer, filled by one copy a step from a
-        # pinned host twin: ids, pos, slots int64 [top], feed int64 (elementwise_cuda.fill_feed),
-        # out_at int64 [1] (the address the graph's sampler writes to), seq_lens int32 [top],
-        # params int32 [top, SP_WORDS] (the sampler's rows), tables int32 [top, W].
-        fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
-                  ("feed", np.int64, (feed_row_count(top),)), ("out_at", np.int64, (1,)),
-                  ("seq_lens", np.int32, (top,)), ("params", np.int32, (top, SP_WORDS)),
-                  ("tables", np.int32, (top, max_blocks_per_seq))]
-        nbytes = sum(np.dtype(t).itemsize * int(np.prod(shape)) for _, t, shape in fields)
-        self._host_mem = cupy.cuda.alloc_pinned_memory(nbytes)
-        host = np.frombuffer(self._host_mem, np.uint8, nbytes)
+        # Two sets of inputs, each with its graphs, used by turns: a step's inputs are copied on a
+        # side stream while the step before runs (the turn's graphs read them after an event).
+        self.up_stream = cupy.cuda.Stream(non_blocking=True)
         with cupy.cuda.using_allocator(self.pool.malloc):
-            self._dev = cupy.zeros(nbytes, cupy.uint8)
+            self.inputs = [_Inputs(cupy, top, max_blocks_per_seq) for _ in range(2)]
             self.query_start = cupy.arange(top + 1, dtype=cupy.int32)
-        self.host, off = {}, 0
-        for name, t, shape in fields:
-            size = np.dtype(t).itemsize * int(np.prod(shape))
-            self.host[name] = host[off:off + size].view(t).reshape(shape)
-            setattr(self, name, self._dev[off:off + size].view(t).reshape(shape))
-            off += size
-        self._tables_off = off - self.host["tables"].nbytes
-        self._copied = None
-        self.graphs: dict[tuple[int, bool], object] = {}   # (bucket, with the sampler) -> graph
-        self.logits: dict[tuple[int, bool], object] = {}
-        # The graph's sampler alternates between two result buffers: a step's results are copied to
+        self._slot = 0
+        self.graphs: dict[tuple[int, bool, int], object] = {}   # (bucket, with the sampler, slot) -> graph
+        self.logits: dict[tuple[int, bool, int], object] = {}
+        # The graph's sampler writes to its slot's result buffer: a step's results are copied to
         # the host while the next step runs (its sampled ids are that step's inputs too).
-        self.sampled, self._work, self._turn = [], None, 0
+        self.sampled, self._work = [], None
 
     def bucket_for(self, n: int) -> int | None:
         for b in self.buckets:
@@ -67,22 +53,21 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _meta(self, b: int) -> AttentionMetadata:
-        return AttentionMetadata(self.query_start[: b + 1], self.seq_lens[:b], self.tables[:b], self.slots[:b],
+    def _meta(self, inp: "_Inputs", b: int) -> AttentionMetadata:
+        return AttentionMetadata(self.query_start[: b + 1], inp.seq_lens[:b], inp.tables[:b], inp.slots[:b],
                                  self.block_size, decode_only=True)
 
-    def _forward(self, b: int, sample: bool):
-        feed_tokens(self.feed, b, self.ids)
-        hidden = self.model.forward(self.ids[:b], self.pos[:b], self._meta(b), self.kv_caches)
+    def _forward(self, inp: "_Inputs", b: int, sample: bool):
+        feed_tokens(inp.feed, b, inp.ids)
+        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b), self.kv_caches)
         logits = self.model.compute_logits(hidden)
         if sample:
-            sample_rows_at(logits, self.params, self._work, self.out_at)
+            sample_rows_at(logits, inp.params, self._work, inp.out_at)
         return logits
 
-    def _set_padding(self, n: int, b: int) -> None:
+    def _set_padding(self, h: dict, n: int, b: int) -> None:
         """Host rows n..b-1 as padding: they write their K/V into the scratch slot and attend
         over that one token."""
-        h = self.host
         h["ids"][n:b] = 0
         h["feed"][2 + n:2 + b] = -1
         h["pos"][n:b] = 0
@@ -93,59 +78,46 @@ class DecodeGraphs:
         h["params"][n:b, SP_FLAGS] = F_GREEDY
         h["params"][n:b, SP_MASK] = h["params"][n:b, SP_CNT] = -1
 
-    def _wait_copy(self) -> None:
-        """Before writing the pinned buffer: the last copy has read it."""
-        if self._copied is not None:
-            self._copied.synchronize()
-
-    def _upload(self, b: int, stream) -> None:
-        """The host buffer's first b rows (and every row of the small fields) to the device."""
-        cp = self.cp
-        nbytes = self._tables_off + self.host["tables"][:b].nbytes
-        cp.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_mem.ptr, nbytes,
-                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        self._copied = stream.record()
-
-    def capture(self, b: int, sample: bool = False) -> None:
-        cp = self.cp
-        top = len(self.host["ids"])
+    def capture(self, b: int, sample: bool = False, slot: int = 0) -> None:
+        cp, inp = self.cp, self.inputs[slot]
+        top = len(inp.host["ids"])
         cp.cuda.get_current_stream().synchronize()   # the replays queued there share the pool
-        self._wait_copy()
+        self.up_stream.synchronize()
         if sample and self._work is None:
             with cp.cuda.using_allocator(self.pool.malloc):
                 self._work = cp.empty((top, self.model.config.vocab_size), cp.float32)
                 self.sampled = [cp.empty((top, SO_WORDS), cp.int32) for _ in range(2)]
-        # the warm-up's results go where the next replay's will: the last step's are its inputs
-        self.host["out_at"][0] = self.sampled[self._turn ^ 1].data.ptr if sample else 0
-        self._set_padding(0, top)            # the warm-up forward must write no real KV slot
-        self._upload(top, self.stream)
+        # the warm-up's results go where the slot's replays write (the other slot's are the last
+        # step's results: the next step's inputs)
+        inp.host["out_at"][0] = self.sampled[slot].data.ptr if sample else 0
+        self._set_padding(inp.host, 0, top)  # the warm-up forward must write no real KV slot
+        inp.upload(top, self.stream)
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self._forward(b, sample)         # compiles kernels and sizes the pool
+            self._forward(inp, b, sample)    # compiles kernels and sizes the pool
             self.stream.synchronize()
             self.stream.begin_capture()
             with pdl.enabled():
-                logits = self._forward(b, sample)
-            self.graphs[b, sample] = self.stream.end_capture()
-            self.logits[b, sample] = logits
+                logits = self._forward(inp, b, sample)
+            self.graphs[b, sample, slot] = self.stream.end_capture()
+            self.logits[b, sample, slot] = logits
         self.stream.synchronize()
-
-    def capture_all(self) -> None:
-        for b in self.buckets:
-            self.capture(b)
 
     def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None):
         """Replay the bucket's graph for a decode batch of len(ids) rows on the current stream;
         returns (logits [n, vocab], None), or with params (the rows' sampler parameters, int32
         [n, SP_WORDS]) (None, results [n, SO_WORDS]) of the sampler run inside the graph.
         fed: (rows, tokens, token rows): ids[rows] = tokens[token rows], taken by the graph's first
-        kernel (the previous step's sampled ids, async scheduling). The inputs' copy is queued
-        behind the work queued before (the last replay read them)."""
+        kernel (the previous step's sampled ids, async scheduling). The inputs are copied on the
+        side stream once the last replay of the slot's graphs has finished."""
         cp, n = self.cp, len(ids)
         b, sample = self.bucket_for(n), params is not None
-        if (b, sample) not in self.graphs:
-            self.capture(b, sample)
-        self._wait_copy()
-        h = self.host
+        self._slot ^= 1
+        slot = self._slot
+        key, inp = (b, sample, slot), self.inputs[slot]
+        if key not in self.graphs:
+            self.capture(*key)
+        inp.wait_copied()
+        h = inp.host
         h["ids"][:n] = ids
         h["pos"][:n] = pos
         h["slots"][:n] = meta.slot_mapping
@@ -154,14 +126,57 @@ class DecodeGraphs:
         h["tables"][:n, :width] = meta.block_tables
         h["tables"][:n, width:] = 0
         fill_feed(h["feed"], n, fed)
-        self._set_padding(n, b)
+        self._set_padding(h, n, b)
         if sample:
             h["params"][:n] = params
-            self._turn ^= 1
-            h["out_at"][0] = self.sampled[self._turn].data.ptr
+            h["out_at"][0] = self.sampled[slot].data.ptr
         stream = cp.cuda.get_current_stream()
-        self._upload(b, stream)
-        self.graphs[b, sample].launch(stream)
+        inp.upload(b, self.up_stream, after=inp.read)
+        stream.wait_event(inp.copied)
+        self.graphs[key].launch(stream)
+        inp.read.record(stream)
         if sample:
-            return None, self.sampled[self._turn][:n]
-        return self.logits[b, sample][:n], None
+            return None, self.sampled[slot][:n]
+        return self.logits[key][:n], None
+
+
+class _Inputs:
+    """One set of a decode graph's inputs: views of one device buffer, filled by one copy a step
+    from a pinned host twin: ids, pos, slots int64 [top], feed int64 (elementwise_cuda.fill_feed),
+    out_at int64 [1] (the address the graph's sampler writes to), seq_lens int32 [top], params
+    int32 [top, SP_WORDS] (the sampler's rows), tables int32 [top, W]."""
+
+    def __init__(self, cp, top: int, max_blocks_per_seq: int):
+        fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
+                  ("feed", np.int64, (feed_row_count(top),)), ("out_at", np.int64, (1,)),
+                  ("seq_lens", np.int32, (top,)), ("params", np.int32, (top, SP_WORDS)),
+                  ("tables", np.int32, (top, max_blocks_per_seq))]
+        nbytes = sum(np.dtype(t).itemsize * int(np.prod(shape)) for _, t, shape in fields)
+        self.cp, self._host_mem = cp, cp.cuda.alloc_pinned_memory(nbytes)
+        host = np.frombuffer(self._host_mem, np.uint8, nbytes)
+        self._dev = cp.zeros(nbytes, cp.uint8)
+        self.host, off = {}, 0
+        for name, t, shape in fields:
+            size = np.dtype(t).itemsize * int(np.prod(shape))
+            self.host[name] = host[off:off + size].view(t).reshape(shape)
+            setattr(self, name, self._dev[off:off + size].view(t).reshape(shape))
+            off += size
+        self._tables_off = off - self.host["tables"].nbytes
+        self.copied = cp.cuda.Event(disable_timing=True)   # the last copy has read the host buffer
+        self.read = cp.cuda.Event(disable_timing=True)     # the last graph launched has read the inputs
+
+    def wait_copied(self) -> None:
+        """Before writing the pinned buffer: the last copy has read it (an event never recorded
+        has passed)."""
+        self.copied.synchronize()
+
+    def upload(self, b: int, stream, after=None) -> None:
+        """The host buffer's first b rows (and every row of the small fields) to the device on
+        `stream`, after the event `after`."""
+        cp = self.cp
+        if after is not None:
+            stream.wait_event(after)
+        nbytes = self._tables_off + self.host["tables"][:b].nbytes
+        cp.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_mem.ptr, nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        self.copied.record(stream)
