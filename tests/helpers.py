@@ -30,11 +30,15 @@ def full_logits(model, ops, ids, block_size=16):
 
 
 def load_script(name: str):
-    """scripts/<name>.py as a module (registered under its name: dataclasses look their module up)."""
+    """scripts/<name>.py as a module, loaded once and registered under its name: dataclasses look
+    their module up, and a worker process gets its functions by that name (a second copy's would
+    not pickle: make_synthetic_model's pool failed, or hung, in the second test loading it)."""
+    if name in sys.modules:
+        return sys.modules[name]
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", f"{name}.py")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, mod)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
