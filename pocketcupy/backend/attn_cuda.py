@@ -28,9 +28,14 @@ DECODE_MAX_GROUP = 16               # DEC_MAXG in attn_decode.cu
 DECODE_MAX_SPLITS = 64
 DECODE_MIN_CHUNK = {"plain": 32, "mma": 64}   # DEC_MIN_CHUNK / DM_MIN_CHUNK: fewer keys per split is not worth one
 # blocks per SM a decode launch aims for: the mma kernel's warps stream their keys with loads in
-# flight, so a block per SM (each warp several 16-key steps) fills the memory pipe; more splits
-# only add merge work
+# flight, so a block per SM (each warp several 16-key steps) fills the memory pipe at batch 1;
+# batches in DECODE_BATCHED_RANGE take twice the splits, their merge being one atomic (H200, Q4_K_M
+# 8B decode graphs at ctx 512, alternated in one process: batch 8 2,676-2,680 against 2,723-2,731
+# us, batch 4 2,519-2,520 against 2,520-2,521; batch 2 lost, 2,448-2,451 against 2,444-2,445, and
+# batch 1 tied, 2,032-2,039 against 2,031-2,034)
 DECODE_BLOCKS_PER_SM = {"plain": 4, "mma": 1}
+DECODE_BATCHED_BLOCKS_PER_SM = {"plain": 4, "mma": 2}
+DECODE_BATCHED_RANGE = (3, 8)
 DECODE_MMA_HEAD_DIMS = (64, 128)
 DECODE_G8_GROUP = 8                 # groups of at most this many query heads take the _g8 mma kernels
 DECODE_COUNTERS = 1 << 16           # (sequence, KV head) pairs whose splits the mma kernel merges itself
@@ -146,9 +151,12 @@ def decode_variant(head_dim: int) -> str:
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_context: int, variant: str = "plain") -> int:
-    """Fixed split count for a decode launch: DECODE_BLOCKS_PER_SM blocks per SM, no split shorter
-    than DECODE_MIN_CHUNK keys at full context. Depends only on shapes."""
-    want = math.ceil(DECODE_BLOCKS_PER_SM[variant] * num_sms() / max(1, batch * num_kv_heads))
+    """Fixed split count for a decode launch: DECODE_BLOCKS_PER_SM blocks per SM (in
+    DECODE_BATCHED_RANGE of batches DECODE_BATCHED_BLOCKS_PER_SM), no split shorter than
+    DECODE_MIN_CHUNK keys at full context. Depends only on shapes."""
+    batched = DECODE_BATCHED_RANGE[0] <= batch <= DECODE_BATCHED_RANGE[1]
+    per_sm = (DECODE_BATCHED_BLOCKS_PER_SM if batched else DECODE_BLOCKS_PER_SM)[variant]
+    want = math.ceil(per_sm * num_sms() / max(1, batch * num_kv_heads))
     if variant == "mma":               # a power of two: 16 splits beat 17 (and 8, 32) on the H200 at batch 1
         want = 1 << (want.bit_length() - 1)
     return max(1, min(want, DECODE_MAX_SPLITS, math.ceil(max_context / DECODE_MIN_CHUNK[variant])))
