@@ -53,11 +53,11 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _meta(self, inp: "_Inputs", b: int) -> AttentionMetadata:
+    def _meta(self, inp: _Inputs, b: int) -> AttentionMetadata:
         return AttentionMetadata(self.query_start[: b + 1], inp.seq_lens[:b], inp.tables[:b], inp.slots[:b],
                                  self.block_size, decode_only=True)
 
-    def _forward(self, inp: "_Inputs", b: int, sample: bool):
+    def _forward(self, inp: _Inputs, b: int, sample: bool):
         feed_tokens(inp.feed, b, inp.ids)
         hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b), self.kv_caches)
         logits = self.model.compute_logits(hidden)
