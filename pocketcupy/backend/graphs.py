@@ -86,7 +86,7 @@ class DecodeGraphs:
         if sample and self._work is None:
             with cp.cuda.using_allocator(self.pool.malloc):
                 self._work = cp.empty((top, self.model.config.vocab_size), cp.float32)
-                self.sampled = [cp.empty((top, SO_WORDS), cp.int32) for _ in range(2)]
+                self.sampled = [cp.empty((top, SO_WORDS), cp.int32) for _ in self.inputs]
         # the warm-up's results go where the slot's replays write (the other slot's are the last
         # step's results: the next step's inputs)
         inp.host["out_at"][0] = self.sampled[slot].data.ptr if sample else 0

@@ -93,10 +93,11 @@ def handle_completion(state, body, gone):
                                  scores_only), job)
     with job:
         finals = job.results()
-    choices = []
+    choices, generated = [], 0
     for pi, out in enumerate(finals):
         for o in out.outputs:
             ids, lps, text, fr = _generated(o, scores_only)
+            generated += len(ids)
             lp = None
             if k is not None:
                 cl = CompletionLogprobs(tok, k)
@@ -109,8 +110,7 @@ def handle_completion(state, body, gone):
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, kp)
             choices.append(choice)
     return dict(head, object="text_completion", choices=choices,
-                usage=usage(sum(len(p) for p, _ in prompts), sum(len(_generated(o, scores_only)[0])
-                                                                 for r in finals for o in r.outputs)))
+                usage=usage(sum(len(p) for p, _ in prompts), generated))
 
 
 def _generated(o, scores_only: bool):
