@@ -1,4 +1,4 @@
-// Q4_K / Q5_K / padded Q6_K linear for decode batches of 33-64 on int8 tensor cores (sm_80+), the
+// Q4_K / Q5_K / Q6_K (as Q6_KR) linear for decode batches of 33-64 on int8 tensor cores (sm_80+), the
 // activations of a super-block staged once a block in shared memory. gemv_kquant_mma.cu's warps
 // each read a super-block's activations for all 64 batch columns (16 KB, 7x their rows' weight
 // bytes) through L1 / L2; here a block of RG row groups x KW warps copies, per step, KW
@@ -9,20 +9,22 @@
 // gemm_kquant_tile<QT, MT, RG, KW, ST>: warp w takes row group w % RG (16 MT rows) and super-block
 // KW s + w / RG of step s; the KW warps of a row group sum their tiles through shared memory at the
 // end. Block: 32 RG KW threads, KtLayout::SMEM bytes of dynamic shared memory; grid: ceil(rows /
-// (16 MT RG)). Needs K % 256 == 0, batch nb <= 64 and 16-byte aligned super-blocks (Q6_K padded).
+// (16 MT RG)). Needs K % 256 == 0, batch nb <= 64 and 16-byte aligned super-blocks (Q6_K as Q6_KR).
 #include "kquant_mma.cuh"
 #include "pdl.cuh"
 
 // Shared-memory layout of one super-block of a stage: the block's rows' weights (each row padded to
 // SROW bytes so that the lanes' fragment loads of 8 rows hit distinct banks), then the 64 columns'
-// int8 activations [8 chunks][64][32], their scales [64] and 32-sums [64][8].
+// int8 activations [8 chunks][64][32], their scales [64] and 32-sums [64][8]; for Q6_KR then the
+// rows' d's, as 4-byte pairs of super-blocks 2j, 2j + 1 [ROWS] (cp.async copies 4 bytes at least).
 template <int QT, int MT, int RG, int KW, int ST>
 struct KtLayout {
     static constexpr int TS = pq::QTraits<QT>::TS;
-    static constexpr int SROW = QT == pq::Q4_K ? 160 : 224 + (QT == pq::Q6_KP ? 16 : 0);
+    static constexpr int SROW = QT == pq::Q4_K ? 160 : QT == pq::Q6_KR ? 208 : 224;
     static constexpr int ROWS = 16 * MT * RG;
     static constexpr int W_BYTES = ROWS * SROW, X_BYTES = 8 * 64 * 32, XD_BYTES = 64 * 4, XB_BYTES = 64 * 16;
-    static constexpr int SB_BYTES = W_BYTES + X_BYTES + XD_BYTES + XB_BYTES;
+    static constexpr int D_OFF = W_BYTES + X_BYTES + XD_BYTES + XB_BYTES;
+    static constexpr int SB_BYTES = D_OFF + (QT == pq::Q6_KR ? 4 * ROWS : 0);
     static constexpr int STAGE = KW * SB_BYTES, SMEM = ST * STAGE, THREADS = 32 * RG * KW;
     static_assert(TS % 16 == 0 && SROW >= TS, "16-byte aligned super-blocks");
 };
@@ -40,7 +42,12 @@ __device__ __forceinline__ void kt_load_w(u8* stage, const u8* __restrict__ W, l
         u8* base = stage + s * L::SB_BYTES;
         for (int i = threadIdx.x; i < L::ROWS * P; i += L::THREADS) {
             const int r = i / P, p = i - r * P;
-            cp_async16(base + r * L::SROW + 16 * p, W + (i64)min(row0 + r, rows - 1) * bpr + (i64)sblk * L::TS + 16 * p);
+            cp_async16(base + r * L::SROW + 16 * p, pq::block_at<QT>(W + (i64)min(row0 + r, rows - 1) * bpr, sblk) + 16 * p);
+        }
+        if constexpr (QT == pq::Q6_KR) {
+            for (int r = threadIdx.x; r < L::ROWS; r += L::THREADS)
+                cp_async_zfill<4>(base + L::D_OFF + 4 * r,
+                                  pq::block_d<QT>(W + (i64)min(row0 + r, rows - 1) * bpr, nblk, sblk & ~1), true);
         }
     }
 }
@@ -111,14 +118,19 @@ __device__ __forceinline__ void kt_rows(u8* kt_smem, const u8* __restrict__ W, l
             const u8* xs = base + L::W_BYTES;
             const u8* ra[MT];
             const u8* rb[MT];
+            const u8* da[MT];
+            const u8* db[MT];
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                ra[m] = base + (16 * (MT * rg + m) + g) * L::SROW;
+                const int r = 16 * (MT * rg + m) + g;
+                ra[m] = base + r * L::SROW;
                 rb[m] = ra[m] + 8 * L::SROW;
+                da[m] = base + L::D_OFF + 4 * r + 2 * ((KW * it + kw) & 1);   // Q6_KR only
+                db[m] = da[m] + 4 * 8;
             }
             const ActsK<8, 2048> x{reinterpret_cast<const signed char*>(xs), reinterpret_cast<const float*>(xs + L::X_BYTES),
                                    reinterpret_cast<const short*>(xs + L::X_BYTES + L::XD_BYTES), 256, 64, g, t, 2048};
-            kquant_superblock_k<QT, 8, 2048, MT>(ra, rb, 0, x, acc);
+            kquant_superblock_k<QT, 8, 2048, MT>(ra, rb, da, db, 0, x, acc);
         }
     }
     cp_async_wait<0>();
@@ -170,9 +182,9 @@ template __global__ void gemm_kquant_tile<pq::Q4_K, 2, 4, 1, 2>(const u8*, long 
                                                                 const float*, const short*, int, const float*, float*);
 template __global__ void gemm_kquant_tile<pq::Q5_K, 2, 2, 1, 2>(const u8*, long long, int, int, const signed char*,
                                                                 const float*, const short*, int, const float*, float*);
-template __global__ void gemm_kquant_tile<pq::Q6_KP, 1, 2, 2, 2>(const u8*, long long, int, int, const signed char*,
+template __global__ void gemm_kquant_tile<pq::Q6_KR, 1, 2, 2, 2>(const u8*, long long, int, int, const signed char*,
                                                                  const float*, const short*, int, const float*, float*);
-template __global__ void gemm_kquant_tile3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, 1, 4, 1, 3>(
+template __global__ void gemm_kquant_tile3<pq::Q4_K, pq::Q4_K, pq::Q6_KR, 1, 4, 1, 3>(
     int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int, const float*, float*,
     const u8*, long long, int, const float*, float*, const u8*, long long, int, const float*, float*);
 #endif

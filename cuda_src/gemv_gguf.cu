@@ -53,7 +53,7 @@ template <int QT, int NB, int R>
 __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int t0, int stride, const u32* tab,
                                            const i8* __restrict__ xq, const float4* __restrict__ xds,
                                            float (&acc)[R][NB]) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32;
     const int nunits = (K / QK) * NSUB;
     const long long ldx = K, ldd = K / 32;
     for (int t = t0; t < nunits; t += stride) {
@@ -62,7 +62,7 @@ __device__ __forceinline__ void gemv_units(const u8* const (&wr)[R], int K, int 
         const int tc = min(t, nunits - 1), blk = t / NSUB;
         Unit u[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)(tc / NSUB) * TS, tc % NSUB, tab, u[r]);
+        for (int r = 0; r < R; ++r) decode_at<QT>(wr[r], K / QK, tc / NSUB, tc % NSUB, tab, u[r]);
         int p0, p1;
         unit_pos<QT>(t % NSUB, p0, p1);
         const i8* xb = xq + (long long)blk * QK;
@@ -127,7 +127,7 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(
     template __global__ void gemv_gguf<T, 2, 4>(const u8*, long long, int, int, const i8*,            \
                                                 const float4*, const float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
-PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KP) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
+PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KR) PQ_INST(IQ2_XXS) PQ_INST(IQ3_XXS) PQ_INST(IQ4_XS)
 #undef PQ_INST
 #define PQ_INST_N(R, SB)                                                                                   \
     template __global__ void gemv_gguf_norm<Q8_0, R, SB>(const u8*, long long, int, const i8*, const float4*, \

@@ -96,11 +96,11 @@ PQ_DEV void unit_accum(const Unit (&u)[R], const LD& ld, float (&acc)[R][NB], in
 template <int QT, int NB, int R>
 PQ_DEV void unit_rows_global(const u8* const (&wr)[R], int t, const u32* tab, const float* __restrict__ x, int K,
                              float (&acc)[R][NB]) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32;
     const int blk = t / NSUB, sub = t % NSUB;
     Unit u[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+    for (int r = 0; r < R; ++r) decode_at<QT>(wr[r], K / QK, blk, sub, tab, u[r]);
     int p0, p1;
     unit_pos<QT>(sub, p0, p1);
 #pragma unroll
@@ -159,12 +159,12 @@ gemv_gguf_f32(const u8* __restrict__ W, long long bpr, int rows, int K, const fl
 template <int QT, int R, int L>
 PQ_DEV void decode_unit_pair(const u8* const (&wr)[R], int t, int nunits, const u32* tab, Unit (&u)[R],
                              Unit (&u2)[R]) {
-    constexpr int TS = QTraits<QT>::TS, NSUB = QTraits<QT>::QK / 32;
-    const int t2 = t + L < nunits ? t + L : t;
+    constexpr int NSUB = QTraits<QT>::QK / 32;
+    const int t2 = t + L < nunits ? t + L : t, nblk = nunits / NSUB;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        decode<QT>(wr[r] + (long long)(t / NSUB) * TS, t % NSUB, tab, u[r]);
-        decode<QT>(wr[r] + (long long)(t2 / NSUB) * TS, t2 % NSUB, tab, u2[r]);
+        decode_at<QT>(wr[r], nblk, t / NSUB, t % NSUB, tab, u[r]);
+        decode_at<QT>(wr[r], nblk, t2 / NSUB, t2 % NSUB, tab, u2[r]);
     }
 }
 
@@ -395,10 +395,10 @@ template <int QT, int NB, int R, bool WS>
 __global__ void __launch_bounds__(GEMV_THREADS)
 gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const float* __restrict__ x,
                  const float* __restrict__ bias, float* __restrict__ y) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32, TAB = QTraits<QT>::TAB;
     constexpr int NBS = NB <= 2 && !WS ? NB : 1;
     constexpr int XF4 = XS_CHUNK_F4 + (XS_CHUNK_F4 >> XPad<QT>::S);
-    constexpr int CHB = GEMV_THREADS / NSUB * TS;      // weight bytes of one row's chunk (a multiple of 16)
+    constexpr int CB = GEMV_THREADS / NSUB, CHB = CB * BLOCK_ROW_BYTES<QT>;   // blocks, bytes of a row's chunk (16k)
     static_assert((GEMV_THREADS / 32 - 1) * R * NB * 32 <= NBS * XF4 * 4, "reduction scratch fits in xs");
     static_assert(NBS * XF4 * 16 + (WS ? R * CHB : 0) + 4 * TAB <= 48 * 1024, "static shared memory");
     __shared__ __align__(16) float4 xs[NBS * XF4];
@@ -429,16 +429,16 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
             __syncthreads();                           // the previous readers of xs / ws_s are done
             if (g == 0) {
                 if constexpr (WS) {                    // rows end 16-byte aligned: rounding up stays in the row
-                    const int n16 = (min(GEMV_THREADS, nunits - c0) / NSUB * TS + 15) >> 4;
+                    const int n16 = (min(GEMV_THREADS, nunits - c0) / NSUB * BLOCK_ROW_BYTES<QT> + 15) >> 4;
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
-                        const u8* src = wr[r] + (long long)(c0 / NSUB) * TS;
+                        const u8* src = block_at<QT>(wr[r], c0 / NSUB);
                         for (int i = threadIdx.x; i < n16; i += GEMV_THREADS)
                             cp_async16_pq(ws_s + r * CHB + 16 * i, src + 16 * i);
                     }
                 } else {
 #pragma unroll
-                    for (int r = 0; r < R; ++r) decode<QT>(wr[r] + (long long)blk * TS, sub, tab, u[r]);
+                    for (int r = 0; r < R; ++r) decode_at<QT>(wr[r], K / QK, blk, sub, tab, u[r]);
                 }
             }
 #pragma unroll
@@ -454,8 +454,9 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
             __syncthreads();
             if constexpr (WS) {
                 if (g == 0) {
+                    const int cblk = min(CB, K / QK - c0 / NSUB);   // the chunk's blocks (runs of 8 from its start)
 #pragma unroll
-                    for (int r = 0; r < R; ++r) decode<QT>(ws_s + r * CHB + (blk - c0 / NSUB) * TS, sub, tab, u[r]);
+                    for (int r = 0; r < R; ++r) decode_at<QT>(ws_s + r * CHB, cblk, blk - c0 / NSUB, sub, tab, u[r]);
                 }
             }
             if (active) {
@@ -495,8 +496,8 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*);
 PQ_INST_DECODE(Q4_0) PQ_INST_DECODE(Q4_1) PQ_INST_DECODE(Q5_0) PQ_INST_DECODE(Q5_1) PQ_INST_DECODE(Q8_0)
 PQ_INST_DECODE(Q2_K) PQ_INST_DECODE(Q3_K) PQ_INST_DECODE(Q4_K) PQ_INST_DECODE(Q5_K) PQ_INST_DECODE(Q6_K)
-PQ_INST_DECODE(Q6_KP) PQ_INST_DECODE(IQ2_XXS) PQ_INST_DECODE(IQ3_XXS) PQ_INST_DECODE(IQ4_XS)
-PQ_INST_SHAPES(Q4_1) PQ_INST_SHAPES(Q8_0) PQ_INST_SHAPES(Q4_K) PQ_INST_SHAPES(Q6_KP) PQ_INST_SHAPES(IQ2_XXS)
+PQ_INST_DECODE(Q6_KR) PQ_INST_DECODE(IQ2_XXS) PQ_INST_DECODE(IQ3_XXS) PQ_INST_DECODE(IQ4_XS)
+PQ_INST_SHAPES(Q4_1) PQ_INST_SHAPES(Q8_0) PQ_INST_SHAPES(Q4_K) PQ_INST_SHAPES(Q6_KR) PQ_INST_SHAPES(IQ2_XXS)
 #undef PQ_INST_SHAPES
 #undef PQ_INST_DECODE
 #endif

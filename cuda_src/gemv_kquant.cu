@@ -7,8 +7,8 @@
 //   Q6_K: 16 bytes each of ql[64n + 16i], ql[64n + 32 + 16i] and qh[32n + 16i] (n = g / 2,
 //   i = g % 2) hold the 6-bit values 128n + 16i + 32q + e, q = 0..3, e = 0..15; they are dotted
 //   unsigned (0..63, DP4A u8 x s8) and the offset 32 taken off with the activations' 16-value
-//   sums. Q6_KP (the blocks padded to 224 bytes at upload) reads those runs with 16-byte loads;
-//   raw 210-byte blocks are only 2-byte aligned (word loads and funnel shifts).
+//   sums. Q6_KR (as uploaded: 208-byte blocks, each 8's d's after them) reads those runs with
+//   16-byte loads; raw 210-byte blocks are only 2-byte aligned (word loads and funnel shifts).
 // The 32-value units of gemv_gguf.cu cost over 2x the instructions per weight (SASS: ~125 per 32
 // Q4_K values against ~110 per 64 here), which bounded them at
 // ~2.0-2.3 TB/s on the H200 (bench_decode_kernels.py).
@@ -49,11 +49,13 @@ struct KqGroup6 {
     u16 d;
 };
 template <> struct KqGroup<Q6_K> : KqGroup6 {};
-template <> struct KqGroup<Q6_KP> : KqGroup6 {};
+template <> struct KqGroup<Q6_KR> : KqGroup6 {};
 
+// Group j of super-block b of a row (nblk super-blocks) into g.
 template <int QT>
-PQ_DEV void kq_load(const u8* __restrict__ blk, int j, KqGroup<QT>& g) {
-    if constexpr (QT == Q6_KP) {
+PQ_DEV void kq_load(const u8* __restrict__ row, int b, int nblk, int j, KqGroup<QT>& g) {
+    const u8* __restrict__ blk = block_at<QT>(row, b);
+    if constexpr (QT == Q6_KR) {
         const int n = j >> 1, i = j & 1;
         ld16b<1>(blk + 64 * n + 16 * i, g.l0);
         ld16b<1>(blk + 64 * n + 32 + 16 * i, g.l1);
@@ -61,14 +63,14 @@ PQ_DEV void kq_load(const u8* __restrict__ blk, int j, KqGroup<QT>& g) {
         const uint2 sc = *(const uint2*)(blk + 192 + 8 * n);
         g.sc[0] = sc.x;
         g.sc[1] = sc.y;
-        g.d = ld16(blk + 208);
+        g.d = ld16(block_d<QT>(row, nblk, b));
     } else if constexpr (QT == Q6_K) {
         const int n = j >> 1, i = j & 1;
         ldu<4, true>(blk + 64 * n + 16 * i, g.l0);
         ldu<4, true>(blk + 64 * n + 32 + 16 * i, g.l1);
         ldu<4, true>(blk + 128 + 32 * n + 16 * i, g.h);
         ldu<2, true>(blk + 192 + 8 * n, g.sc);
-        g.d = ld16(blk + 208);
+        g.d = ld16(block_d<QT>(row, nblk, b));
     } else {
         constexpr int QS = QT == Q4_K ? 16 : 48;
         g.hd = *(const uint4*)blk;
@@ -213,7 +215,6 @@ PQ_DEV int kq_rows(const u8* __restrict__ W, long long bpr, int rows, int blk, c
 template <int QT, int NB, int R, int U>
 PQ_DEV void kq_accum(const u8* const (&wr)[R], int K, int t0, int stride, const i8* __restrict__ xq,
                      const float4* __restrict__ xds, float (&acc)[R][NB]) {
-    constexpr int TS = QTraits<QT>::TS;
     const int j = t0 & 3;
     const int ngroups = K / 64;
     for (int tb = t0; tb < ngroups; tb += stride * U) {
@@ -222,7 +223,7 @@ PQ_DEV void kq_accum(const u8* const (&wr)[R], int K, int t0, int stride, const 
         for (int i = 0; i < U; ++i) {
             const int b = min(tb + stride * i, ngroups - 1) >> 2;   // past the end: a valid group, unused
 #pragma unroll
-            for (int r = 0; r < R; ++r) kq_load<QT>(wr[r] + (long long)b * TS, j, g[i][r]);
+            for (int r = 0; r < R; ++r) kq_load<QT>(wr[r], b, ngroups >> 2, j, g[i][r]);
         }
 #pragma unroll
         for (int i = 0; i < U; ++i) {
@@ -318,17 +319,17 @@ gemv_kquant3(int K, const i8* __restrict__ xq, const float4* __restrict__ xds, c
 #define PQ_INST(T, NB, R, U)                                                                          \
     template __global__ void gemv_kquant<T, NB, R, U>(const u8*, long long, int, int, const i8*,     \
                                                       const float4*, const float*, const float*, float*);
-PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KP, 1, 2, 1)
+PQ_INST(Q4_K, 1, 1, 2) PQ_INST(Q5_K, 2, 2, 1) PQ_INST(Q6_K, 1, 1, 2) PQ_INST(Q6_KR, 1, 2, 1)
 #undef PQ_INST
 template __global__ void gemv_kquant_split<Q4_K, 1, 4, 1>(const u8*, long long, int, int, const i8*, const float4*,
                                                          const float*, const float*, float*);
-template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2>(int, const i8*, const float4*, const float*, int, int,
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KR, 1, 2>(int, const i8*, const float4*, const float*, int, int,
                                                              const u8*, long long, int, const float*, float*,
                                                              const u8*, long long, int, const float*, float*,
                                                              const u8*, long long, int, const float*, float*);
 template __global__ void gemv_kquant_split<Q4_K, 1, 4, 1, true>(const u8*, long long, int, int, const i8*,
                                                                const float4*, const float*, const float*, float*);
-template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2, true>(int, const i8*, const float4*, const float*, int,
+template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KR, 1, 2, true>(int, const i8*, const float4*, const float*, int,
                                                                    int, const u8*, long long, int, const float*,
                                                                    float*, const u8*, long long, int, const float*,
                                                                    float*, const u8*, long long, int, const float*,
@@ -337,6 +338,6 @@ template __global__ void gemv_kquant3<Q4_K, Q4_K, Q6_KP, 1, 2, true>(int, const 
     template __global__ void gemv_kquant_norm<T, R, SB>(const u8*, long long, int, const i8*, const float4*, \
                                                         const float*, float*, const float*, float, i8*,     \
                                                         float4*, float*);
-PQ_INST_NORM(Q4_K, 4, 128) PQ_INST_NORM(Q5_K, 2, 64) PQ_INST_NORM(Q6_KP, 2, 32) PQ_INST_NORM(Q6_K, 2, 32)
+PQ_INST_NORM(Q4_K, 4, 128) PQ_INST_NORM(Q5_K, 2, 64) PQ_INST_NORM(Q6_KR, 2, 32) PQ_INST_NORM(Q6_K, 2, 32)
 #undef PQ_INST_NORM
 #endif

@@ -95,7 +95,7 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
                                                 float* __restrict__ y, KmRed<NT, WARPS, RW, MT>& red) {
     static_assert(NT % TG == 0, "TG divides NT");
     static_assert(WARPS % RW == 0, "RW divides WARPS");
-    constexpr int TS = pq::QTraits<QT>::TS, KW = WARPS / RW;   // KW: warps sharing a row group's super-blocks
+    constexpr int KW = WARPS / RW;   // KW: warps sharing a row group's super-blocks
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int rg = warp % RW, kw = warp / RW, row0 = (blk * RW + rg) * 16 * MT, first = blk * RW * 16 * MT;
     const u8* ra[MT];
@@ -124,9 +124,9 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
             for (; b + (U - 1) * KW < nblk; b += U * KW)
 #pragma unroll
                 for (int u = 0; u < U; ++u)
-                    kquant_superblock<QT, TG, ACC>(ra, rb, (i64)(b + u * KW) * TS, b + u * KW, x, accp);
+                    kquant_superblock<QT, TG, ACC>(ra, rb, b + u * KW, x, accp);
             for (; U > 1 && b < nblk; b += KW)
-                kquant_superblock<QT, TG, ACC>(ra, rb, (i64)b * TS, b, x, accp);
+                kquant_superblock<QT, TG, ACC>(ra, rb, b, x, accp);
         }
     }
     kquant_tiles_store<NT, MT, RW, KW>(acc, red, warp, rg, kw, lane, row0, rows, nb, bias, y);
@@ -188,15 +188,15 @@ template __global__ void quantize_q8k_x<true>(const float*, long long, const flo
     template __global__ void gemv_kquant_mma<__VA_ARGS__>(const u8*, long long, int, int, const signed char*,  \
                                                           const float*, const short*, int, const float*, float*);
 PQ_INSTK(pq::Q4_K, 1, 1, 4, 2) PQ_INSTK(pq::Q4_K, 8, 8, 4, 2) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2)
-PQ_INSTK(pq::Q6_K, 4, 4, 4, 2) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 2)
+PQ_INSTK(pq::Q6_K, 4, 4, 4, 2) PQ_INSTK(pq::Q6_KR, 8, 8, 4, 2)
 PQ_INSTK(pq::Q4_K, 8, 4, 4, 1) PQ_INSTK(pq::Q4_K, 8, 2, 8, 1)
-PQ_INSTK(pq::Q4_K, 8, 8, 4, 2, 0, 4) PQ_INSTK(pq::Q6_KP, 4, 4, 8, 1, 0, 4) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2, 0, 2)
+PQ_INSTK(pq::Q4_K, 8, 8, 4, 2, 0, 4) PQ_INSTK(pq::Q6_KR, 4, 4, 8, 1, 0, 4) PQ_INSTK(pq::Q5_K, 2, 2, 4, 2, 0, 2)
 PQ_INSTK(pq::Q4_K, 1, 1, 4, 2, 0, 1, 1, 0) PQ_INSTK(pq::Q5_K, 4, 4, 4, 1, 0, 1, 1, 0)
-PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 1) PQ_INSTK(pq::Q6_KP, 8, 8, 4, 1, 0, 4, 0, 1)
+PQ_INSTK(pq::Q4_K, 8, 8, 4, 1, 0, 4, 1, 1) PQ_INSTK(pq::Q6_KR, 8, 8, 4, 1, 0, 4, 0, 1)
 PQ_INSTK(pq::Q4_K, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q5_K, 1, 1, 4, 1, 0, 1, 0, 0, 2)
-PQ_INSTK(pq::Q6_KP, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q6_K, 2, 2, 4, 1, 0, 1, 0, 0, 2)
+PQ_INSTK(pq::Q6_KR, 1, 1, 4, 1, 0, 1, 0, 0, 2) PQ_INSTK(pq::Q6_K, 2, 2, 4, 1, 0, 1, 0, 0, 2)
 #define PQ_INST3(...)                                                                                       \
-    template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KP, __VA_ARGS__>(                    \
+    template __global__ void gemv_kquant_mma3<pq::Q4_K, pq::Q4_K, pq::Q6_KR, __VA_ARGS__>(                    \
         int, const signed char*, const float*, const short*, int, int, int, const u8*, long long, int,        \
         const float*, float*, const u8*, long long, int, const float*, float*, const u8*, long long, int,    \
         const float*, float*);

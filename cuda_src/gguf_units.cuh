@@ -20,10 +20,10 @@ namespace pq {
 enum {
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
     Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ3_XXS = 18, IQ4_XS = 23,
-    Q6_KP = 114     // ours: Q6_K with each 210-byte block padded to 224 (16-byte aligned), as uploaded
+    Q6_KR = 115     // ours, as Q6_K is uploaded: runs of 8 blocks' first 208 bytes, then their fp16 d's (block_at)
 };
 
-template <int QT> constexpr bool IS_Q6K = QT == Q6_K || QT == Q6_KP;
+template <int QT> constexpr bool IS_Q6K = QT == Q6_K || QT == Q6_KR;
 
 template <int QT> struct QTraits;
 // QK values per block, TS bytes per block, MIN: segments have an additive b, TAB: words of
@@ -40,17 +40,17 @@ PQ_TRAITS(Q3_K, 256, 110, 0, 0)
 PQ_TRAITS(Q4_K, 256, 144, 1, 0)
 PQ_TRAITS(Q5_K, 256, 176, 1, 0)
 PQ_TRAITS(Q6_K, 256, 210, 0, 0)
-PQ_TRAITS(Q6_KP, 256, 224, 0, 0)
+PQ_TRAITS(Q6_KR, 256, 208, 0, 0)   // TS: a block's bytes without its d (block_at, block_d)
 PQ_TRAITS(IQ2_XXS, 256, 66, 0, 512)
 PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
 PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
 #undef PQ_TRAITS
 
-// One u32 of a Q6_K block at a 4-byte aligned offset: aligned in Q6_KP's 224-byte blocks, only
-// 2-byte aligned in raw 210-byte ones.
+// One u32 of a Q6_K block at a 4-byte aligned offset: aligned in Q6_KR's 208-byte blocks (rows
+// start 16-byte aligned), only 2-byte aligned in raw 210-byte ones.
 template <int QT>
 PQ_DEV u32 ld32_q6(const u8* p) {
-    if constexpr (QT == Q6_KP) return *reinterpret_cast<const u32*>(p);
+    if constexpr (QT == Q6_KR) return *reinterpret_cast<const u32*>(p);
     u32 w;
     ldu<1>(p, &w);
     return w;
@@ -139,8 +139,33 @@ PQ_DEV float scale_q3k(u32 w0, u32 w1, u32 w2, int s) {
     return (float)((int)(lo | (hi << 4)) - 32);
 }
 
+// Where block b of a row (its first byte) lies, and its fp16 d (nblk blocks a row). Q6_KR is Q6_K
+// as uploaded: a row's blocks in runs of 8, each run the blocks' first 208 bytes (ql, qh, scales)
+// and then their 8 d's, 1,680 bytes (every block 16-byte aligned, nothing added, and a run's d's
+// right after its blocks: one stream a row); the last run may be shorter, the row rounded up to
+// 16 bytes. The other types keep their scales in the block (block_d: Q6_K's d).
+template <int QT> constexpr int BLOCK_ROW_BYTES = QT == Q6_KR ? 210 : QTraits<QT>::TS;   // in its row, d included
+
 template <int QT>
-PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ tab, Unit& u) {
+PQ_DEV const u8* block_at(const u8* row, int b) {
+    if constexpr (QT == Q6_KR) return row + (long long)b * 208 + (b >> 3) * 16;
+    else return row + (long long)b * QTraits<QT>::TS;
+}
+
+template <int QT>
+PQ_DEV const u8* block_d(const u8* row, int nblk, int b) {
+    if constexpr (QT == Q6_KR) {
+        const int r0 = b & ~7, run = nblk - r0 < 8 ? nblk - r0 : 8;
+        return row + (long long)r0 * 210 + run * 208 + 2 * (b & 7);
+    } else {
+        return block_at<QT>(row, b) + 208;
+    }
+}
+
+// Unit `sub` of the block at blk into u; dq: the block's d (block_d; read by the Q6_K types only).
+template <int QT>
+PQ_DEV void decode(const u8* __restrict__ blk, const u8* __restrict__ dq, int sub, const u32* __restrict__ tab,
+                   Unit& u) {
     u.b0 = u.b1 = 0.0f;
     if constexpr (QT == Q4_0 || QT == Q4_1 || QT == Q5_1) {
         u32 q[4], qh = 0;
@@ -245,7 +270,7 @@ PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ 
     } else if constexpr (IS_Q6K<QT>) {
         const int H = sub >> 2, k = sub & 3;
         u32 ql[8], qh[8];
-        if constexpr (QT == Q6_KP) {           // 16-byte aligned runs
+        if constexpr (QT == Q6_KR) {           // 16-byte aligned runs
             ld16b<2>(blk + 64 * H + 32 * (k & 1), ql);
             ld16b<2>(blk + 128 + 32 * H, qh);
         } else {
@@ -258,7 +283,7 @@ PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ 
             u.w[i] = vsub4(q, 0x20202020u);
         }
         const u32 sc = ld16(blk + 192 + 2 * sub);
-        const float d = h2f(ld16(blk + 208));
+        const float d = h2f(ld16(dq));
         u.a0 = d * (float)(int)(i8)(sc & 0xffu);
         u.a1 = d * (float)(int)(i8)(sc >> 8);
     } else if constexpr (QT == IQ2_XXS) {
@@ -302,6 +327,12 @@ PQ_DEV void decode(const u8* __restrict__ blk, int sub, const u32* __restrict__ 
         }
         u.a0 = u.a1 = dl;
     }
+}
+
+// Unit `sub` of block b of a row (its first byte; nblk blocks a row) into u
+template <int QT>
+PQ_DEV void decode_at(const u8* row, int nblk, int b, int sub, const u32* __restrict__ tab, Unit& u) {
+    decode<QT>(block_at<QT>(row, b), block_d<QT>(row, nblk, b), sub, tab, u);
 }
 
 // value t (0..15) of segment s as a float (dequantization)

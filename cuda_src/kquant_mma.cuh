@@ -152,12 +152,14 @@ __device__ __forceinline__ void kquant_superblock_acc(const u8* __restrict__ ra,
     }
 }
 
-// MT: 16-row tiles a warp holds at once (ra_ / rb_: each tile's rows g and g + 8 at the super-block),
-// so that every B fragment and activation scale loaded serves MT mma. (The Q4_K / Q5_K branch keeps
+// MT: 16-row tiles a warp holds at once (ra_ / rb_: each tile's rows g and g + 8 at the super-block;
+// da_ / db_: where their fp16 d lies, block_d, read by the Q6_K types only), so that every B fragment
+// and activation scale loaded serves MT mma. (The Q4_K / Q5_K branch keeps
 // its own copy of Kq45Rows' code: built on the struct, ptxas spilled more at 2 tiles, 5 stores a
 // thread.)
 template <int QT, int NT, int CS, int MT>
 __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], const u8* const (&rb_)[MT],
+                                                    const u8* const (&da_)[MT], const u8* const (&db_)[MT],
                                                     int sblk, const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
     const int t = x.t, kb = 256 * sblk;
     int isum[NT][MT][4];
@@ -249,7 +251,7 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], 
         u32 sa[MT][4], sbw[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
-            if constexpr (QT == pq::Q6_KP) {
+            if constexpr (QT == pq::Q6_KR) {
                 pq::ld16b<1>(ra_[m] + 192, sa[m]);
                 pq::ld16b<1>(rb_[m] + 192, sbw[m]);
             } else {
@@ -303,7 +305,7 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], 
         float da[MT], db[MT];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-            da[m] = pq::h2f(pq::ld16(ra_[m] + 208)), db[m] = pq::h2f(pq::ld16(rb_[m] + 208));
+            da[m] = pq::h2f(pq::ld16(da_[m])), db[m] = pq::h2f(pq::ld16(db_[m]));
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
             const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
@@ -318,20 +320,25 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], 
     }
 }
 
-// The super-block step of a launch: ACC's on Q4_K / Q5_K weights (other types ignore ACC; ACC
+// The super-block step of a launch (ra / rb: the tiles' rows at their first byte): ACC's on Q4_K / Q5_K weights (other types ignore ACC; ACC
 // holds one row tile).
 template <int QT, int NT, int ACC, int CS, int MT>
-__device__ __forceinline__ void kquant_superblock(const u8* const (&ra)[MT], const u8* const (&rb)[MT], i64 off,
-                                                  int sblk, const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
+__device__ __forceinline__ void kquant_superblock(const u8* const (&ra)[MT], const u8* const (&rb)[MT], int sblk,
+                                                  const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
     if constexpr (ACC && (QT == pq::Q4_K || QT == pq::Q5_K)) {
         static_assert(MT == 1, "ACC: one row tile a warp");
-        kquant_superblock_acc<QT, NT, CS>(ra[0] + off, rb[0] + off, sblk, x, acc);
+        kquant_superblock_acc<QT, NT, CS>(pq::block_at<QT>(ra[0], sblk), pq::block_at<QT>(rb[0], sblk), sblk, x, acc);
     } else {
         const u8* pa[MT];
         const u8* pb[MT];
+        const u8* qa[MT];
+        const u8* qb[MT];
 #pragma unroll
-        for (int m = 0; m < MT; ++m) pa[m] = ra[m] + off, pb[m] = rb[m] + off;
-        kquant_superblock_k<QT, NT, CS, MT>(pa, pb, sblk, x, acc);
+        for (int m = 0; m < MT; ++m) {
+            pa[m] = pq::block_at<QT>(ra[m], sblk), pb[m] = pq::block_at<QT>(rb[m], sblk);
+            qa[m] = pq::block_d<QT>(ra[m], x.K / 256, sblk), qb[m] = pq::block_d<QT>(rb[m], x.K / 256, sblk);
+        }
+        kquant_superblock_k<QT, NT, CS, MT>(pa, pb, qa, qb, sblk, x, acc);
     }
 }
 

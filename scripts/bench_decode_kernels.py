@@ -64,7 +64,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     from pocketcupy.backend import kquant_mma_cuda as kq
     from pocketcupy.backend import kquant_tile_cuda as kt
     from pocketcupy.backend import linear_cuda as lc
-    from pocketcupy.backend.weight_cuda import PADDED_QTYPES
+    from pocketcupy.backend.weight_cuda import RELAID_QTYPES
 
     rng = np.random.default_rng(0)
     shapes = SMOL + ([] if args.small_only else BIG)
@@ -76,12 +76,12 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     out = {}
     layouts = args.q6k_layouts.split(",")
     for qtype, rows, cols, layout in [(q, r, c, lay) for q, r, c in shapes
-                                      for lay in (layouts if q in PADDED_QTYPES else ["padded"])]:
-        pad = layout == "padded"
-        w0 = make_weight(qtype, rows, cols, rng, pad)
-        copies = [w0] + [make_weight(qtype, rows, cols, rng, pad)
+                                      for lay in (layouts if q in RELAID_QTYPES else ["relaid"])]:
+        relay = layout == "relaid"
+        w0 = make_weight(qtype, rows, cols, rng, relay)
+        copies = [w0] + [make_weight(qtype, rows, cols, rng, relay)
                          for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
-        tag = "" if layout == "padded" else f"-{layout}"
+        tag = "" if layout == "relaid" else f"-{layout}"
         for nb in [int(b) for b in args.batches.split(",")]:
             x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
             y = cp.empty((nb, rows), cp.float32)
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default=CONFIGS, help="lanes:L:R, xs:R, block:R list, e.g. lanes:16:2,xs:4,block:2")
     ap.add_argument("--shapes", default="", help="QTYPE:ROWSxCOLS list, e.g. Q4_1:960x576,Q8_0:14336x4096")
     ap.add_argument("--small-only", action="store_true", help="GEMV: SmolLM2 shapes only")
-    ap.add_argument("--q6k-layouts", default="padded", help="Q6_K upload layouts to time: padded,raw")
+    ap.add_argument("--q6k-layouts", default="relaid", help="Q6_K upload layouts to time: relaid,raw")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     only = set(args.only.split(","))

@@ -103,8 +103,8 @@ def gemm_peak(reps: int, n: int = 8192) -> dict:
     return {**t, "TFLOPs": round(2 * n ** 3 / t["us"] / 1e6, 1)}
 
 
-def make_weight(qtype: str, rows: int, cols: int, rng, pad: bool | None = None):
-    """A CudaWeight of random data in the given format (valid blocks: small fp16 scales); pad as
+def make_weight(qtype: str, rows: int, cols: int, rng, relay: bool | None = None):
+    """A CudaWeight of random data in the given format (valid blocks: small fp16 scales); relay as
     weight_cuda.prepare_weight's."""
     from pocketcupy.backend import weight_cuda as wc
 
@@ -117,12 +117,12 @@ def make_weight(qtype: str, rows: int, cols: int, rng, pad: bool | None = None):
     b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
     for off in _SCALE_FIELDS[qtype]:
         b[:, off:off + 2] = np.array([0.02], np.float16).view(np.uint8)
-    return wc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)), pad=pad)
+    return wc.prepare_weight(QTensor(qtype, (rows, cols), b.reshape(rows, -1)), relay=relay)
 
 
 def weight_bytes(w) -> int:
-    """The weight's bytes as its file stores them (GB/s figures stay comparable across the padded
-    upload layouts, weight_cuda.PADDED_QTYPES)."""
+    """The weight's bytes as its file stores them (GB/s figures stay comparable across the upload
+    layouts, weight_cuda.RELAID_QTYPES)."""
     from pocketcupy.backend import weight_cuda as wc
 
     if getattr(w, "qtype", None) in wc.GGUF_QTYPES:

@@ -82,7 +82,7 @@ def _ref_linear_per32(inp):
 def _cuda_weight(inp):
     """The weight uploaded as weight_cuda does; inp["raw"]: Q6_K kept in its 210-byte blocks."""
     return weight_cuda.prepare_weight(QTensor(inp["qtype"], inp["shape"], inp["w"]), inp["act"],
-                                      pad=False if inp.get("raw") else None)
+                                      relay=False if inp.get("raw") else None)
 
 
 def _cuda_linear(tile_elems: int | None = None):
@@ -282,7 +282,7 @@ def _linear_rows():
     # the 8-rows-a-block launch of tall Q8_0 matrices at batch 1 (q8_gemv_launch: Q8_B1_TALL_ROWS), 67 rows
     rows.append(KernelRow("linear", f"gemv_q8_0_q8r8_t128_bs1-{ROWS_OUT}x4096", _make_linear("Q8_0", 1, 4096, True),
                           _ref_linear_per32, _cuda_gemv_q8(Q8Gemv("block", 8)), 2e-5))
-    # Q6_K in its raw 210-byte blocks (uploads pad them to 224 bytes): the word-load paths
+    # Q6_K in its raw 210-byte blocks (uploads re-lay them as Q6_KR): the word-load paths
     for n, cfg in ((1, Q8Gemv("kquant", 2)), (2, None), (12, None)):
         make = _make_linear("Q6_K", n, _cols("Q6_K"), True)
         rows.append(KernelRow("linear", f"gemv_q6_k_raw_{'q8kq2u1' if cfg else 'q8'}_bs{n}-{ROWS_OUT}x{_cols('Q6_K')}",

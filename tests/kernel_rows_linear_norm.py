@@ -82,7 +82,7 @@ ROWS = [KernelRow("linear_add_rms_norm", f"{q.lower()}-{rows}x{cols}{'-gated' if
                   f"{'-bias' if bias else ''}", _make(q, rows, cols, gated, bias), _ref, _cuda,
                   (1e-5, 2e-3) + (3e-3,) * (5 if rows == 4096 else 4))
         for q, rows, cols, gated, bias in (("Q4_K", 4096, 4096, False, False),   # the o projection's shape
-                                           ("Q6_K", 512, 1536, True, False),     # a down projection (padded Q6_K)
+                                           ("Q6_K", 512, 1536, True, False),     # a down projection (Q6_KR, rows rounded up)
                                            ("Q4_K", 1024, 512, True, True),
                                            ("Q5_K", 768, 1024, False, False),
                                            ("Q8_0", 4096, 4096, False, False),   # gemv_gguf_norm, short rows

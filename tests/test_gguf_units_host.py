@@ -27,17 +27,16 @@ def host_bin(tmp_path_factory):
     return str(out)
 
 
-def check_decoder(host_bin, rng, qtype, nblk, align, pad_to=None):
-    """Decodes random qtype blocks with the host build (as kernel type qtype, or padded to pad_to
-    bytes as our padded type) and checks values and unit dots against the gguf package."""
+def check_decoder(host_bin, rng, qtype, nblk, align, relay=None):
+    """Decodes a row of random qtype blocks with the host build (as kernel type qtype, or re-laid by
+    relay(row) as kernel type RELAID[qtype]) and checks values and unit dots against the gguf package."""
     tid, qk, ts = QTYPES[qtype]
     cols = nblk * qk
     for use_quantizer in (True, False):
         blocks = random_blocks(rng, qtype, 1, cols, use_quantizer)
         stored = blocks
-        if pad_to is not None:
-            tid, stored = PADDED[qtype], np.zeros((nblk, pad_to), np.uint8)
-            stored[:, :ts] = blocks.reshape(nblk, ts)
+        if relay is not None:
+            tid, stored = RELAID[qtype], relay(blocks.reshape(1, -1))
         x = rng.standard_normal((1, cols)).astype(np.float32)
         xq, ds = quantize_q8_x(x)
         payload = struct.pack("<iii", tid, nblk, align) + stored.tobytes() + xq.tobytes() + ds.tobytes()
@@ -52,7 +51,7 @@ def check_decoder(host_bin, rng, qtype, nblk, align, pad_to=None):
         assert abs(dot - ref_dot) <= 1e-5 * scale, (dot, ref_dot)
 
 
-PADDED = {"Q6_K": 114}   # pq::Q6_KP
+RELAID = {"Q6_K": 115}   # pq::Q6_KR
 
 
 @pytest.mark.parametrize("align", [0, 2])
@@ -62,13 +61,14 @@ def test_units_match_gguf(host_bin, qtype, align):
     check_decoder(host_bin, rng, qtype, 6 if QTYPES[qtype][1] == 256 else 40, align)
 
 
-def test_padded_q6k_decodes_as_q6k(host_bin):
-    """Q6_KP: Q6_K blocks padded to 224 bytes, as weight_cuda uploads them (16-byte aligned)."""
-    from pocketcupy.backend.weight_cuda import PADDED_QTYPES
+@pytest.mark.parametrize("nblk", [6, 8, 21])
+def test_relaid_q6k_decodes_as_q6k(host_bin, nblk):
+    """Q6_KR: a Q6_K row re-laid as weight_cuda uploads it (runs of 8 208-byte blocks, each followed
+    by their d's; 6 and 21 blocks: a short last run, the row rounded up to 16 bytes)."""
+    from pocketcupy.backend.weight_cuda import RELAID_QTYPES, q6k_relaid_rows
 
-    name, tid, size = PADDED_QTYPES["Q6_K"]
-    assert (tid, name) == (PADDED["Q6_K"], "Q6_KP")
-    check_decoder(host_bin, np.random.default_rng(114), "Q6_K", 6, 0, pad_to=size)
+    assert RELAID_QTYPES["Q6_K"] == ("Q6_KR", RELAID["Q6_K"])
+    check_decoder(host_bin, np.random.default_rng(115), "Q6_K", nblk, 0, relay=q6k_relaid_rows)
 
 
 def test_tables_header_is_current():

@@ -4,21 +4,21 @@ from pocketcupy.backend.kquant_tile_cuda import TILE_SHAPES, kquant_tile_shape, 
 from pocketcupy.backend.weight_cuda import CudaWeight
 
 
-def weight(qtype, rows, cols=4096, padded=False):
-    return CudaWeight(qtype, (rows, cols), None, act_q8=True, padded=padded)
+def weight(qtype, rows, cols=4096, relaid=False):
+    return CudaWeight(qtype, (rows, cols), None, act_q8=True, relaid=relaid)
 
 
 def test_tall_weights_at_batches_33_to_64():
     gate_up = [weight("Q4_K", 14336), weight("Q4_K", 14336)]     # joined: 28672 rows
-    head = weight("Q6_K", 49152, padded=True)
+    head = weight("Q6_K", 49152, relaid=True)
     assert kquant_tile_shape(gate_up, 33) == kquant_tile_shape(gate_up, 64) == (2, 4, 1, 2)
     assert kquant_tile_shape([head], 40) == (1, 8, 1, 2)
     assert all(kquant_tile_shape(gate_up, n) is None for n in (1, 8, 32, 65))
 
 
 def test_short_raw_or_untimed_weights_stay_on_the_mma_kernel():
-    qkv = [weight("Q4_K", 4096), weight("Q4_K", 1024), weight("Q6_K", 1024, padded=True)]
-    for ws in (qkv, [weight("Q4_K", 4096)], [weight("Q6_K", 4096, 14336, padded=True)],
+    qkv = [weight("Q4_K", 4096), weight("Q4_K", 1024), weight("Q6_K", 1024, relaid=True)]
+    for ws in (qkv, [weight("Q4_K", 4096)], [weight("Q6_K", 4096, 14336, relaid=True)],
                [weight("Q6_K", 49152)],          # raw 210-byte Q6_K blocks: not 16-byte aligned
                [weight("Q5_K", 28672)]):         # runs, but was not timed
         assert kquant_tile_shape(ws, 64) is None
@@ -27,7 +27,7 @@ def test_short_raw_or_untimed_weights_stay_on_the_mma_kernel():
 def test_default_shapes_fit_the_shared_memory_of_every_tensor_core_gpu():
     """A block of each default shape within the 99 KB a block may have on sm_86 / sm_89 (the least
     of sm_80+; the H200 has 227 KB: two Q4_K blocks an SM)."""
-    q4, q6 = weight("Q4_K", 28672), weight("Q6_K", 49152, padded=True)
+    q4, q6 = weight("Q4_K", 28672), weight("Q6_K", 49152, relaid=True)
     assert kquant_tile_smem([q4], TILE_SHAPES["Q4_K"]) == 2 * (128 * 160 + 16384 + 256 + 1024)
-    assert kquant_tile_smem([q6], TILE_SHAPES["Q6_KP"]) == 2 * (128 * 240 + 16384 + 256 + 1024)
-    assert max(kquant_tile_smem([q4], TILE_SHAPES["Q4_K"]), kquant_tile_smem([q6], TILE_SHAPES["Q6_KP"])) <= 99 * 1024
+    assert kquant_tile_smem([q6], TILE_SHAPES["Q6_KR"]) == 2 * (128 * (208 + 4) + 16384 + 256 + 1024)
+    assert max(kquant_tile_smem([q4], TILE_SHAPES["Q4_K"]), kquant_tile_smem([q6], TILE_SHAPES["Q6_KR"])) <= 99 * 1024

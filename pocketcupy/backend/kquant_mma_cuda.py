@@ -8,7 +8,7 @@ import numpy as np
 
 from .kernels import grid_blocks, has_tensor_cores, kernel, null_arg, num_sms
 from .kquant_tile_cuda import kquant_tile_shape, launch_gemm_kquant_tile, launch_gemm_kquant_tile3
-from .weight_cuda import KERNEL_TYPE_IDS, PADDED_QTYPES, CudaWeight, joined_segments
+from .weight_cuda import KERNEL_TYPE_IDS, RELAID_QTYPES, CudaWeight, joined_segments
 
 GGUF_MMA_QTYPES = ("Q4_K", "Q5_K", "Q6_K")          # gemv_kquant_mma.cu
 # 8 tiles; past it dequantization + cuBLAS (H200, Q4_K 28672x4096 at batch 64: 170 us against 234;
@@ -130,7 +130,7 @@ def _kquant_mma_expr(kernel_qtype: str, nt: int, groups: tuple[int, ...], full: 
 _Q8K_EXPRS = ("quantize_q8k_x<false>", "quantize_q8k_x<true>")
 _KQUANT_MMA_EXPRS = tuple(dict.fromkeys(   # kquant_mma_groups' launches, compiled as one module
     _kquant_mma_expr(kq, nt, kquant_mma_shape(groups))
-    for q in GGUF_MMA_QTYPES for kq in (q,) + ((PADDED_QTYPES[q][0],) if q in PADDED_QTYPES else ())
+    for q in GGUF_MMA_QTYPES for kq in (q,) + ((RELAID_QTYPES[q][0],) if q in RELAID_QTYPES else ())
     for nt in (1, 2, 4, 8) for cols in (4096, 4352)
     for groups in [kquant_mma_groups(nt, cols)] + ([(nt, 4, 1, 3), (nt, 4, 1, 0, 4)] if nt >= 4 else [])
     + ([(nt, 8, 1, 0, 2)] if nt >= 8 and cols > 4096 else [])))

@@ -9,9 +9,9 @@ from .kernels import kernel, null_arg
 from .weight_cuda import KERNEL_TYPE_IDS, CudaWeight, joined_segments
 
 # the weight types gemm_kquant_tile.cu reads (16-byte aligned super-blocks) -> their rows' bytes in
-# its shared memory (KtLayout::SROW), and its stages' bytes a super-block past the weights
-# (activations, scales and 32-sums of 64 columns)
-TILE_KERNEL_QTYPES = {"Q4_K": 160, "Q5_K": 224, "Q6_KP": 240}
+# its shared memory a super-block (KtLayout::SROW, and Q6_KR's 4 bytes of d), and its stages' bytes
+# a super-block past the weights (activations, scales and 32-sums of 64 columns)
+TILE_KERNEL_QTYPES = {"Q4_K": 160, "Q5_K": 224, "Q6_KR": 208 + 4}
 _TILE_X_BYTES = 8 * 64 * 32 + 64 * 4 + 64 * 16
 
 TILE_MIN_BATCH = 33
@@ -25,7 +25,7 @@ TILE_MIN_ROWS = 16384
 # 4 warps each: Q4_K 4096x4096 19.7 us at best against 15.8, 6144x4096 23.8 against 21.6, Q6_K
 # 4096x14336 86.7 against 50.4), hence TILE_MIN_ROWS. Q5_K runs (and is tested) but was not timed, so
 # it stays on gemv_kquant_mma.
-TILE_SHAPES = {"Q4_K": (2, 4, 1, 2), "Q6_KP": (1, 8, 1, 2)}
+TILE_SHAPES = {"Q4_K": (2, 4, 1, 2), "Q6_KR": (1, 8, 1, 2)}
 
 
 def kquant_tile_shape(ws, n: int) -> tuple[int, int, int, int] | None:

@@ -558,10 +558,9 @@ def dequant_tile_rows(rows: int, k: int) -> int:
 
 
 def dequant_tile(w: CudaWeight, r0: int, nr: int, scratch) -> None:
-    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized w as fp16 (nr * cols < 2^31; the rows of
-    w.data follow each other, as prepare_weight lays them out)."""
+    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized w as fp16 (nr * cols < 2^31)."""
     _dequant(w.kernel_qtype, "tile")((-(-nr * (w.cols // 32) // 256),), (256,),
-                                     (w.data[r0:], np.int32(nr), np.int32(w.cols), scratch))
+                                     (w.data[r0:], np.int64(w.data.shape[1]), np.int32(nr), np.int32(w.cols), scratch))
 
 
 def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:

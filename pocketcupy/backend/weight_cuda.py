@@ -23,12 +23,14 @@ GGUF_QTYPES = {
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
     "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
 }
-# Q6_K is uploaded with each 210-byte block padded to 224 bytes, kernel type "Q6_KP" (pq::Q6_KP):
-# every block then starts 16-byte aligned and the GEMVs read it with 16-byte loads instead of
-# 2-byte aligned words and funnel shifts, for 6.7% more bytes (H200 figures: README).
-PADDED_QTYPES = {"Q6_K": ("Q6_KP", 114, 224)}
-KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **{p[0]: p[1] for p in PADDED_QTYPES.values()}}
-PAD_Q6K = os.environ.get("POCKETCUPY_PAD_Q6K", "1") != "0"   # default of prepare_weight's pad ("0": raw, for comparisons)
+# Q6_K is uploaded re-laid, kernel type "Q6_KR" (pq::Q6_KR, gguf_units.cuh's block_at): a row's
+# blocks in runs of 8, each run the blocks without their fp16 d (208 bytes: ql, qh, scales) and then
+# their d's, the row rounded up to 16 bytes (rows of 8k blocks gain nothing). Every block then starts
+# 16-byte aligned and the kernels read it with 16-byte loads instead of 2-byte aligned words and
+# funnel shifts (H200 figures: README).
+RELAID_QTYPES = {"Q6_K": ("Q6_KR", 115)}
+KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **dict(RELAID_QTYPES.values())}
+RELAY_Q6K = os.environ.get("POCKETCUPY_RELAY_Q6K", "1") != "0"   # default of prepare_weight's relay ("0": raw, for comparisons)
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
 _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
 
@@ -67,7 +69,7 @@ class CudaWeight:
     shape: tuple          # (rows, cols), torch order
     data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
     act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
-    padded: bool = False  # blocks padded as PADDED_QTYPES says (kernel_qtype names that layout)
+    relaid: bool = False  # blocks re-laid as RELAID_QTYPES says (kernel_qtype names that layout)
 
     @property
     def rows(self) -> int:
@@ -84,16 +86,31 @@ class CudaWeight:
     @property
     def kernel_qtype(self) -> str:
         """The block layout the kernels are instantiated for (KERNEL_TYPE_IDS)."""
-        return PADDED_QTYPES[self.qtype][0] if self.padded else self.qtype
+        return RELAID_QTYPES[self.qtype][0] if self.relaid else self.qtype
 
     @property
     def type_id(self) -> int:
         return KERNEL_TYPE_IDS[self.kernel_qtype]
 
 
-def prepare_weight(t: QTensor, quant_activations: str = "auto", pad: bool | None = None):
-    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). pad: blocks
-    of PADDED_QTYPES padded on upload (None: PAD_Q6K)."""
+def q6k_relaid_rows(raw: np.ndarray) -> np.ndarray:
+    """Q6_K rows [rows, nblk * 210] -> Q6_KR rows: runs of 8 blocks (the last may be shorter), each
+    the blocks' first 208 bytes and then their d's; zeros to a multiple of 16 bytes."""
+    rows = raw.shape[0]
+    blocks = raw.reshape(rows, -1, 210)
+    nblk = blocks.shape[1]
+    out = np.zeros((rows, -(-nblk * 210 // 16) * 16), np.uint8)
+    for r0 in range(0, nblk, 8):
+        run = blocks[:, r0:r0 + 8]
+        body = r0 * 210 + run.shape[1] * 208
+        out[:, r0 * 210:body] = run[:, :, :208].reshape(rows, -1)
+        out[:, body:(r0 + run.shape[1]) * 210] = run[:, :, 208:].reshape(rows, -1)
+    return out
+
+
+def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | None = None):
+    """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). relay: blocks
+    of RELAID_QTYPES re-laid on upload (None: RELAY_Q6K)."""
     import cupy as cp
 
     if len(t.shape) == 1:
@@ -107,18 +124,14 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto", pad: bool | None
         return CudaWeight("BF16", (rows, cols), cp.asarray(np.ascontiguousarray(t.data).view(np.uint16)))
     if t.qtype in GGUF_QTYPES:
         raw = np.ascontiguousarray(t.data, dtype=np.uint8).reshape(rows, -1)
-        padded = (PAD_Q6K if pad is None else pad) and t.qtype in PADDED_QTYPES
-        if padded:
-            ts, pts = GGUF_QTYPES[t.qtype][2], PADDED_QTYPES[t.qtype][2]
-            blocks = raw.reshape(rows, -1, ts)
-            raw = np.zeros((rows, blocks.shape[1], pts), np.uint8)
-            raw[:, :, :ts] = blocks
-            raw = raw.reshape(rows, -1)
+        relaid = (RELAY_Q6K if relay is None else relay) and t.qtype in RELAID_QTYPES
+        if relaid:
+            raw = q6k_relaid_rows(raw)
         n = raw.size
         buf = cp.zeros(n + _PAD, dtype=cp.uint8)
         buf[:n].set(raw.reshape(-1))
         return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
-                          uses_q8(t.qtype, cols, quant_activations), padded)
+                          uses_q8(t.qtype, cols, quant_activations), relaid)
     # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
     w = t.dequantize().astype(np.float32)
     if np.abs(w).max(initial=0.0) < 65000.0:
@@ -137,8 +150,8 @@ def concat_rows(ws):
 
     if not ws or not all(isinstance(w, CudaWeight) for w in ws):
         return None
-    qtype, cols, act_q8, padded = ws[0].qtype, ws[0].cols, ws[0].act_q8, ws[0].padded
-    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 or w.padded != padded for w in ws):
+    qtype, cols, act_q8, relaid = ws[0].qtype, ws[0].cols, ws[0].act_q8, ws[0].relaid
+    if any(w.qtype != qtype or w.cols != cols or w.act_q8 != act_q8 or w.relaid != relaid for w in ws):
         return None
     rows = sum(w.rows for w in ws)
     if ws[0].is_dense:
@@ -149,7 +162,7 @@ def concat_rows(ws):
     for w in ws:
         buf[r0 * bpr:(r0 + w.rows) * bpr] = w.data.reshape(-1)
         r0 += w.rows
-    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, padded)
+    return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, relaid)
 
 
 def joined_segments(ws, biases, outs, rows_per_block: int):

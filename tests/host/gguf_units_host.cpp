@@ -1,7 +1,7 @@
 // Host build of cuda_src/gguf_units.cuh (plain C++, intrinsics emulated) so the GGUF block
 // decoders and the unit dot formula can be checked against the gguf package on a CPU.
 // Used by tests/test_gguf_units_host.py.
-//   stdin:  qtype nblk align | nblk*TS block bytes | nblk*QK int8 xq | nblk*QK/32 float4 xds
+//   stdin:  qtype nblk align | one row of nblk blocks (Q6_KR: runs of 8, bodies then d's, to a multiple of 16 bytes) | nblk*QK int8 xq | nblk*QK/32 float4 xds
 //   stdout: nblk*QK float32 dequantized values, then float64 sum of the unit dots
 #include <cmath>
 #include <cstdint>
@@ -60,13 +60,13 @@ using namespace pq;
 
 template <int QT>
 static void run(const u8* blocks, int nblk, const int8_t* xq, const float4* xds, float* deq, double* dot) {
-    constexpr int QK = QTraits<QT>::QK, TS = QTraits<QT>::TS, NSUB = QK / 32;
+    constexpr int QK = QTraits<QT>::QK, NSUB = QK / 32;
     const u32* tab = table_src<QT>();
     double total = 0;
     for (int b = 0; b < nblk; ++b) {
         for (int sub = 0; sub < NSUB; ++sub) {
             Unit u;
-            decode<QT>(blocks + (size_t)b * TS, sub, tab, u);
+            decode_at<QT>(blocks, nblk, b, sub, tab, u);
             int p[2];
             unit_pos<QT>(sub, p[0], p[1]);
             for (int s = 0; s < 2; ++s)
@@ -90,24 +90,25 @@ int main() {
     int qk = 0, ts = 0;
     switch (qt) {
 #define C(T) case T: qk = QTraits<T>::QK; ts = QTraits<T>::TS; break;
-        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KP)
+        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KR)
         C(IQ2_XXS) C(IQ3_XXS) C(IQ4_XS)
 #undef C
         default: return 3;
     }
+    const size_t bytes = (size_t)nblk * ts + (qt == Q6_KR ? (2 * nblk + 15) / 16 * 16 : 0);   // Q6_KR: the d's
     // blocks placed at byte offset `align` of a 16-aligned buffer, 16 bytes of slack after
-    std::vector<uint64_t> store(((size_t)nblk * ts + 48) / 8 + 1);
+    std::vector<uint64_t> store((bytes + 48) / 8 + 1);
     u8* blocks = (u8*)store.data() + align;
     std::vector<int8_t> xq((size_t)nblk * qk);
     std::vector<float4> xds((size_t)nblk * qk / 32);
-    if (std::fread(blocks, 1, (size_t)nblk * ts, stdin) != (size_t)nblk * ts) return 4;
+    if (std::fread(blocks, 1, bytes, stdin) != bytes) return 4;
     if (std::fread(xq.data(), 1, xq.size(), stdin) != xq.size()) return 5;
     if (std::fread(xds.data(), sizeof(float4), xds.size(), stdin) != xds.size()) return 6;
     std::vector<float> deq((size_t)nblk * qk);
     double dot = 0;
     switch (qt) {
 #define C(T) case T: run<T>(blocks, nblk, xq.data(), xds.data(), deq.data(), &dot); break;
-        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KP)
+        C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KR)
         C(IQ2_XXS) C(IQ3_XXS) C(IQ4_XS)
 #undef C
     }
