@@ -320,8 +320,8 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], 
     }
 }
 
-// The super-block step of a launch (ra / rb: the tiles' rows at their first byte): ACC's on Q4_K / Q5_K weights (other types ignore ACC; ACC
-// holds one row tile).
+// The super-block step of a launch (ra / rb: the tiles' rows at their first byte): ACC's on Q4_K /
+// Q5_K weights (other types ignore ACC; ACC holds one row tile).
 template <int QT, int NT, int ACC, int CS, int MT>
 __device__ __forceinline__ void kquant_superblock(const u8* const (&ra)[MT], const u8* const (&rb)[MT], int sblk,
                                                   const ActsK<NT, CS>& x, float (&acc)[NT][MT][4]) {
