@@ -63,14 +63,12 @@ PQ_DEV void kq_load(const u8* __restrict__ row, int b, int nblk, int j, KqGroup<
         const uint2 sc = *(const uint2*)(blk + 192 + 8 * n);
         g.sc[0] = sc.x;
         g.sc[1] = sc.y;
-        g.d = ld16(block_d<QT>(row, nblk, b));
     } else if constexpr (QT == Q6_K) {
         const int n = j >> 1, i = j & 1;
         ldu<4, true>(blk + 64 * n + 16 * i, g.l0);
         ldu<4, true>(blk + 64 * n + 32 + 16 * i, g.l1);
         ldu<4, true>(blk + 128 + 32 * n + 16 * i, g.h);
         ldu<2, true>(blk + 192 + 8 * n, g.sc);
-        g.d = ld16(block_d<QT>(row, nblk, b));
     } else {
         constexpr int QS = QT == Q4_K ? 16 : 48;
         g.hd = *(const uint4*)blk;
@@ -81,6 +79,7 @@ PQ_DEV void kq_load(const u8* __restrict__ row, int b, int nblk, int j, KqGroup<
             g.h1 = *(const uint4*)(blk + 32);
         }
     }
+    if constexpr (IS_Q6K<QT>) g.d = ld16(block_d<QT>(row, nblk, b));
 }
 
 PQ_DEV int dp4a_us(u32 a, int b, int c) {   // unsigned bytes of a times signed bytes of b
