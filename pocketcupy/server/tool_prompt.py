@@ -82,7 +82,7 @@ def parse_tool_choice(raw, tools: list[dict] | None):
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function" and isinstance(raw.get("function"), dict):
         name = raw["function"].get("name")
-        if name not in {t["function"]["name"] for t in tools}:
+        if not isinstance(name, str) or name not in {t["function"]["name"] for t in tools}:
             raise bad("tool_choice", f"tool_choice names function {name!r}, which is not in 'tools'")
         return ("function", name)
     raise bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
