@@ -135,6 +135,16 @@ def test_malformed_json(server, raw, path):
     _check_body(resp, 400, None)
 
 
+@pytest.mark.parametrize("field,status,param", [(b'"model": "x\\ud800"', 404, "model"),
+                                                 (b'"model": "smollm2", "\\ud800": 1', 400, "\ud800")])
+def test_lone_surrogate_echoed_in_an_error(server, field, status, param):
+    """A lone surrogate is valid JSON (as an escape) but not UTF-8: echoed back, it is escaped, not a 500."""
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, ' + field + b"}"
+    got, resp, _ = request(server, "POST", CHAT, raw=raw)
+    assert got == status, resp
+    _check_body(resp, status, param)
+
+
 def test_wrong_method_and_route(server):
     status, resp, _ = request(server, "GET", CHAT)
     assert status == 405 and resp["error"]["type"] == "invalid_request_error"

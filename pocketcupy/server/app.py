@@ -13,6 +13,7 @@ from .completions import handle_completion
 from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
+from .responses import json_bytes
 from .sse import SSEStream
 
 log = logging.getLogger("pocketcupy.server")
@@ -20,7 +21,7 @@ PROBES = ("/health", "/alive", "/ready")
 
 
 def _json(obj, status: int = 200) -> Response:
-    return Response(json.dumps(obj, ensure_ascii=False), status=status, mimetype="application/json")
+    return Response(json_bytes(obj), status=status, mimetype="application/json")
 
 
 def _no_constants(name):

@@ -23,8 +23,17 @@ def chunk_usage(include_usage: bool, continuous: bool, prompt_tokens: int, compl
     return {"usage": usage(prompt_tokens, completion_tokens) if continuous else None}
 
 
+def json_bytes(obj, **kw) -> bytes:
+    """UTF-8 JSON. A lone surrogate a client sent (valid JSON as an escape, but not encodable as
+    UTF-8), e.g. echoed in an error message, is written back as its escape."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, **kw).encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, **kw).encode()
+
+
 def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json_bytes(obj, separators=(",", ":")) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"
