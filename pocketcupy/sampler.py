@@ -262,7 +262,8 @@ class Sampler:
         if rnd.size:
             ps = [rows[i].params for i in rnd]
             x = logits[rnd] / np.array([p.temperature for p in ps], dtype=np.float32)[:, None]
-            x = apply_top_k(x, np.array([p.top_k for p in ps], dtype=np.int64))
+            # (a top_k past the vocabulary disables it; clamped first, as it may not fit an int64)
+            x = apply_top_k(x, np.array([min(p.top_k, x.shape[1]) for p in ps], dtype=np.int64))
             x = apply_top_p(x, np.array([p.top_p for p in ps], dtype=np.float64))
             x = apply_min_p(x, np.array([p.min_p for p in ps], dtype=np.float64))
             probs = softmax(x.astype(np.float64))

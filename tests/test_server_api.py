@@ -266,6 +266,12 @@ def test_max_tokens_fields_and_extensions(client):
     assert r.usage.completion_tokens == 3
 
 
+def test_top_k_past_the_vocabulary_is_no_top_k(client):
+    """A top_k too large for an int64 once failed the engine step of every request in the batch."""
+    r = chat(client, temperature=1, seed=3, extra_body={"top_k": 10**20})
+    assert r.choices[0].message.content == chat(client, temperature=1, seed=3).choices[0].message.content
+
+
 def _stream_text(client, prompt, out, i):
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                             max_tokens=8, temperature=0, stream=True)
