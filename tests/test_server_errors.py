@@ -81,6 +81,7 @@ TABLE = [  # (path, body, status, param)
     (CHAT, chat(logit_bias={"x": 5}), 400, "logit_bias"),
     (CHAT, chat(logit_bias={"-1": 5}), 400, "logit_bias"),
     (CHAT, chat(logit_bias={"49152": 5}), 400, "logit_bias"),
+    (CHAT, chat(logit_bias={"1" * 5000: 5}), 400, "logit_bias"),
     (CHAT, chat(logit_bias={"1": 101}), 400, "logit_bias"),
     (CHAT, chat(logit_bias={"1": "5"}), 400, "logit_bias"),
     (COMP, comp(logit_bias={"1": True}), 400, "logit_bias"),

@@ -180,7 +180,8 @@ def parse_logit_bias(f: Fields, vocab_size: int) -> dict[int, float] | None:
         return None
     bias = {}
     for k, b in v.items():
-        if not (k.isascii() and k.isdigit()) or not int(k) < vocab_size:
+        # (the length first: int() refuses more than 4300 digits)
+        if not (k.isascii() and k.isdigit()) or len(k) > 20 or not int(k) < vocab_size:
             raise bad("logit_bias", f"'logit_bias' keys must be token ids in [0, {vocab_size - 1}], got {_short(k)}")
         if not isinstance(b, numbers.Real) or isinstance(b, bool) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
             raise bad("logit_bias", f"'logit_bias' values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
