@@ -76,6 +76,8 @@ TABLE = [  # (path, body, status, param)
     (CHAT, chat(tools=WEATHER, tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "tool_choice"),
     (CHAT, chat(tools=WEATHER, tool_choice={"type": "function", "function": {"name": ["get_weather"]}}), 400,
      "tool_choice"),
+    (CHAT, chat(tools=WEATHER + [{"type": "function", "function": {"name": "f", "description": "\ud800"}}],
+                tool_choice="required"), 400, "messages"),
     (CHAT, chat(response_format={"type": "xml"}), 400, "response_format.type"),
     (CHAT, chat(logit_bias=[1]), 400, "logit_bias"),
     (CHAT, chat(logit_bias={"x": 5}), 400, "logit_bias"),

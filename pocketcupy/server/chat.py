@@ -80,6 +80,15 @@ def parse_chat(state, body) -> ChatRequest:
                        tools, mode, forced, parallel, mt)
 
 
+def _encode(state, text: str) -> list[int]:
+    """The token ids of a rendered prompt; text the tokenizer refuses (a lone surrogate from the
+    messages or tools) is a 400 naming messages."""
+    try:
+        return state.engine.tokenizer.encode(text, add_special_tokens=False)
+    except ValueError as e:
+        raise bad("messages", str(e)) from None
+
+
 def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     """The function the server makes the model call (tool_choice 'required' or named), if any."""
     mode = req.tool_mode
@@ -91,9 +100,8 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     if len(names) == 1:
         return names[0]
     # several functions: the model's most likely name among them (summed log-probs of the name tokens)
-    tok = state.engine.tokenizer
-    base = tok.encode(req.text + '<tool_call>\n{"name": "', add_special_tokens=False)
-    full = [tok.encode(req.text + forced_prefill(n), add_special_tokens=False) for n in names]
+    base = _encode(state, req.text + '<tool_call>\n{"name": "')
+    full = [_encode(state, req.text + forced_prefill(n)) for n in names]
     cands = [truncate_prompt(c, req.params.truncate_prompt_tokens, state.engine.max_model_len) for c in full]
     for c in cands:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
@@ -164,11 +172,7 @@ def handle_chat(state, body, gone):
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
-    try:
-        ids = state.engine.tokenizer.encode(text, add_special_tokens=False)
-    except ValueError as e:
-        raise bad("messages", str(e)) from None
-    ids = truncate_prompt(ids, req.params.truncate_prompt_tokens, state.engine.max_model_len)
+    ids = truncate_prompt(_encode(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
