@@ -11,7 +11,10 @@ def bad_words_token_ids(tokenizer, words: Sequence[str]) -> tuple[tuple[int, ...
     seqs: dict[tuple[int, ...], None] = {}
     for word in words:
         for prefix in ("", " "):
-            ids = tuple(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+            try:
+                ids = tuple(tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+            except ValueError as e:  # (a lone surrogate): name the field
+                raise ValueError(f"bad_words: {word!r}: {e}") from None
             if ids:
                 seqs[ids] = None
     return tuple(seqs)

@@ -92,6 +92,7 @@ TABLE = [  # (path, body, status, param)
     (CHAT, chat(truncate_prompt_tokens=0), 400, "truncate_prompt_tokens"),
     (COMP, comp(truncate_prompt_tokens=-3), 400, "truncate_prompt_tokens"),
     (COMP, comp(bad_words=[""]), 400, "bad_words"),
+    (COMP, comp(bad_words=["a\ud800"]), 400, "bad_words"),
     (COMP, comp(allowed_token_ids=[10**9]), 400, "allowed_token_ids"),
     (CHAT, chat(allowed_token_ids=[5], response_format={"type": "json_object"}), 400, "allowed_token_ids"),
     (CHAT, chat(user=5), 400, "user"),
