@@ -220,19 +220,23 @@ class Engine:
         if params.allowed_token_ids and params.structured_outputs is not None:
             raise ValueError("allowed_token_ids: cannot be combined with structured outputs (their masks could "
                              "leave no token)")
+        seq_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         with self._lock:
-            if request_id in self._groups:
-                raise ValueError(f"request_id: {request_id!r} is already in use")
+            used = next((s for s in [request_id, *seq_ids] if s in self._groups or s in self._seqs), None)
+            if used is not None:
+                raise ValueError(f"request_id: {used!r} is already in use")
             if params.structured_outputs is not None:
                 self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
             group = RequestGroup(request_id, text, ids, params, allowed_mask=self._allowed_mask(params),
                                  bad_words=bad_words_token_ids(self.tokenizer, params.bad_words))
-            for i in range(params.n):
-                seq_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            for i, seq_id in enumerate(seq_ids):
                 req = Request(seq_id, list(ids), max_tokens, priority=priority,
                               want_prompt_logits=(params.prompt_logprobs is not None and i == 0))
-                self.scheduler.add(req)
                 group.seqs.append(self._new_sequence(group, i, req))
+            # only now into the scheduler, so a request that fails above leaves nothing behind; the n
+            # sequences need the same blocks, so only the first can be refused (ValueError)
+            for s in group.seqs:
+                self.scheduler.add(s.req)
             self._groups[request_id] = group
             for s in group.seqs:
                 self._seqs[s.req.request_id] = s

@@ -64,6 +64,29 @@ def test_seed_reproducible(engine):
     assert a.token_ids != c.token_ids
 
 
+def test_failed_add_request_leaves_nothing(engine, monkeypatch):
+    """A request that fails while its sequences are built is not left in the scheduler (where the
+    next step would find no sequence for it), and a sequence id already in use is refused first."""
+    engine.add_request("x#1", "hi", SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="^request_id: 'x#1' is already in use"):
+        engine.add_request("x", "hi", SamplingParams(n=2, max_tokens=2))
+    engine.abort_request("x#1")
+    engine.step()
+    new_sequence = engine._new_sequence
+
+    def fail_second(group, index, req):
+        if index == 1:
+            raise ValueError("boom")
+        return new_sequence(group, index, req)
+
+    monkeypatch.setattr(engine, "_new_sequence", fail_second)
+    with pytest.raises(ValueError, match="boom"):
+        engine.add_request("y", "hi", SamplingParams(n=2, max_tokens=2))
+    monkeypatch.undo()
+    assert not engine.has_unfinished_requests() and not engine.scheduler.requests
+    assert engine.generate("hi", SamplingParams(temperature=0, max_tokens=2))[0].outputs[0].finish_reason == "length"
+
+
 def test_n_samples(engine):
     out = engine.generate("Tell me a colour:", SamplingParams(n=3, temperature=1.0, max_tokens=8, seed=7))[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
