@@ -31,7 +31,8 @@ PositionLogprobs = dict[int, Logprob]
 
 
 def make_generator(seed: int | None = None) -> np.random.Generator:
-    return np.random.default_rng(seed)
+    """Any int seed (vLLM takes negative ones too) as NumPy's non-negative seed: seed mod 2**64."""
+    return np.random.default_rng(None if seed is None else int(seed) % 2**64)
 
 
 @dataclass

@@ -64,6 +64,16 @@ def test_seed_reproducible(engine):
     assert a.token_ids != c.token_ids
 
 
+def test_any_int_seed(engine):
+    """Negative and huge seeds work, as in vLLM: NumPy gets the seed mod 2**64 (a negative seed
+    used to fail inside NumPy after the request was queued, and every later step raised KeyError)."""
+    p = SamplingParams(temperature=1.0, max_tokens=6, seed=-1)
+    a = text_of(engine, "My favourite animal is", p)
+    assert a.token_ids == text_of(engine, "My favourite animal is", p.clone(seed=2**64 - 1)).token_ids
+    assert len(text_of(engine, "My favourite animal is", p.clone(seed=2**80)).token_ids) == 6
+    assert not engine.has_unfinished_requests()
+
+
 def test_failed_add_request_leaves_nothing(engine, monkeypatch):
     """A request that fails while its sequences are built is not left in the scheduler (where the
     next step would find no sequence for it), and a sequence id already in use is refused first."""

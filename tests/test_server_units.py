@@ -106,7 +106,7 @@ def test_fields_validation_and_error_body():
     f = Fields({"n": 2, "temperature": 0.5, "stop": "x", "seed": -1, "max_tokens": 7, "priority": 3})
     kw, priority = parse_common(f, 100)
     f.reject_unknown()
-    assert kw["n"] == 2 and kw["stop"] == ["x"] and kw["seed"] == 2**64 - 1 and kw["max_tokens"] == ("max_tokens", 7)
+    assert kw["n"] == 2 and kw["stop"] == ["x"] and kw["seed"] == -1 and kw["max_tokens"] == ("max_tokens", 7)
     assert priority == 3
     for body, param in [({"n": True}, "n"), ({"temperature": "1"}, "temperature"), ({"top_p": 0}, "top_p"),
                         ({"stop": [1]}, "stop"), ({"stop_token_ids": [100]}, "stop_token_ids"),

@@ -224,8 +224,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
         "include_stop_str_in_output": f.bool("include_stop_str_in_output", False),
         "min_tokens": f.int("min_tokens", 0, 0, None) or 0,
     }
-    seed = f.int("seed", None, *INT64)
-    kw["seed"] = None if seed is None else seed % 2**64  # numpy seeds are non-negative
+    kw["seed"] = f.int("seed", None, *INT64)
     max_tokens = None
     for name in max_tokens_names:  # the first one given wins (max_completion_tokens over max_tokens)
         v = f.int(name, None, 1, None)
