@@ -1,6 +1,8 @@
 """The engine: requests in, step loop (schedule -> run -> sample -> update), outputs out."""
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
 import logging
 import time
@@ -97,6 +99,8 @@ class Engine:
         self.structured = StructuredOutputManager(self.tokenizer, self.config.vocab_size)
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
+        # generate()/stream() requests' outputs, filled by whichever thread's step() produces them
+        self._mailboxes: dict[str, collections.deque] = {}
         self._lock = EngineLock()
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None)
@@ -323,6 +327,9 @@ class Engine:
                 self._resolve(cur, touched)
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
+                box = self._mailboxes.get(g.request_id)
+                if box is not None:
+                    box.append(out)
                 if out.finished:
                     self._groups.pop(g.request_id, None)
                     for s in g.seqs:
@@ -463,24 +470,34 @@ class Engine:
             plist = list(params)
         else:
             plist = [params] * len(prompts)
-        ids = [f"gen-{next(self._ids)}" for _ in prompts]
-        try:
-            for rid, prompt, p in zip(ids, prompts, plist):
-                self.add_request(rid, prompt, p)
-            final = self._run_until_done(set(ids))
-        except BaseException:
-            for rid in ids:
-                self.abort_request(rid)
-            raise
-        return [final[rid] for rid in ids]
+        requests = [(f"gen-{next(self._ids)}", prompt, p) for prompt, p in zip(prompts, plist)]
+        final = {out.request_id: out for out in self._run(requests) if out.finished}
+        return [final[rid] for rid, _, _ in requests]
 
-    def _run_until_done(self, ids: set[str]) -> dict[str, RequestOutput]:
-        final: dict[str, RequestOutput] = {}
-        while len(final) < len(ids):
-            for out in self.step():
-                if out.finished and out.request_id in ids:
-                    final[out.request_id] = out
-        return final
+    def _run(self, requests: list[tuple]) -> Iterator[RequestOutput]:
+        """Adds the (request id, prompt, params) and steps the engine until they finish, yielding
+        their outputs as they come. Another thread's step() (a concurrent generate() or stream(), a
+        step loop) may produce them: each request's go to its mailbox. Aborts what is left when the
+        caller stops early (an exception, a stream closed)."""
+        boxes = {rid: collections.deque() for rid, _, _ in requests}
+        self._mailboxes.update(boxes)
+        pending = set(boxes)
+        try:
+            for rid, prompt, params in requests:
+                self.add_request(rid, prompt, params)
+            while pending:
+                self.step()
+                for rid, box in boxes.items():
+                    while box:
+                        out = box.popleft()
+                        if out.finished:
+                            pending.discard(rid)
+                        yield out
+        finally:
+            for rid in boxes:
+                self._mailboxes.pop(rid, None)
+                if rid in pending:
+                    self.abort_request(rid)
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
@@ -508,18 +525,10 @@ class Engine:
             prompt = self.tokenizer.encode(self.render_chat(prompt_or_messages), add_special_tokens=False)
         else:
             prompt = prompt_or_messages
-        rid = f"stream-{next(self._ids)}"
-        self.add_request(rid, prompt, params)
-        try:
-            done = False
-            while not done:
-                for out in self.step():
-                    if out.request_id == rid:
-                        if out.outputs[0].delta_text:
-                            yield out.outputs[0].delta_text
-                        done = out.finished
-        finally:
-            self.abort_request(rid)
+        with contextlib.closing(self._run([(f"stream-{next(self._ids)}", prompt, params)])) as outs:
+            for out in outs:  # a stream closed early aborts its request (_run's finally) right away
+                if out.outputs[0].delta_text:
+                    yield out.outputs[0].delta_text
 
 
 def _as_prompt_list(prompts) -> list:

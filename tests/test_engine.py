@@ -290,6 +290,45 @@ def test_stream_matches_generate(engine):
     assert "".join(deltas) == engine.chat(msgs, p)[0].outputs[0].text
 
 
+def test_stream_interleaved_with_generate(engine):
+    """A generate() run while a stream is open steps the stream's request too; its deltas still
+    reach the stream (they went to generate(), which dropped them)."""
+    p = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    full = text_of(engine, "Once upon a time", p).text
+    it = engine.stream("Once upon a time", p)
+    first = next(it)
+    other = engine.generate("The sky is", GREEDY)[0].outputs[0]
+    assert first + "".join(it) == full
+    assert other.token_ids == text_of(engine, "The sky is", GREEDY).token_ids
+
+
+def test_generate_from_two_threads(engine):
+    """Concurrent generate() calls each get their own outputs (each used to drop the other's final
+    output and both hung)."""
+    import threading
+
+    prompts = ["The sky is", "Roses are red", "def fibonacci(n):"]
+    alone = {x: text_of(engine, x, GREEDY).token_ids for x in prompts}
+    got = {}
+    threads = [threading.Thread(target=lambda x=x: got.update({x: text_of(engine, x, GREEDY).token_ids}),
+                                daemon=True) for x in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "generate() hung"
+    assert got == alone
+    assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
+
+
+def test_stream_closed_early_frees_blocks(engine):
+    it = engine.stream("Once upon a time", SamplingParams(max_tokens=50, ignore_eos=True))
+    next(it)
+    assert engine.scheduler.num_blocks_used > 0
+    it.close()
+    assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
+
+
 def test_abort(engine):
     engine.add_request("abort-me", "Once upon a time", SamplingParams(max_tokens=50))
     engine.step()
