@@ -6,7 +6,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -278,14 +278,16 @@ class Engine:
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
         return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Aborts a request, or each of an iterable of them (as vLLM's); unknown ids are ignored.
+        Their final outputs (finish_reason "abort") come from the next step()."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
         with self._lock:
-            group = self._groups.get(request_id)
-            if group is None:
-                return
-            for s in group.seqs:
-                if not s.output.finished:
-                    self._finish(s, RequestStatus.FINISHED_ABORTED)
+            for rid in ids:
+                group = self._groups.get(rid)
+                for s in () if group is None else group.seqs:
+                    if not s.output.finished:
+                        self._finish(s, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:

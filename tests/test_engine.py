@@ -339,6 +339,19 @@ def test_abort(engine):
     assert engine.scheduler.num_blocks_used == 0
 
 
+def test_abort_many(engine):
+    """abort_request takes an iterable of ids too (vLLM's signature; a tuple was looked up as one
+    id and nothing was aborted, a list raised TypeError); unknown ids are ignored."""
+    for rid in ("a1", "a2", "a3"):
+        engine.add_request(rid, "Once upon a time", SamplingParams(max_tokens=50))
+    engine.step()
+    engine.abort_request(("a1", "a2", "unknown"))
+    engine.abort_request(x for x in ["a3"])
+    outs = {o.request_id: o.outputs[0].finish_reason for o in engine.step()}
+    assert outs == {"a1": "abort", "a2": "abort", "a3": "abort"}
+    assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
+
+
 def test_many_chats(engine):
     convs = [[{"role": "user", "content": q}] for q in ("Hi!", "What is 2+2?")]
     outs = engine.chat(convs, SamplingParams(temperature=0, max_tokens=8))
