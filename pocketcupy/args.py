@@ -10,6 +10,7 @@ from .quant.act_q8 import check_mode
 from .quant.kv_quant import check_kv_cache_dtype
 
 ENV_PREFIX = "POCKETCUPY_"
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass
@@ -52,12 +53,14 @@ class EngineArgs:
             positive(name)
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             positive(name, allow_none=True)
-        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+        gmu = self.gpu_memory_utilization
+        if not isinstance(gmu, (int, float)) or isinstance(gmu, bool) or not 0 < gmu <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy: must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ValueError(f"enable_prefix_caching: must be a bool, got {self.enable_prefix_caching!r}")
+        for f in fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ValueError(f"{f.name}: must be a bool, got {getattr(self, f.name)!r}")
         check_mode(self.quant_activations)
         check_kv_cache_dtype(self.kv_cache_dtype)
         if self.async_scheduling not in ("auto", "on", "off"):
@@ -95,7 +98,11 @@ class EngineArgs:
             if raw is None:
                 continue
             if f.type == "bool":
-                values[f.name] = raw.lower() in ("1", "true", "yes", "on")
+                word = raw.strip().lower()
+                if word not in TRUE_WORDS + FALSE_WORDS:
+                    raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={raw!r} is not one of "
+                                     f"{', '.join(TRUE_WORDS + FALSE_WORDS)}")
+                values[f.name] = word in TRUE_WORDS
             elif "int" in f.type or "float" in f.type:
                 kind = int if "int" in f.type else float
                 try:

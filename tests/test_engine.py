@@ -418,6 +418,26 @@ def test_engine_args_bridges(smollm2_gguf):
         Engine.from_args({"model": smollm2_gguf})
 
 
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(cuda_graphs="no"), "cuda_graphs"),
+    (dict(progress="false"), "progress"),
+    (dict(enable_prefix_caching=1), "enable_prefix_caching"),
+    (dict(gpu_memory_utilization=True), "gpu_memory_utilization"),
+])
+def test_engine_args_types(kwargs, field):
+    """Every bool setting must be a bool ("no" was taken as true); environment booleans must be a
+    known word ("maybe" was taken as false)."""
+    with pytest.raises(ValueError, match=f"^{field}: must be"):
+        EngineArgs(**kwargs)
+
+
+def test_engine_args_env_bools():
+    env = {"POCKETCUPY_PROGRESS": "Off", "POCKETCUPY_CUDA_GRAPHS": " yes "}
+    assert (EngineArgs.from_env(env).progress, EngineArgs.from_env(env).cuda_graphs) == (False, True)
+    with pytest.raises(ValueError, match="^enable_prefix_caching: POCKETCUPY_ENABLE_PREFIX_CACHING='maybe'"):
+        EngineArgs.from_env({"POCKETCUPY_ENABLE_PREFIX_CACHING": "maybe"})
+
+
 def test_tokenizer_via_engine(engine):
     ids = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>")
     assert ids[0] == 1 and ids[-1] == 2
