@@ -66,6 +66,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         args = EngineArgs.from_cli(ns)
+        given = args.model  # from --model or POCKETCUPY_MODEL
         if args.model is None:
             from pocketcupy.model_cache import default_model_path
             args = dataclasses.replace(args, model=default_model_path(args.cache_dir))
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = ns.served_model_name or [ns.model or DEFAULT_NAME]
+    names = ns.served_model_name or [given or DEFAULT_NAME]
     api_key = ns.api_key or os.environ.get("POCKETCUPY_API_KEY") or None
     host = f"[{ns.host}]" if ":" in ns.host else ns.host
     config = ServerConfig(engine_args=args, served_model_names=names, api_key=api_key,

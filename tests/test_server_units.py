@@ -153,3 +153,31 @@ def test_sse_stream_ends_cleanly_when_generation_fails():
     s = SSEStream(iter([{"a": 1}]), job2)
     s.close()  # closed before it was iterated (client gone at once): the engine request is still aborted
     assert job2.closed == 1
+
+
+@pytest.mark.parametrize("env, argv, names", [
+    ({"POCKETCUPY_MODEL": "{model}"}, [], ["{model}"]),
+    ({}, ["--model", "{model}"], ["{model}"]),
+    ({"POCKETCUPY_MODEL": "{model}"}, ["--served-model-name", "a", "b"], ["a", "b"]),
+])
+def test_serve_names_the_model_as_given(monkeypatch, smollm2_gguf, env, argv, names):
+    """serve.py's default served name is the model as given by --model or POCKETCUPY_MODEL (a model
+    from the environment was served as SmolLM2-135M-Instruct). No server starts."""
+    import pocketcupy.server.gunicorn_app as gunicorn_app
+    from .helpers import load_script
+
+    seen = {}
+
+    class NoServer:
+        def __init__(self, config, options):
+            seen["config"] = config
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(gunicorn_app, "ServeApplication", NoServer)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v.format(model=smollm2_gguf))
+    assert load_script("serve").main([a.format(model=smollm2_gguf) for a in argv] + ["--device", "cpu"]) == 0
+    assert seen["config"].served_model_names == [n.format(model=smollm2_gguf) for n in names]
+    assert seen["config"].engine_args.model == smollm2_gguf
