@@ -430,7 +430,8 @@ class Engine:
             s.output.text += delta
             s.output.delta_text += delta
             return
-        safe, hit = s.stop.push(delta)
+        # vLLM's min_tokens: no stop string ends the output before it has min_tokens tokens
+        safe, hit = s.stop.push(delta, check=len(s.output.token_ids) >= s.group.params.min_tokens)
         s.output.text += safe
         s.output.delta_text += safe
         if hit:

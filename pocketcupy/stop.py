@@ -14,6 +14,9 @@ class StopStringMatcher:
     ``include_stop_str_in_output`` any suffix that could still grow into a stop
     string is held back, so no part of a stop string is ever emitted. With it,
     nothing needs holding back: everything up to the end of the stop is output.
+
+    ``push(delta, check=False)`` (while the output is shorter than min_tokens) fires no stop;
+    only a stop that ends in a later checked delta does (vLLM's rule).
     """
 
     def __init__(self, stops: Iterable[str], include_stop_str_in_output: bool = False):
@@ -27,10 +30,12 @@ class StopStringMatcher:
         self.stopped = False
         self.matched: str | None = None  # the stop string that fired
 
-    def _first_stop(self, buf: str) -> tuple[int, int, str] | None:
+    def _first_stop(self, buf: str, new: int) -> tuple[int, int, str] | None:
+        """(start, end, stop) of the first stop to complete in buf[new:] (the text just pushed; one
+        ending before it was either seen then or pushed unchecked)."""
         best = None  # (end, start, stop): earliest end, then earliest start
         for s in self.stops:
-            i = buf.find(s)
+            i = buf.find(s, max(0, new - len(s) + 1))
             if i >= 0 and (best is None or (i + len(s), i) < best[:2]):
                 best = (i + len(s), i, s)
         return None if best is None else (best[1], best[0], best[2])
@@ -45,14 +50,14 @@ class StopStringMatcher:
                     break
         return longest
 
-    def push(self, delta: str) -> tuple[str, bool]:
+    def push(self, delta: str, check: bool = True) -> tuple[str, bool]:
         if self.stopped:
             return "", True
         if not self.stops:
             return delta, False
         base = len(self._tail)
         buf = self._tail + self._held + delta
-        hit = self._first_stop(buf)
+        hit = self._first_stop(buf, len(buf) - len(delta)) if check else None
         if hit is not None:
             start, end, s = hit
             self.stopped, self.matched, self._held = True, s, ""

@@ -233,6 +233,15 @@ def test_min_tokens(engine):
     assert not set(out.token_ids[: n]) & set(engine.tokenizer.eos_token_ids)
 
 
+def test_min_tokens_holds_off_stop_strings(engine):
+    """As in vLLM, a stop string ends the output only once it has min_tokens tokens (it used to
+    end it at the first comma, 3 tokens in)."""
+    base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
+    assert base.text.startswith(" 4, 5, 6, 7,")
+    out = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16, stop=[","], min_tokens=5))
+    assert out.text == " 4, 5" and out.stop_reason == "," and len(out.token_ids) == 6  # " 4, 5,"
+
+
 def test_logprobs(engine):
     out = text_of(engine, "The cat sat on the", SamplingParams(temperature=0, max_tokens=6, logprobs=3))
     assert len(out.logprobs) == 6

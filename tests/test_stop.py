@@ -78,6 +78,18 @@ def test_first_completed_stop_wins():
     assert (out, hit, m.matched) == ("x", True, "abc")
 
 
+def test_unchecked_text_never_fires():
+    """push(check=False) (min_tokens not reached): stops in that text never fire later; one that
+    ends in a checked delta does, even if it began in unchecked text (held back, not emitted)."""
+    m = StopStringMatcher([",", "ab c"])
+    assert m.push("x, a", check=False) == ("x, ", False)
+    assert m.push("b c", check=True) == ("", True) and m.matched == "ab c"
+    m = StopStringMatcher([",", "xyz"])
+    assert m.push("1, 2,", check=False) == ("1, 2,", False)
+    assert m.push(" 3") == (" 3", False)
+    assert m.push(",") == ("", True) and m.matched == ","
+
+
 def test_rejects_empty_stop():
     with pytest.raises(ValueError):
         StopStringMatcher(["ok", ""])
