@@ -67,15 +67,19 @@ def main(argv=None) -> int:
     ns = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        params = _params(ns)  # before the model loads
         from .engine import Engine
 
         engine = Engine.from_args(EngineArgs.from_cli(ns))
-        params = _params(ns)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if ns.command == "generate":
-        _stream(engine, ns.prompt, params)
+        try:
+            _stream(engine, ns.prompt, params)
+        except ValueError as e:  # the request's: an empty prompt, one too long for the context
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     history = [{"role": "system", "content": ns.system}] if ns.system else []
     while True:
@@ -87,6 +91,14 @@ def main(argv=None) -> int:
             except EOFError:
                 return 0
         history.append({"role": "user", "content": text})
-        history.append({"role": "assistant", "content": _stream(engine, history, params)})
+        try:
+            reply = _stream(engine, history, params)
+        except ValueError as e:  # e.g. the conversation no longer fits the context: the chat goes on without it
+            print(f"error: {e}", file=sys.stderr)
+            history.pop()
+            if ns.message is not None:
+                return 2
+            continue
+        history.append({"role": "assistant", "content": reply})
         if ns.message is not None:
             return 0

@@ -29,8 +29,21 @@ def test_chat_one_message(smollm2_gguf):
 def test_bad_argument_is_a_clean_error(smollm2_gguf):
     r = run("-m", "pocketcupy", "generate", "hi", "--model", smollm2_gguf, "--device", "cpu", "--top-p", "2")
     assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
+    assert "loaded" not in r.stderr  # the sampling flags are checked before the model loads
+    r = run("-m", "pocketcupy", "generate", "", "--model", smollm2_gguf, "--device", "cpu")
+    assert r.returncode == 2 and "prompt: must not be empty" in r.stderr and "Traceback" not in r.stderr
     r = run("-m", "pocketcupy", "generate", "hi", "--model", "/nonexistent.gguf")
     assert r.returncode == 2 and "model" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_goes_on_after_a_message_too_long(smollm2_gguf):
+    """A message that does not fit the context is an error line, not a traceback that ends the chat."""
+    r = subprocess.run([sys.executable, "-m", "pocketcupy", "chat", "--model", smollm2_gguf, "--device", "cpu",
+                        "--max-model-len", "64", "--max-tokens", "8"], input="word " * 100 + "\nHi\n",
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert "error: prompt: 131 tokens do not fit the context of 64 tokens" in r.stderr
+    assert r.stderr.count("tok/s") == 1 and "Hello" in r.stdout
 
 
 def test_fetch_models_prints_path_last(smollm2_gguf):
