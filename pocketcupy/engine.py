@@ -507,7 +507,10 @@ class Engine:
         """One conversation (a list of message dicts) or several (a list of such lists).
         continue_final_message (with add_generation_prompt=False): the model continues the last
         message (e.g. an assistant reply begun by the caller) instead of starting a new one."""
-        convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages: must be a non-empty list of messages or of conversations, "
+                             f"got {messages!r:.60}")
+        convs = [messages] if isinstance(messages[0], dict) else messages
         prompts = [self.render_chat(c, tools, add_generation_prompt, chat_template_kwargs, continue_final_message)
                    for c in convs]
         token_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]

@@ -379,6 +379,9 @@ def test_many_chats(engine):
     (lambda e: e.add_request("x", "hi", priority="high"), "priority"),
     (lambda e: e.stream("hi", SamplingParams(n=2)).__next__(), "n"),
     (lambda e: e.chat([{"role": 3, "content": "x"}]), "role"),
+    (lambda e: e.chat([]), "^messages"),
+    (lambda e: e.chat(None), "^messages"),
+    (lambda e: e.chat("hi"), "^messages"),
 ])
 def test_bad_requests(engine, call, field):
     with pytest.raises(ValueError, match=field):
