@@ -15,19 +15,27 @@ log = logging.getLogger("pocketcupy")
 
 
 class RequestStream:
-    """The outputs of one request as the loop produces them (each carries the step's deltas)."""
+    """The outputs of one request as the loop produces them (each carries the step's deltas). By
+    default in a queue of its own, read with get(); where several requests share one queue
+    (EngineLoop.submit's `outputs`), it gets (key, item) pairs and their reader hands each item to
+    its stream's take()."""
 
-    def __init__(self, loop: "EngineLoop", request_id: str):
+    def __init__(self, loop: "EngineLoop", request_id: str, outputs: queue.Queue | None = None, key=None):
         self.loop, self.request_id = loop, request_id
-        self._queue: queue.Queue = queue.Queue()
+        self._shared = outputs is not None
+        self._queue: queue.Queue = outputs if self._shared else queue.Queue()
+        self._key = key
         self.finished = False
 
     def _put(self, item) -> None:
-        self._queue.put(item)
+        self._queue.put((self._key, item) if self._shared else item)
 
     def get(self, timeout: float | None = None) -> RequestOutput:
-        """The next output; raises the engine's error if the step loop failed."""
-        item = self._queue.get(timeout=timeout)
+        """The next output (own queue only); raises the engine's error if the step loop failed."""
+        return self.take(self._queue.get(timeout=timeout))
+
+    def take(self, item) -> RequestOutput:
+        """An item of this stream's from its queue: the output, or the step loop's error raised."""
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -60,11 +68,14 @@ class EngineLoop:
         self._thread.start()
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-               priority: int = 0, prompt_token_ids: list[int] | None = None) -> RequestStream:
+               priority: int = 0, prompt_token_ids: list[int] | None = None, outputs: queue.Queue | None = None,
+               key=None) -> RequestStream:
+        """Adds a request; its outputs go to the stream returned, or, with `outputs`, as (key, output)
+        into that queue (shared by several requests, e.g. the prompts of one API call)."""
         if self._stopping:
             raise RuntimeError("the engine loop is shutting down")
         request_id = request_id or f"req-{next(self._ids)}"
-        stream = RequestStream(self, request_id)
+        stream = RequestStream(self, request_id, outputs, key)
         with self._wake:
             self._streams[request_id] = stream
             try:

@@ -129,6 +129,20 @@ def test_completions_several_prompts_and_token_ids(client):
     assert ids.usage.prompt_tokens == 5 and ids.choices[0].text.startswith("Hello, my name is")
 
 
+def test_completions_stream_of_several_prompts_interleaves(client):
+    """The prompts of one streamed completion run together, and their chunks come as they are made
+    (the second prompt's once waited for the first's to finish); each choice's text is the one the
+    non-streamed request gives."""
+    kw = dict(model=MODEL, prompt=["Hello, my name is", "The weather today"], max_tokens=12, temperature=0,
+              extra_body={"ignore_eos": True})
+    whole = {c.index: c.text for c in client.completions.create(**kw).choices}
+    order = [(ch.choices[0].index, ch.choices[0].text, ch.choices[0].finish_reason)
+             for ch in client.completions.create(**kw, stream=True)]
+    assert {i: "".join(t for j, t, _ in order if j == i) for i in (0, 1)} == whole
+    first_end = next(k for k, (_, _, fr) in enumerate(order) if fr)
+    assert {i for i, _, _ in order[:first_end]} == {0, 1}
+
+
 def test_n_and_usage(client):
     r = chat(client, n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=True)
     assert [c.index for c in r.choices] == [0, 1]

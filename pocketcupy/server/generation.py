@@ -36,6 +36,7 @@ class Job:
         self.prompts, self.params, self.priority = prompts, params, priority
         self.gone, self.param_names = gone, param_names or {}
         self.streams: list = []
+        self._outputs: queue.Queue = queue.Queue()   # every prompt's, as (prompt index, output)
         self.aborted: set[int] = set()
         self._counted = False
         self.t0 = time.monotonic()
@@ -52,8 +53,9 @@ class Job:
         try:
             for i, ids in enumerate(self.prompts):
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
-                self.streams.append(self.state.loop.submit(ids, self.params[i] if isinstance(self.params, list)
-                                                           else self.params, rid, self.priority))
+                params = self.params[i] if isinstance(self.params, list) else self.params
+                self.streams.append(self.state.loop.submit(ids, params, rid, self.priority, outputs=self._outputs,
+                                                           key=i))
         except ValueError as e:
             self.close()
             raise from_value_error(e, self.param_names.get("prompt", "messages"), self.param_names) from None
@@ -81,22 +83,22 @@ class Job:
             self.state.metrics.requests_in_flight.dec()
 
     def outputs(self):
-        """Yields (prompt index, RequestOutput) as the engine produces them; prompts in order."""
+        """Yields (prompt index, RequestOutput) as the engine produces them, the prompts' interleaved."""
         poll = self.state.config.poll_s
         checked = time.monotonic()
-        for i, stream in enumerate(self.streams):
-            while not stream.finished:
-                try:
-                    out = stream.get(timeout=poll)
-                except queue.Empty:
-                    out = None
-                if time.monotonic() - checked >= poll:
-                    checked = time.monotonic()
-                    if self.gone():
-                        raise ClientGone()
-                if out is not None:
-                    self._observe(i, out)
-                    yield i, out
+        while not all(s.finished for s in self.streams):
+            try:
+                i, item = self._outputs.get(timeout=poll)
+            except queue.Empty:
+                i = None
+            if time.monotonic() - checked >= poll:
+                checked = time.monotonic()
+                if self.gone():
+                    raise ClientGone()
+            if i is not None:
+                out = self.streams[i].take(item)
+                self._observe(i, out)
+                yield i, out
 
     def _observe(self, i: int, out) -> None:
         m, now = self.state.metrics, time.monotonic()
