@@ -45,8 +45,10 @@ class EngineArgs:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v!r}")
 
+        if isinstance(self.model, os.PathLike):
+            self.model = os.fspath(self.model)
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
-            raise ValueError(f"model: must be a path string, got {self.model!r}")
+            raise ValueError(f"model: must be a path, got {self.model!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):

@@ -5,6 +5,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import numbers
 import time
 from typing import Iterable, Iterator
 
@@ -208,8 +209,9 @@ class Engine:
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
-        if not isinstance(priority, int) or isinstance(priority, bool):
+        if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
             raise ValueError(f"priority: must be an integer, got {priority!r}")
+        priority = int(priority)   # (a NumPy integer too)
         text, ids = self._prompt_ids(prompt if prompt_token_ids is None else prompt_token_ids)
         if prompt_token_ids is not None and isinstance(prompt, str):
             text = prompt

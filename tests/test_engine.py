@@ -1,4 +1,6 @@
 """The Engine API end to end on the CPU with the real SmolLM2-135M-Instruct."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -424,8 +426,11 @@ def test_engine_args_bridges(smollm2_gguf):
     assert args.max_num_seqs == 7 and args.device == "cpu"
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineArgs.from_env({"POCKETCUPY_MAX_NUM_SEQS": "many"})
-    e = Engine.from_args(EngineArgs(model=smollm2_gguf, device="cpu", progress=False, max_model_len=256))
-    assert e.max_model_len == 256
+    e = Engine.from_args(EngineArgs(model=pathlib.Path(smollm2_gguf), device="cpu", progress=False,
+                                    max_model_len=256))   # a path object too
+    assert e.max_model_len == 256 and e.args.model == smollm2_gguf
+    e.add_request("np-priority", "hi", SamplingParams(max_tokens=1), priority=np.int64(2))   # a NumPy integer
+    assert e.scheduler.requests["np-priority"].priority == 2
     with pytest.raises(ValueError, match="args"):
         Engine.from_args({"model": smollm2_gguf})
 
@@ -435,6 +440,7 @@ def test_engine_args_bridges(smollm2_gguf):
     (dict(progress="false"), "progress"),
     (dict(enable_prefix_caching=1), "enable_prefix_caching"),
     (dict(gpu_memory_utilization=True), "gpu_memory_utilization"),
+    (dict(model=b"model.gguf"), "model"),
 ])
 def test_engine_args_types(kwargs, field):
     """Every bool setting must be a bool ("no" was taken as true); environment booleans must be a
