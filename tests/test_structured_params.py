@@ -109,6 +109,34 @@ def test_masks_forbid_ids_past_the_tokenizer(tokenizer):
     assert seq.row.packed_mask.shape == ((V - 40 + 31) // 32,)
 
 
+@pytest.mark.parametrize("spec,text", [
+    ({"choice": ["<filename>"]}, "<filename>"),
+    ({"json": {"const": "a <|im_end|> b"}}, '"a <|im_end|> b"'),
+    ({"regex": r"<\|im_start\|>[0-9]"}, None),
+])
+def test_special_token_literals_are_spelled_as_text(tokenizer, spec, text):
+    """Text a grammar forces that holds a special token's literal: the masks never allow the special
+    token (llguidance tokenizes forced bytes with our encode(), which parses special tokens; the
+    matcher then rejected that token and the request was aborted), and ordinary tokens spell it."""
+    from pocketcupy.structured.manager import StructuredOutputManager
+
+    mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
+    so = StructuredOutputsParams(**spec)
+    mgr.add_request(so)
+    seq = type("Seq", (), {})()
+    seq.matcher, seq.row = mgr.new_matcher(so), SamplingRow(SamplingParams())
+    ids = []
+    for _ in range(30):
+        mgr.fill_masks([seq])
+        allowed = np.flatnonzero(unpack_mask(seq.row.packed_mask, tokenizer.vocab_size))
+        assert seq.matcher.error is None and not set(allowed.tolist()) & tokenizer.special_token_ids
+        ids.append(int(max(allowed, key=lambda t: len(tokenizer.token_bytes(t)))))  # the longest token
+        if seq.matcher.accept(ids[-1]):
+            break
+    assert seq.matcher.error is None and seq.matcher.ll.is_stopped()
+    assert tokenizer.decode(ids) == text if text else tokenizer.decode(ids).startswith("<|im_start|>")
+
+
 def test_allow_only_rewrites_a_row():
     from pocketcupy.structured.masks import allow_only
 

@@ -17,11 +17,23 @@ class _Vocabulary:
         self.special_token_ids = sorted(tokenizer.special_token_ids)
         self.bos_token_id = tokenizer.bos_token_id
         self.eos_token_id = tokenizer.eos_token_id
+        self._special = frozenset(tokenizer.special_token_ids)
 
     def __call__(self, text) -> list[int]:
+        """Token ids of `text` as plain text. llguidance tokenizes the bytes a grammar forces with
+        this; our encode() turns a special token's literal ('<|im_end|>', '<filename>') into the
+        special token, which the grammar then rejects (a choice or const holding one was aborted),
+        so such a literal is spelled with ordinary tokens."""
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tok.encode(text, add_special_tokens=False)
+        out = []
+        for t in self._tok.encode(text, add_special_tokens=False):
+            literal = self._tok.token_bytes(t).decode("utf-8", errors="replace")
+            if t in self._special and len(literal) > 1:
+                out += self(literal[:1]) + self(literal[1:])
+            else:
+                out.append(t)
+        return out
 
 
 def build_ll_tokenizer(tokenizer) -> llguidance.LLTokenizer:
