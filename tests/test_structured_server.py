@@ -105,6 +105,7 @@ BAD = [  # (path, extra body fields, param)
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, "tool_choice"),
     (COMP, {"guided_json": {"type": "object", "properties": {"a": {"type": "string", "pattern": "(("}}}}, "guided_json"),
     (COMP, {"guided_grammar": "root ::= missing"}, "guided_grammar"),
+    (COMP, {"guided_regex": "[0-9]+\\"}, "guided_regex"),  # (llguidance dropped the backslash)
     (COMP, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
      "response_format.json_schema.schema"),
 ]

@@ -10,6 +10,7 @@ from functools import lru_cache
 # JSON is written with Python's separators and no other whitespace: a model left free to add
 # whitespace (llguidance's default) can spend its whole budget on newlines.
 JSON_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_SCHEMA_DATA = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: no patterns inside
 
 
 def build_grammar(kind: str, text: str, whitespace_flexible: bool = False) -> str:
@@ -28,6 +29,7 @@ def _build(kind: str, text: str, whitespace_flexible: bool) -> tuple[str, str]:
 
     LLMatcher = llguidance.LLMatcher
     try:
+        _check_regexes(kind, text)
         if kind == "json":
             grammar = LLMatcher.grammar_from_json_schema(
                 text, defaults={"whitespace_flexible": True} if whitespace_flexible else JSON_COMPACT)
@@ -43,3 +45,29 @@ def _build(kind: str, text: str, whitespace_flexible: bool) -> tuple[str, str]:
         return "", str(e)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     return grammar, (messages[0].strip() if is_error else "")
+
+
+def _check_regexes(kind: str, text: str) -> None:
+    """llguidance drops a trailing unescaped backslash (regex 'a\\' constrained the output to 'a'):
+    raise ValueError for one in a regex or in a JSON schema's patterns."""
+    if kind == "regex":
+        regexes = [text]
+    elif kind == "json":
+        regexes, stack = [], [json.loads(text)]
+        while stack:  # (no recursion: a schema may nest deeper than Python's stack)
+            node = stack.pop()
+            if isinstance(node, list):
+                stack.extend(node)
+            elif isinstance(node, dict):
+                for k, v in node.items():
+                    if k == "pattern" and isinstance(v, str):
+                        regexes.append(v)
+                    elif k == "patternProperties" and isinstance(v, dict):
+                        regexes.extend(v)
+                    if k not in _SCHEMA_DATA:
+                        stack.append(v)
+    else:
+        return
+    for r in regexes:
+        if (len(r) - len(r.rstrip("\\"))) % 2:
+            raise ValueError(f"invalid regex {r!r}: it ends with an unescaped backslash")
