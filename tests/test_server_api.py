@@ -76,14 +76,19 @@ def test_completions_stream_equals_non_stream(client):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
-def test_echo_with_max_tokens_0_scores_the_prompt(client):
+def test_echo_with_max_tokens_0_scores_the_prompt(client, server):
     """echo with max_tokens 0 (lm-eval's loglikelihood requests): each prompt and its logprobs come
-    back, nothing generated; the logprobs are those of the same prompt echoed with a token after it;
-    streamed alike. Without echo, max_tokens 0 stays a 400."""
+    back, nothing generated (nor counted in the metrics); the logprobs are those of the same prompt
+    echoed with a token after it; streamed alike. Without echo, max_tokens 0 stays a 400."""
     prompts = ["The capital of France is Paris", "Hello there"]
+    m0 = metrics(server)
     r = client.completions.create(model=MODEL, prompt=prompts, echo=True, max_tokens=0, logprobs=2)
+    m1 = metrics(server)
     assert [c.text for c in r.choices] == prompts and {c.finish_reason for c in r.choices} == {"length"}
     assert r.usage.completion_tokens == 0
+    for name, delta in [("prompt_tokens_total", r.usage.prompt_tokens), ("generation_tokens_total", 0),
+                        ("time_to_first_token_seconds_count", 0), ("e2e_request_latency_seconds_count", 2)]:
+        assert metric(m1, "pocketcupy_" + name) - metric(m0, "pocketcupy_" + name) == delta, name
     one = client.completions.create(model=MODEL, prompt=prompts[0], echo=True, max_tokens=1, logprobs=2, temperature=0)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == one.usage.prompt_tokens and lp.tokens == one.choices[0].logprobs.tokens[:-1]

@@ -11,7 +11,7 @@ structured-output engine constrains them).
 """
 import json
 
-from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, client, metric, metrics, request, server  # noqa: F401
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
@@ -62,8 +62,22 @@ def test_named_tool_call_streams_as_deltas(client):
     assert chunks[-1].choices[0].finish_reason in ("tool_calls", "length")
 
 
-def test_required_picks_a_listed_function(client):
+def finished(m) -> float:
+    return sum(v for (name, _), v in m.items() if name == "pocketcupy_request_finished_total")
+
+
+def test_required_picks_a_listed_function(client, server):
+    m0 = metrics(server)
     r = create(client, tool_choice="required")
+    m1 = metrics(server)
+    # the metrics count the request once, as its usage says (not the prompts that scored the names)
+    assert metric(m1, "pocketcupy_prompt_tokens_total") - metric(m0, "pocketcupy_prompt_tokens_total") == \
+        r.usage.prompt_tokens
+    assert metric(m1, "pocketcupy_generation_tokens_total") - metric(m0, "pocketcupy_generation_tokens_total") == \
+        r.usage.completion_tokens
+    assert finished(m1) - finished(m0) == 1
+    assert metric(m1, "pocketcupy_e2e_request_latency_seconds_count") == \
+        metric(m0, "pocketcupy_e2e_request_latency_seconds_count") + 1
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name in {"get_weather", "get_time"}
     print("required ->", call.function.name, call.function.arguments)

@@ -107,7 +107,7 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
                       "messages")
     scoring = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=0)
-    with Job(state, rid + "-choose", cands, scoring, req.priority, gone) as job:
+    with Job(state, rid + "-choose", cands, scoring, req.priority, gone, metered=False) as job:
         outs = job.results()
     scores = []
     for whole, c, out in zip(full, cands, outs):

@@ -84,7 +84,8 @@ def handle_completion(state, body, gone):
     echo_k = k if echo else None
     params = make_params(kw, k, None if echo_k is None and kp is None else max(echo_k or 0, kp or 0))
     rid = new_id("cmpl")
-    job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"})
+    job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"},
+              generates=not scores_only)
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
     n = params.n

@@ -30,9 +30,16 @@ def disconnect_probe(environ):
 
 
 class Job:
+    """metered=False: a step of an API request whose own job reports its tokens, finishes and
+    latencies (the forced tool call's choice of function); it only counts as in flight.
+    generates=False: prompt scoring, whose one generated token is dropped: no generation tokens,
+    TTFT or TPOT are recorded."""
+
     def __init__(self, state, request_id: str, prompts: list[list[int]], params, priority: int = 0,
-                 gone=lambda: False, param_names: dict | None = None):
+                 gone=lambda: False, param_names: dict | None = None, metered: bool = True,
+                 generates: bool = True):
         self.state, self.request_id = state, request_id
+        self.metered, self.generates = metered, generates
         self.prompts, self.params, self.priority = prompts, params, priority
         self.gone, self.param_names = gone, param_names or {}
         self.streams: list = []
@@ -63,7 +70,8 @@ class Job:
             self.close()
             raise ApiError(503, f"the server is shutting down: {e}") from None
         m.requests_in_flight.inc()
-        m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
+        if self.metered:
+            m.prompt_tokens.inc(sum(len(p) for p in self.prompts))
         self._counted = True
         return self
 
@@ -76,7 +84,8 @@ class Job:
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
                 params = self.params[i] if isinstance(self.params, list) else self.params
-                self.state.metrics.finished.labels(reason).inc(params.n)
+                if self.metered:
+                    self.state.metrics.finished.labels(reason).inc(params.n)
                 s.abort()
         if self._counted:
             self._counted = False
@@ -101,8 +110,10 @@ class Job:
                 yield i, out
 
     def _observe(self, i: int, out) -> None:
+        if not self.metered:
+            return
         m, now = self.state.metrics, time.monotonic()
-        new = sum(len(o.delta_token_ids) for o in out.outputs)
+        new = sum(len(o.delta_token_ids) for o in out.outputs) if self.generates else 0
         if new:
             m.generation_tokens.inc(new)
             if i not in self.first:
