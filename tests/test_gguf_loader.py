@@ -128,8 +128,42 @@ def test_unsupported_tensor_type(tmp_path):
     p = tmp_path / "m.gguf"
     raw = np.zeros((2, 50), np.uint8)  # IQ1_S: 256 values in 50 bytes
     _write(p, tensors=[("w", raw, QT.IQ1_S)])
-    with pytest.raises(ValueError, match="IQ1_S"):
+    with pytest.raises(ValueError, match="tensor 'w' has unsupported GGUF type IQ1_S") as e:
         read_gguf(str(p))
+    assert str(p) in str(e.value)
+
+
+def _write_raw(path, infos, alignment=None):
+    """A GGUF written byte by byte (GGUFWriter refuses the damage): infos are (name, dims, type id);
+    each tensor's data is zeros at offset 0."""
+    import struct
+
+    def s(x):
+        return struct.pack("<Q", len(x.encode())) + x.encode()
+
+    kv = [(s("general.architecture") + struct.pack("<I", 8) + s("llama"))]
+    if alignment is not None:
+        kv.append(s("general.alignment") + struct.pack("<II", 4, alignment))
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kv)) + b"".join(kv)
+    for name, dims, type_id in infos:
+        out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
+        out += struct.pack("<IQ", type_id, 0)
+    path.write_bytes(out + b"\0" * (-len(out) % 32 + 4096))
+
+
+@pytest.mark.parametrize("infos, alignment, match", [
+    ([("w", [], 0)], None, "'w' has 0 dimensions"),            # was an IndexError
+    ([("w", [2] * 5, 0)], None, "'w' has 5 dimensions"),
+    ([("w", [32], 0), ("w", [32], 0)], None, "'w' appears twice"),  # the second silently won
+    ([("w", [32], 0)], 0, "alignment 0 is not a power of 2"),  # was a ZeroDivisionError
+    ([("w", [32], 0)], 24, "alignment 24 is not a power of 2"),  # read the data from the wrong offset
+])
+def test_malformed_tensor_infos(tmp_path, infos, alignment, match):
+    p = tmp_path / "m.gguf"
+    _write_raw(p, infos, alignment)
+    with pytest.raises(ValueError, match=match) as e:
+        read_gguf(str(p))
+    assert str(p) in str(e.value)
 
 
 def test_qtensor_dense_flag():

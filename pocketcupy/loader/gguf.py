@@ -88,12 +88,20 @@ def _parse(path: str):
     for _ in range(n_kv):
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
-    infos = []
+    infos, seen = [], set()
     for _ in range(n_tensors):
         name = cur.string()
-        dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+        n_dims = cur.scalar("<I")
+        if not 1 <= n_dims <= 4:  # GGML_MAX_DIMS
+            raise GGUFError(f"model: {path}: tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to 4)")
+        if name in seen:
+            raise GGUFError(f"model: {path}: tensor {name!r} appears twice")
+        seen.add(name)
+        dims = [cur.scalar("<Q") for _ in range(n_dims)]
         infos.append((name, dims, cur.scalar("<I"), cur.scalar("<Q")))
-    align = int(meta.get("general.alignment", 32))
+    align = meta.get("general.alignment", 32)
+    if not isinstance(align, int) or align <= 0 or align & (align - 1):
+        raise GGUFError(f"model: {path}: general.alignment {align!r} is not a power of 2")
     data_start = (cur.pos + align - 1) // align * align
     return buf, meta, infos, data_start
 
@@ -110,12 +118,14 @@ def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, QTensor]]:
     tensors: dict[str, QTensor] = {}
     for name, dims, type_id, offset in infos:
         if type_id not in GGML_TYPES:
-            raise GGUFError(f"model: tensor {name!r} has unknown GGML type id {type_id}")
+            raise GGUFError(f"model: {path}: tensor {name!r} has unknown GGML type id {type_id}")
         qtype, block, type_size = GGML_TYPES[type_id]
         if qtype not in SUPPORTED_TYPES:
-            raise GGUFError(f"model: tensor {name!r} has unsupported GGUF type {qtype}")
+            raise GGUFError(f"model: {path}: tensor {name!r} has unsupported GGUF type {qtype} "
+                            f"(supported: {', '.join(sorted(SUPPORTED_TYPES))})")
         if dims[0] % block:
-            raise GGUFError(f"model: tensor {name!r} row length {dims[0]} is not a multiple of {block}")
+            raise GGUFError(f"model: {path}: tensor {name!r} ({qtype}) row length {dims[0]} is not a multiple "
+                            f"of {block}")
         shape = tuple(int(d) for d in reversed(dims))
         row_bytes = dims[0] // block * type_size
         n_rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
