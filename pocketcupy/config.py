@@ -1,6 +1,7 @@
 """ModelConfig: the architecture numbers every loader produces and every model reads."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -34,7 +35,21 @@ class ModelConfig:
     qkv_bias: bool = False             # Qwen2
 
     def __post_init__(self):
+        """Values a damaged or unusual config holds, refused here rather than as a division by zero
+        or a broadcast error in the first forward (loaders add the file to the message)."""
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "max_position"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"model: {name} must be a positive integer, got {v!r}")
         if self.rope_dim == 0:
             self.rope_dim = self.head_dim
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model: {self.num_heads} heads not divisible by {self.num_kv_heads} KV heads")
+        if not (isinstance(self.rope_dim, int) and 0 < self.rope_dim <= self.head_dim and self.rope_dim % 2 == 0):
+            raise ValueError(f"model: rope dimension {self.rope_dim!r} must be even and at most the head "
+                             f"dimension {self.head_dim}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            raise ValueError(f"model: rope_theta must be positive, got {self.rope_theta}")
+        if not (math.isfinite(self.rms_eps) and self.rms_eps >= 0):
+            raise ValueError(f"model: rms_eps must be a finite number >= 0, got {self.rms_eps}")

@@ -166,6 +166,29 @@ def test_malformed_tensor_infos(tmp_path, infos, alignment, match):
     assert str(p) in str(e.value)
 
 
+_LLAMA_KV = {"llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 1,
+             "llama.feed_forward_length": 64, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"llama.context_length": None}, "lacks llama.context_length"),    # was silently 4096
+    ({"llama.attention.head_count": 0}, "head_count must be a positive integer, got 0"),    # ZeroDivisionError
+    ({"llama.attention.head_count_kv": 0}, "head_count_kv must be a positive integer"),    # ZeroDivisionError
+    ({"llama.attention.head_count": "4"}, "head_count must be a positive integer, got '4'"),
+    ({"llama.rope.dimension_count": 12}, "rope dimension 12 must be even and at most the head dimension 8"),
+    ({"llama.rope.freq_base": 0.0}, "rope_theta must be positive"),      # NaN logits
+    ({"llama.attention.layer_norm_rms_epsilon": -1.0}, "rms_eps"),      # NaN logits
+    ({"llama.rope.scaling.type": "yarn"}, "unsupported rope scaling type 'yarn'"),
+])
+def test_bad_model_metadata(tmp_path, change, match):
+    kv = {k: v for k, v in {**_LLAMA_KV, **change}.items() if v is not None}
+    p = tmp_path / "m.gguf"
+    _write(p, tensors=[("token_embd.weight", np.zeros((16, 32), np.float32), None)], kv=kv)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(str(p))
+    assert str(p) in str(e.value)
+
+
 def test_qtensor_dense_flag():
     assert QTensor("F32", (2,), np.zeros(2, np.float32)).is_dense
     assert not QTensor("Q8_0", (1, 32), np.zeros((1, 34), np.uint8)).is_dense

@@ -32,4 +32,4 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
     from .gguf_config import config_from_gguf
 
     meta, tensors = read_gguf(path)
-    return LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors), tensors, meta)
+    return LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors, path), tensors, meta)
