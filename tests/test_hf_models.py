@@ -79,3 +79,68 @@ def test_corrupt_safetensors(tmp_path):
     (tmp_path / "model.safetensors").write_bytes(b"\xff" * 16)
     with pytest.raises(ValueError, match="safetensors"):
         load_checkpoint(str(tmp_path))
+
+
+def _copy_fixture(name, dst, config_edit=None):
+    import json
+    import shutil
+
+    src = os.path.join(FIXTURES, name)
+    for f in os.listdir(src):
+        shutil.copy(os.path.join(src, f), dst)
+    if config_edit is not None:
+        cfg = json.loads((dst / "config.json").read_text())
+        config_edit(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+    return str(dst)
+
+
+def test_transformers_v5_rope_parameters(tmp_path):
+    """transformers >= 5 writes rope_theta and the scaling as rope_parameters; the llama3 scaling
+    in it was ignored (rope_scaling only), so the logits were off."""
+    def v5(cfg):
+        cfg["rope_parameters"] = {**cfg.pop("rope_scaling"), "rope_theta": cfg.pop("rope_theta")}
+    model, ops = load_reference_model(_copy_fixture("tiny_llama", tmp_path, v5))
+    assert model.config.rope_scaling.kind == "llama3"
+    ids, ref = REF["tiny_llama__ids0"], REF["tiny_llama__logits0"]
+    assert np.abs(full_logits(model, ops, ids) - ref).max() / np.abs(ref).max() <= 1e-4
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.pop("num_attention_heads"), "lacks num_attention_heads"),       # was a KeyError
+    (lambda c: c.update(num_key_value_heads=0), "num_key_value_heads must be a positive integer"),
+    (lambda c: c.update(hidden_size="64"), "hidden_size must be a positive integer, got '64'"),
+    (lambda c: c.update(rope_scaling={"rope_type": "linear"}), "'linear' needs a positive factor"),
+    (lambda c: c.update(rope_scaling={"factor": 2.0}), "factor but no rope_type"),    # was ignored
+    (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}), "unsupported rope_scaling type 'yarn'"),
+    (lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "unsupported rope_scaling type"),
+    (lambda c: c.update(rope_scaling="linear"), "rope_scaling must be an object"),    # AttributeError
+])
+def test_bad_config_values(tmp_path, edit, match):
+    path = _copy_fixture("tiny_llama", tmp_path, edit)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert "config.json" in str(e.value)
+
+
+@pytest.mark.parametrize("scaling, kind", [
+    ({"type": "linear", "factor": 2.0}, "linear"),
+    ({"rope_type": "default"}, "none"),
+    ({"rope_type": "llama3", "factor": 8.0}, "llama3"),
+    (None, "none"),
+])
+def test_supported_rope_scaling(tmp_path, scaling, kind):
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(rope_scaling=scaling))
+    assert load_checkpoint(path).config.rope_scaling.kind == kind
+
+
+@pytest.mark.parametrize("name, text", [
+    ("config.json", "{not json"), ("config.json", "[1]"),                   # JSONDecodeError, AttributeError
+    ("model.safetensors.index.json", "{"), ("model.safetensors.index.json", '{"metadata": {}}'),  # KeyError
+])
+def test_broken_json_files(tmp_path, name, text):
+    _copy_fixture("tiny_qwen3", tmp_path)
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=name) as e:
+        load_checkpoint(str(tmp_path))
+    assert str(tmp_path) in str(e.value)

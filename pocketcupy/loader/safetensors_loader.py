@@ -35,50 +35,97 @@ def gguf_name(hf_name: str) -> str | None:
     return f"{short}.{suffix}" if short else None
 
 
-def config_from_hf(cfg: dict) -> ModelConfig:
+def _read_json(path: str, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"model: {path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model: {path} must hold a JSON object ({what})")
+    return data
+
+
+def _rope_scaling(rs, source: str) -> RopeScaling:
+    """rope_scaling, or transformers v5's rope_parameters (which also holds rope_theta)."""
+    if not rs:
+        return RopeScaling()
+    if not isinstance(rs, dict):
+        raise ValueError(f"model: {source}: rope_scaling must be an object, got {rs!r}")
+    kind = rs.get("rope_type", rs.get("type"))
+
+    def num(key, default=None):
+        v = rs.get(key, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"model: {source}: rope_scaling {kind!r} needs a positive {key}, got {v!r}")
+        return v
+
+    if kind == "llama3":
+        return RopeScaling("llama3", float(num("factor")), float(num("low_freq_factor", 1.0)),
+                           float(num("high_freq_factor", 4.0)), int(num("original_max_position_embeddings", 8192)))
+    if kind == "linear":
+        return RopeScaling("linear", float(num("factor")))
+    if kind == "default" or (kind is None and "factor" not in rs):
+        return RopeScaling()
+    if kind is None:
+        raise ValueError(f"model: {source}: rope_scaling has a factor but no rope_type")
+    raise ValueError(f"model: {source}: unsupported rope_scaling type {kind!r} (supported: llama3, linear)")
+
+
+def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     archs = cfg.get("architectures") or []
-    arch = next((ARCHS[a] for a in archs if a in ARCHS), None)
+    arch = next((ARCHS[a] for a in archs if a in ARCHS), None) if isinstance(archs, list) else None
     if arch is None:
-        raise ValueError(f"model: unsupported architecture {archs} (supported: {', '.join(ARCHS)})")
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    scaling = RopeScaling()
-    rs = cfg.get("rope_scaling") or None
-    if rs:
-        kind = rs.get("rope_type", rs.get("type"))
-        if kind == "llama3":
-            scaling = RopeScaling("llama3", float(rs["factor"]), float(rs.get("low_freq_factor", 1.0)),
-                                  float(rs.get("high_freq_factor", 4.0)),
-                                  int(rs.get("original_max_position_embeddings", 8192)))
-        elif kind == "linear":
-            scaling = RopeScaling("linear", float(rs["factor"]))
-        elif kind not in ("default", None):
-            raise ValueError(f"model: unsupported rope_scaling type {kind!r}")
-    return ModelConfig(
-        architecture=arch,
-        vocab_size=cfg["vocab_size"],
-        hidden_size=cfg["hidden_size"],
-        num_layers=cfg["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=cfg.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        intermediate_size=cfg["intermediate_size"],
-        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
-        rope_scaling=scaling,
-        max_position=int(cfg.get("max_position_embeddings", 4096)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qk_norm=(arch == "qwen3"),
-        qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-    )
+        raise ValueError(f"model: {source}: unsupported architecture {archs} (supported: {', '.join(ARCHS)})")
+
+    def count(key, default=None):
+        v = cfg.get(key)
+        if v is None and default is None:
+            raise ValueError(f"model: {source} lacks {key}")
+        v = default if v is None else v
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"model: {source}: {key} must be a positive integer, got {v!r}")
+        return v
+
+    def number(key, default):
+        v = cfg.get(key, default)
+        if not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise ValueError(f"model: {source}: {key} must be a number, got {v!r}")
+        return float(v)
+
+    hidden, heads = count("hidden_size"), count("num_attention_heads")
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    try:
+        return ModelConfig(
+            architecture=arch,
+            vocab_size=count("vocab_size"),
+            hidden_size=hidden,
+            num_layers=count("num_hidden_layers"),
+            num_heads=heads,
+            num_kv_heads=count("num_key_value_heads", heads),
+            head_dim=count("head_dim", hidden // heads or 1),
+            intermediate_size=count("intermediate_size"),
+            rms_eps=number("rms_norm_eps", 1e-6),
+            rope_theta=number("rope_theta", rope.get("rope_theta", 10000.0)),
+            rope_scaling=_rope_scaling(cfg.get("rope_scaling") or rope, source),
+            max_position=count("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qk_norm=(arch == "qwen3"),
+            qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+        )
+    except ValueError as e:
+        if source in str(e):
+            raise
+        raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
 
 
 def _shard_files(folder: str) -> list[str]:
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(folder, x) for x in files]
+        weight_map = _read_json(index, "with a weight_map").get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError(f"model: {index} has no weight_map (tensor name -> shard file)")
+        return [os.path.join(folder, x) for x in sorted(set(map(str, weight_map.values())))]
     single = os.path.join(folder, "model.safetensors")
     if os.path.isfile(single):
         return [single]
@@ -120,8 +167,7 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg_path):
         raise ValueError(f"model: {folder} has no config.json")
-    with open(cfg_path) as f:
-        config = config_from_hf(json.load(f))
+    config = config_from_hf(_read_json(cfg_path, "the model's configuration"), cfg_path)
     tensors: dict[str, QTensor] = {}
     for path in _shard_files(folder):
         if not os.path.isfile(path):
