@@ -144,3 +144,32 @@ def test_broken_json_files(tmp_path, name, text):
     with pytest.raises(ValueError, match=name) as e:
         load_checkpoint(str(tmp_path))
     assert str(tmp_path) in str(e.value)
+
+
+def _edit_header(path, edit):
+    """Rewrite a safetensors file's JSON header with edit(header) (the data stays where it was)."""
+    import json
+
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda h: h["model.norm.weight"].update(data_offsets=h["model.norm.weight"]["data_offsets"][::-1]),
+     "corrupt safetensors header"),                # read the rest of the file as the tensor
+    (lambda h: h["model.norm.weight"].update(shape=[32]), "holds 128 bytes, but shape"),   # numpy reshape error
+    (lambda h: h["model.norm.weight"].pop("data_offsets"), "corrupt safetensors header"),  # KeyError
+    (lambda h: h.update({"model.norm.weight": 5}), "corrupt safetensors header"),          # TypeError
+    (lambda h: h["model.norm.weight"].update(dtype="F8_E4M3"), "unsupported dtype F8_E4M3"),
+])
+def test_corrupt_safetensors_header(tmp_path, edit, match):
+    _copy_fixture("tiny_llama", tmp_path)
+    _edit_header(tmp_path / "model.safetensors", edit)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(str(tmp_path))
+    assert str(tmp_path / "model.safetensors") in str(e.value)

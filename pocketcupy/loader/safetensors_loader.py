@@ -143,23 +143,33 @@ def _read_safetensors(path: str) -> dict[str, tuple[str, np.ndarray]]:
             raise ValueError(f"model: {path} is not a readable safetensors file")
         try:
             header = json.loads(f.read(n))
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"model: {path} has a corrupt safetensors header ({e})") from e
+        if not isinstance(header, dict):
+            raise ValueError(f"model: {path} has a corrupt safetensors header (not a JSON object)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     out = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = info["dtype"]
+        dtype, shape, offsets = (info.get(k) for k in ("dtype", "shape", "data_offsets")) if isinstance(
+            info, dict) else (None, None, None)
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
+                and isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"model: {path} has a corrupt safetensors header (tensor {name!r}: {info!r})")
         if dtype not in _DTYPES:
-            raise ValueError(f"model: tensor {name!r} in {path} has unsupported dtype {dtype}")
-        np_dtype = _DTYPES[dtype][1]
-        start, end = info["data_offsets"]
+            raise ValueError(f"model: tensor {name!r} in {path} has unsupported dtype {dtype} "
+                             f"(supported: {', '.join(_DTYPES)})")
+        np_dtype = np.dtype(_DTYPES[dtype][1])
+        start, end = offsets
         if 8 + n + end > size:
             raise ValueError(f"model: {path} is truncated (tensor {name!r} runs past the end)")
-        arr = np.frombuffer(buf, dtype=np_dtype, count=(end - start) // np.dtype(np_dtype).itemsize,
-                            offset=8 + n + start)
-        out[name] = (_DTYPES[dtype][0], arr.reshape(info["shape"]))
+        if end - start != int(np.prod(shape)) * np_dtype.itemsize:
+            raise ValueError(f"model: {path}: tensor {name!r} holds {end - start} bytes, but shape {shape} "
+                             f"of {dtype} needs {int(np.prod(shape)) * np_dtype.itemsize}")
+        arr = np.frombuffer(buf, dtype=np_dtype, count=(end - start) // np_dtype.itemsize, offset=8 + n + start)
+        out[name] = (_DTYPES[dtype][0], arr.reshape(shape))
     return out
 
 
