@@ -189,6 +189,21 @@ def test_bad_model_metadata(tmp_path, change, match):
     assert str(p) in str(e.value)
 
 
+@pytest.mark.parametrize("name, shape, match", [
+    ("blk.0.attn_k.weight", (32, 32), r"'blk.0.attn_k.weight' has shape \(32, 32\), but the config needs \(16, 32\)"),
+    ("token_embd.weight", (16, 48), r"'token_embd.weight' has shape \(16, 48\), but the config needs \(16, 32\)"),
+    ("blk.1.ffn_norm.weight", (32,), "belongs to layer 1, but the config has 1 layers"),   # silently unused
+])
+def test_weight_shapes_checked_against_metadata(tmp_path, name, shape, match):
+    """A weight that does not fit the metadata was a reshape error in the first forward."""
+    p = tmp_path / "m.gguf"
+    tensors = {"token_embd.weight": np.zeros((16, 32), np.float32), name: np.zeros(shape, np.float32)}
+    _write(p, tensors=[(k, v, None) for k, v in tensors.items()], kv=_LLAMA_KV)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(str(p))
+    assert str(p) in str(e.value)
+
+
 def test_qtensor_dense_flag():
     assert QTensor("F32", (2,), np.zeros(2, np.float32)).is_dense
     assert not QTensor("Q8_0", (1, 32), np.zeros((1, 34), np.uint8)).is_dense

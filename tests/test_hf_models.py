@@ -173,3 +173,17 @@ def test_corrupt_safetensors_header(tmp_path, edit, match):
     with pytest.raises(ValueError, match=match) as e:
         load_checkpoint(str(tmp_path))
     assert str(tmp_path / "model.safetensors") in str(e.value)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda c: c.update(num_key_value_heads=4), r"'blk.0.attn_k.weight' has shape \(32, 64\), but the config needs \(64, 64\)"),
+    (lambda c: c.pop("num_key_value_heads"), r"'blk.0.attn_k.weight' has shape"),   # defaults to the head count
+    (lambda c: c.update(vocab_size=400), r"'token_embd.weight' has shape \(320, 64\)"),
+    (lambda c: c.update(intermediate_size=256), r"'blk.0.ffn_gate.weight' has shape"),   # loaded, never checked
+    (lambda c: c.update(num_hidden_layers=1), "belongs to layer 1, but the config has 1 layers"),  # ran 1 layer
+])
+def test_weight_shapes_checked_against_config(tmp_path, edit, match):
+    path = _copy_fixture("tiny_llama", tmp_path, edit)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert path in str(e.value)

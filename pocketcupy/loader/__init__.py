@@ -25,11 +25,19 @@ def load_checkpoint(path: str) -> LoadedCheckpoint:
         from .safetensors_loader import read_safetensors_folder
 
         config, tensors = read_safetensors_folder(path)
-        return LoadedCheckpoint(path, "safetensors", config, tensors, None)
-    if not os.path.exists(path):
+        ckpt = LoadedCheckpoint(path, "safetensors", config, tensors, None)
+    elif not os.path.exists(path):
         raise ValueError(f"model: {path} does not exist")
-    from .gguf import read_gguf
-    from .gguf_config import config_from_gguf
+    else:
+        from .gguf import read_gguf
+        from .gguf_config import config_from_gguf
 
-    meta, tensors = read_gguf(path)
-    return LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors, path), tensors, meta)
+        meta, tensors = read_gguf(path)
+        ckpt = LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors, path), tensors, meta)
+    from ..models.registry import model_class
+
+    try:
+        model_class(ckpt.config).check_weights(ckpt.config, ckpt.tensors)
+    except ValueError as e:
+        raise ValueError(f"model: {path}: {str(e).removeprefix('model: ')}") from None
+    return ckpt

@@ -2,6 +2,7 @@
 written once against the ops interface."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,8 +51,43 @@ class LlamaLayer:
         return [self.w_gate_up] if self.w_gate_up is not None else [self.w_gate, self.w_up]
 
 
+def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
+    """Name -> shape (torch order) of every weight the model may read, from the config."""
+    h, q, kv, ff = c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    shapes = {"token_embd.weight": (c.vocab_size, h), "output.weight": (c.vocab_size, h),
+              "output_norm.weight": (h,), "rope_freqs.weight": (c.rope_dim // 2,)}
+    layer = {"attn_norm.weight": (h,), "attn_q.weight": (q, h), "attn_k.weight": (kv, h), "attn_v.weight": (kv, h),
+             "attn_output.weight": (h, q), "ffn_norm.weight": (h,), "ffn_gate.weight": (ff, h),
+             "ffn_up.weight": (ff, h), "ffn_down.weight": (h, ff), "attn_q.bias": (q,), "attn_k.bias": (kv,),
+             "attn_v.bias": (kv,), "attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)}
+    for i in range(c.num_layers):
+        shapes.update({f"blk.{i}.{k}": v for k, v in layer.items()})
+    return shapes
+
+
+_LAYER = re.compile(r"blk\.(\d+)\.")
+
+
 class LlamaModel:
     TP_SPLITS = TP_SPLITS
+
+    @staticmethod
+    def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
+        """Every weight's shape against the config, and no layers beyond it, before anything is
+        allocated: a wrong head count or size was a reshape error in the first forward, and a
+        layer count below the file's silently ran a truncated model."""
+        c = config
+        for name, want in weight_shapes(c).items():   # in model order, whatever the file's
+            t = tensors.get(name)
+            if t is not None and tuple(t.shape) != want:
+                raise ValueError(f"model: weight {name!r} has shape {tuple(t.shape)}, but the config needs {want} "
+                                 f"(vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_heads} heads and "
+                                 f"{c.num_kv_heads} KV heads of {c.head_dim}, intermediate {c.intermediate_size})")
+        for name in tensors:
+            m = _LAYER.match(name)
+            if m and int(m.group(1)) >= c.num_layers:
+                raise ValueError(f"model: weight {name!r} belongs to layer {m.group(1)}, but the config has "
+                                 f"{config.num_layers} layers")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp: TensorParallel | None = None):
         self.config, self.ops = config, ops
