@@ -74,8 +74,7 @@ class Engine:
         path = args.model or default_model_path(args.cache_dir)
         ckpt = load_checkpoint(path)
         self.model_path, self.config = ckpt.path, ckpt.config
-        self.tokenizer = (Tokenizer.from_gguf_metadata(ckpt.gguf_metadata) if ckpt.format == "gguf"
-                          else Tokenizer.from_hf_dir(ckpt.path))
+        self.tokenizer = Tokenizer.from_checkpoint(ckpt)
         self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
         try:
             self._load_shard(ckpt, None if self.ranks is None else self.ranks.tp)

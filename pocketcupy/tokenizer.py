@@ -39,6 +39,16 @@ class Tokenizer:
         return cls(**build_from_gguf(meta))
 
     @classmethod
+    def from_checkpoint(cls, ckpt) -> "Tokenizer":
+        """A loader.LoadedCheckpoint's tokenizer; errors name the file."""
+        if ckpt.format != "gguf":
+            return cls.from_hf_dir(ckpt.path)
+        try:
+            return cls.from_gguf_metadata(ckpt.gguf_metadata)
+        except ValueError as e:
+            raise ValueError(f"tokenizer: {ckpt.path}: {str(e).removeprefix('tokenizer: ')}") from None
+
+    @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":
         from .loader.gguf import read_metadata
         return cls.from_gguf_metadata(read_metadata(path))

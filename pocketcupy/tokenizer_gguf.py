@@ -148,6 +148,8 @@ def _meta_id(meta: dict, key: str, n: int, default: int | None) -> int | None:
 def build_from_gguf(meta: dict) -> dict:
     """Keyword arguments for Tokenizer(...) from read_metadata()'s dict."""
     model = meta.get("tokenizer.ggml.model")
+    if model is None:
+        raise ValueError("tokenizer: GGUF metadata has no tokenizer (tokenizer.ggml.model)")
     if model not in ("gpt2", "llama"):
         raise ValueError(f"tokenizer: unsupported tokenizer model {model!r} (supported: 'gpt2', 'llama')")
     tokens = list(meta.get("tokenizer.ggml.tokens") or [])
@@ -171,6 +173,8 @@ def build_from_gguf(meta: dict) -> dict:
         if pre not in PRE_TYPES:
             raise ValueError(f"tokenizer: unsupported pre-tokenizer type {pre!r} (tokenizer.ggml.pre)")
         regexes, ignore_merges, add_bos_default = _PRE_KINDS[PRE_TYPES[pre]]
+        if "tokenizer.ggml.merges" not in meta:   # as llama.cpp; without them every byte was a token
+            raise ValueError("tokenizer: GGUF metadata has no tokenizer.ggml.merges (required by a 'gpt2' tokenizer)")
         bos, eos = _meta_id(meta, "bos_token_id", n, None), _meta_id(meta, "eos_token_id", n, None)
         add_space_prefix = False
         encode_raw = _bpe_encoder(tokens, token_to_id, meta.get("tokenizer.ggml.merges") or [], regexes, ignore_merges)

@@ -204,6 +204,20 @@ def test_weight_shapes_checked_against_metadata(tmp_path, name, shape, match):
     assert str(p) in str(e.value)
 
 
+@pytest.mark.parametrize("kv, match", [
+    ({}, r"no tokenizer \(tokenizer.ggml.model\)"),             # was "unsupported tokenizer model None"
+    ({"tokenizer.ggml.model": "gpt2"}, "no tokenizer.ggml.tokens"),
+])
+def test_missing_tokenizer_names_the_file(tmp_path, kv, match):
+    from pocketcupy.tokenizer import Tokenizer
+
+    p = tmp_path / "m.gguf"
+    _write(p, tensors=[("token_embd.weight", np.zeros((16, 32), np.float32), None)], kv={**_LLAMA_KV, **kv})
+    with pytest.raises(ValueError, match=match) as e:
+        Tokenizer.from_checkpoint(load_checkpoint(str(p)))
+    assert str(p) in str(e.value)
+
+
 def test_qtensor_dense_flag():
     assert QTensor("F32", (2,), np.zeros(2, np.float32)).is_dense
     assert not QTensor("Q8_0", (1, 32), np.zeros((1, 34), np.uint8)).is_dense

@@ -131,6 +131,12 @@ def test_unsupported_model_and_pre():
                                       "tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": []})
 
 
+def test_bpe_without_merges_key():
+    """llama.cpp refuses it; we silently tokenized byte by byte (prompts the model never saw)."""
+    with pytest.raises(ValueError, match="no tokenizer.ggml.merges"):
+        Tokenizer.from_gguf_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"]})
+
+
 @pytest.mark.parametrize("pre", ["default", "gpt2", "llama-bpe", "qwen2", "smollm", "starcoder",
                                  "deepseek-llm", "deepseek-coder", "deepseek-v3", "tekken", "gpt-4o", "falcon"])
 def test_bpe_pre_types_build_and_roundtrip(pre):
