@@ -8,7 +8,7 @@ from __future__ import annotations
 import codecs
 from typing import Callable, Iterable
 
-from .tokenizer_gguf import CONTROL, UNKNOWN, USER_DEFINED, build_from_gguf
+from .tokenizer_gguf import CONTROL, UNKNOWN, UNUSED, USER_DEFINED, build_from_gguf
 
 
 class Tokenizer:
@@ -42,11 +42,23 @@ class Tokenizer:
     def from_checkpoint(cls, ckpt) -> "Tokenizer":
         """A loader.LoadedCheckpoint's tokenizer; errors name the file."""
         if ckpt.format != "gguf":
-            return cls.from_hf_dir(ckpt.path)
-        try:
-            return cls.from_gguf_metadata(ckpt.gguf_metadata)
-        except ValueError as e:
-            raise ValueError(f"tokenizer: {ckpt.path}: {str(e).removeprefix('tokenizer: ')}") from None
+            tok = cls.from_hf_dir(ckpt.path)
+        else:
+            try:
+                tok = cls.from_gguf_metadata(ckpt.gguf_metadata)
+            except ValueError as e:
+                raise ValueError(f"tokenizer: {ckpt.path}: {str(e).removeprefix('tokenizer: ')}") from None
+        tok._pad_vocab(ckpt.config.vocab_size)
+        return tok
+
+    def _pad_vocab(self, n: int) -> None:
+        """Embedding rows past the tokenizer's last id (Qwen2.5: 151,936 rows, 151,665 tokens) as
+        unused '[PAD{id}]' tokens that decode to nothing, as llama.cpp's converter writes them into
+        GGUF files: sampling or prompting one of those ids raised in the detokenizer."""
+        for i in range(len(self._tokens), n):
+            self._tokens.append(f"[PAD{i}]")
+            self._types.append(UNUSED)
+            self._pieces.append(b"")
 
     @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":

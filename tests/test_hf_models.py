@@ -187,3 +187,30 @@ def test_weight_shapes_checked_against_config(tmp_path, edit, match):
     with pytest.raises(ValueError, match=match) as e:
         load_checkpoint(path)
     assert path in str(e.value)
+
+
+def test_embedding_rows_past_the_tokenizer(tmp_path):
+    """Qwen2.5-style padding: vocab_size (embedding rows) above the tokenizer's size. An id in the
+    padding, sampled or given in the prompt, raised in the detokenizer mid-generation; it now
+    decodes to nothing, as the [PAD] tokens of a GGUF do."""
+    import json
+
+    from pocketcupy.loader.safetensors_loader import _read_safetensors
+
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(vocab_size=336))
+    tensors = {k: (dt, np.ascontiguousarray(a)) for k, (dt, a) in _read_safetensors(str(tmp_path / "model.safetensors")).items()}
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        dt, a = tensors[k]
+        tensors[k] = (dt, np.concatenate([a, np.zeros((16, a.shape[1]), a.dtype)]))
+    header, body = {}, b""
+    for k, (dt, a) in tensors.items():
+        header[k] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [len(body), len(body) + a.nbytes]}
+        body += a.tobytes()
+    text = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + body)
+
+    engine = Engine(path, device="cpu", progress=False, max_model_len=64)
+    assert engine.tokenizer.vocab_size == 336 and engine.tokenizer.id_to_token(330) == "[PAD330]"
+    out = engine.generate([[5, 330]], SamplingParams(temperature=0, max_tokens=2, logit_bias={333: 100},
+                                                      logprobs=1))[0].outputs[0]
+    assert out.token_ids == [333, 333] and out.text == "" and out.logprobs[0][333].decoded_token == ""
