@@ -94,28 +94,23 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
         return float(v)
 
     hidden, heads = count("hidden_size"), count("num_attention_heads")
+    sizes = dict(vocab_size=count("vocab_size"), num_layers=count("num_hidden_layers"),
+                 num_kv_heads=count("num_key_value_heads", heads), head_dim=count("head_dim", hidden // heads or 1),
+                 intermediate_size=count("intermediate_size"), max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source)
     try:
         return ModelConfig(
-            architecture=arch,
-            vocab_size=count("vocab_size"),
-            hidden_size=hidden,
-            num_layers=count("num_hidden_layers"),
-            num_heads=heads,
-            num_kv_heads=count("num_key_value_heads", heads),
-            head_dim=count("head_dim", hidden // heads or 1),
-            intermediate_size=count("intermediate_size"),
+            architecture=arch, hidden_size=hidden, num_heads=heads, **sizes,
             rms_eps=number("rms_norm_eps", 1e-6),
-            rope_theta=number("rope_theta", rope.get("rope_theta", 10000.0)),
-            rope_scaling=_rope_scaling(cfg.get("rope_scaling") or rope, source),
-            max_position=count("max_position_embeddings", 4096),
+            rope_theta=rope_theta,
+            rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qk_norm=(arch == "qwen3"),
             qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         )
-    except ValueError as e:
-        if source in str(e):
-            raise
+    except ValueError as e:   # ModelConfig's checks
         raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
 
 
