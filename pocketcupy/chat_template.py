@@ -115,5 +115,7 @@ def _render(template, msgs, tools, add_generation_prompt, bos_token, eos_token, 
             bos_token=bos_token, eos_token=eos_token, **extra)
     except jinja2.TemplateError as e:
         raise ValueError(f"chat template: {e.message or e}") from e
-    except (TypeError, KeyError, AttributeError, IndexError, ValueError, ZeroDivisionError) as e:
+    except (TypeError, KeyError, AttributeError, IndexError, ValueError, ArithmeticError, RecursionError) as e:
+        # ArithmeticError: also the sandbox's OverflowError for a range over MAX_RANGE; RecursionError:
+        # a recursive macro (e.g. one writing a tool's parameters) on deeply nested input
         raise ValueError(f"chat template: {type(e).__name__}: {e}") from e

@@ -108,6 +108,8 @@ def test_invalid_tools():
     ("{{ messages[0].content + 1 }}", "chat template"),
     ("{{ messages.append(1) }}", "unsafe"),
     ("{% for m in messages %}{{ m.nope.deeper }}{% endfor %}", "chat template"),
+    ("{% for i in range(10 ** 6) %}{% endfor %}", "OverflowError: Range too big"),
+    ("{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}", "RecursionError"),
 ])
 def test_template_errors(tpl, msg):
     with pytest.raises(ValueError, match=msg):
