@@ -15,7 +15,8 @@ class Tokenizer:
     def __init__(self, *, tokens: list[str], token_types: list[int], piece_bytes: list[bytes],
                  encode_text: Callable[[str], list[int]], bos_token_id: int | None,
                  eos_token_id: int | None, eos_token_ids: Iterable[int], add_bos: bool,
-                 chat_template: str | None, strip_leading_space: bool = False):
+                 chat_template: str | None, strip_leading_space: bool = False,
+                 tool_use_template: str | None = None):
         self._tokens = tokens
         self._types = token_types
         self._pieces = piece_bytes
@@ -24,6 +25,8 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.add_bos = bool(add_bos) and bos_token_id is not None
         self.chat_template = chat_template
+        # a model's named "tool_use" template, which transformers (and so vLLM) use when tools are given
+        self.tool_use_template = tool_use_template
         # SentencePiece adds a space before the text; decoding drops it again at sequence start
         self.strip_leading_space = strip_leading_space
         self.special_token_ids = frozenset(
@@ -129,12 +132,17 @@ class Tokenizer:
         return b"".join(parts).decode("utf-8", errors="replace")
 
     # --- chat ---------------------------------------------------------------------------------
+    def chat_template_for(self, tools) -> str | None:
+        """The template a conversation is rendered with, chosen as transformers does: the "tool_use"
+        one when tools are given (not None) and the model has one, else the default."""
+        return self.tool_use_template if tools is not None and self.tool_use_template else self.chat_template
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tools: list | None = None, continue_final_message: bool = False, **extra) -> str:
         from .chat_template import render_chat
         bos = self._tokens[self.bos_token_id] if self.bos_token_id is not None else ""
         eos = self._tokens[self.eos_token_id] if self.eos_token_id is not None else ""
-        return render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+        return render_chat(self.chat_template_for(tools), messages, add_generation_prompt=add_generation_prompt,
                            tools=tools, bos_token=bos, eos_token=eos, continue_final_message=continue_final_message,
                            **extra)
 

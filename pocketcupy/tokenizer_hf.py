@@ -36,16 +36,25 @@ def _decoder_types(dec) -> list[dict]:
     return [dec]
 
 
-def _chat_template(path: str, cfg: dict) -> str | None:
-    tpl = cfg.get("chat_template")
+def _chat_templates(path: str, cfg: dict) -> tuple[str | None, str | None]:
+    """(default, "tool_use") chat templates: tokenizer_config.json's chat_template (a string, or a
+    list of {"name", "template"} as transformers saves several), else chat_template.jinja and
+    additional_chat_templates/tool_use.jinja."""
+    tpl, named = cfg.get("chat_template"), {}
     if isinstance(tpl, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
         named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
         tpl = named.get("default") or next(iter(named.values()), None)
-    jinja = os.path.join(path, "chat_template.jinja")
-    if tpl is None and os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            tpl = f.read()
-    return tpl if isinstance(tpl, str) else None
+
+    def read(file):
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                return f.read()
+        return None
+
+    if tpl is None:
+        tpl = read(os.path.join(path, "chat_template.jinja"))
+    tool_use = named.get("tool_use") or read(os.path.join(path, "additional_chat_templates", "tool_use.jinja"))
+    return (tpl if isinstance(tpl, str) else None), (tool_use if isinstance(tool_use, str) else None)
 
 
 def build_from_hf_dir(path: str) -> dict:
@@ -117,8 +126,9 @@ def build_from_hf_dir(path: str) -> dict:
     def encode_text(text: str) -> list[int]:
         return tk.encode(text, add_special_tokens=False).ids
 
+    templates = _chat_templates(path, cfg)
     return dict(
         tokens=tokens, token_types=types, piece_bytes=pieces, encode_text=encode_text,
         bos_token_id=bos, eos_token_id=eos, eos_token_ids=eog, add_bos=bool(add_bos),
-        chat_template=_chat_template(path, cfg), strip_leading_space=bool(spm_like and strip),
+        chat_template=templates[0], tool_use_template=templates[1], strip_leading_space=bool(spm_like and strip),
     )

@@ -1,4 +1,7 @@
+import json
+import os
 import re
+import shutil
 
 import pytest
 
@@ -79,6 +82,40 @@ def test_tokenizer_passes_special_tokens(tmp_path):
             "tokenizer.chat_template": "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"}
     tok = Tokenizer.from_gguf_metadata(meta)
     assert tok.apply_chat_template([{"role": "user", "content": "a"}]) == "<s>a</s>"
+
+
+TOOL_USE = "{% for t in tools %}[{{ t.function.name }}]{% endfor %}{{ messages[0].content }}"
+
+
+def test_named_tool_use_template(tmp_path):
+    """A model's named "tool_use" template renders conversations given tools (as transformers picks
+    it): GGUF's tokenizer.chat_template.tool_use, tokenizer_config.json's list of named templates,
+    additional_chat_templates/tool_use.jinja."""
+    tools, msgs = [{"type": "function", "function": {"name": "f"}}], [{"role": "user", "content": "a"}]
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1], "tokenizer.chat_template": "D:{{ messages[0].content }}",
+            "tokenizer.chat_template.tool_use": TOOL_USE}
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert tok.apply_chat_template(msgs, tools=tools) == "[f]a" and tok.apply_chat_template(msgs) == "D:a"
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "tiny_qwen3")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(src, name), tmp_path / name)
+    with open(tmp_path / "tokenizer_config.json") as f:
+        cfg = json.load(f)
+    cfg["chat_template"] = [{"name": "default", "template": "D:{{ messages[0].content }}"},
+                            {"name": "tool_use", "template": TOOL_USE}]
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump(cfg, f)
+    tok = Tokenizer.from_hf_dir(str(tmp_path))
+    assert tok.apply_chat_template(msgs, tools=tools) == "[f]a" and tok.apply_chat_template(msgs) == "D:a"
+    del cfg["chat_template"]
+    with open(tmp_path / "tokenizer_config.json", "w") as f:
+        json.dump(cfg, f)
+    (tmp_path / "chat_template.jinja").write_text("J:{{ messages[0].content }}")
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(TOOL_USE)
+    tok = Tokenizer.from_hf_dir(str(tmp_path))
+    assert tok.apply_chat_template(msgs, tools=tools) == "[f]a" and tok.apply_chat_template(msgs) == "J:a"
 
 
 @pytest.mark.parametrize("messages,field", [

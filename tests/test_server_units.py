@@ -93,6 +93,28 @@ def test_tool_prompt_fallback_renders_hermes():
     assert tools == TOOLS and native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
 
 
+def test_tool_use_template_renders_the_tools():
+    """A model whose default template ignores tools but whose named "tool_use" template renders
+    them: the server hands tools to that template (as vLLM through transformers) instead of writing
+    its Hermes fallback into the system message."""
+    from types import SimpleNamespace
+
+    from pocketcupy.engine import Engine
+    from pocketcupy.server.chat import render_messages
+    from pocketcupy.tokenizer import Tokenizer
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1],
+            "tokenizer.chat_template": "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}",
+            "tokenizer.chat_template.tool_use": "{% for t in tools %}<{{ t.function.name }}>{% endfor %}"
+                                                "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"}
+    engine = SimpleNamespace(tokenizer=Tokenizer.from_gguf_metadata(meta))
+    engine.render_chat = lambda *a, **k: Engine.render_chat(engine, *a, **k)
+    template = {"add_generation_prompt": True, "chat_template_kwargs": None, "continue_final_message": False}
+    msgs = parse_messages([{"role": "user", "content": "hi"}])
+    assert render_messages(engine, msgs, parse_tools(TOOLS), template) == "<get_weather><get_time>user:hi|"
+    assert render_messages(engine, msgs, None, template) == "user:hi|"
+
+
 def test_tool_choice_rules():
     assert parse_tool_choice(None, None) == "none" and parse_tool_choice(None, TOOLS) == "auto"
     assert parse_tool_choice({"type": "function", "function": {"name": "get_time"}}, TOOLS) == ("function", "get_time")

@@ -41,7 +41,7 @@ def parse_template_fields(f: Fields) -> dict:
 
 def render_messages(engine, msgs: list, tools: list | None, template: dict) -> str:
     """The prompt text of parsed messages and tools (None: none offered) through the model's template."""
-    tmsgs, ttools = for_template(msgs, tools, template_knows_tools(engine.tokenizer.chat_template))
+    tmsgs, ttools = for_template(msgs, tools, template_knows_tools(engine.tokenizer.chat_template_for(tools)))
     try:
         return engine.render_chat(tmsgs, ttools, template["add_generation_prompt"], template["chat_template_kwargs"],
                                   template["continue_final_message"])
