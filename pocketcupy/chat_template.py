@@ -52,6 +52,24 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
+# what render_chat sets itself; chat_template_kwargs (extra template variables) may not
+RESERVED_VARIABLES = ("messages", "tools", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token")
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """chat_template_kwargs (e.g. {"enable_thinking": False}) checked: a dict of variable names that
+    are not render_chat's own."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ValueError(f"chat_template_kwargs: must be a dict of template variables, got {kwargs!r:.60}")
+    taken = [k for k in RESERVED_VARIABLES if k in kwargs]
+    if taken:
+        raise ValueError(f"chat_template_kwargs: {taken[0]!r} is not a template variable to set here "
+                         f"(it has its own argument)")
+    return kwargs
+
+
 def _content_text(content, where: str) -> str | None:
     if content is None or isinstance(content, str):
         return content

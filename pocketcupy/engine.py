@@ -519,9 +519,10 @@ class Engine:
 
     def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None,
                     continue_final_message: bool = False) -> str:
+        from .chat_template import check_template_kwargs
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   tools=tools, continue_final_message=continue_final_message,
-                                                  **(chat_template_kwargs or {}))
+                                                  **check_template_kwargs(chat_template_kwargs))
 
     def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yields text deltas of one request (n must be 1) as they are produced."""

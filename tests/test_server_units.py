@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from pocketcupy.server.chat import render_messages
 from pocketcupy.server.protocol import ApiError, Fields, check_context, parse_common
 from pocketcupy.server.tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools
 from pocketcupy.server.tools import ForcedCallParser, ToolParser, collect, forced_prefill
@@ -93,22 +94,48 @@ def test_tool_prompt_fallback_renders_hermes():
     assert tools == TOOLS and native[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
 
 
+def _template_engine(chat_template: str, **meta):
+    """Just enough of an Engine for render_messages: a tokenizer with these templates."""
+    from types import SimpleNamespace
+
+    from pocketcupy.engine import Engine
+    from pocketcupy.tokenizer import Tokenizer
+    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
+            "tokenizer.ggml.token_type": [2, 3, 3, 1], "tokenizer.chat_template": chat_template, **meta}
+    engine = SimpleNamespace(tokenizer=Tokenizer.from_gguf_metadata(meta))
+    engine.render_chat = lambda *a, **k: Engine.render_chat(engine, *a, **k)
+    return engine
+
+
+def test_chat_template_kwargs_checked():
+    """chat_template_kwargs set template variables (enable_thinking); one naming an argument of its
+    own (add_generation_prompt, tools, ...) is a ValueError naming chat_template_kwargs in the library
+    (was a TypeError) and a 400 naming it in the server; a template error is a 400 naming messages."""
+    engine = _template_engine("{{ messages[0].content }}{% if enable_thinking is false %}/no_think{% endif %}")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert engine.render_chat(msgs, chat_template_kwargs={"enable_thinking": False}) == "hi/no_think"
+    for kw in ({"add_generation_prompt": False}, {"tools": []}, {"bos_token": "x"}, {"messages": []}, "x", {1: 2}):
+        with pytest.raises(ValueError, match="^chat_template_kwargs: "):
+            engine.render_chat(msgs, chat_template_kwargs=kw)
+    template = {"add_generation_prompt": True, "chat_template_kwargs": {"continue_final_message": True},
+                "continue_final_message": False}
+    with pytest.raises(ApiError) as e:
+        render_messages(engine, parse_messages(msgs), None, template)
+    assert e.value.status == 400 and e.value.param == "chat_template_kwargs"
+    with pytest.raises(ApiError) as e:
+        render_messages(_template_engine("{{ raise_exception('no system role') }}"), parse_messages(msgs), None,
+                        dict(template, chat_template_kwargs=None))
+    assert e.value.param == "messages" and "no system role" in e.value.message
+
+
 def test_tool_use_template_renders_the_tools():
     """A model whose default template ignores tools but whose named "tool_use" template renders
     them: the server hands tools to that template (as vLLM through transformers) instead of writing
     its Hermes fallback into the system message."""
-    from types import SimpleNamespace
-
-    from pocketcupy.engine import Engine
-    from pocketcupy.server.chat import render_messages
-    from pocketcupy.tokenizer import Tokenizer
-    meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
-            "tokenizer.ggml.token_type": [2, 3, 3, 1],
-            "tokenizer.chat_template": "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}",
-            "tokenizer.chat_template.tool_use": "{% for t in tools %}<{{ t.function.name }}>{% endfor %}"
-                                                "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"}
-    engine = SimpleNamespace(tokenizer=Tokenizer.from_gguf_metadata(meta))
-    engine.render_chat = lambda *a, **k: Engine.render_chat(engine, *a, **k)
+    engine = _template_engine(
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}",
+        **{"tokenizer.chat_template.tool_use": "{% for t in tools %}<{{ t.function.name }}>{% endfor %}"
+                                               "{% for m in messages %}{{ m.role }}:{{ m.content }}|{% endfor %}"})
     template = {"add_generation_prompt": True, "chat_template_kwargs": None, "continue_final_message": False}
     msgs = parse_messages([{"role": "user", "content": "hi"}])
     assert render_messages(engine, msgs, parse_tools(TOOLS), template) == "<get_weather><get_time>user:hi|"

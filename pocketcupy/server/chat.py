@@ -47,9 +47,8 @@ def render_messages(engine, msgs: list, tools: list | None, template: dict) -> s
                                   template["continue_final_message"])
     except ValueError as e:
         msg = str(e)
-        raise bad("continue_final_message" if msg.startswith("continue_final_message:") else "messages", msg) from None
-    except TypeError as e:  # chat_template_kwargs colliding with the template's own arguments
-        raise bad("chat_template_kwargs", f"chat template: {e}") from None
+        head = msg.split(":", 1)[0]
+        raise bad(head if head in ("continue_final_message", "chat_template_kwargs") else "messages", msg) from None
 
 
 def parse_chat(state, body) -> ChatRequest:
