@@ -1,5 +1,6 @@
 """A server of its own: /ready is 503 while the model loads, API keys (401 everywhere but the
-probes), the body limit (413), the startup log, and SIGTERM letting an open stream finish."""
+probes), the body limit (413), the startup log, and SIGTERM letting an open stream finish while
+new connections are refused."""
 import http.client
 import json
 import signal
@@ -81,7 +82,7 @@ def test_body_limit_413(keyed):
 
 def test_sigterm_lets_streams_finish(keyed):
     keyed.wait_ready()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 20,
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40,
             "ignore_eos": True, "temperature": 0, "stream": True}
     c = http.client.HTTPConnection("127.0.0.1", keyed.port, timeout=120)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **AUTH})
@@ -89,6 +90,13 @@ def test_sigterm_lets_streams_finish(keyed):
     assert r.status == 200 and r.readline().startswith(b"data:")
     t0 = time.monotonic()
     keyed.proc.send_signal(signal.SIGTERM)
+    while True:  # a new connection is refused at once, not held in the backlog for the whole drain
+        try:
+            socket.create_connection(("127.0.0.1", keyed.port), timeout=5).close()
+        except ConnectionRefusedError:
+            break
+        assert time.monotonic() - t0 < 1.5, "new connections still accepted while draining"
+        time.sleep(0.05)
     rest = r.read().decode()
     events = [json.loads(x[5:]) for x in rest.split("\n") if x.startswith("data:") and "[DONE]" not in x]
     assert rest.rstrip().endswith("data: [DONE]")

@@ -2,8 +2,9 @@
 
 The worker answers /alive and /ready (503) while the model loads in a background thread; if
 loading fails, the worker exits with gunicorn's boot-error code and the whole server stops.
-SIGTERM: /ready turns 503, new generation requests get 503, in-flight ones (streams included)
-finish within the graceful timeout, then the engine loop stops.
+SIGTERM: /ready turns 503, new connections are refused, new generation requests on kept-alive ones
+get 503, in-flight ones (streams included) finish within the graceful timeout, then the engine loop
+stops.
 
 Tensor parallel: the worker is rank 0; the engine starts the other ranks and waits until every
 one is ready before /ready answers 200. Any rank's death stops every rank and the server exits
@@ -31,6 +32,15 @@ class PocketcupyWorker(ThreadWorker):
         if state is not None:
             state.begin_drain()
         super().handle_exit(sig, frame)
+
+    def set_accept_enabled(self, enabled):
+        super().set_accept_enabled(enabled)
+        if not enabled and not self.alive:
+            # Stopping: close the listening sockets (the arbiter has closed its copies) so that new
+            # clients are refused at once; left open, their connections waited in the backlog for
+            # the whole drain (up to --graceful-timeout) and were then reset.
+            for s in self.sockets:
+                s.close()
 
 
 def _state_of(wsgi) -> ServerState | None:
