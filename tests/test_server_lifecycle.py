@@ -1,6 +1,6 @@
 """A server of its own: /ready is 503 while the model loads, API keys (401 everywhere but the
-probes), the body limit (413), the startup log, and SIGTERM letting an open stream finish while
-new connections are refused."""
+probes), the body limit (413), a stalled body (408), the startup log, and SIGTERM letting an open
+stream finish while new connections are refused."""
 import http.client
 import json
 import signal
@@ -18,6 +18,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def keyed(smollm2_gguf):
     s = ServerProcess(smollm2_gguf, "--startup-delay", "2", "--max-request-bytes", "4096", "--graceful-timeout", "60",
+                      "--body-timeout", "1",
                       env={"POCKETCUPY_API_KEY": KEY})
     try:
         yield s
@@ -77,6 +78,20 @@ def test_body_limit_413(keyed):
         s.sendall(b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n")
         reply = s.recv(65536)
     assert reply.startswith(b"HTTP/1.1 413")
+    assert request(keyed, "GET", "/health")[0] == 200
+
+
+def test_stalled_body_408(keyed):
+    """A client that stops sending its body mid-way gets 408 instead of holding an HTTP thread for good."""
+    keyed.wait_ready()
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
+        t0 = time.monotonic()
+        head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+        body += s.recv(65536) if not body else b""
+    assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10
+    assert json.loads(body)["error"]["code"] == "request_timeout"
     assert request(keyed, "GET", "/health")[0] == 200
 
 

@@ -28,15 +28,26 @@ def _no_constants(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _body(limit: int) -> dict:
+def _body(limit: int, stall_s: float) -> dict:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
     stream, parts, size = request.environ["wsgi.input"], [], 0  # the server ends it (Content-Length/chunked)
-    while chunk := stream.read(1 << 16):
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-        parts.append(chunk)
+    # gunicorn reads the body on a blocking socket without a timeout: a client that stalled mid-body
+    # held an HTTP thread for good, and as many of them as --http-threads blocked every route
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None:
+        sock.settimeout(stall_s)
+    try:
+        while chunk := stream.read(1 << 16):
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+            parts.append(chunk)
+    except TimeoutError:  # gunicorn closes the connection: the body was not read to its end
+        raise ApiError(408, f"no request body data for {stall_s:g} s", code="request_timeout") from None
+    finally:
+        if sock is not None:
+            sock.settimeout(None)
     raw = b"".join(parts)
     try:
         body = json.loads(raw, parse_constant=_no_constants)
@@ -103,7 +114,7 @@ def create_app(state) -> Flask:
 
     def _request_body() -> dict:
         _ready()
-        return _body(state.config.max_request_bytes)
+        return _body(state.config.max_request_bytes, state.config.body_timeout_s)
 
     def _generate(handler):
         result = handler(state, _request_body(), disconnect_probe(request.environ))
