@@ -95,6 +95,23 @@ def test_stalled_body_408(keyed):
     assert request(keyed, "GET", "/health")[0] == 200
 
 
+def test_clients_that_do_not_close_do_not_stall_others(keyed):
+    """Closing a connection lingers (up to 2 s) for the client to close too; that must not hold up
+    the server's other connections (it ran on gunicorn's main thread, one client after the other)."""
+    keyed.wait_ready()
+    idle = [socket.create_connection(("127.0.0.1", keyed.port), timeout=30) for _ in range(3)]
+    try:
+        for s in idle:
+            s.sendall(b"GET /alive HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")  # never read, never closed
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert request(keyed, "GET", "/health", timeout=30)[0] == 200
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for s in idle:
+            s.close()
+
+
 def test_sigterm_lets_streams_finish(keyed):
     keyed.wait_ready()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40,

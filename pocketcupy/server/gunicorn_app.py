@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
@@ -33,6 +34,16 @@ class PocketcupyWorker(ThreadWorker):
             state.begin_drain()
         super().handle_exit(sig, frame)
 
+    def finish_request(self, *args):  # gunicorn >= 24: (conn, fs); older: (fs), the connection in fs.conn
+        # gunicorn closes a connection it does not keep alive on its main thread, lingering up to 2 s
+        # for the client to close too (util.close_graceful): each client that does not (one stalled
+        # mid-body and answered 408, or one that never reads) froze accepting and dispatching for
+        # everyone that long. The linger runs in a thread of its own instead.
+        conn = args[0] if len(args) > 1 else getattr(args[0], "conn", None)
+        if conn is not None and "close" not in vars(conn):
+            conn.close = _linger_in_background(conn.close)
+        super().finish_request(*args)
+
     def set_accept_enabled(self, enabled):
         super().set_accept_enabled(enabled)
         if not enabled and not self.alive:
@@ -41,6 +52,15 @@ class PocketcupyWorker(ThreadWorker):
             # the whole drain (up to --graceful-timeout) and were then reset.
             for s in self.sockets:
                 s.close()
+
+
+def _linger_in_background(close):
+    def close_(graceful: bool = False) -> None:
+        if graceful:  # not a daemon: a stopping worker still waits for it, as it did for gunicorn's linger
+            threading.Thread(target=close, kwargs={"graceful": True}, name="pocketcupy-close").start()
+        else:
+            close()
+    return close_
 
 
 def _state_of(wsgi) -> ServerState | None:
