@@ -1,6 +1,7 @@
 """Malformed requests: each gets a 4xx with OpenAI's error body naming the right `param`, none is
 a 500, and the server keeps serving afterwards."""
 import http.client
+import json
 
 import pytest
 
@@ -137,6 +138,15 @@ def test_malformed_json(server, raw, path):
     status, resp, _ = request(server, "POST", path, raw=raw)
     assert status == 400
     _check_body(resp, 400, None)
+
+
+def test_compressed_body_415(server):
+    import gzip
+
+    raw = gzip.compress(json.dumps(comp()).encode())
+    status, resp, _ = request(server, "POST", COMP, raw=raw, headers={"Content-Encoding": "gzip"})
+    assert status == 415 and "gzip" in resp["error"]["message"]
+    _check_body(resp, 415, None)
 
 
 @pytest.mark.parametrize("field,status,param", [(b'"model": "x\\ud800"', 404, "model"),

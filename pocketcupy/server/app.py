@@ -29,6 +29,10 @@ def _no_constants(name):
 
 
 def _body(limit: int, stall_s: float) -> dict:
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in ("", "identity"):  # was read as JSON as it came: a 400 about invalid UTF-8
+        raise ApiError(415, f"Content-Encoding '{encoding}' is not supported: send the body uncompressed",
+                       code="unsupported_content_encoding")
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
     stream, parts, size = request.environ["wsgi.input"], [], 0  # the server ends it (Content-Length/chunked)
