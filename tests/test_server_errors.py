@@ -2,6 +2,7 @@
 a 500, and the server keeps serving afterwards."""
 import http.client
 import json
+import socket
 
 import pytest
 
@@ -138,6 +139,19 @@ def test_malformed_json(server, raw, path):
     status, resp, _ = request(server, "POST", path, raw=raw)
     assert status == 400
     _check_body(resp, 400, None)
+
+
+@pytest.mark.parametrize("framing", [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n"])
+def test_malformed_chunked_body_400(server, framing):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n" + framing)
+        reply = b""
+        while data := s.recv(65536):  # the connection closes: where the next request starts is unknown
+            reply += data
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), reply
+    _check_body(json.loads(body), 400, None)
 
 
 def test_compressed_body_415(server):

@@ -49,6 +49,11 @@ def _body(limit: int, stall_s: float) -> dict:
             parts.append(chunk)
     except TimeoutError:  # gunicorn closes the connection: the body was not read to its end
         raise ApiError(408, f"no request body data for {stall_s:g} s", code="request_timeout") from None
+    except ApiError:
+        raise
+    except Exception as e:  # noqa: BLE001 - bad chunked framing (gunicorn's own exception types), the client gone
+        raise ApiError(400, f"the request body could not be read: {type(e).__name__}: {e}",
+                       code="invalid_body") from None
     finally:
         if sock is not None:
             sock.settimeout(None)
