@@ -48,8 +48,9 @@ def parser() -> argparse.ArgumentParser:
                    help="seconds in-flight requests get after SIGTERM (default 30)")
     s.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help="larger bodies get 413 (default 8 MiB)")
-    s.add_argument("--body-timeout", type=int, default=30,
-                   help="seconds a request body may stall before the request gets 408 (default 30)")
+    s.add_argument("--client-timeout", type=int, default=30,
+                   help="seconds a client may stall sending a request: mid-body it gets 408, mid-headers the "
+                        "connection is dropped (default 30)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     s.add_argument("--startup-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: /ready stays 503
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
             args = dataclasses.replace(args, model=default_model_path(args.cache_dir))
         elif not os.path.exists(args.model):
             raise ValueError(f"model: {args.model} does not exist")
-        for name in ("port", "max_request_bytes", "body_timeout", "threads", "http_threads", "graceful_timeout"):
+        for name in ("port", "max_request_bytes", "client_timeout", "threads", "http_threads", "graceful_timeout"):
             v = getattr(ns, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v}")
@@ -85,8 +86,8 @@ def main(argv=None) -> int:
     api_key = ns.api_key or os.environ.get("POCKETCUPY_API_KEY") or None
     host = f"[{ns.host}]" if ":" in ns.host else ns.host
     config = ServerConfig(engine_args=args, served_model_names=names, api_key=api_key,
-                          max_request_bytes=ns.max_request_bytes, body_timeout_s=ns.body_timeout, url=f"http://{host}:{ns.port}",
-                          startup_delay=ns.startup_delay)
+                          max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
+                          url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,
                "graceful_timeout": ns.graceful_timeout, "keepalive": 5, "loglevel": ns.log_level,

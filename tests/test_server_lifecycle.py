@@ -1,5 +1,5 @@
 """A server of its own: /ready is 503 while the model loads, API keys (401 everywhere but the
-probes), the body limit (413), a stalled body (408), the startup log, and SIGTERM letting an open
+probes), the body limit (413), a stalled request (408), the startup log, and SIGTERM letting an open
 stream finish while new connections are refused."""
 import http.client
 import json
@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def keyed(smollm2_gguf):
     s = ServerProcess(smollm2_gguf, "--startup-delay", "2", "--max-request-bytes", "4096", "--graceful-timeout", "60",
-                      "--body-timeout", "1",
+                      "--client-timeout", "1",
                       env={"POCKETCUPY_API_KEY": KEY})
     try:
         yield s
@@ -81,8 +81,9 @@ def test_body_limit_413(keyed):
     assert request(keyed, "GET", "/health")[0] == 200
 
 
-def test_stalled_body_408(keyed):
-    """A client that stops sending its body mid-way gets 408 instead of holding an HTTP thread for good."""
+def test_stalled_request_times_out(keyed):
+    """A client that stops sending its body mid-way gets 408, one that stops mid-headers is dropped,
+    instead of holding an HTTP thread for good."""
     keyed.wait_ready()
     with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -92,6 +93,10 @@ def test_stalled_body_408(keyed):
         body += s.recv(65536) if not body else b""
     assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10
     assert json.loads(body)["error"]["code"] == "request_timeout"
+    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:  # stalled mid-headers: dropped
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        assert s.recv(65536) == b"" and time.monotonic() - t0 < 10
     assert request(keyed, "GET", "/health")[0] == 200
 
 

@@ -123,7 +123,7 @@ def create_app(state) -> Flask:
 
     def _request_body() -> dict:
         _ready()
-        return _body(state.config.max_request_bytes, state.config.body_timeout_s)
+        return _body(state.config.max_request_bytes, state.config.client_timeout_s)
 
     def _generate(handler):
         result = handler(state, _request_body(), disconnect_probe(request.environ))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import struct
 import threading
 
 from gunicorn.app.base import BaseApplication
@@ -33,6 +35,17 @@ class PocketcupyWorker(ThreadWorker):
         if state is not None:
             state.begin_drain()
         super().handle_exit(sig, frame)
+
+    def handle(self, conn):
+        # gunicorn reads a request on a blocking socket without a timeout: a client that stalled
+        # mid-headers held an HTTP thread for good, and --http-threads of them blocked every route.
+        # The kernel's receive timeout bounds each read (gunicorn drops the connection); the body's
+        # reads also get a timeout of the socket object, answered 408 (app._body).
+        state = _state_of(self.wsgi)
+        if state is not None:
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                 struct.pack("ll", int(state.config.client_timeout_s), 0))
+        return super().handle(conn)
 
     def finish_request(self, *args):  # gunicorn >= 24: (conn, fs); older: (fs), the connection in fs.conn
         # gunicorn closes a connection it does not keep alive on its main thread, lingering up to 2 s

@@ -23,7 +23,7 @@ class ServerConfig:
     served_model_names: list[str] = field(default_factory=list)   # first one is reported
     api_key: str | None = None
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    body_timeout_s: float = 30.0     # a request body stalled this long gets 408
+    client_timeout_s: float = 30.0   # a request stalled this long: 408 (in the body) or dropped (headers)
     url: str = ""                    # for the log line
     startup_delay: float = 0.0       # testing aid: hold /ready at 503 this long
     poll_s: float = 0.25             # how often a waiting request checks for a gone client
