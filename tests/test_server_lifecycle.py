@@ -111,7 +111,7 @@ def test_clients_that_do_not_close_do_not_stall_others(keyed):
         time.sleep(0.3)
         t0 = time.monotonic()
         assert request(keyed, "GET", "/health", timeout=30)[0] == 200
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.5   # (lingering one after the other: ~6 s)
     finally:
         for s in idle:
             s.close()
@@ -119,7 +119,7 @@ def test_clients_that_do_not_close_do_not_stall_others(keyed):
 
 def test_sigterm_lets_streams_finish(keyed):
     keyed.wait_ready()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 40,
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 60,
             "ignore_eos": True, "temperature": 0, "stream": True}
     c = http.client.HTTPConnection("127.0.0.1", keyed.port, timeout=120)
     c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json", **AUTH})
@@ -132,7 +132,7 @@ def test_sigterm_lets_streams_finish(keyed):
             socket.create_connection(("127.0.0.1", keyed.port), timeout=5).close()
         except ConnectionRefusedError:
             break
-        assert time.monotonic() - t0 < 1.5, "new connections still accepted while draining"
+        assert time.monotonic() - t0 < 3, "new connections still accepted while draining"
         time.sleep(0.05)
     rest = r.read().decode()
     events = [json.loads(x[5:]) for x in rest.split("\n") if x.startswith("data:") and "[DONE]" not in x]
