@@ -5,6 +5,16 @@ import math
 from dataclasses import dataclass, field
 
 
+def is_count(v) -> bool:
+    """A positive integer (not a bool): a size a config file may hold."""
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def is_number(v) -> bool:
+    """An int or float (not a bool)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 @dataclass
 class RopeScaling:
     kind: str = "none"                 # "none" | "linear" | "llama3"
@@ -40,7 +50,7 @@ class ModelConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                      "intermediate_size", "max_position"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            if not is_count(v):
                 raise ValueError(f"model: {name} must be a positive integer, got {v!r}")
         if self.rope_dim == 0:
             self.rope_dim = self.head_dim

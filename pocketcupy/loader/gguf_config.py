@@ -1,7 +1,7 @@
 """GGUF metadata -> ModelConfig, and GGUF tensor names (which the models use as-is)."""
 from __future__ import annotations
 
-from ..config import ModelConfig, RopeScaling
+from ..config import ModelConfig, RopeScaling, is_count, is_number
 from .gguf import GGUFError
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
@@ -28,13 +28,13 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
             v = v[0]
         if isinstance(v, list):
             raise GGUFError(f"model: {path}: per-layer values of {arch}.{key} ({v}) are not supported")
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if not is_count(v):
             raise GGUFError(f"model: {path}: {arch}.{key} must be a positive integer, got {v!r}")
         return v
 
     def number(key, default):
         v = get(key, default)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if not is_number(v):
             raise GGUFError(f"model: {path}: {arch}.{key} must be a number, got {v!r}")
         return float(v)
 

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from ..config import ModelConfig, RopeScaling
+from ..config import ModelConfig, RopeScaling, is_count, is_number
 from ..quant.qtensor import QTensor
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
@@ -56,7 +56,7 @@ def _rope_scaling(rs, source: str) -> RopeScaling:
 
     def num(key, default=None):
         v = rs.get(key, default)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        if not is_number(v) or v <= 0:
             raise ValueError(f"model: {source}: rope_scaling {kind!r} needs a positive {key}, got {v!r}")
         return v
 
@@ -83,13 +83,13 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
         if v is None and default is None:
             raise ValueError(f"model: {source} lacks {key}")
         v = default if v is None else v
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if not is_count(v):
             raise ValueError(f"model: {source}: {key} must be a positive integer, got {v!r}")
         return v
 
     def number(key, default):
         v = cfg.get(key, default)
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
+        if not is_number(v):
             raise ValueError(f"model: {source}: {key} must be a number, got {v!r}")
         return float(v)
 
