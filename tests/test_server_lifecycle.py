@@ -18,7 +18,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 @pytest.fixture(scope="module")
 def keyed(smollm2_gguf):
     s = ServerProcess(smollm2_gguf, "--startup-delay", "2", "--max-request-bytes", "4096", "--graceful-timeout", "60",
-                      "--client-timeout", "1",
+                      "--client-timeout", "1", "--http-threads", "2",
                       env={"POCKETCUPY_API_KEY": KEY})
     try:
         yield s
@@ -115,6 +115,40 @@ def test_clients_that_do_not_close_do_not_stall_others(keyed):
     finally:
         for s in idle:
             s.close()
+
+
+def _open_stream(server, max_tokens):
+    body = {"model": MODEL, "prompt": "Count to fifty:", "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json", **AUTH})
+    r = c.getresponse()
+    assert r.status == 200 and r.readline().startswith(b"data:")
+    return c, r
+
+
+def test_probes_answer_while_every_http_thread_streams(keyed):
+    """With both HTTP threads (--http-threads 2) held by streams, probes and /metrics are still
+    answered at once (they queued behind the streams), and other requests wait for a thread."""
+    keyed.wait_ready()
+    streams = [_open_stream(keyed, 120) for _ in range(2)]
+    try:
+        for path, headers in (("/health", {}), ("/ready", {}), ("/alive", {}), ("/metrics", AUTH)):
+            t0 = time.monotonic()
+            assert request(keyed, "GET", path, headers=headers, timeout=60)[0] == 200
+            assert time.monotonic() - t0 < 3, path
+        for _, r in streams:  # still streaming
+            assert json.loads(_next_event(r))["choices"][0]["finish_reason"] is None
+        assert request(keyed, "GET", "/v1/models", headers=AUTH, timeout=120)[0] == 200  # after a stream ends
+    finally:
+        for c, _ in streams:
+            c.close()
+
+
+def _next_event(r) -> bytes:
+    while not (line := r.readline()).startswith(b"data:"):
+        assert line, "stream ended"
+    return line[5:]
 
 
 def test_sigterm_lets_streams_finish(keyed):

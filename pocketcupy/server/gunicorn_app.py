@@ -6,6 +6,11 @@ SIGTERM: /ready turns 503, new connections are refused, new generation requests 
 get 503, in-flight ones (streams included) finish within the graceful timeout, then the engine loop
 stops.
 
+Probes and scrapes (GET /health, /alive, /ready, /metrics) have a lane of their own: when every HTTP
+thread is taken (long streams), a new connection waits on the poller until its request line arrives,
+and one for those routes is answered by two threads kept for them instead of queueing behind the
+streams (a liveness probe that timed out restarted a busy server).
+
 Tensor parallel: the worker is rank 0; the engine starts the other ranks and waits until every
 one is ready before /ready answers 200. Any rank's death stops every rank and the server exits
 (code 1) with the rank named in the log; so does the death of the worker itself (the arbiter
@@ -18,6 +23,10 @@ import os
 import socket
 import struct
 import threading
+from concurrent import futures
+from functools import partial
+import selectors
+import time
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
@@ -27,9 +36,38 @@ from .state import ServerConfig, ServerState
 log = logging.getLogger("pocketcupy.server")
 WORKER_BOOT_ERROR = 3  # gunicorn's arbiter halts on this exit code instead of restarting the worker
 RANK_FAILED = 1       # a tensor-parallel rank died (the arbiter halts through _child_exit)
+QUICK_ROUTES = (b"/health", b"/alive", b"/ready", b"/metrics")
+QUICK_THREADS = 2
 
 
 class PocketcupyWorker(ThreadWorker):
+    def init_process(self):
+        self.quick_pool = futures.ThreadPoolExecutor(QUICK_THREADS, thread_name_prefix="pocketcupy-quick")
+        self.busy = 0  # connections given to the main pool and not yet finished (main thread only)
+        super().init_process()
+
+    def run(self):
+        try:
+            super().run()
+        finally:
+            self.quick_pool.shutdown(wait=False)
+
+    def enqueue_req(self, conn):  # main thread
+        if self.busy >= self.cfg.threads and not _buffered(conn):
+            line = _peek_request_line(conn.sock)
+            if line is None and not conn.data_ready:  # nothing sent yet: wait for it on the poller
+                conn.timeout = time.monotonic() + self.cfg.keepalive
+                self.pending_conns.append(conn)
+                self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
+                return
+            if line is not None and _is_quick(line):
+                fs = self.quick_pool.submit(self.handle, conn)
+                fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
+                return
+        self.busy += 1
+        conn.in_main_pool = True
+        super().enqueue_req(conn)
+
     def handle_exit(self, sig, frame):
         state = _state_of(self.wsgi)
         if state is not None:
@@ -47,15 +85,17 @@ class PocketcupyWorker(ThreadWorker):
                                  struct.pack("ll", int(state.config.client_timeout_s), 0))
         return super().handle(conn)
 
-    def finish_request(self, *args):  # gunicorn >= 24: (conn, fs); older: (fs), the connection in fs.conn
+    def finish_request(self, conn, fs):  # main thread
         # gunicorn closes a connection it does not keep alive on its main thread, lingering up to 2 s
         # for the client to close too (util.close_graceful): each client that does not (one stalled
         # mid-body and answered 408, or one that never reads) froze accepting and dispatching for
         # everyone that long. The linger runs in a thread of its own instead.
-        conn = args[0] if len(args) > 1 else getattr(args[0], "conn", None)
-        if conn is not None and "close" not in vars(conn):
+        if getattr(conn, "in_main_pool", False):
+            conn.in_main_pool = False
+            self.busy -= 1
+        if "close" not in vars(conn):
             conn.close = _linger_in_background(conn.close)
-        super().finish_request(*args)
+        super().finish_request(conn, fs)
 
     def set_accept_enabled(self, enabled):
         super().set_accept_enabled(enabled)
@@ -65,6 +105,25 @@ class PocketcupyWorker(ThreadWorker):
             # the whole drain (up to --graceful-timeout) and were then reset.
             for s in self.sockets:
                 s.close()
+
+
+def _buffered(conn) -> bool:
+    """Whether gunicorn has already read (part of) the connection's next request off the socket."""
+    return conn.parser is not None and bool(conn.parser.unreader.buf.getvalue())
+
+
+def _peek_request_line(sock) -> bytes | None:
+    """The start of the request waiting on a connection, left in place; None if nothing has come."""
+    try:
+        return sock.recv(64, socket.MSG_PEEK | socket.MSG_DONTWAIT) or None
+    except OSError:  # nothing yet (EAGAIN), or the client has gone: the main pool sorts it out
+        return None
+
+
+def _is_quick(line: bytes) -> bool:
+    method, _, rest = line.partition(b" ")
+    path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
+    return method in (b"GET", b"HEAD") and path in QUICK_ROUTES and b" " in rest
 
 
 def _linger_in_background(close):
@@ -119,9 +178,8 @@ class ServeApplication(BaseApplication):
 
     def load_config(self) -> None:
         opts = {"workers": 1, "worker_class": PocketcupyWorker, "preload_app": False,
-                "worker_exit": _worker_exit, "when_ready": self._when_ready, "proc_name": "pocketcupy"}
-        if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 24: no shared control socket
-            opts["control_socket_disable"] = True
+                "worker_exit": _worker_exit, "when_ready": self._when_ready, "proc_name": "pocketcupy",
+                "control_socket_disable": True}
         if self.server_config.engine_args.tensor_parallel_size > 1:
             opts["child_exit"] = _child_exit
         opts.update(self.options)
