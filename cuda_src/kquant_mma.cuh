@@ -40,20 +40,36 @@ struct ActsK {
     __device__ __forceinline__ float d(int nt, int j, int sblk) const {
         return xd[(i64)column(nt, j) * (K / 256) + sblk];
     }
-    __device__ __forceinline__ uint4 sums(int nt, int j, int sblk) const {   // int16 pairs
-        return *reinterpret_cast<const uint4*>(xb + (i64)column(nt, j) * (K / 32) + 8 * sblk);
+    // the 32-sums 2t and 2t + 1 of super-block sblk of column 8 * nt + g (int16 pair; zero past the batch)
+    __device__ __forceinline__ u32 sums2(int nt, int sblk) const {
+        const int col = 8 * nt + g;
+        if (!CS && col >= nb) return 0u;
+        return *reinterpret_cast<const u32*>(xb + (i64)col * (K / 32) + 8 * sblk + 2 * t);
     }
 };
 
 __device__ __forceinline__ u32 byte_u(u32 w, int b) { return __byte_perm(w, 0u, 0x4440u | b); }
 __device__ __forceinline__ int byte_s(u32 w, int b) { return (int)(signed char)((w >> (8 * b)) & 0xffu); }
 
-// sum over the 8 sub-blocks of mins (bytes of m_lo: 0-3, m_hi: 4-7) times the int16 sums s
-__device__ __forceinline__ int min_dot(u32 m_lo, u32 m_hi, uint4 s) {
-    int r = __dp2a_lo((int)s.x, (int)m_lo, 0);
-    r = __dp2a_hi((int)s.y, (int)m_lo, r);
-    r = __dp2a_lo((int)s.z, (int)m_hi, r);
-    return __dp2a_hi((int)s.w, (int)m_hi, r);
+// The mins' term of a Q4_K / Q5_K super-block, sum over its 8 sub-blocks of min * (32-sum of the
+// activations), as one m16n8k16 whose k runs over the sub-blocks twice: A = (min, 64 min) of rows
+// g / g + 8, B = (s & 63, s >> 6) of the 32-sums s (|s| <= 32 * 127), so lo + 64 hi = s and every
+// product and sum is an integer below 2^24: exact in fp16 inputs and fp32 accumulators. Lane t holds
+// sub-blocks 2t and 2t + 1; m_lo / m_hi are the mins of sub-blocks 0-3 / 4-7 as bytes.
+__device__ __forceinline__ u32 h2_of(__half2 h) { return *reinterpret_cast<const u32*>(&h); }
+__device__ __forceinline__ __half2 as_h2(u32 w) { return *reinterpret_cast<const __half2*>(&w); }
+
+__device__ __forceinline__ void mins_frag(u32 m_lo, u32 m_hi, int t, u32& a, u32& a64) {
+    const u32 b = __byte_perm(t < 2 ? m_lo : m_hi, 0x64646464u, t & 1 ? 0x4342u : 0x4140u);   // 1024 + min
+    const __half2 m = __hsub2(as_h2(b), __float2half2_rn(1024.0f));
+    a = h2_of(m), a64 = h2_of(__hmul2(m, __float2half2_rn(64.0f)));
+}
+
+__device__ __forceinline__ void sums_frag(u32 s, u32& lo, u32& hi) {
+    const u32 l = (s & 0x003f003fu) | 0x64006400u;                               // 1024 + (s & 63)
+    const u32 h = ((__vadd2(s, 0x10001000u) >> 6) & 0x007f007fu) | 0x64006400u;  // 1024 + 64 + (s >> 6)
+    lo = h2_of(__hsub2(as_h2(l), __float2half2_rn(1024.0f)));
+    hi = h2_of(__hsub2(as_h2(h), __float2half2_rn(1088.0f)));
 }
 
 // Rows g and g + 8 of one Q4_K / Q5_K super-block as lane t reads them: its 8 bytes of every
@@ -230,21 +246,27 @@ __device__ __forceinline__ void kquant_superblock_k(const u8* const (&ra_)[MT], 
             }
         }
         float da[MT], ma[MT], db[MT], mb[MT];
+        u32 am[MT][4];   // the mins' A fragment: (g, 2t..), (g + 8, 2t..), then 64x each
 #pragma unroll
         for (int m = 0; m < MT; ++m) {
             da[m] = pq::h2f((u16)(ha[m].x & 0xffffu)), ma[m] = pq::h2f((u16)(ha[m].x >> 16));
             db[m] = pq::h2f((u16)(hb[m].x & 0xffffu)), mb[m] = pq::h2f((u16)(hb[m].x >> 16));
+            mins_frag(ma_lo[m], ma_hi[m], t, am[m][0], am[m][2]);
+            mins_frag(mb_lo[m], mb_hi[m], t, am[m][1], am[m][3]);
         }
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
-            const uint4 s0 = x.sums(nt, 0, sblk), s1 = x.sums(nt, 1, sblk);
+            u32 lo, hi;
+            sums_frag(x.sums2(nt, sblk), lo, hi);
             const float x0 = x.d(nt, 0, sblk), x1 = x.d(nt, 1, sblk);
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-                acc[nt][m][0] += x0 * (da[m] * (float)isum[nt][m][0] - ma[m] * (float)min_dot(ma_lo[m], ma_hi[m], s0));
-                acc[nt][m][1] += x1 * (da[m] * (float)isum[nt][m][1] - ma[m] * (float)min_dot(ma_lo[m], ma_hi[m], s1));
-                acc[nt][m][2] += x0 * (db[m] * (float)isum[nt][m][2] - mb[m] * (float)min_dot(mb_lo[m], mb_hi[m], s0));
-                acc[nt][m][3] += x1 * (db[m] * (float)isum[nt][m][3] - mb[m] * (float)min_dot(mb_lo[m], mb_hi[m], s1));
+                float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                mma_16816(c, am[m], lo, hi);
+                acc[nt][m][0] += x0 * (da[m] * (float)isum[nt][m][0] - ma[m] * c[0]);
+                acc[nt][m][1] += x1 * (da[m] * (float)isum[nt][m][1] - ma[m] * c[1]);
+                acc[nt][m][2] += x0 * (db[m] * (float)isum[nt][m][2] - mb[m] * c[2]);
+                acc[nt][m][3] += x1 * (db[m] * (float)isum[nt][m][3] - mb[m] * c[3]);
             }
         }
     } else {   // Q6_K: ql[128], qh[64], int8 scales[16], fp16 d
