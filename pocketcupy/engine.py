@@ -250,8 +250,9 @@ class Engine:
         room = self.max_model_len - prompt_len
         if room <= 0:
             raise ValueError(f"prompt: {prompt_len} tokens do not fit the context of {self.max_model_len} tokens")
-        if params.max_tokens is None:
-            return room
+        if params.max_tokens is None:  # up to the context, or what the KV pool holds if that is less
+            pool_room = self.scheduler.num_blocks_total * self.args.block_size - prompt_len
+            return max(1, min(room, pool_room))  # a prompt that cannot fit is refused by the scheduler
         if params.max_tokens > room:
             raise ValueError(f"max_tokens: prompt ({prompt_len} tokens) plus max_tokens ({params.max_tokens}) "
                              f"exceeds the context of {self.max_model_len} tokens")

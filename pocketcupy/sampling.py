@@ -41,7 +41,7 @@ class SamplingParams:
     stop: str | list[str] | None = None  # normalised to list[str]
     stop_token_ids: list[int] | None = None  # normalised to list[int]
     ignore_eos: bool = False
-    max_tokens: int | None = 16  # None: up to the context limit
+    max_tokens: int | None = 16  # None: up to the context limit (or the KV pool's size when smaller)
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None

@@ -293,6 +293,15 @@ def test_preemption_keeps_tokens(smollm2_gguf, engine):
     assert tiny.scheduler.num_preemptions > 0
 
 
+def test_max_tokens_none_fills_a_kv_pool_smaller_than_the_context(smollm2_gguf):
+    """max_tokens=None means up to the context; a num_kv_blocks pool smaller than max_model_len
+    (8192 here) caps it at what the pool holds instead of refusing every such request."""
+    tiny = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=4, block_size=8)  # 24 tokens
+    out = tiny.generate("The history of Rome", SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))[0]
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 24
+    assert out.outputs[0].finish_reason == "length" and tiny.stats()["kv_blocks_used"] == 0
+
+
 def test_stream_matches_generate(engine):
     msgs = [{"role": "user", "content": "Name three fruits."}]
     p = SamplingParams(temperature=0, max_tokens=20)
