@@ -76,6 +76,17 @@ def test_request_that_never_fits_is_rejected():
     assert list(s.waiting) == [s.requests["ok"]]
 
 
+def test_rejection_names_the_field_to_lower():
+    """The server turns the message's head into the 400's `param`: max_tokens when the prompt
+    alone fits, prompt when it does not."""
+    s = make(num_blocks=5, block_size=4)   # 16 tokens
+    with pytest.raises(ValueError, match="^max_tokens: 12 prompt tokens plus max_tokens 5 need 5 KV blocks"):
+        add(s, "a", 12, max_tokens=5)
+    with pytest.raises(ValueError, match="^prompt: 16 prompt tokens"):
+        add(s, "b", 16, max_tokens=1)
+    assert not s.requests
+
+
 def test_fcfs_preempts_the_newest_and_resumes_it_first():
     s = make(num_blocks=5, block_size=4)   # 4 usable
     a = add(s, "a", 8, max_tokens=8, t=0)  # 2 blocks, grows to 4
