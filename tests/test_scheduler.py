@@ -107,6 +107,23 @@ def test_fcfs_preempts_the_newest_and_resumes_it_first():
     assert out.scheduled[0].token_ids == b.prompt_token_ids + [1]
 
 
+def test_a_preempted_requests_second_lookup_is_counted_apart():
+    """As vLLM's stats: a victim that finds its own blocks again on re-admission does not count
+    as prefix-cache queries and hits (it would make the hit rate look better the more the pool
+    thrashes); its lookups go to prefix_cache_preempted_queries / _hits."""
+    s = make(num_blocks=5, block_size=4)   # 4 usable
+    a = add(s, "a", 8, max_tokens=2, t=0)
+    b = add(s, "b", 8, max_tokens=2, t=1)
+    step(s)
+    assert step(s).preempted_ids == ["b"]   # a takes b's tail block; b's first block stays cached
+    assert a.status == RequestStatus.FINISHED_LENGTH
+    out = step(s)
+    assert plan(out) == [("b", 4, 5, True)] and b.num_cached_tokens == 0
+    st = s.get_stats()
+    assert (st["prefix_cache_queries"], st["prefix_cache_hits"]) == (16, 0)
+    assert (st["prefix_cache_preempted_queries"], st["prefix_cache_preempted_hits"]) == (9, 4)
+
+
 def test_preemption_frees_blocks_tail_first():
     s = make(num_blocks=5, block_size=4, enable_prefix_caching=False)
     add(s, "a", 8, max_tokens=5, t=0, tokens=range(8))

@@ -26,6 +26,8 @@ class KVCacheManager:
         self.prefix_cache_requests = 0                 # lookups
         self.prefix_cache_queries = 0                  # tokens looked up
         self.prefix_cache_hits = 0                     # tokens found
+        self.prefix_cache_preempted_queries = 0        # the same for lookups of preempted requests
+        self.prefix_cache_preempted_hits = 0
 
     # --- hashes --------------------------------------------------------------------------
     def update_block_hashes(self, req: Request) -> list[int]:
@@ -68,11 +70,17 @@ class KVCacheManager:
 
     def record_lookup(self, req: Request, num_hit_tokens: int) -> None:
         """Counts one prefix-cache lookup that was used (the scheduler calls it on admission,
-        so a request blocked at the head of the queue is not counted every step)."""
-        if self.enable_caching and not req.want_prompt_logits:
-            self.prefix_cache_requests += 1
-            self.prefix_cache_queries += req.num_tokens
-            self.prefix_cache_hits += num_hit_tokens
+        so a request blocked at the head of the queue is not counted every step). A preempted
+        request's lookups, which find its own blocks, are counted apart (as vLLM does)."""
+        if not self.enable_caching or req.want_prompt_logits:
+            return
+        if req.num_preemptions:
+            self.prefix_cache_preempted_queries += req.num_tokens
+            self.prefix_cache_preempted_hits += num_hit_tokens
+            return
+        self.prefix_cache_requests += 1
+        self.prefix_cache_queries += req.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
 
     def allocate_slots(self, req: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:

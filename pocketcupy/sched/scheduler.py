@@ -262,5 +262,7 @@ class Scheduler:
             "num_preemptions": self.num_preemptions,
             "prefix_cache_queries": kv.prefix_cache_queries,                # tokens looked up
             "prefix_cache_hits": kv.prefix_cache_hits,                      # tokens found
+            "prefix_cache_preempted_queries": kv.prefix_cache_preempted_queries,  # re-admissions (not in the two above)
+            "prefix_cache_preempted_hits": kv.prefix_cache_preempted_hits,
             "num_computed_tokens_total": self.num_computed_tokens_total,    # tokens the model computed
         }
