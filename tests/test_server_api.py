@@ -148,6 +148,25 @@ def test_completions_stream_of_several_prompts_interleaves(client):
     assert {i for i, _, _ in order[:first_end]} == {0, 1}
 
 
+def test_completions_stream_n_finishes_each_choice_once(server):
+    """With n > 1 a choice that ends first gets one finish chunk and no chunks after it (every later
+    step of the other choice repeated its finish_reason chunk); the texts equal the non-streamed."""
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 8, "n": 2, "stop": [","]}
+    lengths = set()
+    for seed in (0, 1):
+        status, events = sse_events(server, "/v1/completions", dict(body, seed=seed, stream=True))
+        assert status == 200 and events[-1] == "DONE"
+        choices = [e["choices"][0] for e in events[:-1]]
+        for i in (0, 1):
+            mine = [c for c in choices if c["index"] == i]
+            assert [c["finish_reason"] is not None for c in mine] == [False] * (len(mine) - 1) + [True]
+        status, whole, _ = request(server, "POST", "/v1/completions", dict(body, seed=seed))
+        assert ["".join(c["text"] for c in choices if c["index"] == i) for i in (0, 1)] == \
+            [c["text"] for c in whole["choices"]]
+        lengths.add(tuple(len(c["text"]) for c in whole["choices"]))
+    assert any(a != b for a, b in lengths)  # one choice did end before the other
+
+
 def test_n_and_usage(client):
     r = chat(client, n=2, temperature=1.0, seed=3, max_tokens=6, logprobs=True)
     assert [c.index for c in r.choices] == [0, 1]

@@ -133,10 +133,12 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
         return dict(head, object="text_completion", choices=choices,
                     **chunk_usage(include_usage, continuous, prompt_tokens, sum(total.values())))
 
-    echoed = set()
+    echoed, ended = set(), set()
     for pi, out in job.outputs():
         for o in out.outputs:
             idx = pi * n + o.index
+            if idx in ended:  # (n > 1: a choice that ended comes along with the others' later steps)
+                continue
             if idx not in logs:
                 logs[idx], sent[idx] = CompletionLogprobs(tok, k or 0), 0
             ids, lps, _, fr = _generated(o, scores_only)
@@ -155,6 +157,7 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
                 c = {"index": idx, "text": text, "logprobs": lp, "finish_reason": fr}
                 if fr:
                     c["stop_reason"] = None if scores_only else o.stop_reason
+                    ended.add(idx)
                 yield chunk([c])
     if include_usage:
         yield dict(head, object="text_completion", choices=[], usage=usage(prompt_tokens, sum(total.values())))
