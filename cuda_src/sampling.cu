@@ -290,12 +290,13 @@ sample_row(const float* __restrict__ logits, i64 ld, int V, const int* __restric
             }
             mx = block_max(mx, s);
             src = RowSrc{w, nullptr, 1.0f, false};
-            if (topk > 0 && topk < V) tau = radix_select<false>(src, V, (u32)topk, 0u, 0.0f, 0.0, s).key;
+            // vLLM v1's order: min-p, top-k, then top-p over the mass of what they leave
+            if (min_p > 0.0) tau = fkey(__double2float_ru((double)mx + log(min_p)));
+            if (topk > 0 && topk < V) tau = max(tau, radix_select<false>(src, V, (u32)topk, 0u, 0.0f, 0.0, s).key);
             if (top_p < 1.0) {
                 const u32 fl = tau > KEY_NEG_INF ? tau : KEY_NEG_INF + 1u;
                 tau = max(tau, radix_select<true>(src, V, 0u, fl, mx, top_p, s).key);
             }
-            if (min_p > 0.0) tau = max(tau, fkey(__double2float_ru((double)mx + log(min_p))));
         }
         tok = race(src, V, tau, make_uint2((u32)P[SP_SEED], (u32)P[SP_SEED + 1]), min_kept, kept, s);
     }

@@ -6,7 +6,7 @@ descending logprob order (ranks 1..k) followed by the actual token when it is
 not among them; the actual token's ``rank`` is always 1 + the number of tokens
 with a strictly higher logprob. Logprobs come from the model logits after the
 request's ``logit_bias`` and the ``allowed_mask`` but before penalties/temperature/
-top-k/top-p/min-p (vLLM v1's default "raw" logprobs; vLLM applies the grammar bitmask
+min-p/top-k/top-p (vLLM v1's default "raw" logprobs; vLLM applies the grammar bitmask
 before the sampler too; a biased token's logprob shows the bias, as OpenAI's do).
 """
 
@@ -263,10 +263,11 @@ class Sampler:
         if rnd.size:
             ps = [rows[i].params for i in rnd]
             x = logits[rnd] / np.array([p.temperature for p in ps], dtype=np.float32)[:, None]
+            # vLLM v1's order: min-p, then top-k, then top-p over what is left
+            x = apply_min_p(x, np.array([p.min_p for p in ps], dtype=np.float64))
             # (a top_k past the vocabulary disables it; clamped first, as it may not fit an int64)
             x = apply_top_k(x, np.array([min(p.top_k, x.shape[1]) for p in ps], dtype=np.int64))
             x = apply_top_p(x, np.array([p.top_p for p in ps], dtype=np.float64))
-            x = apply_min_p(x, np.array([p.min_p for p in ps], dtype=np.float64))
             probs = softmax(x.astype(np.float64))
             # Exponential race: argmax(p_i / E_i), E_i ~ Exp(1), picks i with prob p_i.
             draws = np.stack([rows[i].generator.standard_exponential(x.shape[1]) for i in rnd])

@@ -188,14 +188,14 @@ FILTERS = [  # temperature, top_k, top_p, min_p
 
 
 def ref_cut(x: np.ndarray, rows):
-    """Tokens left by temperature -> top-k -> top-p -> min-p (NumPy sampler): count and min value."""
+    """Tokens left by temperature -> min-p -> top-k -> top-p (NumPy sampler): count and min value."""
     kept, lo = [], []
     for b, r in enumerate(rows):
         p = r.params
         y = x[b:b + 1] / np.array([p.temperature], F32)[:, None]
+        y = apply_min_p(y, np.array([p.min_p], np.float64))
         y = apply_top_k(y, np.array([p.top_k]))
         y = apply_top_p(y, np.array([p.top_p], np.float64))
-        y = apply_min_p(y, np.array([p.min_p], np.float64))
         fin = np.isfinite(y[0])
         kept.append(fin.sum())
         lo.append(y[0][fin].min())

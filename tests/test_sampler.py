@@ -126,6 +126,17 @@ def test_top_k_then_top_p_with_temperature():
     check_distribution(freq, support, logits=LOGITS, temperature=2.0)
 
 
+@pytest.mark.parametrize("m, p", [(0.3, 0.5), (0.1, 0.7), (0.05, 0.9)])
+def test_min_p_before_top_p(m, p):
+    """vLLM v1's order: min_p cuts first (against the top token's probability), then top-p runs
+    over the renormalised survivors (min_p after top-p kept tokens beyond that mass)."""
+    probs = np.exp(ref_log_softmax(LOGITS))
+    kept = probs * (probs >= m * probs.max())
+    kept /= kept.sum()
+    support = np.flatnonzero((kept > 0) & (np.cumsum(kept) - kept < p)).tolist()
+    check_distribution(sample_many(SamplingParams(min_p=m, top_p=p)), support)
+
+
 def test_mixed_batch_per_row_params():
     rows = [
         SamplingRow(SamplingParams(temperature=0)),

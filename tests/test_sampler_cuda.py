@@ -127,9 +127,9 @@ def expected_probs(logits, p: SamplingParams, mask=None):
     if mask is not None:
         x[0, ~mask] = -np.inf
     x = x / np.array([p.temperature], np.float32)[:, None]
+    x = apply_min_p(x, np.array([p.min_p], np.float64))
     x = apply_top_k(x, np.array([p.top_k]))
     x = apply_top_p(x, np.array([p.top_p], np.float64))
-    x = apply_min_p(x, np.array([p.min_p], np.float64))
     return softmax(x.astype(np.float64))[0]
 
 
@@ -153,6 +153,7 @@ SMALL = [
     SamplingParams(top_k=7), SamplingParams(top_k=100), SamplingParams(top_p=0.01), SamplingParams(top_p=0.5),
     SamplingParams(top_p=0.8), SamplingParams(top_p=0.99), SamplingParams(min_p=0.1), SamplingParams(min_p=0.7),
     SamplingParams(min_p=1.0), SamplingParams(temperature=2.0, top_k=5, top_p=0.6),
+    SamplingParams(min_p=0.3, top_p=0.5), SamplingParams(min_p=0.05, top_p=0.9),  # min-p first (vLLM v1)
 ]
 
 
