@@ -46,6 +46,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # vLLM's; tokens are joined as their bytes (vLLM's fast detokenizer path), which puts no space
+    # between special tokens either way, so it changes nothing here
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | dict | None = None  # json / regex / choice / grammar
     logit_bias: dict[int, float] | None = None  # token id -> added to its logit; normalised, {} -> None
@@ -94,7 +97,8 @@ class SamplingParams:
 
         self.stop_token_ids = _token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
 
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, "must be a bool", getattr(self, name))
 

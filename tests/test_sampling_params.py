@@ -51,6 +51,7 @@ BAD = [
     ("ignore_eos", 1),
     ("skip_special_tokens", None),
     ("include_stop_str_in_output", "yes"),
+    ("spaces_between_special_tokens", None),
     ("max_tokens", 0),
     ("max_tokens", -5),
     ("max_tokens", 2.0),
@@ -102,7 +103,7 @@ def test_defaults_match_vllm():
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.0, 0.0, 1.0)
     assert (p.max_tokens, p.min_tokens, p.logprobs, p.prompt_logprobs, p.seed) == (16, 0, None, None, None)
     assert p.stop == [] and p.stop_token_ids == []
-    assert p.skip_special_tokens and not p.ignore_eos and not p.include_stop_str_in_output
+    assert p.skip_special_tokens and p.spaces_between_special_tokens and not p.ignore_eos and not p.include_stop_str_in_output
     assert not p.greedy
 
 

@@ -304,6 +304,25 @@ def test_max_tokens_fields_and_extensions(client):
     assert r.usage.completion_tokens == 3
 
 
+def test_spaces_between_special_tokens_accepted(server):
+    """vLLM's spaces_between_special_tokens (a 400 'Unrecognized request argument' before) is taken on
+    both endpoints; tokens are joined as their bytes, as vLLM's fast detokenizer does, so the text
+    with special tokens shown is the same either way (and a non-boolean is a 400)."""
+    ids = [1, 9690, 198, 2, 1, 4093, 198, 19556, 2, 1]   # <|im_start|>system\n<|im_end|><|im_start|>user...
+    base = {"model": MODEL, "prompt": ids, "max_tokens": 4, "temperature": 0, "echo": True,
+            "skip_special_tokens": False, "ignore_eos": True}
+    texts = []
+    for v in (True, False):
+        status, r, _ = request(server, "POST", "/v1/completions", dict(base, spaces_between_special_tokens=v))
+        assert status == 200, r
+        texts.append(r["choices"][0]["text"])
+    assert texts[0] == texts[1] and texts[0].startswith("<|im_start|>system\n<|im_end|><|im_start|>user")
+    chat = {"model": MODEL, "messages": Q, "max_tokens": 3, "temperature": 0, "spaces_between_special_tokens": False}
+    assert request(server, "POST", "/v1/chat/completions", chat)[0] == 200
+    status, r, _ = request(server, "POST", "/v1/chat/completions", dict(chat, spaces_between_special_tokens=1))
+    assert status == 400 and r["error"]["param"] == "spaces_between_special_tokens"
+
+
 def test_top_k_past_the_vocabulary_is_no_top_k(client):
     """A top_k too large for an int64 once failed the engine step of every request in the batch."""
     r = chat(client, temperature=1, seed=3, extra_body={"top_k": 10**20})

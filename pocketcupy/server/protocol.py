@@ -221,6 +221,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",)) -
         "stop_token_ids": parse_token_ids(f, "stop_token_ids", vocab_size),
         "ignore_eos": f.bool("ignore_eos", False),
         "skip_special_tokens": f.bool("skip_special_tokens", True),
+        "spaces_between_special_tokens": f.bool("spaces_between_special_tokens", True),
         "include_stop_str_in_output": f.bool("include_stop_str_in_output", False),
         "min_tokens": f.int("min_tokens", 0, 0, None) or 0,
     }
