@@ -23,8 +23,9 @@
 // lane t reads bytes 8t..8t+7 of each 32-byte quant group (values 8t..8t+7 of its two
 // sub-blocks), the B fragment the same 8 activations -- a permutation of k that A and B share.
 // Per sub-block: c = q . x (m16n8k32), isum += scale * c; per super-block: the mins' term
-// sum(min * xsum) by dp2a, then y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of
-// 16 (lane t: values 4t..4t+3), isum += scale * c, y += xd * d * isum.
+// msum = sum(min * xsum) as one fp16 m16n8k16 (mins_frag, sums_frag), then
+// y += xd * (d * isum - dmin * msum). Q6_K: m16n8k16 per group of 16 (lane t: values 4t..4t+3),
+// isum += scale * c, y += xd * d * isum.
 // Grid: ceil(rows / (16 MT RW)). Needs K % 256 == 0 and batch <= 8 * NT.
 #include "kquant_mma.cuh"
 #include "pdl.cuh"

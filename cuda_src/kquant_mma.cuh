@@ -126,7 +126,7 @@ struct Kq45Rows {
 };
 
 // ACC (Q4_K / Q5_K): the scales and mins applied inside the tensor cores' int32 accumulators rather
-// than by 4 integer multiply-adds an mma and a dp2a dot of the mins per output: a 6-bit scale
+// than by 4 integer multiply-adds an mma and an mma of the mins a super-block: a 6-bit scale
 // s = 8h + l makes two unsigned A tiles q * l and q * h (bytes <= 31 * 7: one word multiply, no
 // carry), the mins a third with each sub-block's min in all its bytes, all three against the
 // same B fragment and summed over the super-block's 8 sub-blocks by the mma itself; per
