@@ -25,6 +25,16 @@ def test_models_and_probes(client, server):
     assert status == 200 and body["max_model_len"] > 0
 
 
+def test_openai_hint_fields_accepted(client):
+    """Fields of OpenAI's chat API that change no output here (cache key, safety id, verbosity, text
+    modality, a predicted output, reasoning_effort for a template that does not read it) are
+    accepted, as vLLM accepts them, instead of a 400 'Unrecognized request argument'."""
+    hints = {"prompt_cache_key": "session-1", "safety_identifier": "user-42", "verbosity": "low",
+             "modalities": ["text"], "prediction": {"type": "content", "content": "Paris"},
+             "reasoning_effort": "low", "audio": None}
+    assert chat(client, **hints).choices[0].message.content == chat(client).choices[0].message.content
+
+
 def test_chat_stream_equals_non_stream(client):
     whole = chat(client, max_tokens=12)
     c = whole.choices[0]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pocketcupy.server.chat import render_messages
+from pocketcupy.server.chat import parse_template_fields, render_messages
 from pocketcupy.server.protocol import ApiError, Fields, check_context, parse_common
 from pocketcupy.server.tool_prompt import for_template, parse_messages, parse_tool_choice, parse_tools
 from pocketcupy.server.tools import ForcedCallParser, ToolParser, collect, forced_prefill
@@ -126,6 +126,19 @@ def test_chat_template_kwargs_checked():
         render_messages(_template_engine("{{ raise_exception('no system role') }}"), parse_messages(msgs), None,
                         dict(template, chat_template_kwargs=None))
     assert e.value.param == "messages" and "no system role" in e.value.message
+
+
+def test_reasoning_effort_reaches_the_template():
+    """OpenAI's reasoning_effort is a template variable (as vLLM passes it, for gpt-oss-style
+    templates); chat_template_kwargs, when it sets one too, wins."""
+    engine = _template_engine("{{ messages[0].content }}/{{ reasoning_effort | default('unset') }}")
+    msgs = parse_messages([{"role": "user", "content": "hi"}])
+
+    def render(body):
+        return render_messages(engine, msgs, None, parse_template_fields(Fields(body)))
+    assert render({}) == "hi/unset"
+    assert render({"reasoning_effort": "high"}) == "hi/high"
+    assert render({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}) == "hi/low"
 
 
 def test_tool_use_template_renders_the_tools():

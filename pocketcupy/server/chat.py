@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 
 from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
-from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
+from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_stream,
+                       short_repr)
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
@@ -32,11 +33,51 @@ class ChatRequest:
     max_tokens: tuple | None
 
 
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
+VERBOSITIES = ("low", "medium", "high")
+# OpenAI fields whose feature this server does not have: a 400 naming them rather than a reply without it
+UNSUPPORTED = {"audio": "audio output", "web_search_options": "web search",
+               "functions": "the deprecated functions; use 'tools'",
+               "function_call": "the deprecated function_call; use 'tool_choice'"}
+
+
+def _one_of(f: Fields, name: str, options: tuple) -> str | None:
+    v = f.str(name)
+    if v is not None and v not in options:
+        raise bad(name, f"'{name}' must be one of {', '.join(options)}, got {short_repr(v)}")
+    return v
+
+
 def parse_template_fields(f: Fields) -> dict:
-    """The chat-template options of a request (chat completions, /tokenize)."""
-    return {"chat_template_kwargs": f.obj("chat_template_kwargs"),
+    """The chat-template options of a request (chat completions, /tokenize). OpenAI's
+    reasoning_effort reaches the template as a variable of that name, as vLLM passes it, unless
+    chat_template_kwargs sets it."""
+    kwargs = f.obj("chat_template_kwargs")
+    effort = _one_of(f, "reasoning_effort", REASONING_EFFORTS)
+    if effort is not None:
+        kwargs = {"reasoning_effort": effort, **(kwargs or {})}
+    return {"chat_template_kwargs": kwargs,
             "add_generation_prompt": f.bool("add_generation_prompt", True),
             "continue_final_message": f.bool("continue_final_message", False)}
+
+
+def check_hint_fields(f: Fields) -> None:
+    """OpenAI chat fields that change no output here (hints and bookkeeping), checked and accepted as
+    vLLM accepts them; those asking for a feature the server lacks are a 400."""
+    f.str("prompt_cache_key")       # prefix caching is automatic
+    f.str("safety_identifier")
+    _one_of(f, "verbosity", VERBOSITIES)
+    modalities = f.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise bad("modalities", f"'modalities' must be [\"text\"]: this server writes text only, got "
+                                f"{short_repr(modalities)}")
+    prediction = f.obj("prediction")  # predicted output: a speed hint, the output does not depend on it
+    if prediction is not None and prediction.get("type") != "content":
+        raise bad("prediction", "'prediction' must be an object of type 'content'")
+    for name, what in UNSUPPORTED.items():
+        if f.has(name):
+            raise bad(name, f"'{name}' is not supported by this server ({what})")
+        f.get(name)
 
 
 def render_messages(engine, msgs: list, tools: list | None, template: dict) -> str:
@@ -67,6 +108,7 @@ def parse_chat(state, body) -> ChatRequest:
     stream, include_usage, continuous_usage = parse_stream(f)
     kw["structured_outputs"] = parse_structured_outputs(f)
     template = parse_template_fields(f)
+    check_hint_fields(f)
     f.reject_unknown()
     text = render_messages(engine, msgs, tools if mode != "none" else None, template)
     mt = kw["max_tokens"]

@@ -77,7 +77,7 @@ class Fields:
         return self.get(name)
 
     def _type_error(self, name, want, v):
-        return bad(self._name(name), f"'{self._name(name)}' must be {want}, got {_kind(v)} {_short(v)}")
+        return bad(self._name(name), f"'{self._name(name)}' must be {want}, got {_kind(v)} {short_repr(v)}")
 
     def _value(self, name, nullable):
         v = self.get(name)
@@ -145,7 +145,7 @@ class Fields:
                 raise bad(self._name(k), f"Unrecognized request argument supplied: {self._name(k)}")
 
 
-def _short(v) -> str:
+def short_repr(v) -> str:
     s = repr(v)
     return s if len(s) <= 40 else s[:37] + "..."
 
@@ -182,10 +182,10 @@ def parse_logit_bias(f: Fields, vocab_size: int) -> dict[int, float] | None:
     for k, b in v.items():
         # (the length first: int() refuses more than 4300 digits)
         if not (k.isascii() and k.isdigit()) or len(k) > 20 or not int(k) < vocab_size:
-            raise bad("logit_bias", f"'logit_bias' keys must be token ids in [0, {vocab_size - 1}], got {_short(k)}")
+            raise bad("logit_bias", f"'logit_bias' keys must be token ids in [0, {vocab_size - 1}], got {short_repr(k)}")
         if not isinstance(b, numbers.Real) or isinstance(b, bool) or not -MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS:
             raise bad("logit_bias", f"'logit_bias' values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
-                                    f"{MAX_LOGIT_BIAS:g}], got {_short(b)} for token {k}")
+                                    f"{MAX_LOGIT_BIAS:g}], got {short_repr(b)} for token {k}")
         bias[int(k)] = float(b)
     return bias
 
@@ -284,4 +284,4 @@ def make_params(kw: dict, logprobs: int | None, prompt_logprobs: int | None = No
 
 
 __all__ = ["ApiError", "Fields", "MAX_LOGPROBS", "bad", "check_context", "check_model", "from_value_error",
-           "make_params", "parse_common", "parse_stream"]
+           "make_params", "parse_common", "parse_stream", "short_repr"]
