@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from pocketcupy.backend import NO_CUDA, cuda_available  # noqa: E402
 from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES, kv_pair_bytes  # noqa: E402
 from pocketcupy.quant.qtensor import QTensor  # noqa: E402
 
@@ -419,6 +420,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
+    if not cuda_available():
+        ap.exit(2, f"bench_kernels: times CUDA kernels, but {NO_CUDA}\n")
     args.reps = args.reps or (5 if args.quick else 30)
     only = set(args.only.split(","))
     cp = _cp()

@@ -34,14 +34,15 @@ def percentiles(xs, ps=(50, 90, 99)) -> dict:
 class Client:
     def __init__(self, url: str, api_key: str | None, timeout: float):
         u = urllib.parse.urlsplit(url)
-        self.host, self.port, self.prefix = u.hostname, u.port or 80, u.path.rstrip("/")
+        self.conn = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+        self.host, self.port, self.prefix = u.hostname, u.port, u.path.rstrip("/")
         self.headers = {"Content-Type": "application/json"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
         self.timeout = timeout
 
     def get(self, path: str) -> dict:
-        c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        c = self.conn(self.host, self.port, timeout=self.timeout)
         try:
             c.request("GET", self.prefix + path, headers=self.headers)
             r = c.getresponse()
@@ -54,7 +55,7 @@ class Client:
 
     def stream(self, body: dict) -> dict:
         """One streaming completion: token arrival times and the usage the server reported."""
-        c = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        c = self.conn(self.host, self.port, timeout=self.timeout)
         t0 = time.perf_counter()
         times, usage = [], None
         try:
@@ -165,10 +166,19 @@ def main(argv=None) -> int:
     ap.add_argument("--no-warmup", dest="warmup", action="store_false")
     args = ap.parse_args(argv)
     args.num_requests = args.num_requests or args.num_clients
+    u = urllib.parse.urlsplit(args.base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        ap.error(f"--base-url must be an http:// or https:// URL, got {args.base_url!r}")
     for name in ("num_clients", "num_requests", "prompt_len", "output_len"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
-    result = run(args)
+    try:
+        result = run(args)
+    except (OSError, RuntimeError) as e:   # the model lookup or warm-up failed (later failures are counted)
+        hint = " (is a server running there? python scripts/serve.py --model PATH)" \
+            if isinstance(e, ConnectionRefusedError) else ""
+        print(f"bench_serve: {args.base_url}: {e}{hint}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2))
     return 0 if result["failed"] == 0 else 1
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 import functools
 
 
+NO_CUDA = "CuPy with a usable GPU is not available (pip install -r requirements-gpu.txt)"
+
+
 @functools.lru_cache(maxsize=1)
 def cuda_available() -> bool:
     try:
@@ -22,6 +25,5 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if cuda_available() else "cpu"
     if device == "cuda" and not cuda_available():
-        raise ValueError("device: 'cuda' requested but CuPy with a usable GPU is not available "
-                         "(pip install -r requirements-gpu.txt)")
+        raise ValueError(f"device: 'cuda' requested but {NO_CUDA}")
     return device
