@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import struct
 import threading
+import time
 from concurrent import futures
 from functools import partial
-import selectors
-import time
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.workers.gthread import ThreadWorker
@@ -53,7 +53,7 @@ class PocketcupyWorker(ThreadWorker):
             self.quick_pool.shutdown(wait=False)
 
     def enqueue_req(self, conn):  # main thread
-        if self.busy >= self.cfg.threads and not _buffered(conn):
+        if self.busy >= self.cfg.threads and not self.cfg.is_ssl and not _buffered(conn):
             line = _peek_request_line(conn.sock)
             if line is None and not conn.data_ready:  # nothing sent yet: wait for it on the poller
                 conn.timeout = time.monotonic() + self.cfg.keepalive
