@@ -151,6 +151,22 @@ def _next_event(r) -> bytes:
     return line[5:]
 
 
+def test_sighup_keeps_the_worker(keyed):
+    """A hang-up (logrotate) reopens the logs; gunicorn's reload booted a second worker, loading a
+    second copy of the model beside the first."""
+    keyed.wait_ready()
+    booted = keyed.output().count("Booting worker")
+    keyed.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "Hang up" not in keyed.output():
+        assert time.monotonic() < deadline, keyed.output()
+        time.sleep(0.05)
+    time.sleep(1.0)   # (a reload boots its worker at once)
+    log = keyed.output()
+    assert "the model is not reloaded" in log and log.count("Booting worker") == booted
+    assert request(keyed, "GET", "/health")[0] == 200
+
+
 def test_sigterm_lets_streams_finish(keyed):
     keyed.wait_ready()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Count to fifty."}], "max_tokens": 60,

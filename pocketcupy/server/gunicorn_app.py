@@ -4,7 +4,8 @@ The worker answers /alive and /ready (503) while the model loads in a background
 loading fails, the worker exits with gunicorn's boot-error code and the whole server stops.
 SIGTERM: /ready turns 503, new connections are refused, new generation requests on kept-alive ones
 get 503, in-flight ones (streams included) finish within the graceful timeout, then the engine loop
-stops.
+stops. SIGHUP reopens the log files and leaves the worker as it is (gunicorn would boot a second
+copy of the model beside the first).
 
 Probes and scrapes (GET /health, /alive, /ready, /metrics) have a lane of their own: when every HTTP
 thread is taken (long streams), a new connection waits on the poller until its request line arrives,
@@ -23,12 +24,14 @@ import os
 import selectors
 import socket
 import struct
+import sys
 import threading
 import time
 from concurrent import futures
 from functools import partial
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 from gunicorn.workers.gthread import ThreadWorker
 
 from .state import ServerConfig, ServerState
@@ -170,6 +173,15 @@ def _load_failed(exc) -> None:
     os._exit(WORKER_BOOT_ERROR)
 
 
+class PocketcupyArbiter(Arbiter):
+    def handle_hup(self):
+        # gunicorn's reload boots a fresh worker before the old one drains: two copies of the model
+        # and of its KV pool at once (on a GPU, the second gets what memory is left, or fails), and
+        # a tensor-parallel group torn down. A hang-up reopens the log files only (logrotate).
+        self.log.info("Hang up: log files reopened; the model is not reloaded (restart the server for that)")
+        self.log.reopen_files()
+
+
 class ServeApplication(BaseApplication):
     def __init__(self, config: ServerConfig, options: dict):
         self.server_config = config
@@ -189,6 +201,13 @@ class ServeApplication(BaseApplication):
     def _when_ready(self, server) -> None:
         log.info("pocketcupy: listening on %s (%d threads); the model loads in the worker, "
                  "GET /ready answers 200 once it is loaded", self.server_config.url, self.cfg.threads)
+
+    def run(self):  # BaseApplication.run with our arbiter
+        try:
+            PocketcupyArbiter(self).run()
+        except RuntimeError as e:
+            print(f"\nError: {e}\n", file=sys.stderr)
+            sys.exit(1)
 
     def load(self):
         from .app import create_app
