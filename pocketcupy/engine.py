@@ -462,8 +462,10 @@ class Engine:
                                          None if o.logprobs is None else list(o.logprobs),
                                          o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
             o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
+        req = g.seqs[0].req
+        queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
         return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
-                             num_cached_tokens=max(0, g.seqs[0].req.num_cached_tokens))
+                             num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued)
 
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:

@@ -30,3 +30,4 @@ class RequestOutput:
     prompt_logprobs: list | None = None     # vLLM semantics: [None, {id: Logprob}, ...]
     finished: bool = False
     num_cached_tokens: int = 0
+    time_in_queue: float | None = None      # seconds from arrival to first scheduling (None until then)

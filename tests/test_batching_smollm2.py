@@ -138,3 +138,24 @@ def test_n_samples_share_prompt_blocks(prio):
     assert one == -(-n_prompt // 8)         # the peak is after the prompt step (step 2 finishes)
     shared = (n_prompt - 1) // 8            # full prompt blocks the three later samples share
     assert four == 4 * one - 3 * shared < 2 * one
+
+
+def test_time_in_queue(smollm2_gguf):
+    """RequestOutput.time_in_queue: arrival to first scheduling (vLLM's RequestMetrics.time_in_queue);
+    with one sequence at a time the second request waits out the first."""
+    import time
+
+    one = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=32, max_num_seqs=1)
+    one.add_request("a", "The capital of France is", greedy(8))
+    one.add_request("b", "One, two, three,", greedy(2))
+    added, a_done, final = time.monotonic(), None, {}
+    while one.has_unfinished_requests():
+        for out in one.step():
+            if out.request_id == "b" and not out.finished:
+                assert a_done is not None   # (b runs only once a is done)
+            if out.finished:
+                final[out.request_id] = out
+                if out.request_id == "a":
+                    a_done = time.monotonic()
+    assert 0 <= final["a"].time_in_queue < final["b"].time_in_queue
+    assert final["b"].time_in_queue >= a_done - added

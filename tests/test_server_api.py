@@ -421,7 +421,8 @@ def test_metrics_move(client, server):
     assert metric(m1, "pocketcupy_prompt_tokens_total") - metric(m0, "pocketcupy_prompt_tokens_total") == \
         r.usage.prompt_tokens
     assert metric(m1, "pocketcupy_generation_tokens_total") - metric(m0, "pocketcupy_generation_tokens_total") == 4
-    for h in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds"):
+    for h in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+              "request_queue_time_seconds"):
         assert metric(m1, f"pocketcupy_{h}_count") == metric(m0, f"pocketcupy_{h}_count") + 1
     assert metric(m1, "pocketcupy_kv_blocks_total") > 0 and metric(m1, "pocketcupy_model_ready") == 1
     assert metric(m1, "pocketcupy_cache_config_info", block_size="16", cache_dtype="auto",

@@ -48,6 +48,7 @@ class Request:
     want_prompt_logits: bool = False     # cleared once the prompt's logits were produced
     num_preemptions: int = 0
     num_cached_tokens: int = -1          # prompt tokens served by the prefix cache at first scheduling
+    first_scheduled_time: float | None = None   # time.monotonic() when first scheduled
     arrival_seq: int = -1                # set by the scheduler: breaks arrival_time ties
 
     @property

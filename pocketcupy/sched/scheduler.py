@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import time
 
 from .kv_cache_manager import KVCacheManager
 from .output import ScheduledRequest, SchedulerOutput
@@ -206,6 +207,7 @@ class Scheduler:
                 req.num_computed_tokens = num_hit
                 if req.num_cached_tokens < 0:
                     req.num_cached_tokens = num_hit
+                    req.first_scheduled_time = time.monotonic()
                 self.running.append(req)
                 kv.cache_blocks(req, num_hit + n)
                 kv.record_lookup(req, num_hit)

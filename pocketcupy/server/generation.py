@@ -122,6 +122,8 @@ class Job:
         self.num_generated[i] = max((len(o.token_ids) for o in out.outputs), default=0)
         if out.finished:
             m.e2e.observe(now - self.t0)
+            if out.time_in_queue is not None:
+                m.queue_time.observe(out.time_in_queue)
             n = self.num_generated[i]
             if n > 1 and i in self.first:
                 m.tpot.observe((now - self.first[i]) / (n - 1))

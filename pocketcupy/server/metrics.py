@@ -77,6 +77,9 @@ class Metrics:
                               "of a request", buckets=_PER_TOKEN, registry=r)
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "arrival to last token",
                              buckets=_E2E, registry=r)
+        self.queue_time = Histogram(P + "request_queue_time_seconds", "arrival in the engine to first "
+                                    "scheduling (time spent waiting for a batch slot or KV blocks)",
+                                    buckets=_LATENCY, registry=r)
         r.register(_EngineCollector(state))
 
     def render(self) -> tuple[bytes, str]:
