@@ -177,7 +177,7 @@ def bench_small(args) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="gemv,small")
     ap.add_argument("--batches", default="1,2,8")
     ap.add_argument("--configs", default=CONFIGS, help="lanes:L:R, xs:R, block:R list, e.g. lanes:16:2,xs:4,block:2")

@@ -412,7 +412,7 @@ def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="gemv,dense_batch,gemm,attention",
                     help="comma list of gemv, dense_batch, gemm, attention")

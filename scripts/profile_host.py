@@ -134,7 +134,7 @@ def top_functions(prof: cProfile.Profile, steps: int, limit: int) -> list[dict]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct (model_cache.default_model_path)")
     ap.add_argument("--requests", "-n", type=int, default=64)
     ap.add_argument("--tokens", "-m", type=int, default=32)

@@ -130,7 +130,7 @@ def sequence(path: str, first: int, count: int) -> list[dict]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512)

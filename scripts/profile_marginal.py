@@ -87,7 +87,7 @@ class OpRemoval:
 def main():
     from pocketcupy import Engine
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence")

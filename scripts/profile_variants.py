@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     from profile_decode import recaptured_us
     from profile_kernels import start_decodes
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence")

@@ -1,5 +1,6 @@
 """The benchmark scripts' command lines where they cannot run: one line saying why and exit 2, not a
-traceback."""
+traceback; their --help says what they do in whole sentences."""
+import ast
 import os
 import subprocess
 import sys
@@ -28,3 +29,14 @@ def test_kernel_benches_without_a_gpu_say_so(script):
     out = _run(script)
     assert out.returncode == 2 and "CuPy with a usable GPU is not available" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py", "profile_kernels.py",
+                                    "profile_marginal.py", "profile_variants.py", "profile_host.py"])
+def test_help_describes_the_script_in_its_first_paragraph(script):
+    # the description was the docstring's first line, cut mid-sentence ("... captured again with one op")
+    with open(os.path.join(ROOT, "scripts", script)) as f:
+        first = ast.get_docstring(ast.parse(f.read())).split("\n\n")[0]
+    out = _run(script, "--help")
+    assert out.returncode == 0, out.stderr
+    assert " ".join(first.split()) in " ".join(out.stdout.split()), out.stdout
