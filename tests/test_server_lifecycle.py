@@ -98,6 +98,9 @@ def test_stalled_request_times_out(keyed):
         t0 = time.monotonic()
         assert s.recv(65536) == b"" and time.monotonic() - t0 < 10
     assert request(keyed, "GET", "/health")[0] == 200
+    log = keyed.output()  # the drop is what --client-timeout asks for: one line, not an error's traceback
+    assert "client stalled sending its request headers" in log
+    assert "Socket error processing request" not in log and "BlockingIOError" not in log, log
 
 
 def test_clients_that_do_not_close_do_not_stall_others(keyed):

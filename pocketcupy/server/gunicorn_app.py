@@ -19,6 +19,7 @@ halts instead of starting another one).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import selectors
@@ -45,6 +46,7 @@ QUICK_THREADS = 2
 
 class PocketcupyWorker(ThreadWorker):
     def init_process(self):
+        self.log.error_log.addFilter(_StalledHeadersFilter())
         self.quick_pool = futures.ThreadPoolExecutor(QUICK_THREADS, thread_name_prefix="pocketcupy-quick")
         self.busy = 0  # connections given to the main pool and not yet finished (main thread only)
         super().init_process()
@@ -108,6 +110,22 @@ class PocketcupyWorker(ThreadWorker):
             # the whole drain (up to --graceful-timeout) and were then reset.
             for s in self.sockets:
                 s.close()
+
+
+class _StalledHeadersFilter(logging.Filter):
+    """A client that stalls mid-headers hits the receive timeout (handle) and gunicorn drops it, as
+    --client-timeout asks, but logs that as "Socket error processing request." with an EAGAIN
+    traceback at ERROR: one line at INFO instead."""
+
+    def filter(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        if not (isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+                and str(record.msg).startswith("Socket error processing request")):
+            return True
+        record.msg, record.args = "a client stalled sending its request headers past --client-timeout; dropped", ()
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
 def _buffered(conn) -> bool:
