@@ -4,8 +4,8 @@ Engine flags mirror EngineArgs (also read from POCKETCUPY_* variables); the API 
 --api-key or POCKETCUPY_API_KEY. Runs gunicorn in-process with one gthread worker; the model is
 loaded in the worker, GET /ready answers 200 once it is.
 
---tensor-parallel-size N: the worker is rank 0 and starts ranks 1..N-1 (one GPU each); /ready
-waits for all of them, any rank's death stops the server (exit code 1, the rank named in the log),
+--tensor-parallel-size N: the worker is rank 0 and starts ranks 1..N-1 (one GPU each; processes on the
+CPU); /ready waits for all of them, any rank's death stops the server (exit code 1, the rank named in the log),
 SIGTERM / SIGINT stop every rank.
 """
 import argparse
