@@ -31,6 +31,7 @@ def _set_compute_threads(argv) -> None:
 
 def parser() -> argparse.ArgumentParser:
     from pocketcupy.args import EngineArgs
+    from pocketcupy.server.reasoning import PARSERS
     from pocketcupy.server.state import DEFAULT_MAX_REQUEST_BYTES
 
     ap = argparse.ArgumentParser(prog="serve.py", description=__doc__)
@@ -51,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--client-timeout", type=int, default=30,
                    help="seconds a client may stall sending a request: mid-body it gets 408, mid-headers the "
                         "connection is dropped (default 30)")
+    s.add_argument("--reasoning-parser", default=None, choices=PARSERS,
+                   help="chat: the <think> block of a thinking model's reply goes to 'reasoning_content' "
+                        "(qwen3: when the reply opens one; deepseek_r1: the reply starts inside it). Default: none")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     s.add_argument("--startup-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: /ready stays 503
@@ -87,7 +91,8 @@ def main(argv=None) -> int:
     host = f"[{ns.host}]" if ":" in ns.host else ns.host
     config = ServerConfig(engine_args=args, served_model_names=names, api_key=api_key,
                           max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
-                          url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay)
+                          url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay,
+                          reasoning_parser=ns.reasoning_parser)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,
                "graceful_timeout": ns.graceful_timeout, "keepalive": 5, "loglevel": ns.log_level,

@@ -8,6 +8,7 @@ from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
 from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_stream,
                        short_repr)
+from .reasoning import ReasoningParser, message_texts
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
@@ -158,19 +159,24 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     return names[max(range(len(names)), key=scores.__getitem__)]
 
 
-def _parser(req: ChatRequest, forced: str | None):
+def _parser(req: ChatRequest, forced: str | None, reasoning: str | None):
+    """A choice's parser of generated text (None: it is all content). A forced call's output is the
+    call's arguments, so no reasoning parser looks at it; otherwise tool calls are parsed from the
+    content after the reasoning."""
     if forced is not None:
         return ForcedCallParser(forced)
+    tools = None
     if req.tools and req.tool_mode != "none":
-        return ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls)
-    return None
+        tools = ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls)
+    return tools if reasoning is None else ReasoningParser(reasoning, tools)
 
 
 @dataclass
 class _Update:
     """What one engine step added to one choice."""
     index: int
-    events: list                    # tool parser events: ("content", t) | ("call", k, name) | ("args", k, t)
+    events: list                    # parser events: ("content", t) | ("reasoning", t) | ("call", k, name)
+                                    # | ("args", k, t)
     logprobs: list | None
     finish_reason: str | None
     stop_reason: object
@@ -182,7 +188,7 @@ def _updates(state, req: ChatRequest, job: Job, forced):
     call ends its choice as soon as its arguments form a JSON object; once every choice has ended
     the engine request is aborted rather than left generating."""
     tok, n = state.engine.tokenizer, req.params.n
-    parsers = [_parser(req, forced) for _ in range(n)]
+    parsers = [_parser(req, forced, state.config.reasoning_parser) for _ in range(n)]
     sent, ended, called = [0] * n, [False] * n, [False] * n
     for _, out in job.outputs():
         for o in out.outputs:
@@ -193,7 +199,7 @@ def _updates(state, req: ChatRequest, job: Job, forced):
             complete = isinstance(p, ForcedCallParser) and p.done
             if p is not None and (o.finished or complete):
                 events += p.finish()
-            events = [e for e in events if e[0] != "content" or e[1]]
+            events = [e for e in events if e[0] not in ("content", "reasoning") or e[1]]
             called[i] = called[i] or any(e[0] == "call" for e in events)
             lps = None
             if req.top_logprobs is not None and o.logprobs is not None and len(o.logprobs) > sent[i]:
@@ -222,13 +228,15 @@ def handle_chat(state, body, gone):
     if req.stream:
         return SSEStream(_stream(state, req, job, head, forced, len(ids)), job)
     n = req.params.n
-    content, calls = [[] for _ in range(n)], [[] for _ in range(n)]
+    content, reasoning, calls = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
     lps, final = [[] for _ in range(n)], [None] * n
     with job:
         for u in _updates(state, req, job, forced):
             for ev in u.events:
                 if ev[0] == "content":
                     content[u.index].append(ev[1])
+                elif ev[0] == "reasoning":
+                    reasoning[u.index].append(ev[1])
                 elif ev[0] == "call":
                     calls[u.index].append({"id": new_id("call"), "type": "function",
                                            "function": {"name": ev[2], "arguments": ""}})
@@ -238,8 +246,11 @@ def handle_chat(state, body, gone):
             final[u.index] = u
     choices = []
     for i in range(n):
-        text = "".join(content[i])
-        msg = {"role": "assistant", "content": None if calls[i] and not text.strip() else text, "refusal": None}
+        thought, text = message_texts("".join(reasoning[i]), "".join(content[i]))
+        msg = {"role": "assistant", "content": None if calls[i] and not (text or "").strip() else text,
+               "refusal": None}
+        if state.config.reasoning_parser is not None:
+            msg["reasoning_content"] = thought
         if calls[i]:
             msg["tool_calls"] = calls[i]
         lp = None if req.top_logprobs is None else {"content": lps[i], "refusal": None}
@@ -252,8 +263,9 @@ def handle_chat(state, body, gone):
 def _delta(events, call_ids: dict) -> dict:
     delta, calls = {}, {}
     for ev in events:
-        if ev[0] == "content":
-            delta["content"] = delta.get("content", "") + ev[1]
+        if ev[0] in ("content", "reasoning"):
+            key = "content" if ev[0] == "content" else "reasoning_content"
+            delta[key] = delta.get(key, "") + ev[1]
         elif ev[0] == "call":
             call_ids[ev[1]] = new_id("call")
             calls[ev[1]] = {"index": ev[1], "id": call_ids[ev[1]], "type": "function",

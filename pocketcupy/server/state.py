@@ -27,6 +27,7 @@ class ServerConfig:
     url: str = ""                    # for the log line
     startup_delay: float = 0.0       # testing aid: hold /ready at 503 this long
     poll_s: float = 0.25             # how often a waiting request checks for a gone client
+    reasoning_parser: str | None = None  # chat: split <think> blocks into reasoning_content (reasoning.py)
 
     @property
     def model_name(self) -> str:

@@ -1,0 +1,98 @@
+"""Reasoning out of generated text, incrementally (vLLM's reasoning parsers, `--reasoning-parser`).
+
+  qwen3        <think>reasoning</think>content: the block is reasoning only when the output opens
+               with <think> (after optional whitespace); otherwise everything is content.
+  deepseek_r1  the prompt already opened the block: the output starts inside the reasoning (a leading
+               <think> is dropped if the model writes one anyway) and everything up to </think> is
+               reasoning; without </think> the whole output is reasoning.
+
+Newlines right after </think> are dropped, as vLLM does. A block the output never closes (cut by
+max_tokens) stays reasoning, so a stream and the whole text agree. Tags split across deltas never
+leak: a possible tag prefix is held back until the next delta decides it.
+
+A parser turns text deltas into events ("reasoning", text) and ("content", text); the content goes
+through `then` (a tools.py parser) when one is given, and its events come out instead.
+"""
+from __future__ import annotations
+
+from .tools import _held_prefix
+
+OPEN, CLOSE = "<think>", "</think>"
+PARSERS = ("qwen3", "deepseek_r1")
+
+
+class ReasoningParser:
+    def __init__(self, name: str, then=None):
+        if name not in PARSERS:
+            raise ValueError(f"unknown reasoning parser {name!r}; one of {', '.join(PARSERS)}")
+        self.inside_by_default = name == "deepseek_r1"
+        self.then = then
+        self.buf = ""
+        self.mode = "start"    # start | reasoning | after (dropping newlines) | content
+
+    def _reasoning(self, text: str, events: list) -> None:
+        if text:
+            events.append(("reasoning", text))
+
+    def _content(self, text: str, events: list) -> None:
+        if self.then is not None:
+            events += self.then.feed(text)
+        elif text:
+            events.append(("content", text))
+
+    def feed(self, delta: str) -> list:
+        events: list = []
+        self.buf += delta
+        if self.mode == "start":
+            s = self.buf.lstrip()
+            if OPEN.startswith(s):
+                return events  # whitespace, or might still become <think>
+            if s.startswith(OPEN):
+                self.buf, self.mode = s[len(OPEN):], "reasoning"
+            else:
+                self.mode = "reasoning" if self.inside_by_default else "content"
+        if self.mode == "reasoning":
+            i = self.buf.find(CLOSE)
+            if i < 0:
+                keep = _held_prefix(self.buf, CLOSE)
+                self._reasoning(self.buf[: len(self.buf) - keep], events)
+                self.buf = self.buf[len(self.buf) - keep:]
+                return events
+            self._reasoning(self.buf[:i], events)
+            self.buf, self.mode = self.buf[i + len(CLOSE):], "after"
+        if self.mode == "after":
+            self.buf = self.buf.lstrip("\r\n")
+            if not self.buf:
+                return events
+            self.mode = "content"
+        buf, self.buf = self.buf, ""
+        self._content(buf, events)
+        return events
+
+    def finish(self) -> list:
+        events: list = []
+        buf, self.buf = self.buf, ""
+        if self.mode == "reasoning" or (self.mode == "start" and self.inside_by_default):
+            self._reasoning(buf, events)
+        elif self.mode != "after":
+            self._content(buf, events)
+        if self.then is not None:
+            events += self.then.finish()
+        return events
+
+
+def split(name: str, text: str) -> tuple[str | None, str | None]:
+    """Whole-text parse: (reasoning, content), as the chat message gives them: reasoning None when
+    there is none, content None when the reasoning left nothing."""
+    p = ReasoningParser(name)
+    reasoning, content = [], []
+    for kind, t in p.feed(text) + p.finish():
+        (reasoning if kind == "reasoning" else content).append(t)
+    return message_texts("".join(reasoning), "".join(content))
+
+
+def message_texts(reasoning: str, content: str) -> tuple[str | None, str | None]:
+    """A choice's (reasoning_content, content) out of the joined texts."""
+    if not reasoning:
+        return None, content
+    return reasoning, content or None
