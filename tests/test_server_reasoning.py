@@ -1,0 +1,101 @@
+"""`--reasoning-parser qwen3` through a real server. SmolLM2 does not think by itself, so a regex
+constraint (structured output) makes it write a <think> block and an answer; the parser server's
+reasoning_content and content must be exactly that text's parts, against the same request to the
+shared server without a parser, whole, streamed and through the openai client."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests import test_server_harness
+from tests.test_server_harness import MODEL, ROOT, ServerProcess, request, sse_events
+
+server = test_server_harness.server  # the shared server, without a parser (a fixture, by this name)
+
+THINK = {"model": MODEL, "messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 24,
+         "temperature": 0, "structured_outputs": {"regex": "<think>[a-z ]{3,20}</think>\\n?[A-Za-z ]{1,20}"}}
+PARTS = re.compile(r"<think>(.*)</think>\n*(.*)", re.S)
+PLAIN = {k: v for k, v in THINK.items() if k != "structured_outputs"}
+
+
+@pytest.fixture(scope="module")
+def reasoner(smollm2_gguf):
+    s = ServerProcess(smollm2_gguf, "--reasoning-parser", "qwen3")
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
+
+
+def chat(srv, **kw):
+    status, resp, _ = request(srv, "POST", "/v1/chat/completions", dict(THINK, **kw))
+    assert status == 200, resp
+    return resp
+
+
+def test_think_block_is_split(reasoner, server):
+    raw = chat(server, n=2)
+    parsed = chat(reasoner, n=2)
+    for r, p in zip(raw["choices"], parsed["choices"]):
+        thought, answer = PARTS.fullmatch(r["message"]["content"]).groups()
+        assert "reasoning_content" not in r["message"]
+        assert (p["message"]["reasoning_content"], p["message"]["content"]) == (thought, answer or None)
+        assert thought and answer
+        assert p["finish_reason"] == r["finish_reason"] and p["logprobs"] == r["logprobs"]
+    assert parsed["usage"] == raw["usage"]
+
+
+def test_streamed_deltas_join_to_the_same_parts(reasoner):
+    whole = chat(reasoner)["choices"][0]["message"]
+    status, events = sse_events(reasoner, "/v1/chat/completions", dict(THINK, stream=True))
+    assert status == 200 and events[-1] == "DONE"
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
+    assert (reasoning, content) == (whole["reasoning_content"], whole["content"])
+    assert not any("<" in (d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
+    # the reasoning comes first, then the content
+    kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
+    assert kinds == sorted(kinds, key=lambda k: k == "content")
+
+
+def test_plain_reply_is_all_content(reasoner, server):
+    raw = request(server, "POST", "/v1/chat/completions", dict(PLAIN, max_tokens=8))[1]
+    msg = request(reasoner, "POST", "/v1/chat/completions", dict(PLAIN, max_tokens=8))[1]["choices"][0]["message"]
+    raw = raw["choices"][0]["message"]["content"]
+    assert raw and "<think>" not in raw
+    assert (msg["reasoning_content"], msg["content"]) == (None, raw)
+
+
+def test_openai_client(reasoner):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=reasoner.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    r = client.chat.completions.create(**PLAIN, extra_body={"structured_outputs": THINK["structured_outputs"]})
+    msg = r.choices[0].message
+    assert msg.model_extra["reasoning_content"] == msg.reasoning_content
+    assert msg.reasoning_content and msg.content
+    assert "<think>" not in msg.content and "</think>" not in msg.reasoning_content
+
+
+def test_tool_call_after_the_reasoning(reasoner):
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    regex = '<think>[a-z ]{3,20}</think>\\n<tool_call>\\{"name": "get_time", "arguments": \\{\\}\\}</tool_call>'
+    body = dict(PLAIN, max_tokens=40, tools=tools, structured_outputs={"regex": regex})
+    msg = chat(reasoner, **body)["choices"][0]["message"]
+    assert msg["reasoning_content"] and msg["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [("get_time", "{}")]
+    status, events = sse_events(reasoner, "/v1/chat/completions", dict(body, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
+    assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", []) if "name" in c["function"]] \
+        == ["get_time"]
+
+
+def test_unknown_parser_is_a_startup_error():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--reasoning-parser", "granite"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--reasoning-parser" in out.stderr and "qwen3" in out.stderr
