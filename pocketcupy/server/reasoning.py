@@ -15,7 +15,7 @@ through `then` (a tools.py parser) when one is given, and its events come out in
 """
 from __future__ import annotations
 
-from .tools import _held_prefix
+from .tools import held_prefix
 
 OPEN, CLOSE = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
@@ -54,7 +54,7 @@ class ReasoningParser:
         if self.mode == "reasoning":
             i = self.buf.find(CLOSE)
             if i < 0:
-                keep = _held_prefix(self.buf, CLOSE)
+                keep = held_prefix(self.buf, CLOSE)
                 self._reasoning(self.buf[: len(self.buf) - keep], events)
                 self.buf = self.buf[len(self.buf) - keep:]
                 return events

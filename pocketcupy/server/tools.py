@@ -24,7 +24,7 @@ def forced_prefill(name: str) -> str:
     return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
 
 
-def _held_prefix(text: str, tag: str) -> int:
+def held_prefix(text: str, tag: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of tag."""
     for k in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-k:]):
@@ -111,7 +111,7 @@ class ToolParser:
             if self.mode == "text":
                 i = self.buf.find(OPEN)
                 if i < 0:
-                    keep = _held_prefix(self.buf, OPEN)
+                    keep = held_prefix(self.buf, OPEN)
                     self._content(self.buf[: len(self.buf) - keep], events)
                     self.buf = self.buf[len(self.buf) - keep:]
                     return events
