@@ -15,7 +15,7 @@ through `then` (a tools.py parser) when one is given, and its events come out in
 """
 from __future__ import annotations
 
-from .tools import held_prefix
+from .tools import cut_at_tag
 
 OPEN, CLOSE = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
@@ -52,14 +52,11 @@ class ReasoningParser:
             else:
                 self.mode = "reasoning" if self.inside_by_default else "content"
         if self.mode == "reasoning":
-            i = self.buf.find(CLOSE)
-            if i < 0:
-                keep = held_prefix(self.buf, CLOSE)
-                self._reasoning(self.buf[: len(self.buf) - keep], events)
-                self.buf = self.buf[len(self.buf) - keep:]
+            before, self.buf, found = cut_at_tag(self.buf, CLOSE)
+            self._reasoning(before, events)
+            if not found:
                 return events
-            self._reasoning(self.buf[:i], events)
-            self.buf, self.mode = self.buf[i + len(CLOSE):], "after"
+            self.mode = "after"
         if self.mode == "after":
             self.buf = self.buf.lstrip("\r\n")
             if not self.buf:

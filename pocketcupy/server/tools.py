@@ -24,12 +24,22 @@ def forced_prefill(name: str) -> str:
     return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
 
 
-def held_prefix(text: str, tag: str) -> int:
+def _held_prefix(text: str, tag: str) -> int:
     """Length of the longest suffix of text that is a proper prefix of tag."""
     for k in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-k:]):
             return k
     return 0
+
+
+def cut_at_tag(buf: str, tag: str) -> tuple[str, str, bool]:
+    """(the text before tag, the text after it, True) when buf holds tag; else (the text that cannot
+    be part of a tag, the possible start of one held back, False)."""
+    i = buf.find(tag)
+    if i >= 0:
+        return buf[:i], buf[i + len(tag):], True
+    keep = _held_prefix(buf, tag)
+    return buf[: len(buf) - keep], buf[len(buf) - keep:], False
 
 
 def _call_from_json(obj, names: set[str]):
@@ -109,14 +119,11 @@ class ToolParser:
             if self.mode == "json":
                 return events  # decided at the end
             if self.mode == "text":
-                i = self.buf.find(OPEN)
-                if i < 0:
-                    keep = held_prefix(self.buf, OPEN)
-                    self._content(self.buf[: len(self.buf) - keep], events)
-                    self.buf = self.buf[len(self.buf) - keep:]
+                before, self.buf, found = cut_at_tag(self.buf, OPEN)
+                self._content(before, events)
+                if not found:
                     return events
-                self._content(self.buf[:i], events)
-                self.buf, self.mode = self.buf[i + len(OPEN):], "call"
+                self.mode = "call"
             if self.mode == "call":
                 j = self.buf.find(CLOSE)
                 if j < 0:
