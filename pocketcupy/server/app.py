@@ -15,9 +15,9 @@ from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
 from .responses import json_bytes
 from .sse import SSEStream
+from .state import PROBES
 
 log = logging.getLogger("pocketcupy.server")
-PROBES = ("/health", "/alive", "/ready")
 
 
 def _json(obj, status: int = 200) -> Response:

@@ -23,7 +23,9 @@ from functools import partial
 
 from gunicorn.workers.gthread import ThreadWorker
 
-QUICK_ROUTES = (b"/health", b"/alive", b"/ready", b"/metrics")
+from .state import PROBES
+
+QUICK_ROUTES = tuple(route.encode() for route in (*PROBES, "/metrics"))
 QUICK_THREADS = 2
 
 

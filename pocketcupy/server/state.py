@@ -15,6 +15,7 @@ from .metrics import Metrics
 log = logging.getLogger("pocketcupy.server")
 
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+PROBES = ("/health", "/alive", "/ready")   # readiness routes: open without the API key
 
 
 @dataclass
