@@ -3,7 +3,7 @@ two deltas (tags cut at every position) and one character at a time, and tool ca
 reasoning."""
 import pytest
 
-from pocketcupy.server.reasoning import PARSERS, ReasoningParser, message_texts, split
+from pocketcupy.server.reasoning import PARSERS, ReasoningParser, message_texts
 from pocketcupy.server.tools import ToolParser
 
 CASES = [
@@ -40,7 +40,7 @@ def streamed(parser, pieces):
 
 @pytest.mark.parametrize("name,text,expected", CASES)
 def test_whole_and_every_split(name, text, expected):
-    assert split(name, text) == expected
+    assert streamed(ReasoningParser(name), [text]) == expected
     for k in range(len(text) + 1):
         assert streamed(ReasoningParser(name), [text[:k], text[k:]]) == expected, k
     assert streamed(ReasoningParser(name), list(text)) == expected

@@ -78,16 +78,6 @@ class ReasoningParser:
         return events
 
 
-def split(name: str, text: str) -> tuple[str | None, str | None]:
-    """Whole-text parse: (reasoning, content), as the chat message gives them: reasoning None when
-    there is none, content None when the reasoning left nothing."""
-    p = ReasoningParser(name)
-    reasoning, content = [], []
-    for kind, t in p.feed(text) + p.finish():
-        (reasoning if kind == "reasoning" else content).append(t)
-    return message_texts("".join(reasoning), "".join(content))
-
-
 def message_texts(reasoning: str, content: str) -> tuple[str | None, str | None]:
     """A choice's (reasoning_content, content) out of the joined texts."""
     if not reasoning:
