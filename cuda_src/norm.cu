@@ -73,9 +73,10 @@ RMS_NORM_WARP(256)
 RMS_NORM_WARP(512)
 RMS_NORM_WARP(1024)
 
-// --- a block of 256 threads per row, the row in registers as float4 (dim % 4 == 0, dim <= 1024 * V):
+// --- a block per row, the row in registers as V float4 a thread (dim % 4 == 0, dim <= 4 * V * blockDim.x):
 // every load of the row issued at once, one block reduction (the loop kernels above wait on one
-// load per step: ~6 us for a 4096-wide row at batch 1).  blockDim.x = NORM_VEC_THREADS.
+// load per step: ~6 us for a 4096-wide row at batch 1).  blockDim.x: a multiple of 64 up to 1024
+// (elementwise_cuda.norm_vec_launch).
 // EXTRA: a second copy of the output for the linears that read it -- NORM_Q8: int8 blocks of 32
 // (q8_act.cuh) into xq [rows * dim], xds [rows * dim / 32], for linears with int8 activations
 // (dim % 32 == 0); NORM_F16 / NORM_BF16: 16-bit floats into x16 [rows * dim] (the GEMM path's

@@ -28,6 +28,10 @@ _US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, 
 _BYTES_PER_UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "B": 1.0, "KB": 1e3, "MB": 1e6, "GB": 1e9}
 
 
+KV_BLOCK = 16
+DECODE_ROOM = 64     # tokens a decoding request may produce: past the set-up and the profiled step
+
+
 def add_greedy(eng, batch: int, context: int, max_tokens: int, first: int = 100) -> list[str]:
     """batch greedy requests of `context` prompt tokens each, ids from `first` on (requests of another
     `first` share no cached prefix with them); returns their request ids."""
@@ -42,20 +46,28 @@ def add_greedy(eng, batch: int, context: int, max_tokens: int, first: int = 100)
 
 def start_decodes(eng, batch: int, context: int, tokens: int) -> None:
     """batch greedy requests of `context` prompt tokens each, stepped until every one has `tokens`
-    output tokens (prefill, then decode steps); none finishes for another ~4000 steps."""
-    produced = dict.fromkeys(add_greedy(eng, batch, context, 4096), 0)
+    output tokens (prefill, then decode steps); none finishes before DECODE_ROOM tokens."""
+    produced = dict.fromkeys(add_greedy(eng, batch, context, DECODE_ROOM), 0)
     while min(produced.values()) < tokens:
         for out in eng.step():
             produced[out.request_id] = len(out.outputs[0].token_ids)
 
 
+def make_engine(model: str, batch: int, context: int, device: str = "cuda"):
+    """The eager engine a profiled step runs on, with a KV pool for these requests only: ncu saves
+    and restores the device memory around every kernel it replays, and a pool sized from the free
+    memory (~120 GB on an H200) took over 30 s a kernel."""
+    from pocketcupy import Engine
+
+    blocks = max(batch, 1) * -(-(context + DECODE_ROOM) // KV_BLOCK)
+    return Engine(model, device=device, cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1),
+                  max_num_batched_tokens=max(batch * context, 2048), block_size=KV_BLOCK, num_kv_blocks=blocks)
+
+
 def profile_step(model: str, batch: int, context: int, prefill: bool = False) -> None:
     import cupy as cp
 
-    from pocketcupy import Engine
-
-    eng = Engine(model, device="cuda", cuda_graphs=False, progress=False, max_num_seqs=max(batch, 1),
-                 max_num_batched_tokens=max(batch * context, 2048))
+    eng = make_engine(model, batch, context)
     if prefill:                             # one-token requests; the profiled ones share no prefix
         add_greedy(eng, batch, context, 1)
         while eng.has_unfinished_requests():

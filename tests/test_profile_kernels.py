@@ -50,10 +50,8 @@ def test_sequence_lists_launches_in_order(tmp_path):
 def test_profiled_prefill_step_prefills_fresh_prompts(smollm2_gguf):
     """--prefill profiles one step: after the warm-up prefill of the same shape, the profiled prompts
     share no cached prefix with it and all of them are prefilled (and sampled) in that one step."""
-    from pocketcupy import Engine
-
     mod = _module()
-    eng = Engine(smollm2_gguf, device="cpu", progress=False, max_num_seqs=2, max_num_batched_tokens=2 * 48)
+    eng = mod.make_engine(smollm2_gguf, 2, 48, device="cpu")
     mod.add_greedy(eng, 2, 48, 1)
     while eng.has_unfinished_requests():
         eng.step()
@@ -62,3 +60,14 @@ def test_profiled_prefill_step_prefills_fresh_prompts(smollm2_gguf):
     assert sorted(o.request_id for o in outs) == ids == ["r20100_0", "r20100_1"]
     assert all(o.finished and o.num_cached_tokens == 0 and len(o.outputs[0].token_ids) == 1 for o in outs)
     assert not eng.has_unfinished_requests()
+
+
+def test_profiled_decode_fits_its_small_kv_pool(smollm2_gguf):
+    """The profiled engine's pool holds only its requests (ncu saves and restores all of it around
+    each kernel), yet the decode set-up runs: every request prefilled and decoding, none preempted."""
+    mod = _module()
+    eng = mod.make_engine(smollm2_gguf, 3, 40, device="cpu")
+    assert eng.stats()["kv_blocks_total"] < 64
+    mod.start_decodes(eng, 3, 40, 2)
+    st = eng.stats()
+    assert st["num_running"] == 3 and st["num_preemptions"] == 0

@@ -73,7 +73,11 @@ NORM_WARP_DIMS = (128, 256, 512, 1024)      # rms_norm_warp_f32_d<D>: a warp per
 NORM_ROWS_PER_BLOCK = 4
 
 
-NORM_VEC_THREADS = 256                       # rms_norm_vec_f32_v<V>: a block per row, V (1, 2, 4, 8) float4 per thread
+# rms_norm_vec_f32_v<V>: a block per row of at most NORM_VEC_THREADS threads (a multiple of 64, for
+# the per-256 quantizer), V (1, 2, 4, 8) float4 a thread. More threads a row, fewer passes: H200,
+# Q4_K_M 8B decode graph at batch 4 / 64 (its per-256 norms, 4096 wide: V 1 against 4) 2,352 / 6,616
+# us against 2,424 / 6,755 with 256 threads; 512 threads 2,380 at batch 4, 128 threads 2,532.
+NORM_VEC_THREADS = 1024
 
 
 def norm_warp_dim(dim: int) -> int | None:
@@ -81,12 +85,15 @@ def norm_warp_dim(dim: int) -> int | None:
     return next((d for d in NORM_WARP_DIMS if dim <= d), None)
 
 
-def norm_vec_v(dim: int, *arrays) -> int | None:
-    """V of the register-resident block-per-row norm kernels for rows of `dim` values (None: the
-    loop kernels: dim not a multiple of 4, an array not 16-byte aligned, or rows too wide)."""
+def norm_vec_launch(dim: int, *arrays) -> tuple[int, int] | None:
+    """(V, threads) of the register-resident block-per-row norm kernels for rows of `dim` values:
+    the fewest float4 a thread on at most NORM_VEC_THREADS threads (None: the loop kernels: dim not
+    a multiple of 4, an array not 16-byte aligned, or rows too wide)."""
     if dim % 4 or any(a.data.ptr % 16 for a in arrays):
         return None
-    return next((v for v in (1, 2, 4, 8) if dim // 4 <= v * NORM_VEC_THREADS), None)
+    threads = min(NORM_VEC_THREADS, -(-dim // 256) * 64)
+    v = next((v for v in (1, 2, 4, 8) if dim // 4 <= v * threads), None)
+    return None if v is None else (v, threads)
 
 
 @cuda_op("rms_norm")
@@ -107,8 +114,8 @@ def rms_norm(x, w, eps: float, out=None):
         rpb = NORM_ROWS_PER_BLOCK
         _k("norm.cu", f"rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                   (x, w, out, _I32(rows), _I32(dim), _F32(eps)))
-    elif (v := norm_vec_v(dim, x, w, out)) is not None:
-        _k("norm.cu", f"rms_norm_vec_f32_v{v}")((rows,), (NORM_VEC_THREADS,), (x, w, out, _I32(dim), _F32(eps)))
+    elif (vt := norm_vec_launch(dim, x, w, out)) is not None:
+        _k("norm.cu", f"rms_norm_vec_f32_v{vt[0]}")((rows,), (vt[1],), (x, w, out, _I32(dim), _F32(eps)))
     else:
         threads = min(1024, ((dim // 4 + 31) // 32) * 32)
         _k("norm.cu", "rms_norm_f32")((rows,), (threads,), (x, w, out, _I32(dim), _F32(eps)))
@@ -138,9 +145,9 @@ def add_rms_norm(x, residual, w, eps: float, out=None, residual_out=None):
         _k("norm.cu", f"add_rms_norm_warp_f32_d{wd}")(((rows + rpb - 1) // rpb,), (32 * rpb,),
                                                       (x, residual, w, out, residual_out, _I32(rows), _I32(dim),
                                                        _F32(eps)))
-    elif rows and (v := norm_vec_v(dim, x, residual, w, out, residual_out)) is not None:
-        _k("norm.cu", f"add_rms_norm_vec_f32_v{v}")(
-            (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
+    elif rows and (vt := norm_vec_launch(dim, x, residual, w, out, residual_out)) is not None:
+        _k("norm.cu", f"add_rms_norm_vec_f32_v{vt[0]}")(
+            (rows,), (vt[1],), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
     elif rows:
         threads = min(1024, max(32, ((dim // 4 + 31) // 32) * 32))
         _k("norm.cu", "add_rms_norm_f32")((rows,), (threads,), (x, residual, w, out, residual_out, _I32(dim), _F32(eps)))
@@ -159,13 +166,13 @@ def _add_rms_norm_vec_extra(name: str, x, residual, w, eps: float, extra) -> tup
     x = cp.ascontiguousarray(x)
     w = cp.asarray(w, dtype=np.float32)
     rows, dim = x.shape
-    v = norm_vec_v(dim, x, residual, w)
-    if rows == 0 or dim % 32 or v is None:
+    vt = norm_vec_launch(dim, x, residual, w)
+    if rows == 0 or dim % 32 or vt is None:
         return None
     out = _out(None, x.shape)
     more = extra(rows, dim)
-    _k("norm.cu", f"{name}_vec_f32_v{v}")(
-        (rows,), (NORM_VEC_THREADS,), (x, residual, w, out, residual, _I32(dim), _F32(eps)) + more)
+    _k("norm.cu", f"{name}_vec_f32_v{vt[0]}")(
+        (rows,), (vt[1],), (x, residual, w, out, residual, _I32(dim), _F32(eps)) + more)
     return (out, residual) + more
 
 
@@ -255,7 +262,6 @@ def silu_mul_h16in(gate, up, qtype: str, out=None):
     computed in float32 and rounded back to that type (a gate / up GEMM's 16-bit product in, the
     down projection's GEMM input out). Needs I and both row strides a multiple of 4 and 8-byte
     aligned rows (column views of one [N, 2I] product qualify)."""
-    cp = _cp()
     dt = np.dtype(np.float16 if qtype == "F16" else np.uint16)
     if gate.dtype != dt or up.dtype != dt or gate.shape != up.shape or gate.ndim != 2:
         raise ValueError(f"silu_mul_h16in: gate and up must be [N, I] {dt} arrays of one shape for {qtype}, "
