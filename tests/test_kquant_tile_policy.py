@@ -31,3 +31,16 @@ def test_default_shapes_fit_the_shared_memory_of_every_tensor_core_gpu():
     assert kquant_tile_smem([q4], TILE_SHAPES["Q4_K"]) == 2 * (128 * 160 + 16384 + 256 + 1024)
     assert kquant_tile_smem([q6], TILE_SHAPES["Q6_KR"]) == 2 * (128 * (208 + 4) + 16384 + 256 + 1024)
     assert max(kquant_tile_smem([q4], TILE_SHAPES["Q4_K"]), kquant_tile_smem([q6], TILE_SHAPES["Q6_KR"])) <= 99 * 1024
+
+
+def test_groups_override_replaces_one_weight_shape_only(monkeypatch):
+    """GROUPS_OVERRIDE (the launch-shape sweeps' hook) changes the shape of the (rows, cols, tiles)
+    it names and nothing else."""
+    from pocketcupy.backend import kquant_mma_cuda as km
+
+    monkeypatch.setattr(km, "num_sms", lambda: 132)
+    down, o = km.kquant_mma_groups(1, 14336, 4096, "Q6_K"), km.kquant_mma_groups(1, 4096, 4096, "Q4_K")
+    monkeypatch.setattr(km, "GROUPS_OVERRIDE", {(4096, 4096, 1): (1, 8, 1, 0, 1)})
+    assert km.kquant_mma_groups(1, 4096, 4096, "Q4_K") == (1, 8, 1, 0, 1) != o
+    assert km.kquant_mma_groups(1, 14336, 4096, "Q6_K") == down
+    assert km.kquant_mma_groups(2, 4096, 4096, "Q4_K") != (1, 8, 1, 0, 1)

@@ -21,6 +21,10 @@ KQUANT_MAX_BATCH = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2}
 # 1.92 TB/s; padded Q6_K 4096x14336 2.03 against 1.79), but inside the decode graph not (Q4_K_M 8B,
 # ctx 512: 2,519 us against 2,765); at batch 1 it is slower in the graph too (2,480 against 2,175)
 KQUANT_MMA_MIN_BATCH = 2
+# (rows, cols, tiles) -> the launch shape kquant_mma_groups gives such a weight (joined weights:
+# their rows summed), for sweeps of launch shapes inside the decode graph (profile_variants.py:
+# 'kquant_mma_cuda.GROUPS_OVERRIDE={(4096, 4096, 1): (1, 8, 1, 0, 1)}'); empty in use
+GROUPS_OVERRIDE: dict = {}
 
 
 def kquant_mma_applies(qtype: str, cols: int, nb: int, act_q8: bool) -> bool:
@@ -79,6 +83,8 @@ def kquant_mma_groups(nt: int, cols: int, rows: int = 0, qtype: str = "") -> tup
     one super-block in flight: the Llama-3-8B-shape Q4_K_M decode graph at batch 4 / 8 / 16 took
     2,552 / 2,764 / 3,453 us against 2,608 / 2,810 / 3,530 (the attention after it gained most at
     batch 4: 11.3 us against 11.9); o (4096 rows, 256 blocks) at U 1 as well lost (3,480 at batch 16)."""
+    if (rows, cols, nt) in GROUPS_OVERRIDE:
+        return GROUPS_OVERRIDE[rows, cols, nt]
     if qtype in ("Q4_K", "Q5_K") and nt >= 2 and rows >= max(16384, 4 * cols):
         return (nt, 4, 1, 0, 1, 1)
     sms = num_sms() if rows else 0
