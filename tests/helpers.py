@@ -47,6 +47,23 @@ def load_script(name: str):
     return mod
 
 
+def write_safetensors(path, tensors: dict) -> None:
+    """A safetensors file of {name: (safetensors dtype, array)}: the arrays' bytes as they are
+    (BF16 as uint16 bits, F8_E4M3 and U8 as uint8 codes), which NumPy alone cannot name."""
+    import json
+
+    header, chunks, offset = {}, [], 0
+    for name, (dtype, a) in tensors.items():
+        data = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(np.shape(a)), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text + b"".join(chunks))
+
+
 def rel_err(got, ref) -> float:
     return float(np.abs(got - ref).max() / np.abs(ref).max())
 

@@ -8,7 +8,7 @@ from pocketcupy import Engine, SamplingParams
 from pocketcupy.loader import load_checkpoint
 
 from .conftest import FIXTURES
-from .helpers import full_logits, load_reference_model
+from .helpers import full_logits, load_reference_model, write_safetensors
 
 MODELS = ["tiny_llama", "tiny_qwen2", "tiny_qwen3"]
 REF = np.load(os.path.join(FIXTURES, "hf_logits.npz"))
@@ -165,7 +165,7 @@ def _edit_header(path, edit):
     (lambda h: h["model.norm.weight"].update(shape=[32]), "holds 128 bytes, but shape"),   # numpy reshape error
     (lambda h: h["model.norm.weight"].pop("data_offsets"), "corrupt safetensors header"),  # KeyError
     (lambda h: h.update({"model.norm.weight": 5}), "corrupt safetensors header"),          # TypeError
-    (lambda h: h["model.norm.weight"].update(dtype="F8_E4M3"), "unsupported dtype F8_E4M3"),
+    (lambda h: h["model.norm.weight"].update(dtype="F8_E5M2"), "unsupported dtype F8_E5M2"),
 ])
 def test_corrupt_safetensors_header(tmp_path, edit, match):
     _copy_fixture("tiny_llama", tmp_path)
@@ -193,8 +193,6 @@ def test_embedding_rows_past_the_tokenizer(tmp_path):
     """Qwen2.5-style padding: vocab_size (embedding rows) above the tokenizer's size. An id in the
     padding, sampled or given in the prompt, raised in the detokenizer mid-generation; it now
     decodes to nothing, as the [PAD] tokens of a GGUF do."""
-    import json
-
     from pocketcupy.loader.safetensors_loader import _read_safetensors
 
     path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(vocab_size=336))
@@ -202,12 +200,7 @@ def test_embedding_rows_past_the_tokenizer(tmp_path):
     for k in ("model.embed_tokens.weight", "lm_head.weight"):
         dt, a = tensors[k]
         tensors[k] = (dt, np.concatenate([a, np.zeros((16, a.shape[1]), a.dtype)]))
-    header, body = {}, b""
-    for k, (dt, a) in tensors.items():
-        header[k] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [len(body), len(body) + a.nbytes]}
-        body += a.tobytes()
-    text = json.dumps(header).encode()
-    (tmp_path / "model.safetensors").write_bytes(len(text).to_bytes(8, "little") + text + body)
+    write_safetensors(tmp_path / "model.safetensors", tensors)
 
     engine = Engine(path, device="cpu", progress=False, max_model_len=64)
     assert engine.tokenizer.vocab_size == 336 and engine.tokenizer.id_to_token(330) == "[PAD330]"

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..config import ModelConfig, RopeScaling, is_count, is_number
 from ..quant.qtensor import QTensor
+from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
@@ -22,7 +23,8 @@ _LAYER_MAP = {
 }
 _GLOBAL_MAP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
-_DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32", np.float32)}
+_DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32", np.float32),
+           **{q: (q, np.uint8) for q in QUANTIZED_DTYPES}}    # raw codes, dequantized by hf_quantized
 
 
 def gguf_name(hf_name: str) -> str | None:
@@ -31,7 +33,7 @@ def gguf_name(hf_name: str) -> str | None:
         short = _LAYER_MAP.get(m.group(2))
         return f"blk.{m.group(1)}.{short}.{m.group(3)}" if short else None
     base, _, suffix = hf_name.rpartition(".")
-    short = _GLOBAL_MAP.get(base)
+    short = _GLOBAL_MAP.get(base) if suffix in ("weight", "bias") else None   # not lm_head.weight_scale
     return f"{short}.{suffix}" if short else None
 
 
@@ -168,17 +170,42 @@ def _read_safetensors(path: str) -> dict[str, tuple[str, np.ndarray]]:
     return out
 
 
+def _quantization_config(folder: str, cfg: dict, cfg_path: str) -> tuple[dict | None, str]:
+    """config.json's quantization_config, or ModelOpt's hf_quant_config.json (older exports keep
+    it only there)."""
+    if "quantization_config" in cfg:
+        return cfg["quantization_config"], cfg_path
+    path = os.path.join(folder, "hf_quant_config.json")
+    if os.path.isfile(path):
+        return {"quant_method": "modelopt", **_read_json(path, "ModelOpt's quantization")}, path
+    return None, cfg_path
+
+
 def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor]]:
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg_path):
         raise ValueError(f"model: {folder} has no config.json")
-    config = config_from_hf(_read_json(cfg_path, "the model's configuration"), cfg_path)
-    tensors: dict[str, QTensor] = {}
+    cfg = _read_json(cfg_path, "the model's configuration")
+    config = config_from_hf(cfg, cfg_path)
+    try:
+        quant = weight_quantization(*_quantization_config(folder, cfg, cfg_path))
+    except ValueError as e:
+        raise ValueError(f"model: {e}") from None
+    raw: dict[str, tuple[str, np.ndarray]] = {}     # every shard's tensors: a weight's scales may sit in another
     for path in _shard_files(folder):
         if not os.path.isfile(path):
             raise ValueError(f"model: shard {path} listed in the index is missing")
-        for name, (qtype, data) in _read_safetensors(path).items():
-            target = gguf_name(name)
-            if target is not None:  # skips e.g. rotary inv_freq buffers
-                tensors[target] = QTensor(qtype, tuple(data.shape), data)
+        raw.update(_read_safetensors(path))
+    tensors: dict[str, QTensor] = {}
+    for name, (qtype, data) in raw.items():
+        target = gguf_name(name)
+        if target is None:  # skips e.g. rotary inv_freq buffers, and scales (read with their weight)
+            continue
+        if qtype in QUANTIZED_DTYPES:
+            try:
+                tensors[target] = dequantize_weight(name, raw, quant)
+            except ValueError as e:
+                raise ValueError(f"model: {folder}: {e}") from None
+        else:
+            tensors[target] = QTensor(qtype, tuple(data.shape), data)
     return config, tensors

@@ -1,0 +1,152 @@
+"""FP8 weights of Hugging Face checkpoints, dequantized to BF16 at load so that both
+backends run them through their BF16 paths (twice the FP8 bytes in memory; no FP8 kernels yet).
+
+quantization_config (config.json, or ModelOpt's older hf_quant_config.json) -> WeightQuantization;
+each quantized `X.weight` is then read with its scale tensors (never mapped as model tensors):
+
+    quant_method "fp8" (HF FineGrainedFP8, Qwen3-FP8, DeepSeek-V3): F8_E4M3 weight [out, in] times
+        X.weight_scale_inv (or AutoFP8's X.weight_scale): blocks of weight_block_size
+        [ceil(out / b0), ceil(in / b1)]; without weight_block_size one scale ([] / [1]) or one a row
+        ([out, 1]). Multiplied, despite the name.
+    "compressed-tensors" (RedHatAI / neuralmagic FP8, formats float-quantized / naive-quantized):
+        F8_E4M3 weight times X.weight_scale, per the groups' weight strategy: "tensor" [] / [1],
+        "channel" [out, 1], "block" [ceil(out / b0), ceil(in / b1)] of block_structure.
+    "modelopt" FP8: F8_E4M3 weight times X.weight_scale ([] / [1]).
+
+Activation quantization (X.input_scale, activation_scheme) is ignored: activations stay in the
+backend's precision. Layers left unquantized (ignore / exclude_modules) are simply not F8."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..quant.minifloat_weights import e4m3_values, scaled_to_bf16
+from ..quant.qtensor import QTensor
+
+QUANTIZED_DTYPES = ("F8_E4M3",)   # safetensors dtypes read as raw bytes for this module
+_DENSE = ("F32", "BF16", "F16")
+
+
+@dataclass(frozen=True)
+class WeightQuantization:
+    method: str                         # for messages: "fp8", "compressed-tensors", "modelopt FP8"
+    fp8_scales: tuple[str, ...] = ()    # names of an F8 weight's scale (X.<name>), the first present used
+    fp8_layouts: tuple = ()             # the scale layouts allowed: "tensor", "channel" or a block (b0, b1)
+
+
+def weight_quantization(qc, source: str) -> WeightQuantization | None:
+    """The WeightQuantization of a quantization_config (None: no quantization_config)."""
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise ValueError(f"{source}: quantization_config must be an object, got {qc!r}")
+    method = qc.get("quant_method")
+    if method == "fp8":
+        return _fp8(qc, source)
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc, source)
+    if method == "modelopt":
+        return _modelopt(qc, source)
+    raise ValueError(f"{source}: quantization_config.quant_method {method!r} is not supported "
+                     "(supported: fp8, compressed-tensors FP8, modelopt FP8)")
+
+
+def _block(value, what: str, source: str) -> tuple[int, int]:
+    if not (isinstance(value, list) and len(value) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in value)):
+        raise ValueError(f"{source}: {what} must be two positive integers, got {value!r}")
+    return value[0], value[1]
+
+
+def _fp8(qc: dict, source: str) -> WeightQuantization:
+    fmt = qc.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise ValueError(f"{source}: quantization_config.fmt {fmt!r} is not supported (only e4m3)")
+    size = qc.get("weight_block_size")
+    layouts = ("tensor", "channel") if size is None else (_block(size, "quantization_config.weight_block_size",
+                                                                 source),)
+    return WeightQuantization("fp8", ("weight_scale_inv", "weight_scale"), layouts)
+
+
+def _compressed_tensors(qc: dict, source: str) -> WeightQuantization:
+    fmt = qc.get("format")
+    if fmt not in (None, "float-quantized", "naive-quantized"):
+        raise ValueError(f"{source}: compressed-tensors format {fmt!r} is not supported "
+                         "(FP8 only: float-quantized, naive-quantized)")
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict):
+        raise ValueError(f"{source}: quantization_config.config_groups must be an object, got {groups!r}")
+    layouts = []
+    for name, group in groups.items():
+        w = group.get("weights") if isinstance(group, dict) else None
+        if w is None:
+            continue
+        where = f"{source}: quantization_config.config_groups.{name}.weights"
+        if not isinstance(w, dict) or w.get("type") != "float" or w.get("num_bits") != 8:
+            got = (w.get("type"), w.get("num_bits")) if isinstance(w, dict) else w
+            raise ValueError(f"{where}: only 8-bit float (FP8) weights are supported, got {got!r}")
+        strategy = w.get("strategy")
+        if strategy in ("tensor", "channel"):
+            layouts.append(strategy)
+        elif strategy == "block":
+            layouts.append(_block(w.get("block_structure"), "block_structure", where))
+        else:
+            raise ValueError(f"{where}: strategy {strategy!r} is not supported (tensor, channel, block)")
+    return WeightQuantization("compressed-tensors", ("weight_scale",), tuple(dict.fromkeys(layouts)))
+
+
+def _modelopt(qc: dict, source: str) -> WeightQuantization:
+    q = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc   # hf_quant_config.json nests it
+    algo = str(q.get("quant_algo")).upper()
+    if algo == "FP8":
+        return WeightQuantization("modelopt FP8", ("weight_scale",), ("tensor",))
+    raise ValueError(f"{source}: modelopt quant_algo {q.get('quant_algo')!r} is not supported (supported: FP8)")
+
+
+def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) -> QTensor:
+    """BF16 QTensor of the quantized weight raw[name] (safetensors dtype in QUANTIZED_DTYPES), read
+    with its scales from raw (tensor name -> (safetensors dtype, array), all shards)."""
+    dtype, data = raw[name]
+    if quant is None:
+        raise ValueError(f"tensor {name!r} is {dtype}, but config.json has no quantization_config")
+    if data.ndim != 2:
+        raise ValueError(f"tensor {name!r} is {dtype} of shape {list(data.shape)}; quantized weights must be 2-D")
+    if not quant.fp8_layouts:
+        raise ValueError(f"tensor {name!r} is F8_E4M3, but the {quant.method} checkpoint has no FP8 weights")
+    names = [name.removesuffix("weight") + s for s in quant.fp8_scales]
+    scale_name = next((n for n in names if n in raw), None)
+    if scale_name is None:
+        raise ValueError(f"FP8 tensor {name!r} has no scale tensor ({' or '.join(names)})")
+    scales, block = _fp8_scale_blocks(name, data.shape, scale_name, _dense(scale_name, raw), quant)
+    bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
+    return QTensor("BF16", data.shape, bits)
+
+
+def _dense(name: str, raw: dict) -> np.ndarray:
+    dtype, data = raw[name]
+    if dtype not in _DENSE:
+        raise ValueError(f"scale tensor {name!r} is {dtype}; it must be one of {', '.join(_DENSE)}")
+    return QTensor(dtype, tuple(data.shape), data).dequantize()
+
+
+def _fp8_scale_blocks(name: str, shape: tuple, scale_name: str, scale: np.ndarray,
+                      quant: WeightQuantization) -> tuple[np.ndarray, tuple[int, int]]:
+    """The scale as a 2-D grid and the block of weights each entry covers, by the first allowed
+    layout its shape fits."""
+    rows, cols = shape
+    wanted = []
+    for layout in quant.fp8_layouts:
+        if layout == "tensor":
+            fits, block, want = scale.shape in ((), (1,)), (rows, cols), "[] or [1]"
+        elif layout == "channel":
+            fits, block, want = scale.shape == (rows, 1), (1, cols), f"[{rows}, 1]"
+        else:
+            b0, b1 = layout
+            grid = (-(-rows // b0), -(-cols // b1))
+            fits, block, want = scale.shape == grid, layout, f"{list(grid)} (blocks of {b0} x {b1})"
+        if fits:
+            return (scale.reshape(1, 1) if layout == "tensor" else scale), block
+        wanted.append(want)
+    raise ValueError(f"FP8 scale {scale_name!r} has shape {list(scale.shape)}; weight {name!r} of shape "
+                     f"[{rows}, {cols}] ({quant.method}) needs {' or '.join(wanted)}")

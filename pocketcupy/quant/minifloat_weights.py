@@ -1,0 +1,35 @@
+"""FP8 (E4M3) weight codes times their block scales -> BF16 bits, the arithmetic of the FP8
+checkpoints loader/hf_quantized.py reads. Values are float32 products (one rounding), then
+rounded to BF16 half to even."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .dequant import f32_to_bf16
+from .kv_quant import E4M3_VALUES
+
+_CHUNK_VALUES = 1 << 22     # float32 temporaries of ~16 MB at a time, whatever the tensor's size
+
+
+def e4m3_values(codes: np.ndarray) -> np.ndarray:
+    """float32 values of OCP E4M3FN codes (uint8; 0x7F and 0xFF are NaN)."""
+    return E4M3_VALUES[codes]
+
+
+def scaled_to_bf16(shape: tuple[int, int], decode_rows: Callable[[int, int], np.ndarray], scales: np.ndarray,
+                   block: tuple[int, int]) -> np.ndarray:
+    """BF16 bits (uint16, `shape`) of W[i, j] = v[i, j] * scales[i // br, j // bc], where
+    decode_rows(r0, r1) gives the float32 values v of rows r0..r1 and block = (br, bc). Computed
+    a few rows at a time: an 8B model's FP8 weights as float32 all at once would take 32 GB."""
+    rows, cols = shape
+    br, bc = block
+    scales = np.asarray(scales, np.float32)
+    out = np.empty(shape, np.uint16)
+    step = max(1, _CHUNK_VALUES // max(cols, 1))
+    for r0 in range(0, rows, step):
+        r1 = min(r0 + step, rows)
+        grid = np.repeat(scales[np.arange(r0, r1) // br], bc, axis=1)[:, :cols]
+        out[r0:r1] = f32_to_bf16(decode_rows(r0, r1) * grid)
+    return out

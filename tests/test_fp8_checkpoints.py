@@ -1,0 +1,197 @@
+"""FP8 and NVFP4 Hugging Face checkpoints (loader/hf_quantized.py), built here from tiny_llama:
+the loaded weights against an independent dequantization, the logits against the original's."""
+import json
+
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+from pocketcupy.loader import load_checkpoint
+from pocketcupy.loader.safetensors_loader import gguf_name
+from pocketcupy.quant.dequant import f32_to_bf16
+from pocketcupy.quant.minifloat_weights import e4m3_values
+
+from .fp8_checkpoints import (TINY, bf16_reference, e4m3_decode, e4m3_reference, float_weight, linear_names,
+                              quantize_fp8, reference_dequant, tiny_tensors, write_checkpoint)
+from .helpers import full_logits, load_reference_model, rel_err
+
+PROMPT = [5, 17, 42, 101, 7, 250, 33, 64, 12, 199, 3, 88]
+
+# case -> (quantization_config, scale tensor name, scale layout, scale dtype, shards)
+_CT_GROUP = {"targets": ["Linear"], "input_activations": {"type": "float", "num_bits": 8, "strategy": "tensor",
+                                                           "dynamic": False}}
+FP8_CASES = {
+    "fp8-block-128": ({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                       "weight_block_size": [128, 128]}, "weight_scale_inv", (128, 128), "F32", 1),
+    # blocks of 24 x 40 over 32-128 rows and 64-128 columns: several blocks a weight, partial ones at the edges
+    "fp8-block-24x40-bf16-scales-2-shards": ({"quant_method": "fp8", "weight_block_size": [24, 40]},
+                                             "weight_scale_inv", (24, 40), "BF16", 2),
+    "fp8-tensor": ({"quant_method": "fp8", "activation_scheme": "static"}, "weight_scale_inv", "tensor", "F32", 1),
+    "fp8-channel-autofp8-name": ({"quant_method": "fp8"}, "weight_scale", "channel", "F32", 1),
+    "compressed-tensors-tensor": ({"quant_method": "compressed-tensors", "format": "float-quantized",
+                                   "ignore": ["lm_head"], "config_groups": {"group_0": {**_CT_GROUP, "weights": {
+                                       "type": "float", "num_bits": 8, "strategy": "tensor"}}}},
+                                  "weight_scale", "tensor", "F32", 1),
+    "compressed-tensors-channel": ({"quant_method": "compressed-tensors", "format": "naive-quantized",
+                                    "config_groups": {"group_0": {**_CT_GROUP, "weights": {
+                                        "type": "float", "num_bits": 8, "strategy": "channel"}}}},
+                                   "weight_scale", "channel", "BF16", 1),
+    "modelopt-fp8": ({"quant_method": "modelopt", "quant_algo": "FP8", "ignore": ["lm_head"]}, "weight_scale",
+                     "tensor", "F32", 1),
+}
+
+
+def test_e4m3_decode_every_code():
+    got = e4m3_values(np.arange(256, dtype=np.uint8))
+    want = np.array([e4m3_reference(c) for c in range(256)], np.float32)
+    np.testing.assert_array_equal(got, want)                                  # NaN where NaN
+    assert np.flatnonzero(np.isnan(got)).tolist() == [0x7F, 0xFF]
+    assert got[0x7E] == 448 and got[1] == 2.0 ** -9 and got[8] == 2.0 ** -6   # max, smallest subnormal, normal
+    assert np.signbit(got[0x80]) and not np.signbit(got[0])
+
+
+def test_bf16_rounding_matches_the_reference():
+    """The loader's float32 -> BF16 (dequant.f32_to_bf16) against the test's frexp rounding, ties included."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-6, 6, 10000),
+                        np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 0.0, -0.0], np.float32)])
+    np.testing.assert_array_equal(f32_to_bf16(x), bf16_reference(x))
+
+
+def build_fp8(tmp_path, case, edit_config=None, edit_tensors=None):
+    """The case's FP8 checkpoint of tiny_llama in tmp_path -> (folder, {HF weight name: expected BF16 bits}),
+    its quantization_config and tensors changed first by edit_config(qc) -> qc and edit_tensors(tensors)."""
+    qc, scale_name, layout, scale_dtype, shards = FP8_CASES[case]
+    qc = json.loads(json.dumps(qc))
+    tensors, expected = tiny_tensors(), {}
+    for name in linear_names(tensors):
+        w = float_weight(tensors, name)
+        rows, cols = w.shape
+        block = {"tensor": (rows, cols), "channel": (1, cols)}.get(layout, layout)
+        codes, scales = quantize_fp8(w, block)
+        if scale_dtype == "BF16":
+            scales = bf16_reference(scales)
+            stored, scales = scales, (scales.astype(np.uint32) << 16).view(np.float32)
+        else:
+            stored = scales
+        if layout == "tensor":
+            stored = stored.reshape([1] if qc["quant_method"] == "compressed-tensors" else [])
+        prefix = name.removesuffix("weight")
+        tensors[name] = ("F8_E4M3", codes)
+        tensors[prefix + scale_name] = (scale_dtype, stored)
+        tensors[prefix + "input_scale"] = ("F32", np.array([0.02], np.float32))    # activations: ignored
+        expected[name] = reference_dequant(e4m3_decode(codes), scales, block)
+    if edit_tensors is not None:
+        edit_tensors(tensors)
+    return write_checkpoint(tmp_path, tensors, edit_config(qc) if edit_config else qc, shards), expected
+
+
+@pytest.fixture(scope="module")
+def original():
+    model, ops = load_reference_model(TINY)
+    return load_checkpoint(TINY).tensors, full_logits(model, ops, PROMPT)
+
+
+def check_loaded(path, expected, original, max_rel):
+    """The loaded weights equal the expected bits, the rest tiny_llama's own; the logits are within
+    max_rel of the original's (relative to their largest magnitude)."""
+    tensors, ref_logits = original
+    loaded = load_checkpoint(path).tensors
+    assert set(loaded) == set(tensors)          # no scale mapped as a model tensor
+    for hf_name, bits in expected.items():
+        t = loaded[gguf_name(hf_name)]
+        assert t.qtype == "BF16" and t.shape == bits.shape and t.data.dtype == np.uint16
+        np.testing.assert_array_equal(t.data, bits, err_msg=hf_name)
+    quantized = {gguf_name(n) for n in expected}
+    for name, t in tensors.items():
+        if name not in quantized:
+            assert t.qtype == loaded[name].qtype and np.array_equal(t.data, loaded[name].data), name
+    model, ops = load_reference_model(path)
+    err = rel_err(full_logits(model, ops, PROMPT), ref_logits)
+    assert 0 < err <= max_rel, err
+    return err
+
+
+# measured 0.038-0.045 over these layouts: E4M3 keeps 4 significant bits, so each weight moves by up to
+# 2^-4 (6.25 %) of itself; the tiny random model's logits (max 0.59) move by about the weights' own error
+FP8_MAX_REL = 0.0625
+
+
+@pytest.mark.parametrize("case", FP8_CASES)
+def test_fp8_checkpoint(tmp_path, case, original):
+    path, expected = build_fp8(tmp_path, case)
+    check_loaded(path, expected, original, FP8_MAX_REL)
+
+
+def test_modelopt_hf_quant_config_json(tmp_path, original):
+    """Older ModelOpt exports describe the quantization only in hf_quant_config.json."""
+    path, expected = build_fp8(tmp_path, "modelopt-fp8", edit_config=lambda qc: None)
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({
+        "producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
+    check_loaded(path, expected, original, FP8_MAX_REL)
+
+
+def test_fp8_checkpoint_engine_greedy(tmp_path):
+    """Engine on an FP8 folder: greedy generation runs, each token the argmax of the FP8 model's own
+    full-prefill logits (tiny_llama's top two logits lie too close for the original's tokens)."""
+    path, _ = build_fp8(tmp_path, "fp8-block-24x40-bf16-scales-2-shards")
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    got = Engine(path, device="cpu", progress=False).generate([PROMPT], params)[0].outputs[0].token_ids
+    model, ops = load_reference_model(path)
+    want = full_logits(model, ops, PROMPT + got[:-1])[len(PROMPT) - 1:].argmax(axis=1).tolist()
+    assert len(got) == 8 and got == want
+
+
+K0 = "model.layers.0.self_attn.k_proj."       # weight [32, 64]
+D1 = "model.layers.1.mlp.down_proj."           # weight [64, 128]
+
+
+def _set(name, dtype, value):
+    return lambda t: t.update({name: (dtype, np.asarray(value))})
+
+
+@pytest.mark.parametrize("case, edit_config, edit_tensors, match", [
+    ("fp8-block-128", None, lambda t: t.pop(D1 + "weight_scale_inv"),
+     rf"FP8 tensor '{D1}weight' has no scale tensor \({D1}weight_scale_inv or {D1}weight_scale\)"),
+    ("compressed-tensors-tensor", None, lambda t: t.pop(K0 + "weight_scale"), rf"'{K0}weight' has no scale tensor"),
+    ("fp8-block-24x40-bf16-scales-2-shards", None, _set(K0 + "weight_scale_inv", "F32", np.ones((3, 2), np.float32)),
+     rf"FP8 scale '{K0}weight_scale_inv' has shape \[3, 2\]; weight '{K0}weight' of shape \[32, 64\] \(fp8\) "
+     r"needs \[2, 2\] \(blocks of 24 x 40\)"),
+    ("compressed-tensors-tensor", None, _set(K0 + "weight_scale", "F32", np.ones((32, 1), np.float32)),
+     r"has shape \[32, 1\]; .* needs \[\] or \[1\]"),                 # a channel scale, config says tensor
+    ("fp8-channel-autofp8-name", None, _set(K0 + "weight_scale", "F32", np.ones((64, 1), np.float32)),
+     r"has shape \[64, 1\]; .* needs \[\] or \[1\] or \[32, 1\]"),
+    ("fp8-tensor", None, _set(K0 + "weight_scale_inv", "F8_E4M3", np.array(56, np.uint8)),
+     rf"scale tensor '{K0}weight_scale_inv' is F8_E4M3; it must be one of F32, BF16, F16"),
+    ("fp8-tensor", lambda qc: None, None, r"tensor 'model\.layers\.\d\.\w+\.\w+\.weight' is F8_E4M3, but "
+                                          r"config.json has no quantization_config"),
+    ("fp8-tensor", lambda qc: {"quant_method": "gptq", "bits": 4}, None,
+     r"config.json: quantization_config.quant_method 'gptq' is not supported"),
+    ("modelopt-fp8", lambda qc: {**qc, "quant_algo": "W4A8_AWQ"}, None,
+     r"modelopt quant_algo 'W4A8_AWQ' is not supported"),
+    ("fp8-tensor", lambda qc: {**qc, "fmt": "e5m2"}, None, r"fmt 'e5m2' is not supported \(only e4m3\)"),
+    ("fp8-block-128", lambda qc: {**qc, "weight_block_size": [128]}, None,
+     r"weight_block_size must be two positive integers, got \[128\]"),
+    ("compressed-tensors-tensor", lambda qc: {**qc, "format": "pack-quantized"}, None,
+     r"compressed-tensors format 'pack-quantized' is not supported"),
+    ("compressed-tensors-tensor", lambda qc: {**qc, "config_groups": {"group_0": {"weights": {
+        "type": "int", "num_bits": 4, "strategy": "group"}}}}, None,
+     r"config_groups.group_0.weights: only 8-bit float \(FP8\) weights are supported, got \('int', 4\)"),
+    ("compressed-tensors-tensor", lambda qc: {**qc, "config_groups": {"group_0": {"weights": {
+        "type": "float", "num_bits": 8, "strategy": "group"}}}}, None, r"strategy 'group' is not supported"),
+], ids=["missing-block-scale", "missing-tensor-scale", "block-scale-shape", "channel-scale-for-tensor-strategy",
+        "scale-rows-not-weight-rows", "fp8-scale-dtype", "no-quantization-config", "unknown-quant-method",
+        "modelopt-unknown-algo", "fmt-e5m2", "bad-weight-block-size", "compressed-tensors-packed", "compressed-tensors-int4",
+        "compressed-tensors-group-strategy"])
+def test_fp8_checkpoint_errors(tmp_path, case, edit_config, edit_tensors, match):
+    path, _ = build_fp8(tmp_path, case, edit_config, edit_tensors)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert str(e.value).startswith("model: ") and path in str(e.value)
+
+
+def test_scale_names_are_not_model_tensors():
+    assert gguf_name("lm_head.weight_scale") is None and gguf_name("lm_head.input_scale") is None
+    assert gguf_name("model.layers.3.mlp.up_proj.weight_scale_inv") is None
+    assert gguf_name("model.layers.3.mlp.up_proj.weight_scale_2") is None
+    assert gguf_name("lm_head.weight") == "output.weight" and gguf_name("model.norm.weight") == "output_norm.weight"
