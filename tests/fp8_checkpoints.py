@@ -1,4 +1,4 @@
-"""Tiny FP8 Hugging Face checkpoints built from the tiny_llama fixture, and independent
+"""Tiny FP8 / NVFP4 Hugging Face checkpoints built from the tiny_llama fixture, and independent
 references for their dequantization: bit-level decoders of the codes, a BF16 rounding through
 frexp, and block-by-block loops (not the loader's table lookups and index grids)."""
 import json
@@ -28,6 +28,13 @@ def e4m3_reference(code: int) -> float:
     return sign * (man / 8 * 2.0 ** -6 if exp == 0 else (1 + man / 8) * 2.0 ** (exp - 7))
 
 
+def e2m1_reference(code: int) -> float:
+    """FP4 E2M1: sign, 2 exponent bits of bias 1, 1 mantissa bit; exponent 0 subnormal (0, 0.5)."""
+    sign = -1.0 if code & 8 else 1.0
+    exp, man = (code >> 1) & 3, code & 1
+    return sign * (man * 0.5 if exp == 0 else (1 + man / 2) * 2.0 ** (exp - 1))
+
+
 def bf16_reference(x: np.ndarray) -> np.ndarray:
     """BF16 bits of float32 values, rounded to 8 significant bits half to even (normal range)."""
     m, e = np.frexp(np.asarray(x, np.float64))
@@ -35,13 +42,16 @@ def bf16_reference(x: np.ndarray) -> np.ndarray:
     return (rounded.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def reference_dequant(values: np.ndarray, scales: np.ndarray, block) -> np.ndarray:
-    """BF16 bits of values (float32 [rows, cols]) times scales[block row, block col], block by block."""
+def reference_dequant(values: np.ndarray, scales: np.ndarray, block, factor=None) -> np.ndarray:
+    """BF16 bits of values (float32 [rows, cols]) times scales[block row, block col] (times factor),
+    block by block."""
     out = np.empty(values.shape, np.float32)
     (b0, b1), (rows, cols) = block, values.shape
     for i in range(0, rows, b0):
         for j in range(0, cols, b1):
             out[i:i + b0, j:j + b1] = values[i:i + b0, j:j + b1] * np.float32(scales[i // b0, j // b1])
+    if factor is not None:
+        out *= np.float32(factor)
     return bf16_reference(out)
 
 
@@ -62,6 +72,24 @@ def quantize_fp8(w: np.ndarray, block) -> tuple[np.ndarray, np.ndarray]:
             scales[i // b0, j // b1] = s
             codes[i:i + b0, j:j + b1] = encode_e4m3(round_e4m3(part / s))
     return codes, scales
+
+
+def quantize_nvfp4(w: np.ndarray, group: int = 16):
+    """ModelOpt NVFP4 of w (float32 [rows, cols]) -> (E2M1 codes [rows, cols], E4M3 codes of the
+    per-group scales [rows, cols / group], the per-tensor scale_2 = amax / (6 * 448))."""
+    table = np.array([e2m1_reference(c) for c in range(16)], np.float32)
+    scale2 = np.float32(np.abs(w).max() / (6 * 448))
+    rows, cols = w.shape
+    groups = w.reshape(rows, cols // group, group)
+    scale_codes = encode_e4m3(round_e4m3(np.abs(groups).max(axis=2) / 6 / scale2))
+    step = e4m3_decode(scale_codes)[:, :, None] * scale2
+    target = (groups / np.where(step > 0, step, 1)).reshape(rows, cols)
+    return np.abs(target[:, :, None] - table).argmin(axis=2).astype(np.uint8), scale_codes, scale2
+
+
+def pack_e2m1(codes: np.ndarray) -> np.ndarray:
+    """Two 4-bit codes a byte, value 2i in the low nibble of byte i."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
 
 
 def tiny_tensors() -> dict:

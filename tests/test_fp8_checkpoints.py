@@ -9,10 +9,11 @@ from pocketcupy import Engine, SamplingParams
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.loader.safetensors_loader import gguf_name
 from pocketcupy.quant.dequant import f32_to_bf16
-from pocketcupy.quant.minifloat_weights import e4m3_values
+from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values
 
-from .fp8_checkpoints import (TINY, bf16_reference, e4m3_decode, e4m3_reference, float_weight, linear_names,
-                              quantize_fp8, reference_dequant, tiny_tensors, write_checkpoint)
+from .fp8_checkpoints import (TINY, bf16_reference, e2m1_reference, e4m3_decode, e4m3_reference, float_weight,
+                              linear_names, pack_e2m1, quantize_fp8, quantize_nvfp4, reference_dequant, tiny_tensors,
+                              write_checkpoint)
 from .helpers import full_logits, load_reference_model, rel_err
 
 PROMPT = [5, 17, 42, 101, 7, 250, 33, 64, 12, 199, 3, 88]
@@ -52,6 +53,13 @@ def test_e4m3_decode_every_code():
     assert np.flatnonzero(np.isnan(got)).tolist() == [0x7F, 0xFF]
     assert got[0x7E] == 448 and got[1] == 2.0 ** -9 and got[8] == 2.0 ** -6   # max, smallest subnormal, normal
     assert np.signbit(got[0x80]) and not np.signbit(got[0])
+
+
+def test_e2m1_decode_every_byte_low_nibble_first():
+    got = e2m1_values(np.arange(256, dtype=np.uint8).reshape(2, 128))
+    want = np.array([[e2m1_reference(b & 15), e2m1_reference(b >> 4)] for b in range(256)], np.float32)
+    np.testing.assert_array_equal(got, want.reshape(2, 256))
+    assert sorted(set(np.abs(got.ravel()).tolist())) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
 
 
 def test_bf16_rounding_matches_the_reference():
@@ -116,8 +124,9 @@ def check_loaded(path, expected, original, max_rel):
     return err
 
 
-# measured 0.033-0.045 over these layouts: E4M3 keeps 4 significant bits, so each weight moves by up to
-# 2^-4 (6.25 %) of itself; the tiny random model's logits (max 0.59) move by about the weights' own error
+# The tiny model's logits move by about its weights' largest error (relative to each tensor's largest
+# weight). E4M3 rounds a weight by up to 2^-4 of itself: measured 0.035-0.038 on the weights, 0.033-0.045
+# on the logits over these layouts.
 FP8_MAX_REL = 0.0625
 
 
@@ -135,15 +144,18 @@ def test_modelopt_hf_quant_config_json(tmp_path, original):
     check_loaded(path, expected, original, FP8_MAX_REL)
 
 
-def test_fp8_checkpoint_engine_greedy(tmp_path):
-    """Engine on an FP8 folder: greedy generation runs, each token the argmax of the FP8 model's own
-    full-prefill logits (tiny_llama's top two logits lie too close for the original's tokens)."""
-    path, _ = build_fp8(tmp_path, "fp8-block-24x40-bf16-scales-2-shards")
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+def check_engine_greedy(path, n=8):
+    """Engine on the folder: greedy generation runs, each token the argmax of the quantized model's own
+    full-prefill logits (tiny_llama's top two logits lie too close to expect the original's tokens)."""
+    params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     got = Engine(path, device="cpu", progress=False).generate([PROMPT], params)[0].outputs[0].token_ids
     model, ops = load_reference_model(path)
     want = full_logits(model, ops, PROMPT + got[:-1])[len(PROMPT) - 1:].argmax(axis=1).tolist()
-    assert len(got) == 8 and got == want
+    assert len(got) == n and got == want
+
+
+def test_fp8_checkpoint_engine_greedy(tmp_path):
+    check_engine_greedy(build_fp8(tmp_path, "fp8-block-24x40-bf16-scales-2-shards")[0])
 
 
 K0 = "model.layers.0.self_attn.k_proj."       # weight [32, 64]
@@ -199,3 +211,73 @@ def test_scale_names_are_not_model_tensors():
     assert gguf_name("model.layers.3.mlp.up_proj.weight_scale_inv") is None
     assert gguf_name("model.layers.3.mlp.up_proj.weight_scale_2") is None
     assert gguf_name("lm_head.weight") == "output.weight" and gguf_name("model.norm.weight") == "output_norm.weight"
+
+
+NVFP4_CONFIG = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
+                "kv_cache_quant_algo": None}
+
+
+def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None):
+    """ModelOpt NVFP4 tiny_llama in tmp_path -> (folder, {HF weight name: expected BF16 bits}); the
+    quantization in config.json, or (older exports) only in hf_quant_config.json."""
+    tensors, expected = tiny_tensors(), {}
+    for name in linear_names(tensors):
+        codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name))
+        prefix = name.removesuffix("weight")
+        tensors[name] = ("U8", pack_e2m1(codes))
+        tensors[prefix + "weight_scale"] = ("F8_E4M3", scale_codes)
+        tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
+        tensors[prefix + "input_scale"] = ("F32", np.array(0.01, np.float32))       # activations: ignored
+        values = np.array([[e2m1_reference(c) for c in row] for row in codes], np.float32)
+        expected[name] = reference_dequant(values, e4m3_decode(scale_codes), (1, 16), scale2)
+    if edit_tensors is not None:
+        edit_tensors(tensors)
+    if not hf_quant_config_json:
+        return write_checkpoint(tmp_path, tensors, NVFP4_CONFIG), expected
+    nested = {"producer": {"name": "modelopt", "version": "0.27.0"},
+              "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"],
+                               "kv_cache_quant_algo": None}}
+    return write_checkpoint(tmp_path, tensors, extra_files={"hf_quant_config.json": nested}), expected
+
+
+# E2M1's widest step (4 to 6) rounds a weight by up to 1/6 of its group's largest: measured 0.164 on the
+# weights (relative to each tensor's largest), 0.140 on the logits.
+NVFP4_MAX_REL = 0.2
+
+
+@pytest.mark.parametrize("hf_quant_config_json", [False, True], ids=["config.json", "hf_quant_config.json"])
+def test_nvfp4_checkpoint(tmp_path, hf_quant_config_json, original):
+    path, expected = build_nvfp4(tmp_path, hf_quant_config_json)
+    check_loaded(path, expected, original, NVFP4_MAX_REL)
+
+
+def test_nvfp4_checkpoint_engine_greedy(tmp_path):
+    check_engine_greedy(build_nvfp4(tmp_path)[0])
+
+
+@pytest.mark.parametrize("edit_tensors, match", [
+    (lambda t: t.pop(D1 + "weight_scale_2"), rf"NVFP4 tensor '{D1}weight' has no scale tensor '{D1}weight_scale_2'"),
+    (lambda t: t.pop(D1 + "weight_scale"), rf"NVFP4 tensor '{D1}weight' has no scale tensor '{D1}weight_scale'"),
+    (lambda t: t.update({K0 + "weight_scale": ("F8_E4M3", t[K0 + "weight_scale"][1][:, :2])}),
+     rf"NVFP4 scale '{K0}weight_scale' is F8_E4M3 \[32, 2\]; weight '{K0}weight' of 32 x 64 values needs "
+     r"F8_E4M3 \[32, 64 / 16\]"),
+    (lambda t: t.update({K0 + "weight_scale": ("F32", np.ones((32, 4), np.float32))}),
+     rf"NVFP4 scale '{K0}weight_scale' is F32 \[32, 4\]"),
+    (lambda t: t.update({K0 + "weight_scale_2": ("F32", np.ones(2, np.float32))}),
+     rf"'{K0}weight_scale_2' has shape \[2\]; it must be \[\] or \[1\]"),
+    (lambda t: t.update({K0 + "weight": ("F8_E4M3", np.zeros((32, 64), np.uint8))}),
+     rf"'{K0}weight' is F8_E4M3, but the modelopt NVFP4 checkpoint has no FP8 weights"),
+], ids=["missing-scale-2", "missing-group-scale", "group-scale-shape", "group-scale-dtype", "scale-2-shape",
+        "fp8-weight-in-nvfp4"])
+def test_nvfp4_checkpoint_errors(tmp_path, edit_tensors, match):
+    path, _ = build_nvfp4(tmp_path, edit_tensors=edit_tensors)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert path in str(e.value)
+
+
+def test_u8_weight_in_an_fp8_checkpoint(tmp_path):
+    path, _ = build_fp8(tmp_path, "fp8-tensor", edit_tensors=lambda t: t.update(
+        {K0 + "weight": ("U8", np.zeros((32, 32), np.uint8))}))
+    with pytest.raises(ValueError, match=rf"'{K0}weight' is U8, which only NVFP4 checkpoints hold as weights"):
+        load_checkpoint(path)

@@ -1,4 +1,4 @@
-"""FP8 weights of Hugging Face checkpoints, dequantized to BF16 at load so that both
+"""FP8 and NVFP4 weights of Hugging Face checkpoints, dequantized to BF16 at load so that both
 backends run them through their BF16 paths (twice the FP8 bytes in memory; no FP8 kernels yet).
 
 quantization_config (config.json, or ModelOpt's older hf_quant_config.json) -> WeightQuantization;
@@ -12,27 +12,30 @@ each quantized `X.weight` is then read with its scale tensors (never mapped as m
         F8_E4M3 weight times X.weight_scale, per the groups' weight strategy: "tensor" [] / [1],
         "channel" [out, 1], "block" [ceil(out / b0), ceil(in / b1)] of block_structure.
     "modelopt" FP8: F8_E4M3 weight times X.weight_scale ([] / [1]).
+    "modelopt" NVFP4: U8 weight [out, in / 2] of E2M1 codes (value 2i in the low nibble of byte i)
+        times F8_E4M3 X.weight_scale [out, in / group_size] times X.weight_scale_2 ([] / [1]).
 
 Activation quantization (X.input_scale, activation_scheme) is ignored: activations stay in the
-backend's precision. Layers left unquantized (ignore / exclude_modules) are simply not F8."""
+backend's precision. Layers left unquantized (ignore / exclude_modules) are simply not F8 or U8."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..quant.minifloat_weights import e4m3_values, scaled_to_bf16
+from ..quant.minifloat_weights import e2m1_values, e4m3_values, scaled_to_bf16
 from ..quant.qtensor import QTensor
 
-QUANTIZED_DTYPES = ("F8_E4M3",)   # safetensors dtypes read as raw bytes for this module
+QUANTIZED_DTYPES = ("F8_E4M3", "U8")   # safetensors dtypes read as raw bytes for this module
 _DENSE = ("F32", "BF16", "F16")
 
 
 @dataclass(frozen=True)
 class WeightQuantization:
-    method: str                         # for messages: "fp8", "compressed-tensors", "modelopt FP8"
+    method: str                         # for messages: "fp8", "compressed-tensors", "modelopt NVFP4", ...
     fp8_scales: tuple[str, ...] = ()    # names of an F8 weight's scale (X.<name>), the first present used
     fp8_layouts: tuple = ()             # the scale layouts allowed: "tensor", "channel" or a block (b0, b1)
+    nvfp4_group: int | None = None      # values a weight_scale covers along a row, for U8 (NVFP4) weights
 
 
 def weight_quantization(qc, source: str) -> WeightQuantization | None:
@@ -49,7 +52,7 @@ def weight_quantization(qc, source: str) -> WeightQuantization | None:
     if method == "modelopt":
         return _modelopt(qc, source)
     raise ValueError(f"{source}: quantization_config.quant_method {method!r} is not supported "
-                     "(supported: fp8, compressed-tensors FP8, modelopt FP8)")
+                     "(supported: fp8, compressed-tensors FP8, modelopt FP8 / NVFP4)")
 
 
 def _block(value, what: str, source: str) -> tuple[int, int]:
@@ -101,7 +104,12 @@ def _modelopt(qc: dict, source: str) -> WeightQuantization:
     algo = str(q.get("quant_algo")).upper()
     if algo == "FP8":
         return WeightQuantization("modelopt FP8", ("weight_scale",), ("tensor",))
-    raise ValueError(f"{source}: modelopt quant_algo {q.get('quant_algo')!r} is not supported (supported: FP8)")
+    if algo == "NVFP4":
+        group = q.get("group_size", 16)
+        if not (isinstance(group, int) and not isinstance(group, bool) and group > 0):
+            raise ValueError(f"{source}: NVFP4 group_size must be a positive integer, got {group!r}")
+        return WeightQuantization("modelopt NVFP4", nvfp4_group=group)
+    raise ValueError(f"{source}: modelopt quant_algo {q.get('quant_algo')!r} is not supported (supported: FP8, NVFP4)")
 
 
 def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) -> QTensor:
@@ -112,6 +120,8 @@ def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) ->
         raise ValueError(f"tensor {name!r} is {dtype}, but config.json has no quantization_config")
     if data.ndim != 2:
         raise ValueError(f"tensor {name!r} is {dtype} of shape {list(data.shape)}; quantized weights must be 2-D")
+    if dtype == "U8":
+        return _nvfp4_weight(name, raw, quant)
     if not quant.fp8_layouts:
         raise ValueError(f"tensor {name!r} is F8_E4M3, but the {quant.method} checkpoint has no FP8 weights")
     names = [name.removesuffix("weight") + s for s in quant.fp8_scales]
@@ -121,6 +131,28 @@ def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) ->
     scales, block = _fp8_scale_blocks(name, data.shape, scale_name, _dense(scale_name, raw), quant)
     bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
     return QTensor("BF16", data.shape, bits)
+
+
+def _nvfp4_weight(name: str, raw: dict, quant: WeightQuantization) -> QTensor:
+    dtype, packed = raw[name]
+    if quant.nvfp4_group is None:
+        raise ValueError(f"tensor {name!r} is {dtype}, which only NVFP4 checkpoints hold as weights "
+                         f"(this one is {quant.method})")
+    group, (rows, cols) = quant.nvfp4_group, (packed.shape[0], 2 * packed.shape[1])
+    scale_name, scale2_name = (name.removesuffix("weight") + s for s in ("weight_scale", "weight_scale_2"))
+    for n in (scale_name, scale2_name):
+        if n not in raw:
+            raise ValueError(f"NVFP4 tensor {name!r} has no scale tensor {n!r}")
+    scale_dtype, scales = raw[scale_name]
+    if scale_dtype != "F8_E4M3" or cols % group or scales.shape != (rows, cols // group):
+        raise ValueError(f"NVFP4 scale {scale_name!r} is {scale_dtype} {list(scales.shape)}; weight {name!r} of "
+                         f"{rows} x {cols} values needs F8_E4M3 [{rows}, {cols} / {group}]")
+    scale2 = _dense(scale2_name, raw)
+    if scale2.shape not in ((), (1,)):
+        raise ValueError(f"NVFP4 scale {scale2_name!r} has shape {list(scale2.shape)}; it must be [] or [1]")
+    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]), e4m3_values(scales),
+                          (1, group), float(scale2.reshape(())))
+    return QTensor("BF16", (rows, cols), bits)
 
 
 def _dense(name: str, raw: dict) -> np.ndarray:
