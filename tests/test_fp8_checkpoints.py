@@ -9,7 +9,8 @@ from pocketcupy import Engine, SamplingParams
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.loader.safetensors_loader import gguf_name
 from pocketcupy.quant.dequant import f32_to_bf16
-from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values
+from pocketcupy.quant import minifloat_weights
+from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values, scaled_to_bf16
 
 from .fp8_checkpoints import (TINY, bf16_reference, e2m1_reference, e4m3_decode, e4m3_reference, float_weight,
                               linear_names, pack_e2m1, quantize_fp8, quantize_nvfp4, reference_dequant, tiny_tensors,
@@ -65,9 +66,21 @@ def test_e2m1_decode_every_byte_low_nibble_first():
 def test_bf16_rounding_matches_the_reference():
     """The loader's float32 -> BF16 (dequant.f32_to_bf16) against the test's frexp rounding, ties included."""
     rng = np.random.default_rng(0)
-    x = np.concatenate([rng.standard_normal(10000).astype(np.float32) * 10.0 ** rng.integers(-6, 6, 10000),
-                        np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 0.0, -0.0], np.float32)])
+    ties = ((rng.integers(0x3000, 0x5000, 1000, dtype=np.uint32) << 16) | 0x8000).view(np.float32)
+    x = np.concatenate([rng.standard_normal(10000) * 10.0 ** rng.integers(-6, 6, 10000), ties, -ties,
+                        [1 + 2 ** -8, 1 + 3 * 2 ** -8, 0.0, -0.0]]).astype(np.float32)
     np.testing.assert_array_equal(f32_to_bf16(x), bf16_reference(x))
+
+
+@pytest.mark.parametrize("block", [(24, 40), (1, 100), (100, 100)])
+def test_row_chunks_cross_blocks(monkeypatch, block):
+    """Rows go through in chunks (5 rows here) that start inside scale blocks; the result is the same."""
+    monkeypatch.setattr(minifloat_weights, "_CHUNK_VALUES", 5 * 100)
+    rng = np.random.default_rng(1)
+    codes = rng.integers(0, 0x7F, (53, 100), dtype=np.uint8) | rng.integers(0, 2, (53, 100), dtype=np.uint8) << 7
+    scales = rng.random((-(-53 // block[0]), -(-100 // block[1]))).astype(np.float32)
+    got = scaled_to_bf16(codes.shape, lambda r0, r1: e4m3_values(codes[r0:r1]), scales, block)
+    np.testing.assert_array_equal(got, reference_dequant(e4m3_decode(codes), scales, block))
 
 
 def build_fp8(tmp_path, case, edit_config=None, edit_tensors=None):
