@@ -275,7 +275,8 @@ class Engine:
             gen = make_generator(int(self._rng.integers(2**63)))
         row = SamplingRow(p, req.prompt_token_ids, req.output_token_ids, gen, allowed_mask=group.allowed_mask)
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
-        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens)
+        detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens,
+                                       p.preserved_token_ids)
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
         return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)

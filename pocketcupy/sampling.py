@@ -46,6 +46,9 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # special tokens written into the text even with skip_special_tokens (llama.cpp's preserved
+    # tokens): the server's tool-call markers, e.g. Mistral's [TOOL_CALLS], which its parser reads
+    preserved_token_ids: list[int] | None = None  # normalised to list[int]
     # vLLM's; tokens are joined as their bytes (vLLM's fast detokenizer path), which puts no space
     # between special tokens either way, so it changes nothing here
     spaces_between_special_tokens: bool = True
@@ -96,6 +99,7 @@ class SamplingParams:
         self.stop = stop
 
         self.stop_token_ids = _token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
+        self.preserved_token_ids = _token_ids("preserved_token_ids", self.preserved_token_ids or [])
 
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):
@@ -136,6 +140,7 @@ class SamplingParams:
 
     def clone(self, **overrides) -> "SamplingParams":
         base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
+                "preserved_token_ids": list(self.preserved_token_ids),
                 "logit_bias": None if self.logit_bias is None else dict(self.logit_bias),
                 "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
                 "bad_words": list(self.bad_words)}

@@ -113,11 +113,20 @@ class Tokenizer:
         """The vocabulary entry itself (e.g. 'Ġhello', '▁hello', '<0x0A>')."""
         return self._tokens[self._check(int(token_id))]
 
-    def _render(self, token_id: int, skip_special_tokens: bool) -> bytes:
+    def _render(self, token_id: int, skip_special_tokens: bool, shown=()) -> bytes:
         token_id = self._check(int(token_id))
-        if skip_special_tokens and token_id in self._hidden:
+        if skip_special_tokens and token_id in self._hidden and token_id not in shown:
             return b""
         return self._pieces[token_id]
+
+    def hidden_token_ids(self, texts: Iterable[str]) -> list[int]:
+        """Ids of the tokens among these texts (each one whole token) that skip_special_tokens drops."""
+        out = []
+        for t in texts:
+            ids = self.encode(t, add_special_tokens=False)
+            if len(ids) == 1 and ids[0] in self._hidden:
+                out.append(ids[0])
+        return out
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         parts = []
@@ -157,17 +166,20 @@ class IncrementalDetokenizer:
 
     With prompt_ids (non-empty), the first generated token continues a sequence, so a
     SentencePiece leading '▁' stays a space; without them the stream equals decode(ids).
+    `shown`: special token ids written out even with skip_special_tokens (SamplingParams'
+    preserved_token_ids).
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, shown: Iterable[int] = ()):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.shown = frozenset(shown)
         self._pending = b""  # the start of a UTF-8 character whose last bytes have not come yet
         self._strip = tokenizer.strip_leading_space and not prompt_ids
 
     def push(self, token_id: int) -> str:
-        b = self.tokenizer._render(token_id, self.skip_special_tokens)
+        b = self.tokenizer._render(token_id, self.skip_special_tokens, self.shown)
         if not b:
             return ""
         if self._strip:

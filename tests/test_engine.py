@@ -186,6 +186,24 @@ def test_allowed_token_ids(engine):
     assert not engine.has_unfinished_requests()
 
 
+def test_preserved_token_ids(engine):
+    """preserved_token_ids: those special tokens are written into the text although
+    skip_special_tokens drops the others (the server keeps tool-call markers so), in the whole
+    output and the stream alike."""
+    tok = engine.tokenizer
+    start, repo = tok.encode("<|im_start|><repo_name>", add_special_tokens=False)  # both dropped by default
+    base = SamplingParams(temperature=1.0, seed=0, n=3, max_tokens=8, allowed_token_ids=[start, repo], ignore_eos=True)
+    kept = base.clone(preserved_token_ids=[start])
+    outs = engine.generate("Hi", kept)[0].outputs
+    assert {start, repo} <= {t for o in outs for t in o.token_ids}
+    for o, plain in zip(outs, engine.generate("Hi", base)[0].outputs):
+        assert o.token_ids == plain.token_ids and plain.text == ""
+        assert o.text == "<|im_start|>" * o.token_ids.count(start)
+    assert "".join(engine.stream("Hi", kept.clone(n=1))) == outs[0].text
+    with pytest.raises(ValueError, match="^preserved_token_ids: "):
+        SamplingParams(preserved_token_ids=[-1])
+
+
 def test_bad_words(engine):
     """A word of the greedy text, banned: none of its token sequences (as written, after a space)
     appears in the new output; a one-token word is never sampled."""
