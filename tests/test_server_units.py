@@ -13,11 +13,15 @@ NAMES = ["get_weather", "get_time"]
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in NAMES]
 
 
-def streamed(parser, text, step):
-    """Feed text in pieces of `step` characters; aggregate like collect()."""
+def pieces(text, step):
+    return [text[k:k + step] for k in range(0, len(text), step)]
+
+
+def streamed(parser, parts):
+    """Feed the deltas `parts`; aggregate like collect()."""
     events = []
-    for k in range(0, len(text), step):
-        events += parser.feed(text[k:k + step])
+    for part in parts:
+        events += parser.feed(part)
     events += parser.finish()
     content, calls = "".join(e[1] for e in events if e[0] == "content"), []
     for e in events:
@@ -53,7 +57,7 @@ CASES = [
 def test_tool_parser_whole_and_streamed(text, expected):
     assert collect(ToolParser(NAMES), text) == expected
     for step in (1, 2, 3, 7):
-        assert streamed(ToolParser(NAMES), text, step) == expected
+        assert streamed(ToolParser(NAMES), pieces(text, step)) == expected
 
 
 def test_tool_parser_no_parallel_keeps_first():
@@ -70,7 +74,7 @@ def test_tool_parser_no_parallel_keeps_first():
 ])
 def test_forced_call_parser(gen, args):
     for step in (1, 4, 100):
-        assert streamed(ForcedCallParser("get_weather"), gen, step) == (None, [("get_weather", args)])
+        assert streamed(ForcedCallParser("get_weather"), pieces(gen, step)) == (None, [("get_weather", args)])
     p = ForcedCallParser("get_weather")
     p.feed(gen)
     assert p.done == (args != gen or args.endswith("}"))

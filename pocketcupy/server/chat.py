@@ -12,8 +12,8 @@ from .reasoning import ReasoningParser, message_texts
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import parse_structured_outputs
-from .tool_prompt import (for_template, forced_call_arguments, parse_messages, parse_tool_choice, parse_tools,
-                          template_knows_tools)
+from .tool_prompt import (ToolStyle, for_template, forced_call_arguments, parse_messages, parse_tool_choice,
+                          parse_tools, template_knows_tools, tool_style)
 from .tools import ForcedCallParser, ToolParser, forced_prefill
 
 
@@ -32,6 +32,7 @@ class ChatRequest:
     forced_arguments: dict          # function the server may force -> the constraint on its arguments
     parallel_tool_calls: bool
     max_tokens: tuple | None
+    style: ToolStyle                # how the template writes calls: forced prefill, id form, marker tokens
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -111,15 +112,22 @@ def parse_chat(state, body) -> ChatRequest:
     template = parse_template_fields(f)
     check_hint_fields(f)
     f.reject_unknown()
-    text = render_messages(engine, msgs, tools if mode != "none" else None, template)
+    offered = tools if mode != "none" else None
+    text = render_messages(engine, msgs, offered, template)
     mt = kw["max_tokens"]
     if kw["structured_outputs"] is not None and mode not in ("none", "auto"):
         raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
     forced = forced_call_arguments(tools, mode)
-    params = make_params(kw, (top or 0) if logprobs else None)
+    style = tool_style(engine.tokenizer, offered)
+    # The tool parser must see the tokenizer's tool-call markers (Mistral's [TOOL_CALLS], [ARGS]),
+    # which are control tokens that skip_special_tokens drops. vLLM turns skip_special_tokens off
+    # for such requests, which also writes every other control token the model emits (Magistral's
+    # [THINK], a stray [INST]) into the content of tool requests only; here just the markers are kept
+    # (as llama.cpp's preserved tokens), so content stays what it is without tools.
+    params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, forced, parallel, mt)
+                       tools, mode, forced, parallel, mt, style)
 
 
 def _encode(state, text: str) -> list[int]:
@@ -142,8 +150,8 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     if len(names) == 1:
         return names[0]
     # several functions: the model's most likely name among them (summed log-probs of the name tokens)
-    base = _encode(state, req.text + '<tool_call>\n{"name": "')
-    full = [_encode(state, req.text + forced_prefill(n)) for n in names]
+    base = _encode(state, req.text + req.style.forced[0])
+    full = [_encode(state, req.text + forced_prefill(n, req.style.forced)) for n in names]
     cands = [truncate_prompt(c, req.params.truncate_prompt_tokens, state.engine.max_model_len) for c in full]
     for c in cands:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
@@ -217,7 +225,7 @@ def handle_chat(state, body, gone):
     req = parse_chat(state, body)
     rid = new_id("chatcmpl")
     forced = _forced_name(state, req, rid, gone)
-    text = req.text + (forced_prefill(forced) if forced else "")
+    text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
     ids = truncate_prompt(_encode(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
@@ -238,7 +246,7 @@ def handle_chat(state, body, gone):
                 elif ev[0] == "reasoning":
                     reasoning[u.index].append(ev[1])
                 elif ev[0] == "call":
-                    calls[u.index].append({"id": new_id("call"), "type": "function",
+                    calls[u.index].append({"id": req.style.call_id(), "type": "function",
                                            "function": {"name": ev[2], "arguments": ""}})
                 else:
                     calls[u.index][ev[1]]["function"]["arguments"] += ev[2]
@@ -260,14 +268,14 @@ def handle_chat(state, body, gone):
                 usage=usage(len(ids), sum(u.num_tokens for u in final)))
 
 
-def _delta(events, call_ids: dict) -> dict:
+def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
     delta, calls = {}, {}
     for ev in events:
         if ev[0] in ("content", "reasoning"):
             key = "content" if ev[0] == "content" else "reasoning_content"
             delta[key] = delta.get(key, "") + ev[1]
         elif ev[0] == "call":
-            call_ids[ev[1]] = new_id("call")
+            call_ids[ev[1]] = style.call_id()
             calls[ev[1]] = {"index": ev[1], "id": call_ids[ev[1]], "type": "function",
                             "function": {"name": ev[2], "arguments": ""}}
         else:
@@ -292,7 +300,7 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: i
                      "logprobs": None, "finish_reason": None})
     for u in _updates(state, req, job, forced):
         total[u.index] = u.num_tokens
-        delta = _delta(u.events, call_ids[u.index])
+        delta = _delta(u.events, call_ids[u.index], req.style)
         if delta or u.logprobs or u.finish_reason:  # one choice per chunk, as OpenAI does
             c = {"index": u.index, "delta": delta,
                  "logprobs": None if u.logprobs is None else {"content": u.logprobs, "refusal": None},

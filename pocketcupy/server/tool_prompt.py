@@ -1,4 +1,5 @@
-"""`tools`, `tool_choice` and chat `messages`: validation, and what the chat template is given.
+"""`tools`, `tool_choice` and chat `messages`: validation, what the chat template is given, and
+what the server must know of how the template writes tool calls (ToolStyle).
 
 A template that knows about tools (its source mentions them) gets OpenAI's shapes, with
 tool-call arguments decoded to objects as Hugging Face templates expect. For a template that
@@ -9,11 +10,15 @@ assistant tool calls written as such blocks, and tool results as <tool_response>
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from ..chat_template import validate_messages
 from ..structured import StructuredOutputsParams
 from .protocol import bad
-from .tools import CLOSE, OPEN, valid_function_name
+from .responses import new_id
+from .tools import CLOSE, HERMES_FORCED, OPEN, valid_function_name
+from .tools_mistral import BOT, MARKERS, forced_form, writes_mistral_calls
+from .tools_mistral import call_id as mistral_call_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -127,6 +132,30 @@ def _decoded(arguments: str):
 
 def template_knows_tools(template: str | None) -> bool:
     return bool(template) and "tool" in template
+
+
+@dataclass(frozen=True)
+class ToolStyle:
+    """How a request's template writes tool calls, as far as the server must know."""
+    forced: tuple[str, str] = HERMES_FORCED  # a forced call of f: the prompt ends with forced[0] + f + forced[1]
+    short_ids: bool = False                  # call ids of 9 alphanumeric characters (Mistral's templates
+                                             # reject others when the calls come back in the conversation)
+    markers: tuple[int, ...] = ()            # the tokenizer's tool-call marker tokens that skip_special_tokens drops
+
+    def call_id(self) -> str:
+        return mistral_call_id() if self.short_ids else new_id("call")
+
+
+def tool_style(tokenizer, tools: list | None) -> ToolStyle:
+    """The style of a request offering tools (None: none offered). Mistral's: the template writes
+    [TOOL_CALLS] (or checks Mistral's ids), or the tokenizer has Mistral's marker tokens."""
+    if tools is None:
+        return ToolStyle()
+    template = tokenizer.chat_template_for(tools)
+    markers = tuple(tokenizer.hidden_token_ids(MARKERS))
+    native_mistral = template_knows_tools(template) and BOT in template
+    return ToolStyle(forced_form(template) if native_mistral else HERMES_FORCED,
+                     writes_mistral_calls(template) or bool(markers), markers)
 
 
 def for_template(msgs: list[dict], tools: list[dict] | None, native: bool) -> tuple[list[dict], list | None]:

@@ -3,8 +3,11 @@
 Styles understood:
   Hermes / Qwen   text <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
   Llama-3 JSON    [<|python_tag|>]{"name": ..., "parameters": {...}} [; {...}]   (the whole reply)
+  Mistral         text [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+                  text [TOOL_CALLS]name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}   (tools_mistral.py)
 and the forced form used for tool_choice "required"/named: the prompt already ends with
-'<tool_call>\\n{"name": "<fn>", "arguments": ' and the model writes only the arguments.
+'<tool_call>\\n{"name": "<fn>", "arguments": ' (Mistral templates: '[TOOL_CALLS] [{"name": "<fn>",
+"arguments": ' or '[TOOL_CALLS]<fn>[ARGS]') and the model writes only the arguments.
 
 A parser turns text deltas into events: ("content", text), ("call", index, name), ("args", index, text).
 A tool call is only reported for a function of the request (unknown names stay content);
@@ -15,13 +18,17 @@ from __future__ import annotations
 import json
 import re
 
+from .tools_mistral import BOT, after_marker
+
 OPEN, CLOSE, PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
+HERMES_FORCED = (OPEN + '\n{"name": "', '", "arguments": ')
 _DECODER = json.JSONDecoder()
 
 
-def forced_prefill(name: str) -> str:
-    """Appended to the prompt when the server makes the model call `name`."""
-    return f'{OPEN}\n{{"name": {json.dumps(name)}, "arguments": '
+def forced_prefill(name: str, form: tuple[str, str] = HERMES_FORCED) -> str:
+    """Appended to the prompt when the server makes the model call `name` (a valid function name,
+    which needs no JSON escaping); form: the text before and after the name."""
+    return form[0] + name + form[1]
 
 
 def _held_prefix(text: str, tag: str) -> int:
@@ -32,14 +39,20 @@ def _held_prefix(text: str, tag: str) -> int:
     return 0
 
 
+def cut_at_tags(buf: str, tags: tuple[str, ...]) -> tuple[str, str, str | None]:
+    """(the text before the first tag, the text after it, that tag) when buf holds one of tags; else
+    (the text that cannot be part of a tag, the possible start of one held back, None)."""
+    hits = [(i, t) for t in tags if (i := buf.find(t)) >= 0]
+    if hits:
+        i, tag = min(hits)
+        return buf[:i], buf[i + len(tag):], tag
+    keep = max(_held_prefix(buf, t) for t in tags)
+    return buf[: len(buf) - keep], buf[len(buf) - keep:], None
+
+
 def cut_at_tag(buf: str, tag: str) -> tuple[str, str, bool]:
-    """(the text before tag, the text after it, True) when buf holds tag; else (the text that cannot
-    be part of a tag, the possible start of one held back, False)."""
-    i = buf.find(tag)
-    if i >= 0:
-        return buf[:i], buf[i + len(tag):], True
-    keep = _held_prefix(buf, tag)
-    return buf[: len(buf) - keep], buf[len(buf) - keep:], False
+    before, after, found = cut_at_tags(buf, (tag,))
+    return before, after, found is not None
 
 
 def _call_from_json(obj, names: set[str]):
@@ -76,15 +89,16 @@ def _parse_json_calls(text: str, names: set[str]):
 
 
 class ToolParser:
-    """Auto mode: content streams through; <tool_call> blocks are held until complete."""
+    """Auto mode: content streams through; <tool_call> blocks and Mistral calls are held until complete."""
 
     def __init__(self, tool_names, parallel: bool = True):
         self.names = set(tool_names)
         self.parallel = parallel
         self.buf = ""          # text not yet classified
-        self.mode = "start"    # start | text | call | json
+        self.mode = "start"    # start | text | call | json | mistral (after [TOOL_CALLS])
         self.num_calls = 0
         self._ws = ""          # leading whitespace held until real content or the end
+        self._final = False    # finish(): what more text would decide is decided now
 
     def _content(self, text: str, events: list) -> None:
         if not text:
@@ -119,11 +133,25 @@ class ToolParser:
             if self.mode == "json":
                 return events  # decided at the end
             if self.mode == "text":
-                before, self.buf, found = cut_at_tag(self.buf, OPEN)
+                before, self.buf, tag = cut_at_tags(self.buf, (OPEN, BOT))
                 self._content(before, events)
-                if not found:
+                if tag is None:
                     return events
-                self.mode = "call"
+                self.mode = "call" if tag == OPEN else "mistral"
+            if self.mode == "mistral":
+                got = after_marker(self.buf, self._final)
+                if got is None:
+                    return events
+                items, used = got
+                calls = [_call_from_json(o, self.names) for o in items]
+                if calls and None not in calls:
+                    for c in calls:
+                        self._call(*c, events)
+                    self.buf = self.buf[used:]
+                else:  # no call of the request's functions: the marker is content, and the rest is text
+                    self._content(BOT, events)
+                self.mode = "text"
+                continue
             if self.mode == "call":
                 j = self.buf.find(CLOSE)
                 if j < 0:
@@ -145,7 +173,8 @@ class ToolParser:
             self._content(OPEN + inner + (CLOSE if closed else ""), events)
 
     def finish(self) -> list:
-        events: list = []
+        self._final = True
+        events = self.feed("")
         buf, self.buf = self.buf, ""
         if self.mode == "json":
             calls = _parse_json_calls(buf, self.names)
