@@ -52,6 +52,14 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
+def check_template(template: str) -> None:
+    """A template Jinja cannot parse: ValueError 'chat template: line N: ...'."""
+    try:
+        _compile(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
+
+
 # what render_chat sets itself; chat_template_kwargs (extra template variables) may not
 RESERVED_VARIABLES = ("messages", "tools", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token")
 

@@ -55,11 +55,29 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--reasoning-parser", default=None, choices=PARSERS,
                    help="chat: the <think> block of a thinking model's reply goes to 'reasoning_content' "
                         "(qwen3: when the reply opens one; deepseek_r1: the reply starts inside it). Default: none")
+    s.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template used instead of the model's: a file, or the template itself (vLLM's)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     s.add_argument("--startup-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: /ready stays 503
     EngineArgs.add_cli_args(ap.add_argument_group("engine"))
     return ap
+
+
+def read_chat_template(arg: str) -> str:
+    """--chat-template: a file's text, or the argument itself when it is a template (has '{'), checked
+    for Jinja syntax."""
+    from pocketcupy.chat_template import check_template
+
+    if os.path.isfile(arg):
+        with open(arg, encoding="utf-8") as f:
+            text = f.read()
+    elif "{" in arg:
+        text = arg
+    else:
+        raise ValueError(f"chat-template: {arg} is neither a file nor a template")
+    check_template(text)
+    return text
 
 
 def main(argv=None) -> int:
@@ -79,6 +97,7 @@ def main(argv=None) -> int:
             args = dataclasses.replace(args, model=default_model_path(args.cache_dir))
         elif not os.path.exists(args.model):
             raise ValueError(f"model: {args.model} does not exist")
+        chat_template = None if ns.chat_template is None else read_chat_template(ns.chat_template)
         for name in ("port", "max_request_bytes", "client_timeout", "threads", "http_threads", "graceful_timeout"):
             v = getattr(ns, name)
             if v is not None and v < 1:
@@ -92,7 +111,7 @@ def main(argv=None) -> int:
     config = ServerConfig(engine_args=args, served_model_names=names, api_key=api_key,
                           max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
                           url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay,
-                          reasoning_parser=ns.reasoning_parser)
+                          reasoning_parser=ns.reasoning_parser, chat_template=chat_template)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,
                "graceful_timeout": ns.graceful_timeout, "keepalive": 5, "loglevel": ns.log_level,

@@ -29,6 +29,7 @@ class ServerConfig:
     startup_delay: float = 0.0       # testing aid: hold /ready at 503 this long
     poll_s: float = 0.25             # how often a waiting request checks for a gone client
     reasoning_parser: str | None = None  # chat: split <think> blocks into reasoning_content (reasoning.py)
+    chat_template: str | None = None     # replaces the model's chat templates (vLLM's --chat-template)
 
     @property
     def model_name(self) -> str:
@@ -61,6 +62,9 @@ class ServerState:
             if self.config.startup_delay:
                 time.sleep(self.config.startup_delay)
             engine = Engine.from_args(self.config.engine_args)
+            if self.config.chat_template is not None:  # for every request, with or without tools
+                engine.tokenizer.chat_template = self.config.chat_template
+                engine.tokenizer.tool_use_template = None
             self.loop = EngineLoop(engine)
             self.engine = engine
         except BaseException as e:  # noqa: BLE001 - reported, then the process goes down
