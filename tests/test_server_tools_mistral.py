@@ -13,17 +13,9 @@ import sys
 import pytest
 
 from tests.test_server_harness import MODEL, ROOT, ServerProcess, request
+from tests.test_server_tools import ASK, TOOLS
 
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "chat_templates", "mistral-7b-instruct-v0.3.jinja")
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-    {"type": "function", "function": {"name": "get_time", "description": "Current local time in a city",
-                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                     "required": ["city"]}}},
-]
-ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 CITY = '\\{"city": "[A-Z][a-z]{2,9}"\\}'
 FORMS = {  # the regex each form is written under
     "v3": '\\[TOOL_CALLS\\] \\[\\{"name": "get_weather", "arguments": ' + CITY + '\\}\\]',
@@ -43,7 +35,7 @@ def mistral(smollm2_gguf):
 
 
 @pytest.fixture(scope="module")
-def client(mistral):
+def mistral_client(mistral):
     from openai import OpenAI
 
     return OpenAI(base_url=mistral.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -56,8 +48,8 @@ def create(client, form, **kw):
 
 
 @pytest.mark.parametrize("form,names", [("v3", ["get_weather"]), ("v11", ["get_weather", "get_time"])])
-def test_calls_ids_and_the_round_trip(client, form, names):
-    r = create(client, form)
+def test_calls_ids_and_the_round_trip(mistral_client, form, names):
+    r = create(mistral_client, form)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
     assert [t.function.name for t in c.message.tool_calls] == names
@@ -68,15 +60,16 @@ def test_calls_ids_and_the_round_trip(client, form, names):
     # the client's next turn: the assistant message as it came, and a result for each call
     follow = ASK + [c.message.model_dump(exclude_none=True)] + [
         {"role": "tool", "tool_call_id": t.id, "content": json.dumps({"temp_c": 18})} for t in c.message.tool_calls]
-    answer = client.chat.completions.create(model=MODEL, messages=follow, tools=TOOLS, max_tokens=8, temperature=0)
+    answer = mistral_client.chat.completions.create(model=MODEL, messages=follow, tools=TOOLS, max_tokens=8,
+                                                    temperature=0)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert answer.usage.prompt_tokens > r.usage.prompt_tokens + 20  # the calls and the results were rendered
 
 
 @pytest.mark.parametrize("form", ["v3", "v11"])
-def test_streamed_calls_match_the_whole_reply(client, form):
-    whole = create(client, form).choices[0].message.tool_calls
-    chunks = list(create(client, form, stream=True))
+def test_streamed_calls_match_the_whole_reply(mistral_client, form):
+    whole = create(mistral_client, form).choices[0].message.tool_calls
+    chunks = list(create(mistral_client, form, stream=True))
     deltas = [d for ch in chunks if ch.choices for d in ch.choices[0].delta.tool_calls or []]
     content = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert content == ""  # [TOOL_CALLS], [ARGS] and the call text never reach the content
@@ -88,13 +81,13 @@ def test_streamed_calls_match_the_whole_reply(client, form):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_forced_call_is_prefilled_in_mistral_form(client, mistral):
+def test_forced_call_is_prefilled_in_mistral_form(mistral_client, mistral):
     """tool_choice naming a function: the prompt ends with the template's own call form (its
     prompt_tokens equal the rendered conversation plus '[TOOL_CALLS] [{"name": "get_weather",
     "arguments": ' as /tokenize counts them), and the call comes back with a 9-character id."""
     named = {"type": "function", "function": {"name": "get_weather"}}
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=24,
-                                       temperature=0)
+    r = mistral_client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=named,
+                                               max_tokens=24, temperature=0)
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "get_weather" and ID.fullmatch(call.id)
     status, tok, _ = request(mistral, "POST", "/tokenize", {"messages": ASK, "tools": TOOLS})

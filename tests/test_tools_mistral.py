@@ -25,8 +25,9 @@ with open(FIXTURE, encoding="utf-8") as _f:
 V11_TEMPLATE = ("{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}[TOOL_CALLS]"
                 "{{ c.function.name }}[ARGS]{{ c.function.arguments | tojson }}{% endfor %}{% else %}"
                 "{{ m.content }}{% endif %}{% endfor %}")
-HERMES_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% for c in m.tool_calls or [] %}"
-                   "<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}<|im_end|>{% endfor %}{{ tools | length }}")
+HERMES_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                   "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{% endfor %}"
+                   "<|im_end|>{% endfor %}{{ tools | length }}")
 TEMPLATE_FIELDS = {"add_generation_prompt": True, "chat_template_kwargs": None, "continue_final_message": False}
 MARKER_TOKENS = {"tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a", "[INST]", "[TOOL_CALLS]", "[ARGS]"],
                  "tokenizer.ggml.token_type": [2, 3, 3, 1, 3, 3, 3]}
