@@ -4,6 +4,7 @@ app.py         routes, API key, body limit, error bodies
 chat.py        /v1/chat/completions        completions.py  /v1/completions
 protocol.py    field validation, OpenAI error bodies
 tool_prompt.py tools/tool_choice/messages -> chat template   tools.py  tool-call parsing
+               (tools_mistral.py: Mistral's [TOOL_CALLS] forms, ids and forced prefill)
 generation.py  engine requests of one API call (disconnects, metrics)   sse.py  event streams
 metrics.py     Prometheus              state.py  engine loading, readiness
 gunicorn_app.py  the in-process gunicorn application
