@@ -6,20 +6,28 @@ One model, several formats, the same weights in all of them:
     OUT/hf/                  Hugging Face folder: config.json (LlamaForCausalLM), BF16 safetensors
                              (shards <= 5 GB + model.safetensors.index.json), tokenizer.json,
                              tokenizer_config.json (ChatML template), generation_config.json
+    OUT/hf-fp8/              the same folder in Transformers' FineGrainedFP8 layout (Qwen3-FP8's):
+                             the decoder layers' linear weights F8_E4M3 with an F32
+                             X.weight_scale_inv per 128 x 128 block (amax / 448), the rest BF16
+                             (only with --formats fp8: not in the default set)
     OUT/model-F16.gguf       llama.cpp layout (Q/K rows permuted as convert_hf_to_gguf.py does)
     OUT/model-Q8_0.gguf
     OUT/model-Q4_K_M.gguf    Q4_K; Q6_K for attn_v, ffn_down and output (--q4km-mix)
 
-Weights are normal(0, --std) rounded to bfloat16 (so BF16 and F16 hold the same numbers), norm
-weights 1.0. Each tensor is drawn in fixed row chunks, chunk c of tensor t from
-np.random.default_rng([seed, t, c]): the same seed gives the same model whatever the formats,
+Weights are normal(0, --std) rounded to bfloat16 (so BF16 and F16 hold the same numbers, and FP8
+quantizes them), norm weights 1.0. Each tensor is drawn in fixed row chunks, chunk c of tensor t
+from np.random.default_rng([seed, t, c]): the same seed gives the same model whatever the formats,
 threads or machine. Each chunk is one task for a pool of worker processes (--threads, default one
 per core): it is drawn once, converted to every format and written in place into files sized
-beforehand (named *.partial until complete), so memory is ~100 MB a worker.
+beforehand (named *.partial until complete), so memory is ~100 MB a worker. With fp8 a linear's
+tasks are its chunks with their boundaries moved to the next multiple of 128 rows, so that each
+task holds whole scale blocks (the rows moved are drawn again: a chunk's first rows drawn alone
+are the same numbers).
 
     python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152
     python scripts/make_synthetic_model.py --out /tmp/tiny --hidden 256 --layers 2 --heads 4 \\
         --kv-heads 2 --intermediate 512 --formats bf16,q4_k_m
+    python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152 --formats fp8
 
 Defaults are the Llama-3-8B shape. With --vocab 49152 the tokenizer is SmolLM2's (from the
 default model's GGUF, or --tokenizer-gguf PATH where that cannot be downloaded); any other
@@ -46,9 +54,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from pocketcupy.quant.dequant import bf16_to_f32, f32_to_bf16  # noqa: E402
+from pocketcupy.quant.kv_quant import E4M3_VALUES, round_e4m3  # noqa: E402
 from pocketcupy.quant.quantize import quantize, row_bytes  # noqa: E402
 
-FORMATS = ("bf16", "f16", "q8_0", "q4_k_m")
+FORMATS = ("bf16", "fp8", "f16", "q8_0", "q4_k_m")
+DEFAULT_FORMATS = ("bf16", "f16", "q8_0", "q4_k_m")         # fp8 when asked for (8 GB more at 8B)
+HF_DIRS = {"bf16": "hf", "fp8": "hf-fp8"}                    # the formats written as Hugging Face folders
 GGUF_NAMES = {"f16": "model-F16.gguf", "q8_0": "model-Q8_0.gguf", "q4_k_m": "model-Q4_K_M.gguf"}
 FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_k_m": 15}            # llama_ftype: MOSTLY_F16, Q8_0, Q4_K_M
 SHARD_BYTES = 5 * 10**9
@@ -58,6 +69,11 @@ CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SMOLLM2_VOCAB = 49152
 GEN_CHUNK = 1 << 22                                          # elements per random-number chunk
+FP8_BLOCK = 128                                              # weight_block_size, both dimensions
+FP8_MAX = np.float32(448.0)                                  # the largest E4M3 value
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+              "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}            # safetensors dtypes written
 
 
 def log(msg: str) -> None:
@@ -95,6 +111,11 @@ class TensorSpec:
     @property
     def is_norm(self) -> bool:
         return len(self.shape) == 1
+
+    @property
+    def is_linear(self) -> bool:
+        """A decoder layer's projection (the weights FP8 checkpoints quantize)."""
+        return self.layer is not None and not self.is_norm
 
 
 def tensor_plan(s: Spec) -> list[TensorSpec]:
@@ -157,19 +178,69 @@ def chunk_rows(t: TensorSpec) -> tuple[int, int]:
     return step, -(-rows // step)
 
 
-def generate_chunk(t: TensorSpec, s: Spec, c: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """(first HF row, float32 values, their bfloat16 bits) of chunk c of one tensor (HF layout,
-    2-D: a norm is one row)."""
+def task_rows(t: TensorSpec, align: int = 1) -> list[tuple[int, int]]:
+    """The row ranges [r0, r1) of tensor t that are one task each: its random-number chunks, or with
+    align > 1 those chunks with each boundary moved up to a multiple of align (so that no task
+    splits an FP8 scale block; chunks of fewer rows are merged)."""
+    step, n = chunk_rows(t)
+    rows = 1 if t.is_norm else t.shape[0]
+    cuts = sorted({min(rows, -(-c * step // align) * align) for c in range(n)} | {rows})
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def generate_rows(t: TensorSpec, s: Spec, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 values, their bfloat16 bits) of rows r0..r1 of one tensor (HF layout, 2-D: a norm
+    is one row). Chunk c holds rows c * step.. and is drawn from default_rng([seed, t, c]); a
+    Generator's normals come in order, so the first k rows of a chunk are the same whether drawn
+    alone or with the rest, and a range that ends inside a chunk draws only that chunk's first rows."""
     if t.is_norm:
         ones = np.ones((1, t.shape[0]), np.float32)
-        return 0, ones, f32_to_bf16(ones)
+        return ones, f32_to_bf16(ones)
     step, _ = chunk_rows(t)
-    rows, cols = t.shape
-    r0, r1 = c * step, min(rows, (c + 1) * step)
-    a = np.random.default_rng([s.seed, t.index, c]).standard_normal((r1 - r0, cols), dtype=np.float32)
+    cols = t.shape[1]
+    parts = []
+    for c in range(r0 // step, -(-r1 // step)):
+        first, end = max(r0, c * step) - c * step, min(r1, (c + 1) * step) - c * step
+        rng = np.random.default_rng([s.seed, t.index, c])
+        parts.append(rng.standard_normal((end, cols), dtype=np.float32)[first:])
+    a = parts[0] if len(parts) == 1 else np.concatenate(parts)
     a *= np.float32(s.std)
     bits = f32_to_bf16(a)
-    return r0, bf16_to_f32(bits), bits
+    return bf16_to_f32(bits), bits
+
+
+def _e4m3_code_table() -> np.ndarray:
+    """E4M3 code of every E4M3 value, indexed by the top 12 bits of its float32 (sign, exponent and
+    3 mantissa bits: an E4M3 value has no more); -0.0 is code 0x80."""
+    table = np.zeros(1 << 12, np.uint8)
+    for code, v in enumerate(E4M3_VALUES):
+        if not np.isnan(v):
+            table[v.view(np.uint32) >> 20] = code
+    return table
+
+
+E4M3_CODES = _e4m3_code_table()
+
+
+def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FineGrainedFP8 of w (float32 [rows, cols], its rows whole FP8_BLOCK-row blocks from a block's
+    first row): (E4M3 codes [rows, cols], float32 scales [ceil(rows / 128), ceil(cols / 128)]), a
+    scale per 128 x 128 block = its amax / 448 (1 for a block of zeros) and code = w / scale
+    rounded to the nearest E4M3 value, ties to even, the sign kept (a negative value too small
+    for E4M3 is -0, as a cast to float8_e4m3fn gives)."""
+    rows, cols = w.shape
+    b = FP8_BLOCK
+    codes = np.empty((rows, cols), np.uint8)
+    scales = np.empty((-(-rows // b), -(-cols // b)), np.float32)
+    col_starts = np.arange(0, cols, b)
+    for k, i in enumerate(range(0, rows, b)):
+        slab = w[i:i + b]
+        amax = np.maximum.reduceat(np.abs(slab).max(axis=0), col_starts)
+        scale = np.where(amax > 0, amax / FP8_MAX, np.float32(1.0)).astype(np.float32)
+        y = round_e4m3(slab / np.repeat(scale, b)[:cols])
+        codes[i:i + b] = E4M3_CODES[y.view(np.uint32) >> 20]
+        scales[k] = scale
+    return codes, scales
 
 
 @dataclass(frozen=True)
@@ -177,16 +248,25 @@ class Target:
     """Where one tensor goes in one output file: its data offset, type and row order."""
     path: str
     offset: int
-    qtype: str                  # "BF16" (safetensors) or a GGUF type
+    qtype: str                  # "BF16" or "F8_E4M3" (safetensors) or a GGUF type
     permute_heads: int = 0      # GGUF Q/K: rows land in permute_qk's order
+    scales: tuple | None = None  # F8_E4M3: (path, offset) of its weight_scale_inv
 
 
-def make_chunk(t: TensorSpec, s: Spec, c: int, targets: tuple[Target, ...]) -> None:
-    """Generate chunk c of tensor t once, convert it to every target's type and write it in
-    place (each row is quantized on its own, so rows can be permuted after quantizing)."""
-    r0, vals, bits = generate_chunk(t, s, c)
+def make_rows(t: TensorSpec, s: Spec, r0: int, r1: int, targets: tuple[Target, ...]) -> None:
+    """Generate rows r0..r1 of tensor t once, convert them to every target's type and write them
+    in place (each row is quantized on its own, so rows can be permuted after quantizing; FP8
+    blocks of rows, which task_rows keeps whole)."""
+    vals, bits = generate_rows(t, s, r0, r1)
     for tg in targets:
-        data = bits if tg.qtype == "BF16" else quantize(vals, tg.qtype, threads=1)
+        if tg.qtype == "BF16":
+            data = bits
+        elif tg.qtype == "F8_E4M3":
+            assert r0 % FP8_BLOCK == 0 and (r1 % FP8_BLOCK == 0 or r1 == t.shape[0]), (t.hf, r0, r1)
+            data, scales = quantize_fp8(vals)
+            write_rows(*tg.scales, np.arange(len(scales)) + r0 // FP8_BLOCK, scales)
+        else:
+            data = quantize(vals, tg.qtype, threads=1)
         dest = np.arange(r0, r0 + len(vals))
         if tg.permute_heads:
             order = permute_qk(np.arange(t.shape[0]), tg.permute_heads)   # GGUF row -> HF row
@@ -349,41 +429,63 @@ def _finish(path: str) -> None:
     os.replace(path + PARTIAL, path)
 
 
-class SafetensorsLayout:
-    """BF16 shards of at most `shard_bytes` of data, in plan order: where each tensor goes."""
+def hf_entries(plan: list[TensorSpec], fmt: str) -> list[tuple[str, str, tuple]]:
+    """(name, safetensors dtype, shape) of every tensor of the `fmt` Hugging Face folder, in plan
+    order; fp8: a linear's F8_E4M3 weight followed by its scales."""
+    out = []
+    for t in plan:
+        if fmt == "fp8" and t.is_linear:
+            rows, cols = t.shape
+            grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+            out += [(t.hf, "F8_E4M3", t.shape), (fp8_scale_name(t.hf), "F32", grid)]
+        else:
+            out.append((t.hf, "BF16", t.shape))
+    return out
 
-    def __init__(self, folder: str, entries: list[tuple[str, tuple]], shard_bytes: int | None = None):
+
+def fp8_scale_name(weight: str) -> str:
+    return weight.removesuffix("weight") + "weight_scale_inv"
+
+
+def _nbytes(dtype: str, shape: tuple) -> int:
+    return int(np.prod(shape)) * DTYPE_BYTES[dtype]
+
+
+class SafetensorsLayout:
+    """Shards of at most `shard_bytes` of data, tensors in the order given: where each goes."""
+
+    def __init__(self, folder: str, entries: list[tuple[str, str, tuple]], shard_bytes: int | None = None):
         self.folder = folder
         shard_bytes = SHARD_BYTES if shard_bytes is None else shard_bytes
         shards, cur, size = [], [], 0
-        for name, shape in entries:
-            n = int(np.prod(shape)) * 2
+        for name, dtype, shape in entries:
+            n = _nbytes(dtype, shape)
             if cur and size + n > shard_bytes:
                 shards.append(cur)
                 cur, size = [], 0
-            cur.append((name, shape, n))
+            cur.append((name, dtype, shape, n))
             size += n
         shards.append(cur)
         total = len(shards)
         self.files = (["model.safetensors"] if total == 1 else
                       [f"model-{k + 1:05d}-of-{total:05d}.safetensors" for k in range(total)])
         self.shards = shards
-        self.weight_map = {name: self.files[k] for k, sh in enumerate(shards) for name, _, _ in sh}
-        self.total_size = sum(n for sh in shards for _, _, n in sh)
+        self.weight_map = {e[0]: self.files[k] for k, sh in enumerate(shards) for e in sh}
+        self.total_size = sum(e[-1] for sh in shards for e in sh)
         self.offsets: dict[str, tuple[str, int]] = {}    # name -> (path being written, data offset)
 
     def create(self) -> None:
         for k, shard in enumerate(self.shards):
             header, off = {"__metadata__": {"format": "pt"}}, 0
-            for name, shape, n in shard:
-                header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+            for name, dtype, shape, n in shard:
+                header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
                 off += n
             raw = json.dumps(header, separators=(",", ":")).encode()
             raw += b" " * (-len(raw) % 8)
             head = len(raw).to_bytes(8, "little") + raw
             path = os.path.join(self.folder, self.files[k])
             _create_sized(path, head, len(head) + off)
-            for name, _, _ in shard:
+            for name, *_ in shard:
                 self.offsets[name] = (path + PARTIAL, len(head) + header[name]["data_offsets"][0])
 
     def close(self) -> None:
@@ -456,8 +558,8 @@ def estimate_bytes(s: Spec, formats, mix: str) -> dict:
     plan = tensor_plan(s)
     est = {}
     for fmt in formats:
-        if fmt == "bf16":
-            est[fmt] = sum(int(np.prod(t.shape)) * 2 for t in plan)
+        if fmt in HF_DIRS:
+            est[fmt] = sum(_nbytes(dtype, shape) for _, dtype, shape in hf_entries(plan, fmt))
         else:
             est[fmt] = sum(_gguf_nbytes(t, gguf_type(fmt, t, s, mix)) for t in plan)
     return est
@@ -465,7 +567,7 @@ def estimate_bytes(s: Spec, formats, mix: str) -> dict:
 
 # --- main ---------------------------------------------------------------------------------------
 
-def make_model(out: str, s: Spec, formats=FORMATS, tokenizer: str = "auto", mix: str = "all",
+def make_model(out: str, s: Spec, formats=DEFAULT_FORMATS, tokenizer: str = "auto", mix: str = "all",
                threads: int | None = None, check_disk: bool = True, tokenizer_gguf: str | None = None) -> dict:
     t_start = time.monotonic()
     formats = [f for f in FORMATS if f in formats]
@@ -492,18 +594,26 @@ def make_model(out: str, s: Spec, formats=FORMATS, tokenizer: str = "auto", mix:
 
     plan = tensor_plan(s)
     result = {"out": os.path.abspath(out), "tokenizer": tokenizer, "formats": {}}
-    st = None
     targets = {t.gguf: [] for t in plan}
-    if "bf16" in formats:
-        hf_dir = os.path.join(out, "hf")
+    layouts = {}
+    for f in formats:
+        if f not in HF_DIRS:
+            continue
+        hf_dir = os.path.join(out, HF_DIRS[f])
         os.makedirs(hf_dir, exist_ok=True)
-        _write_json(os.path.join(hf_dir, "config.json"), hf_config(s, tok))
+        cfg = hf_config(s, tok)
+        if f == "fp8":
+            cfg["quantization_config"] = FP8_CONFIG
+        _write_json(os.path.join(hf_dir, "config.json"), cfg)
         write_hf_tokenizer(hf_dir, tok, s.context)
-        st = SafetensorsLayout(hf_dir, [(t.hf, t.shape) for t in plan])
+        entries = hf_entries(plan, f)
+        layouts[f] = st = SafetensorsLayout(hf_dir, entries)
         st.create()
+        dtypes = {name: dtype for name, dtype, _ in entries}
         for t in plan:
-            targets[t.gguf].append(Target(*st.offsets[t.hf], "BF16"))
-    types = {f: {t.gguf: gguf_type(f, t, s, mix) for t in plan} for f in formats if f != "bf16"}
+            scales = st.offsets[fp8_scale_name(t.hf)] if dtypes[t.hf] == "F8_E4M3" else None
+            targets[t.gguf].append(Target(*st.offsets[t.hf], dtypes[t.hf], scales=scales))
+    types = {f: {t.gguf: gguf_type(f, t, s, mix) for t in plan} for f in formats if f in GGUF_NAMES}
     for f in types:
         offsets = create_gguf(os.path.join(out, GGUF_NAMES[f]), f, s, plan, types[f], tok)
         for t in plan:
@@ -514,8 +624,11 @@ def make_model(out: str, s: Spec, formats=FORMATS, tokenizer: str = "auto", mix:
     # between its small array operations, so threads would not scale)
     with _executor(threads) as pool:
         try:
-            tasks = [(t, pool.submit(make_chunk, t, s, c, tuple(targets[t.gguf])))
-                     for t in plan for c in range(chunk_rows(t)[1])]
+            tasks = []
+            for t in plan:
+                tg = tuple(targets[t.gguf])
+                align = FP8_BLOCK if any(x.qtype == "F8_E4M3" for x in tg) else 1
+                tasks += [(t, pool.submit(make_rows, t, s, r0, r1, tg)) for r0, r1 in task_rows(t, align)]
             for k, (t, fut) in enumerate(tasks):
                 fut.result()
                 last_of_layer = t.gguf.endswith("ffn_down.weight") or t.layer is None
@@ -525,10 +638,10 @@ def make_model(out: str, s: Spec, formats=FORMATS, tokenizer: str = "auto", mix:
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
-    if st is not None:
+    for f, st in layouts.items():
         st.close()
-        result["formats"]["bf16"] = {"path": os.path.abspath(os.path.join(out, "hf")),
-                                     "bytes": _dir_bytes(os.path.join(out, "hf")), "shards": len(st.files)}
+        result["formats"][f] = {"path": os.path.abspath(st.folder), "bytes": _dir_bytes(st.folder),
+                                "shards": len(st.files)}
     for f in types:
         path = os.path.join(out, GGUF_NAMES[f])
         _finish(path)
@@ -579,7 +692,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--context", type=int, default=d.context)
     ap.add_argument("--std", type=float, default=d.std)
     ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--formats", default=",".join(FORMATS), help=f"comma list of {', '.join(FORMATS)}")
+    ap.add_argument("--formats", default=",".join(DEFAULT_FORMATS),
+                    help=f"comma list of {', '.join(FORMATS)} (default: %(default)s)")
     ap.add_argument("--tokenizer", choices=["auto", "smollm2", "synthetic"], default="auto",
                     help="auto: SmolLM2's when --vocab is 49152, else a generated byte-level BPE")
     ap.add_argument("--tokenizer-gguf", metavar="PATH",
