@@ -99,7 +99,8 @@ class SamplingParams:
         self.stop = stop
 
         self.stop_token_ids = _token_ids("stop_token_ids", [] if self.stop_token_ids is None else self.stop_token_ids)
-        self.preserved_token_ids = _token_ids("preserved_token_ids", self.preserved_token_ids or [])
+        self.preserved_token_ids = _token_ids("preserved_token_ids",
+                                              [] if self.preserved_token_ids is None else self.preserved_token_ids)
 
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):

@@ -48,6 +48,13 @@ BAD = [
     ("stop_token_ids", [1.0]),
     ("stop_token_ids", 5),
     ("stop_token_ids", [True]),
+    ("preserved_token_ids", [-1]),
+    ("preserved_token_ids", [True]),
+    ("preserved_token_ids", 5),
+    ("preserved_token_ids", 0),       # falsy non-lists too
+    ("preserved_token_ids", False),
+    ("preserved_token_ids", ""),
+    ("preserved_token_ids", {}),
     ("ignore_eos", 1),
     ("skip_special_tokens", None),
     ("include_stop_str_in_output", "yes"),
