@@ -208,10 +208,14 @@ def _set(name, dtype, value):
      r"config_groups.group_0.weights: only 8-bit float \(FP8\) weights are supported, got \('int', 4\)"),
     ("compressed-tensors-tensor", lambda qc: {**qc, "config_groups": {"group_0": {"weights": {
         "type": "float", "num_bits": 8, "strategy": "group"}}}}, None, r"strategy 'group' is not supported"),
+    ("fp8-tensor", None, _set(K0 + "weight_scale_inv", "F32", np.array(np.nan, np.float32)),
+     rf"FP8 scale '{K0}weight_scale_inv' holds NaN or infinite values"),
+    ("fp8-block-24x40-bf16-scales-2-shards", None, lambda t: t[D1 + "weight_scale_inv"][1].__setitem__((1, 2), 0x7F80),
+     rf"FP8 scale '{D1}weight_scale_inv' holds NaN or infinite values"),           # BF16 +inf
 ], ids=["missing-block-scale", "missing-tensor-scale", "block-scale-shape", "channel-scale-for-tensor-strategy",
         "scale-rows-not-weight-rows", "fp8-scale-dtype", "no-quantization-config", "unknown-quant-method",
         "modelopt-unknown-algo", "fmt-e5m2", "bad-weight-block-size", "compressed-tensors-packed", "compressed-tensors-int4",
-        "compressed-tensors-group-strategy"])
+        "compressed-tensors-group-strategy", "nan-tensor-scale", "inf-block-scale"])
 def test_fp8_checkpoint_errors(tmp_path, case, edit_config, edit_tensors, match):
     path, _ = build_fp8(tmp_path, case, edit_config, edit_tensors)
     with pytest.raises(ValueError, match=match) as e:
@@ -280,8 +284,12 @@ def test_nvfp4_checkpoint_engine_greedy(tmp_path):
      rf"'{K0}weight_scale_2' has shape \[2\]; it must be \[\] or \[1\]"),
     (lambda t: t.update({K0 + "weight": ("F8_E4M3", np.zeros((32, 64), np.uint8))}),
      rf"'{K0}weight' is F8_E4M3, but the modelopt NVFP4 checkpoint has no FP8 weights"),
+    (lambda t: t[K0 + "weight_scale"][1].__setitem__((3, 1), 0xFF),                   # an E4M3 NaN code
+     rf"NVFP4 scale '{K0}weight_scale' holds NaN or infinite values"),
+    (lambda t: t.update({K0 + "weight_scale_2": ("F32", np.array([np.inf], np.float32))}),
+     rf"NVFP4 scale '{K0}weight_scale_2' holds NaN or infinite values"),
 ], ids=["missing-scale-2", "missing-group-scale", "group-scale-shape", "group-scale-dtype", "scale-2-shape",
-        "fp8-weight-in-nvfp4"])
+        "fp8-weight-in-nvfp4", "nan-group-scale", "inf-scale-2"])
 def test_nvfp4_checkpoint_errors(tmp_path, edit_tensors, match):
     path, _ = build_nvfp4(tmp_path, edit_tensors=edit_tensors)
     with pytest.raises(ValueError, match=match) as e:

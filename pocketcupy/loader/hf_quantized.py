@@ -128,7 +128,8 @@ def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) ->
     scale_name = next((n for n in names if n in raw), None)
     if scale_name is None:
         raise ValueError(f"FP8 tensor {name!r} has no scale tensor ({' or '.join(names)})")
-    scales, block = _fp8_scale_blocks(name, data.shape, scale_name, _dense(scale_name, raw), quant)
+    scales, block = _fp8_scale_blocks(name, data.shape, scale_name, _finite("FP8", scale_name, _dense(scale_name, raw)),
+                                      quant)
     bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
     return QTensor("BF16", data.shape, bits)
 
@@ -147,11 +148,11 @@ def _nvfp4_weight(name: str, raw: dict, quant: WeightQuantization) -> QTensor:
     if scale_dtype != "F8_E4M3" or cols % group or scales.shape != (rows, cols // group):
         raise ValueError(f"NVFP4 scale {scale_name!r} is {scale_dtype} {list(scales.shape)}; weight {name!r} of "
                          f"{rows} x {cols} values needs F8_E4M3 [{rows}, {cols} / {group}]")
-    scale2 = _dense(scale2_name, raw)
+    scale2 = _finite("NVFP4", scale2_name, _dense(scale2_name, raw))
     if scale2.shape not in ((), (1,)):
         raise ValueError(f"NVFP4 scale {scale2_name!r} has shape {list(scale2.shape)}; it must be [] or [1]")
-    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]), e4m3_values(scales),
-                          (1, group), float(scale2.reshape(())))
+    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]),
+                          _finite("NVFP4", scale_name, e4m3_values(scales)), (1, group), float(scale2.reshape(())))
     return QTensor("BF16", (rows, cols), bits)
 
 
@@ -160,6 +161,13 @@ def _dense(name: str, raw: dict) -> np.ndarray:
     if dtype not in _DENSE:
         raise ValueError(f"scale tensor {name!r} is {dtype}; it must be one of {', '.join(_DENSE)}")
     return QTensor(dtype, tuple(data.shape), data).dequantize()
+
+
+def _finite(kind: str, name: str, scale: np.ndarray) -> np.ndarray:
+    """The scale's values, refused when one is NaN or infinite (it would make its weights NaN / inf)."""
+    if not np.isfinite(scale).all():
+        raise ValueError(f"{kind} scale {name!r} holds NaN or infinite values")
+    return scale
 
 
 def _fp8_scale_blocks(name: str, shape: tuple, scale_name: str, scale: np.ndarray,
