@@ -70,8 +70,11 @@ def read_chat_template(arg: str) -> str:
     from pocketcupy.chat_template import check_template
 
     if os.path.isfile(arg):
-        with open(arg, encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(arg, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"chat-template: {arg} is not UTF-8 text ({e})") from None
     elif "{" in arg:
         text = arg
     else:

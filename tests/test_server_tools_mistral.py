@@ -120,7 +120,10 @@ def test_old_ids_are_what_the_template_refuses(mistral):
 def test_bad_chat_template_is_a_startup_error(tmp_path):
     broken = tmp_path / "broken.jinja"
     broken.write_text("{% for m in messages %}{{ m.content }}")
-    for arg, says in ((str(broken), "chat template: line 1"), ("no/such/template.jinja", "neither a file")):
+    latin1 = tmp_path / "latin1.jinja"
+    latin1.write_bytes("{{ 'caf\u00e9' }}".encode("latin-1"))
+    for arg, says in ((str(broken), "chat template: line 1"), ("no/such/template.jinja", "neither a file"),
+                      (str(latin1), f"chat-template: {latin1} is not UTF-8 text")):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", arg],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, out.stderr
