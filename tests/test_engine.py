@@ -202,6 +202,9 @@ def test_preserved_token_ids(engine):
     assert "".join(engine.stream("Hi", kept.clone(n=1))) == outs[0].text
     with pytest.raises(ValueError, match="^preserved_token_ids: "):
         SamplingParams(preserved_token_ids=[-1])
+    with pytest.raises(ValueError, match=r"^preserved_token_ids: token id \d+ is outside the vocabulary"):
+        engine.generate("Hi", kept.clone(preserved_token_ids=[start, engine.config.vocab_size]))
+    assert not engine.has_unfinished_requests()
 
 
 def test_bad_words(engine):
