@@ -58,6 +58,8 @@ def check_template(template: str) -> None:
         _compile(template)
     except jinja2.TemplateSyntaxError as e:
         raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
+    except RecursionError:      # Jinja's parser recurses once an expression level
+        raise ValueError("chat template: nested too deeply for Jinja's parser") from None
 
 
 # what render_chat sets itself; chat_template_kwargs (extra template variables) may not

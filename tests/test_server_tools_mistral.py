@@ -122,8 +122,11 @@ def test_bad_chat_template_is_a_startup_error(tmp_path):
     broken.write_text("{% for m in messages %}{{ m.content }}")
     latin1 = tmp_path / "latin1.jinja"
     latin1.write_bytes("{{ 'caf\u00e9' }}".encode("latin-1"))
+    deep = tmp_path / "deep.jinja"          # Jinja's parser recurses once a parenthesis
+    deep.write_text("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}")
     for arg, says in ((str(broken), "chat template: line 1"), ("no/such/template.jinja", "neither a file"),
-                      (str(latin1), f"chat-template: {latin1} is not UTF-8 text")):
+                      (str(latin1), f"chat-template: {latin1} is not UTF-8 text"),
+                      (str(deep), "chat template: nested too deeply")):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", arg],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, out.stderr
