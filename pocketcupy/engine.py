@@ -183,8 +183,9 @@ class Engine:
         return int(blocks)
 
     # --- requests ------------------------------------------------------------------------
-    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
+    def _prompt_ids(self, prompt, field: str = "prompt") -> tuple[str | None, list[int]]:
+        """field: the argument named in errors; "prompt_token_ids" takes token ids only."""
+        if isinstance(prompt, str) and field == "prompt":
             ids = self.tokenizer.encode(prompt)
             text = prompt
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
@@ -192,11 +193,11 @@ class Engine:
             ids, text = [int(t) for t in prompt], None
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
-                raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
+                raise ValueError(f"{field}: token id {bad[0]} is outside the vocabulary (0..{self.config.vocab_size - 1})")
         else:
-            raise ValueError("prompt: must be a string or a list of token ids")
+            raise ValueError(f"{field}: must be a " + ("string or a " if field == "prompt" else "") + "list of token ids")
         if not ids:
-            raise ValueError("prompt: must not be empty")
+            raise ValueError(f"{field}: must not be empty")
         return text, ids
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
@@ -211,7 +212,8 @@ class Engine:
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
             raise ValueError(f"priority: must be an integer, got {priority!r}")
         priority = int(priority)   # (a NumPy integer too)
-        text, ids = self._prompt_ids(prompt if prompt_token_ids is None else prompt_token_ids)
+        text, ids = (self._prompt_ids(prompt) if prompt_token_ids is None
+                     else self._prompt_ids(prompt_token_ids, "prompt_token_ids"))
         if prompt_token_ids is not None and isinstance(prompt, str):
             text = prompt
         kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)

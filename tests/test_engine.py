@@ -370,6 +370,20 @@ def test_stream_closed_early_frees_blocks(engine):
     assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
 
 
+def test_bad_prompt_token_ids_refused(engine):
+    """add_request's prompt_token_ids must be token ids: a string was tokenized as text and the
+    request ran on it; errors name prompt_token_ids, not prompt."""
+    for bad, msg in (("abc", "must be a list of token ids"), ([], "must not be empty"),
+                     ([1, 10**9], "token id 1000000000 is outside the vocabulary"), ([1.5], "must be a list")):
+        with pytest.raises(ValueError, match=f"^prompt_token_ids: {msg}"):
+            engine.add_request("ptids", "hi", SamplingParams(max_tokens=2), prompt_token_ids=bad)
+    assert not engine.has_unfinished_requests()
+    engine.add_request("ptids", "hi", SamplingParams(max_tokens=2), prompt_token_ids=[1, 2])
+    while engine.has_unfinished_requests():
+        outs = engine.step()
+    assert outs[0].prompt == "hi" and outs[0].prompt_token_ids == [1, 2]
+
+
 def test_abort(engine):
     engine.add_request("abort-me", "Once upon a time", SamplingParams(max_tokens=50))
     engine.step()
