@@ -287,7 +287,13 @@ class Engine:
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Aborts a request, or each of an iterable of them (as vLLM's); unknown ids are ignored.
         Their final outputs (finish_reason "abort") come from the next step()."""
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        try:
+            ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        except TypeError:
+            ids = [request_id]
+        bad = [rid for rid in ids if not isinstance(rid, str)]
+        if bad:
+            raise ValueError(f"request_id: must be a string or an iterable of strings, got {bad[0]!r}")
         with self._lock:
             for rid in ids:
                 group = self._groups.get(rid)

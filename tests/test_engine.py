@@ -407,6 +407,14 @@ def test_abort_many(engine):
     assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
 
 
+def test_abort_bad_id_refused(engine):
+    """abort_request with an id that is neither a string nor an iterable of strings raised
+    TypeError ('int' object is not iterable) or, for [5], silently ignored it."""
+    for bad in (5, None, [5], ["ok", None]):
+        with pytest.raises(ValueError, match="^request_id: "):
+            engine.abort_request(bad)
+
+
 def test_many_chats(engine):
     convs = [[{"role": "user", "content": q}] for q in ("Hi!", "What is 2+2?")]
     outs = engine.chat(convs, SamplingParams(temperature=0, max_tokens=8))
