@@ -124,6 +124,8 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
         raise ValueError(f"tools: must be a list, got {type(tools).__name__}")
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message: cannot be combined with add_generation_prompt")
+    if continue_final_message and not msgs:
+        raise ValueError("continue_final_message: there is no message to continue (messages is empty)")
     text = _render(template, msgs, tools, add_generation_prompt, bos_token, eos_token, extra)
     if not continue_final_message:
         return text

@@ -46,6 +46,9 @@ def test_continue_final_message(smol):
     hidden = "{% for m in messages %}<{{ m.role }}>{% endfor %}"
     with pytest.raises(ValueError, match="^continue_final_message"):
         render_chat(hidden, msgs, False, continue_final_message=True)
+    # no message to continue: was an IndexError
+    with pytest.raises(ValueError, match="^continue_final_message: there is no message to continue"):
+        render_chat(None, [], False, continue_final_message=True)
 
 
 def test_chatml_fallback():
