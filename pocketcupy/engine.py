@@ -221,7 +221,8 @@ class Engine:
             text, ids = None if text is None else self.tokenizer.decode(kept), kept
         max_tokens = self._max_tokens(len(ids), params)
         for name, tokens in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids),
-                             ("preserved_token_ids", params.preserved_token_ids)):
+                             ("preserved_token_ids", params.preserved_token_ids),
+                             ("stop_token_ids", params.stop_token_ids)):
             if tokens and max(tokens) >= self.config.vocab_size:
                 raise ValueError(f"{name}: token id {max(tokens)} is outside the vocabulary "
                                  f"(0..{self.config.vocab_size - 1})")

@@ -155,6 +155,10 @@ def test_stop_token_ids(engine):
     first = base.token_ids.index(stop_id)
     assert out.token_ids == base.token_ids[: first + 1]
     assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    # an id outside the vocabulary could never match (vLLM refuses it too, vllm#54196): was accepted
+    with pytest.raises(ValueError, match="^stop_token_ids: token id 49152 is outside the vocabulary"):
+        engine.generate("Hi", SamplingParams(max_tokens=2, stop_token_ids=[2, 49152]))
+    assert not engine.has_unfinished_requests()
 
 
 def test_logit_bias(engine):
