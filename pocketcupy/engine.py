@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import numbers
@@ -50,6 +51,11 @@ class LaunchedStep:
 
 class Engine:
     def __init__(self, model: str | None = None, device: str = "auto", **engine_args):
+        known = {f.name for f in dataclasses.fields(EngineArgs)}
+        unknown = sorted(set(engine_args) - known)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: not an engine argument (EngineArgs has "
+                             f"{', '.join(sorted(known - {'model', 'device'}))})")
         self._setup(EngineArgs(model=model, device=device, **engine_args))
 
     @classmethod

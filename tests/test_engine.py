@@ -463,6 +463,7 @@ def test_duplicate_request_id(engine):
     (dict(max_model_len=10**6), "max_model_len"),
     (dict(kv_cache_memory=1000), "kv_cache_memory"),
     (dict(kv_cache_dtype="fp16"), "kv_cache_dtype"),
+    (dict(max_num_seq=8), "^max_num_seq: not an engine argument"),  # a misspelt name: was a TypeError
 ])
 def test_bad_engine_args(smollm2_gguf, kwargs, field):
     kwargs.setdefault("model", smollm2_gguf)
