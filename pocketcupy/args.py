@@ -10,6 +10,7 @@ from .quant.act_q8 import check_mode
 from .quant.kv_quant import check_kv_cache_dtype
 
 ENV_PREFIX = "POCKETCUPY_"
+SPECULATIVE_METHODS = ("none", "ngram")
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -36,6 +37,10 @@ class EngineArgs:
     quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
     async_scheduling: str = "auto"         # launch step N+1 before step N's tokens reach the host: "auto" (on
                                            # for CUDA on one rank) | "on" | "off"
+    speculative_method: str = "none"       # "none" | "ngram": draft tokens verified in one forward (spec/)
+    num_speculative_tokens: int = 4        # draft tokens a request proposes per step
+    prompt_lookup_min: int = 2             # ngram: shortest suffix looked up in the request's tokens
+    prompt_lookup_max: int = 4             # ngram: longest suffix looked up
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -51,7 +56,8 @@ class EngineArgs:
             raise ValueError(f"model: must be a path, got {self.model!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                     "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             positive(name)
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             positive(name, allow_none=True)
@@ -70,6 +76,15 @@ class EngineArgs:
         if self.async_scheduling == "on" and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling: 'on' needs one rank (tensor-parallel ranks get their input "
                              "tokens from the host)")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method: must be one of {', '.join(map(repr, SPECULATIVE_METHODS))}, "
+                             f"got {self.speculative_method!r}")
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min: {self.prompt_lookup_min} exceeds prompt_lookup_max "
+                             f"{self.prompt_lookup_max}")
+        if self.speculative_method != "none" and self.async_scheduling == "on":
+            raise ValueError("async_scheduling: 'on' cannot be combined with speculative decoding (the next step's "
+                             "draft tokens need this step's tokens on the host)")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 

@@ -108,8 +108,13 @@ class Engine:
         # generate()/stream() requests' outputs, filled by whichever thread's step() produces them
         self._mailboxes: dict[str, collections.deque] = {}
         self._lock = EngineLock()
+        self.proposer = None
+        if args.speculative_method == "ngram":
+            from .spec import NgramProposer
+            self.proposer = NgramProposer(args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max)
         self._async = args.async_scheduling == "on" or (
-            args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None)
+            args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
+            and self.proposer is None)
         self._inflight: LaunchedStep | None = None   # async scheduling: the step whose tokens are awaited
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
@@ -339,13 +344,15 @@ class Engine:
             sched_out = self.scheduler.schedule()
             for seq_id in sched_out.preempted_ids:
                 self._seqs[seq_id].prompt_chunks.clear()
-            cur = self._launch(sched_out, prev) if sched_out.scheduled else None
+            cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
             if prev is not None:
                 self._resolve(prev, touched)
             if cur is not None and cur.seqs and self._async and cur.overlappable():
                 self._inflight = cur
             elif cur is not None:
                 self._resolve(cur, touched)
+            if self.proposer is not None:
+                self._propose(touched.values())
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
                 box = self._mailboxes.get(g.request_id)
@@ -357,9 +364,10 @@ class Engine:
                         self._seqs.pop(s.req.request_id, None)
             return outputs
 
-    def _launch(self, sched_out, prev: LaunchedStep | None) -> LaunchedStep:
+    def _launch(self, sched_out, prev: LaunchedStep | None, touched: dict) -> LaunchedStep | None:
         """Runs the forward and launches sampling; each sampled sequence gets a PENDING_TOKEN
-        (so the next schedule sees its gap). prev: the step whose tokens are still awaited."""
+        (so the next schedule sees its gap). prev: the step whose tokens are still awaited. A step
+        with draft tokens is verified here, at once (None then)."""
         feed = None if prev is None else prev.feed()
         run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
         seqs = [self._seqs[i] for i in run_out.sample_ids]
@@ -370,6 +378,9 @@ class Engine:
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
             self._collect_prompt_logits(self._seqs[seq_id], chunk)
+        if any(item.num_draft for item in sched_out.scheduled):
+            self._verify(sched_out, run_out.logits, seqs, touched)
+            return None
         if run_out.sampled is not None:
             sample = self.sampler.pending(run_out.sampled, [s.row for s in seqs])
         else:
@@ -406,6 +417,50 @@ class Engine:
             s.req.output_token_ids[slot] = tok
             self._append(s, tok, lp)
             touched[s.group.request_id] = s.group
+
+    def _verify(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:
+        """Samples a step with draft tokens (logits: 1 + num_draft rows a sequence) one depth at a
+        time: a sequence samples its next row only while each token drawn equals its draft token,
+        with penalties, masks and its generator advanced by the tokens kept, so it draws exactly the
+        tokens it would draw without drafts (a draft chosen without sampling makes the acceptance
+        test of speculative sampling this comparison)."""
+        items = {item.request_id: item for item in sched_out.scheduled if item.sample}
+        drafts, offsets, row = [], [], 0   # each sequence's draft tokens and first logits row
+        for s in seqs:
+            item = items[s.req.request_id]
+            drafts.append(item.token_ids[len(item.token_ids) - item.num_draft:])
+            offsets.append(row)
+            row += 1 + item.num_draft
+        alive, depth = list(range(len(seqs))), 0
+        while alive:
+            live = [seqs[i] for i in alive]
+            if depth:   # the masks and bad words after the tokens kept so far
+                self.structured.fill_masks(live)
+                for s in live:
+                    if s.group.bad_words:
+                        s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
+            rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
+            result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
+            nxt = []
+            for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs):
+                self.scheduler.append_token(s.req.request_id, tok)
+                self._append(s, tok, lp)
+                touched[s.group.request_id] = s.group
+                d = drafts[i]
+                kept = depth < len(d) and tok == d[depth]
+                if kept and not s.output.finished:
+                    nxt.append(i)
+                elif d:
+                    self.scheduler.drafts_verified(s.req.request_id, len(d), depth + kept)
+            alive, depth = nxt, depth + 1
+
+    def _propose(self, groups) -> None:
+        """Draft tokens for the next step of each sequence that just got its token."""
+        for g in groups:
+            for s in g.seqs:
+                r = s.req
+                if r.status == RequestStatus.RUNNING and r.num_computed_tokens == r.num_tokens - 1:
+                    r.draft_token_ids = self.proposer.propose(r.all_token_ids, r.max_tokens - r.num_output_tokens - 1)
 
     def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
         s.prompt_chunks.append(chunk)

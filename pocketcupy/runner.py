@@ -15,7 +15,8 @@ from .sched.request import PENDING_TOKEN
 @dataclass
 class RunnerOutput:
     sample_ids: list[str]                   # requests to sample for, in row order of `logits`
-    logits: object                          # [len(sample_ids), vocab] on the backend
+    logits: object                          # [sampled rows, vocab] on the backend: a row per request,
+                                            # 1 + num_draft rows for one with draft tokens
     prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
     sampled: object = None                  # [len(sample_ids), SO_WORDS] results of a sampler run
                                             # inside the decode graph (logits None then)
@@ -126,8 +127,8 @@ class ModelRunner:
             if s.prompt_logits:
                 q0, q1 = query_start[i], query_start[i + 1]
                 prompt_logits[s.request_id] = ops.to_host(self.model.compute_logits(hidden[q0:q1]))
-            if s.sample:
-                sample_rows.append(query_start[i + 1] - 1)
+            if s.sample:   # the last row, and before it one per draft token
+                sample_rows.extend(range(query_start[i + 1] - 1 - s.num_draft, query_start[i + 1]))
                 sample_ids.append(s.request_id)
         if not sample_rows:
             logits = None

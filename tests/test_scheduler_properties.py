@@ -4,7 +4,9 @@ The fake runner keeps a model of the paged KV cache without arrays: each slot ho
 identity of the token written there (the whole token prefix up to and including it). Every
 step it writes the scheduled tokens, then checks that every scheduled request reads, through
 its block table, exactly its own prefix at every position: prefix hits, eviction, sharing
-and preemption can only pass this if no block is ever reused while still meaningful.
+and preemption can only pass this if no block is ever reused while still meaningful. With
+speculative decoding on, random draft tokens ride along and the rejected ones' slots hold
+guesses: no cached block, and no read of a later step, may see them.
 """
 import random
 
@@ -40,7 +42,7 @@ def workloads(draw):
         block_size=bs, num_blocks=num_blocks, reqs=reqs,
         max_num_seqs=draw(st.integers(1, 5)), budget=draw(st.integers(1, 12)),
         policy=draw(st.sampled_from(["fcfs", "priority"])), caching=draw(st.integers(0, 3)) > 0,
-        vocab=vocab, seed=draw(st.integers(0, 2**16)))
+        vocab=vocab, seed=draw(st.integers(0, 2**16)), spec_k=draw(st.integers(0, 3)))
 
 
 def check_blocks(s: Scheduler):
@@ -123,16 +125,19 @@ def run_workload(w):
         check_blocks(s)
 
         # the fake runner: write every new token's identity, then read every context
+        seqs = {}   # request id -> its known tokens and this step's draft tokens
         for item in out.scheduled:
             r = s.requests[item.request_id]
-            n = len(item.token_ids)
-            assert n >= 1 and item.start_position == r.num_computed_tokens
-            assert item.start_position + n <= r.num_tokens
-            assert item.token_ids == r.all_token_ids[item.start_position:item.start_position + n]
-            assert item.sample == (item.start_position + n == r.num_tokens)
+            n, real = len(item.token_ids), len(item.token_ids) - item.num_draft
+            assert real >= 1 and item.start_position == r.num_computed_tokens
+            assert item.start_position + real <= r.num_tokens
+            assert item.token_ids[:real] == r.all_token_ids[item.start_position:item.start_position + real]
+            assert item.sample == (item.start_position + real == r.num_tokens)
+            assert item.sample or not item.num_draft
             assert len(item.block_ids) * bs >= item.start_position + n
+            seqs[item.request_id] = seq = r.all_token_ids + item.token_ids[real:]
             for p in range(item.start_position, item.start_position + n):
-                kv_model[item.block_ids[p // bs] * bs + p % bs] = tuple(r.all_token_ids[:p + 1])
+                kv_model[item.block_ids[p // bs] * bs + p % bs] = tuple(seq[:p + 1])
         # every block in the prefix cache holds what its hash says (once this step's writes land)
         for bucket in s.pool.cached_block_hash_to_block.values():
             for b in bucket.values():
@@ -140,21 +145,33 @@ def run_workload(w):
                 assert all(ident) and tuple(x[-1] for x in ident) == b.token_ids, \
                     f"cached block {b.block_id} was never (fully) computed"
         for item in out.scheduled:
-            toks = s.requests[item.request_id].all_token_ids
+            toks = seqs[item.request_id]
             for p in range(item.start_position + len(item.token_ids)):
                 slot = item.block_ids[p // bs] * bs + p % bs
                 assert kv_model.get(slot) == tuple(toks[:p + 1]), f"{item.request_id} reads a stale slot at {p}"
         s.on_step_done(out)
         for item in out.scheduled:
-            if item.sample:
+            if item.sample:   # the engine's verification: tokens drawn while each equals its draft
                 r = s.requests[item.request_id]
-                s.append_token(r.request_id, rng.randrange(w["vocab"]))
+                drafts = item.token_ids[len(item.token_ids) - item.num_draft:]
                 spec = specs[r.request_id]
-                if len(r.output_token_ids) >= min(spec["stop_after"], r.max_tokens):
-                    status = (RequestStatus.FINISHED_LENGTH if len(r.output_token_ids) >= r.max_tokens
-                              else RequestStatus.FINISHED_STOPPED)
-                    s.finish(r.request_id, status)
-                    ended[r.request_id] = status
+                for depth in range(len(drafts) + 1):
+                    tok = rng.randrange(w["vocab"])
+                    s.append_token(r.request_id, tok)
+                    done = len(r.output_token_ids) >= min(spec["stop_after"], r.max_tokens)
+                    if done:
+                        status = (RequestStatus.FINISHED_LENGTH if len(r.output_token_ids) >= r.max_tokens
+                                  else RequestStatus.FINISHED_STOPPED)
+                        s.finish(r.request_id, status)
+                        ended[r.request_id] = status
+                    kept = depth < len(drafts) and tok == drafts[depth]
+                    if done or not kept:
+                        if drafts:
+                            s.drafts_verified(r.request_id, len(drafts), depth + kept)
+                        break
+                if w["spec_k"] and not done:   # the proposer: random guesses, often right in a tiny vocabulary
+                    room = min(w["spec_k"], r.max_tokens - r.num_output_tokens - 1)
+                    r.draft_token_ids = [rng.randrange(w["vocab"]) for _ in range(rng.randint(0, room))]
         check_blocks(s)
     else:
         raise AssertionError(f"not done after {MAX_STEPS} steps")
@@ -194,6 +211,6 @@ def test_heavy_contention_forces_preemption():
         reqs = [dict(rid=f"r{i}", prompt=[i % 2] * 5, max_tokens=6, stop_after=6, arrival=0,
                      priority=i % 3, abort_at=None, prompt_logits=False) for i in range(6)]
         w = dict(block_size=2, num_blocks=7, reqs=reqs, max_num_seqs=4, budget=8, policy=policy,
-                 caching=True, vocab=2, seed=1)
+                 caching=True, vocab=2, seed=1, spec_k=0)
         s = run_workload(w)
         assert s.num_preemptions > 0

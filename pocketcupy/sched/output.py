@@ -12,6 +12,8 @@ class ScheduledRequest:
     block_ids: list[int]       # the request's whole block table (shared with the Request: read only)
     sample: bool               # True when this step reaches the end of the known tokens
     prompt_logits: bool        # True when the runner must return logits for every prompt row
+    num_draft: int = 0         # trailing draft tokens in token_ids (sample is True then): the runner
+                               # returns logits for the last num_draft + 1 rows
 
 
 @dataclass

@@ -50,6 +50,9 @@ class Request:
     num_cached_tokens: int = -1          # prompt tokens served by the prefix cache at first scheduling
     first_scheduled_time: float | None = None   # time.monotonic() when first scheduled
     arrival_seq: int = -1                # set by the scheduler: breaks arrival_time ties
+    # speculative decoding: proposed tokens to follow the known ones, scheduled (and cleared) at the next
+    # step, whose sampler keeps those it would have drawn itself
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

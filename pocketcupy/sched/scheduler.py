@@ -88,6 +88,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_computed_tokens_total = 0   # tokens the runner was asked to compute, all steps
         self.num_steps = 0
+        self.num_drafts = 0                  # speculative decoding: verification steps of a request,
+        self.num_draft_tokens = 0            # draft tokens computed in them,
+        self.num_accepted_tokens = 0         # and those the sampler kept
 
     def _key(self, req: Request) -> tuple:
         if self.policy == "priority":
@@ -136,6 +139,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv_cache_manager.free(req)
         req.num_computed_tokens = 0
+        req.draft_token_ids = []
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -150,10 +154,11 @@ class Scheduler:
                 return len(item.token_ids)
         return 0
 
-    def _item(self, req: Request, start: int, n: int) -> ScheduledRequest:
+    def _item(self, req: Request, start: int, n: int, drafts: list[int] = ()) -> ScheduledRequest:
         # block_ids is shared, not copied: KVCacheManager replaces a request's list, never edits it
-        return ScheduledRequest(req.request_id, req.token_slice(start, start + n), start, req.block_ids,
-                                sample=start + n == req.num_tokens, prompt_logits=req.want_prompt_logits)
+        return ScheduledRequest(req.request_id, req.token_slice(start, start + n) + list(drafts), start,
+                                req.block_ids, sample=start + n == req.num_tokens,
+                                prompt_logits=req.want_prompt_logits, num_draft=len(drafts))
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
@@ -165,10 +170,15 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            gap = req.num_tokens - req.num_computed_tokens
+            n = min(gap, budget)
             if n <= 0 or req.num_output_tokens >= req.max_tokens:   # the last token needs no K/V
                 i += 1
                 continue
+            drafts, req.draft_token_ids = req.draft_token_ids, []
+            drafts = drafts[:budget - n] if n == gap else []
+            if drafts and kv.allocate_slots(req, n + len(drafts)) is None:
+                drafts = []   # speculation never preempts
             while kv.allocate_slots(req, n) is None:
                 victim = max(self.running, key=self._key)
                 if victim.request_id in scheduled:   # a newer request placed before it in `running`
@@ -181,7 +191,8 @@ class Scheduler:
                     break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted itself; i already points at the next one
-            out.scheduled.append(self._item(req, req.num_computed_tokens, n))
+            out.scheduled.append(self._item(req, req.num_computed_tokens, n, drafts))
+            n += len(drafts)
             scheduled[req.request_id] = n
             budget -= n
             i += 1
@@ -217,7 +228,7 @@ class Scheduler:
             break
 
         # (3) running requests' newly filled blocks join the prefix cache (most steps fill none)
-        for rid, n in scheduled.items():
+        for rid, n in scheduled.items():   # (only blocks full of known tokens, never of draft tokens)
             req = self.requests[rid]
             kv.cache_blocks(req, req.num_computed_tokens + n)
         # budget may have grown back when a scheduled victim was dropped; it never goes below 0
@@ -245,6 +256,17 @@ class Scheduler:
     def append_token(self, request_id: str, token_id: int) -> None:
         self.requests[request_id].output_token_ids.append(token_id)
 
+    def drafts_verified(self, request_id: str, num_draft: int, num_accepted: int) -> None:
+        """After a step that computed num_draft draft tokens of the request: the K/V of the rejected
+        ones (past the accepted) is dropped, i.e. overwritten by later steps. The request may have
+        finished meanwhile (a stop among the accepted tokens)."""
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        req = self.requests.get(request_id)
+        if req is not None:
+            req.num_computed_tokens -= num_draft - num_accepted
+
     # --- stats ---------------------------------------------------------------------------
     @property
     def num_blocks_used(self) -> int:
@@ -267,4 +289,7 @@ class Scheduler:
             "prefix_cache_preempted_queries": kv.prefix_cache_preempted_queries,  # re-admissions (not in the two above)
             "prefix_cache_preempted_hits": kv.prefix_cache_preempted_hits,
             "num_computed_tokens_total": self.num_computed_tokens_total,    # tokens the model computed
+            "spec_num_drafts": self.num_drafts,
+            "spec_num_draft_tokens": self.num_draft_tokens,
+            "spec_num_accepted_tokens": self.num_accepted_tokens,
         }

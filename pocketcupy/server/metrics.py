@@ -1,7 +1,7 @@
 """Prometheus metrics of one server process (its own registry, rendered at GET /metrics).
 
 HTTP-side series are updated as requests are served; engine-side ones (queue lengths, KV
-blocks, prefix cache, preemptions, structured output) are read from Engine.stats() at scrape time.
+blocks, prefix cache, preemptions, speculative decoding, structured output) are read from Engine.stats() at scrape time.
 """
 from __future__ import annotations
 
@@ -46,7 +46,13 @@ class _EngineCollector:
                              ("prefix_cache_queries", "tokens looked up in the prefix cache", queries),
                              ("prefix_cache_hits", "tokens found in the prefix cache", hits),
                              ("computed_tokens", "tokens the model computed (prefill + decode)",
-                              s.get("num_computed_tokens_total", 0))]:
+                              s.get("num_computed_tokens_total", 0)),
+                             ("spec_decode_num_drafts", "speculative decoding: steps that verified a "
+                              "request's draft tokens", s.get("spec_num_drafts", 0)),
+                             ("spec_decode_num_draft_tokens", "speculative decoding: draft tokens verified",
+                              s.get("spec_num_draft_tokens", 0)),
+                             ("spec_decode_num_accepted_tokens", "speculative decoding: draft tokens the "
+                              "sampler kept", s.get("spec_num_accepted_tokens", 0))]:
             yield CounterMetricFamily(P + name, doc, value=float(v))
         yield from _structured(s.get("structured"))
 

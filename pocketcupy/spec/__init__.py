@@ -1,0 +1,4 @@
+"""Speculative decoding: proposers of draft tokens (verified by the engine's sampler)."""
+from .ngram import NgramProposer
+
+__all__ = ["NgramProposer"]

@@ -1,0 +1,139 @@
+"""Speculative decoding (n-gram drafts) end to end on the CPU with SmolLM2-135M-Instruct: a
+request draws exactly the tokens it draws without drafts (greedy, seeded sampling with penalties,
+logprobs, bad words, stop strings, structured output, n > 1, batching with preemption, tensor
+parallel), while the drafts it keeps are counted; with a quantized KV cache it agrees up to the
+first near tie, as batching does."""
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+
+CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n"
+CHATS = [[{"role": "user", "content": "Copy this code exactly, then explain it:\n" + CODE}],
+         [{"role": "user", "content": "Repeat this sentence three times: The cat sat on the mat and looked at the dog."}]]
+SPEC = dict(speculative_method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, prompt_lookup_max=4)
+
+
+def engine(path, **kw):
+    return Engine(path, device="cpu", progress=False, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain(smollm2_gguf):
+    return engine(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def spec(smollm2_gguf):
+    return engine(smollm2_gguf, **SPEC)
+
+
+def accepted(e) -> tuple[int, int]:
+    s = e.stats()
+    return s["spec_num_draft_tokens"], s["spec_num_accepted_tokens"]
+
+
+def assert_same(got, want, logprob_tol=1e-4):
+    for g, w in zip(got, want):
+        for a, b in zip(g.outputs, w.outputs):
+            assert a.token_ids == b.token_ids and a.text == b.text
+            assert (a.finish_reason, a.stop_reason) == (b.finish_reason, b.stop_reason)
+            for x, y in zip(a.logprobs or [], b.logprobs or []):
+                assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < logprob_tol for t in x)
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=64),
+    SamplingParams(temperature=0.8, top_p=0.9, seed=3, repetition_penalty=1.1, logprobs=2, max_tokens=48),
+    SamplingParams(temperature=0.7, seed=11, presence_penalty=0.4, frequency_penalty=0.3, min_tokens=8,
+                   bad_words=[" Fibonacci"], max_tokens=48),
+    SamplingParams(temperature=0, stop=["fib(n - 2)"], include_stop_str_in_output=True, max_tokens=64),
+], ids=["greedy", "seeded-top-p-repetition-logprobs", "seeded-penalties-bad-words", "stop-string"])
+def test_same_tokens_as_without_drafts(plain, spec, params):
+    before = accepted(spec)
+    got, want = spec.chat(CHATS, params), plain.chat(CHATS, params)
+    assert_same(got, want)
+    drafted, kept = (a - b for a, b in zip(accepted(spec), before))
+    assert drafted > 0 and 0 < kept <= drafted
+
+
+def test_n_sequences_with_seeds(plain, spec):
+    p = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=32)
+    assert_same(spec.chat(CHATS[:1], p), plain.chat(CHATS[:1], p))
+
+
+def test_structured_output(plain, spec):
+    schema = {"type": "object", "properties": {"code": {"type": "string"}, "lines": {"type": "integer"}},
+              "required": ["code", "lines"]}
+    p = SamplingParams(temperature=0, max_tokens=96, structured_outputs={"json": schema})
+    msgs = [{"role": "user", "content": "Reply in JSON with this code and its line count:\n" + CODE}]
+    got, want = spec.chat(msgs, p), plain.chat(msgs, p)
+    assert_same(got, want)
+    assert got[0].outputs[0].text.startswith("{")
+
+
+def test_batched_with_preemption_equals_alone(smollm2_gguf, plain):
+    """Six concurrent requests in a pool too small for all of them (KV blocks of 4 tokens)."""
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [CODE, "one two three one two three one two", "a b c d a b c d a b", CODE * 2,
+               "The cat sat on the mat. The cat sat on the", "1, 2, 3, 4, 5, 6, 7, 8,"]
+    alone = [plain.generate(x, p)[0].outputs[0].token_ids for x in prompts]
+    tiny = engine(smollm2_gguf, num_kv_blocks=40, block_size=4, max_num_batched_tokens=64, **SPEC)
+    outs = tiny.generate(prompts, p)
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    s = tiny.stats()
+    assert s["num_preemptions"] > 0 and s["spec_num_accepted_tokens"] > 0 and s["kv_blocks_used"] == 0
+
+
+def _margin(lp: dict) -> float:
+    top = sorted((x.logprob for x in lp.values()), reverse=True)
+    return top[0] - top[1]
+
+
+@pytest.mark.parametrize("kv", ["int8", "fp8", "k8v4"])
+def test_quantized_kv_cache_agrees_until_a_near_tie(smollm2_gguf, kv):
+    """A draft's K/V comes from a projection of several rows, whose float rounding can move a
+    quantization code: tokens must agree wherever the reference's top two differ by more than 0.3."""
+    p = SamplingParams(temperature=0, max_tokens=48, logprobs=2)
+    want = engine(smollm2_gguf, kv_cache_dtype=kv).chat(CHATS[0], p)[0].outputs[0]
+    e = engine(smollm2_gguf, kv_cache_dtype=kv, **SPEC)
+    got = e.chat(CHATS[0], p)[0].outputs[0]
+    checked = 0
+    for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)):
+        if _margin(want.logprobs[i]) < 0.3:
+            break
+        assert a == b, f"position {i}"
+        checked += 1
+    assert checked >= 16 and e.stats()["spec_num_accepted_tokens"] > 0
+
+
+def test_tensor_parallel(smollm2_gguf, plain):
+    p = SamplingParams(temperature=0, max_tokens=32, logprobs=1)
+    e = engine(smollm2_gguf, tensor_parallel_size=2, **SPEC)
+    try:
+        assert_same(e.chat(CHATS, p), plain.chat(CHATS, p), logprob_tol=1e-3)
+        assert e.stats()["spec_num_accepted_tokens"] > 0
+    finally:
+        e.close()
+
+
+def test_server_streams_the_same_text_and_exports_acceptance(smollm2_gguf, plain):
+    """`serve.py --speculative-method ngram` through the official client, streaming: the text
+    equals the engine's without drafts, and /metrics counts the drafts kept."""
+    from openai import OpenAI
+
+    from tests.test_server_harness import MODEL, ServerProcess, metric, metrics
+
+    want = plain.chat(CHATS[0], SamplingParams(temperature=0, max_tokens=40))[0].outputs[0].text
+    srv = ServerProcess(smollm2_gguf, "--speculative-method", "ngram", "--num-speculative-tokens", "3")
+    try:
+        srv.wait_ready()
+        client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        chunks = client.chat.completions.create(model=MODEL, messages=CHATS[0], max_tokens=40, temperature=0,
+                                                stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+        m = metrics(srv)
+        kept = metric(m, "pocketcupy_spec_decode_num_accepted_tokens_total")
+        assert 0 < kept <= metric(m, "pocketcupy_spec_decode_num_draft_tokens_total")
+        assert metric(m, "pocketcupy_spec_decode_num_drafts_total") > 0
+    finally:
+        srv.stop()
