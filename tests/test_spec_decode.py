@@ -137,3 +137,41 @@ def test_server_streams_the_same_text_and_exports_acceptance(smollm2_gguf, plain
         assert metric(m, "pocketcupy_spec_decode_num_drafts_total") > 0
     finally:
         srv.stop()
+
+
+def test_bench_spec_compares_against_plain_decoding(smollm2_gguf):
+    import argparse
+
+    from .helpers import load_script
+
+    bench = load_script("bench_spec")
+    args = argparse.Namespace(device="cpu", max_tokens=24)
+    plain = bench.run(smollm2_gguf, args, {}, None, 1)
+    got = bench.run(smollm2_gguf, args, SPEC, None, 1, baseline=plain)
+    for name in bench.PROMPTS:
+        r = got[name]
+        assert r["same_tokens"] and r["tokens"] == plain[name]["tokens"] and r["speedup"] > 0
+        assert r["tokens_per_forward"] >= 1 and "weight_roofline_frac" not in r
+    assert got["copy_code"]["kept_frac"] > 0 and got["steps_with_drafts"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
+def test_cuda_same_tokens_as_without_drafts(smollm2_gguf, graphs):
+    """On CUDA a step with drafts runs eagerly through the prefill kernels over the cached prefix:
+    greedy and seeded tokens agree with plain decoding on the same GPU up to the first near tie."""
+    p = SamplingParams(temperature=0, max_tokens=64, logprobs=2)
+    want = [o.outputs[0] for o in Engine(smollm2_gguf, device="cuda", progress=False,
+                                         cuda_graphs=graphs).chat(CHATS, p)]
+    e = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs, **SPEC)
+    got = [o.outputs[0] for o in e.chat(CHATS, p)]
+    for g, w in zip(got, want):
+        for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
+            if _margin(w.logprobs[i]) < 0.3:
+                break
+            assert a == b, f"position {i}"
+    assert e.stats()["spec_num_accepted_tokens"] > 0
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=48, repetition_penalty=1.1)
+    plain = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
+    assert [o.outputs[0].token_ids[:8] for o in e.chat(CHATS, seeded)] == \
+        [o.outputs[0].token_ids[:8] for o in plain.chat(CHATS, seeded)]

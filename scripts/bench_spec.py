@@ -1,0 +1,102 @@
+"""Speculative decoding against plain decoding in the same run: single-stream decode tok/s of chat
+prompts (text to copy or repeat, and an open question) without drafts and with n-gram drafts of
+each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
+run's (greedy), and the weight-bandwidth equivalent of the tok/s as a fraction of the measured copy
+bandwidth (CUDA: above 1 only when drafts are kept). Prints one JSON object.
+
+    python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128]
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench_decode import _has_cuda, copy_bandwidth, weight_bytes  # noqa: E402
+from pocketcupy import Engine, SamplingParams  # noqa: E402
+
+CODE = ("def merge_sort(xs):\n    if len(xs) <= 1:\n        return xs\n    mid = len(xs) // 2\n"
+        "    left = merge_sort(xs[:mid])\n    right = merge_sort(xs[mid:])\n    out = []\n"
+        "    while left and right:\n        out.append(left.pop(0) if left[0] <= right[0] else right.pop(0))\n"
+        "    return out + left + right\n")
+PROMPTS = {
+    "copy_code": "Add a docstring to this function and return the whole function:\n" + CODE,
+    "repeat": "Repeat this sentence five times, one per line: The quick brown fox jumps over the lazy dog.",
+    "open": "Why is the sky blue? Answer in a paragraph.",
+}
+
+
+def decode(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
+    """Greedy tokens of one chat request alone, and its decode tok/s (first token to last)."""
+    ids = engine.tokenizer.encode(engine.render_chat([{"role": "user", "content": prompt}]), add_special_tokens=False)
+    engine.add_request("bench", ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+    stamps, n, tokens = [], 0, []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens = out.outputs[0].token_ids
+            if len(tokens) > n:
+                stamps.append(time.perf_counter())
+                n = len(tokens)
+    return tokens, (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
+
+
+def run(path: str, args, spec: dict, bandwidth, wbytes: int, baseline=None) -> dict:
+    engine = Engine(path, device=args.device, progress=False, max_num_seqs=4, **spec)
+    try:
+        decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
+        before = engine.stats()
+        res = {}
+        for name, prompt in PROMPTS.items():
+            s0 = engine.stats()
+            tokens, tps = decode(engine, prompt, args.max_tokens)
+            s1 = engine.stats()
+            drafted = s1["spec_num_draft_tokens"] - s0["spec_num_draft_tokens"]
+            kept = s1["spec_num_accepted_tokens"] - s0["spec_num_accepted_tokens"]
+            forwards = len(tokens) - kept   # each forward yields its kept drafts and one token of its own
+            r = {"tok_s": round(tps, 1), "tokens": len(tokens), "draft_tokens": drafted,
+                 "kept_frac": round(kept / drafted, 3) if drafted else None,
+                 "tokens_per_forward": round(len(tokens) / forwards, 2)}
+            if bandwidth:
+                r["weight_roofline_frac"] = round(tps * wbytes / bandwidth, 3)
+            if baseline is not None:
+                r["same_tokens"] = tokens == baseline[name]["token_ids"]
+                r["speedup"] = round(tps / baseline[name]["tok_s"], 2) if baseline[name]["tok_s"] else None
+            else:
+                r["token_ids"] = tokens
+            res[name] = r
+        res["steps_with_drafts"] = engine.stats()["spec_num_drafts"] - before["spec_num_drafts"]
+        return res
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6], help="num_speculative_tokens values to try")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt-lookup-min", type=int, default=2)
+    ap.add_argument("--prompt-lookup-max", type=int, default=4)
+    args = ap.parse_args()
+    args.device = "cuda" if args.device == "auto" and _has_cuda() else args.device
+    bw = copy_bandwidth(args.device)
+    probe = Engine(args.model, device="cpu", progress=False, num_kv_blocks=8)
+    wbytes = weight_bytes(probe)
+    del probe
+    plain = run(args.model, args, {}, bw, wbytes)
+    out = {"model": args.model, "device": args.device, "max_tokens": args.max_tokens,
+           "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None, "weight_gb": round(wbytes / 1e9, 3),
+           "plain": {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
+                     for k, v in plain.items()}}
+    for k in args.k:
+        spec = dict(speculative_method="ngram", num_speculative_tokens=k, prompt_lookup_min=args.prompt_lookup_min,
+                    prompt_lookup_max=args.prompt_lookup_max)
+        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, wbytes, baseline=plain)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
