@@ -10,7 +10,7 @@ from .quant.act_q8 import check_mode
 from .quant.kv_quant import check_kv_cache_dtype
 
 ENV_PREFIX = "POCKETCUPY_"
-SPECULATIVE_METHODS = ("none", "ngram")
+SPECULATIVE_METHODS = ("none", "ngram", "draft_model")
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -37,7 +37,9 @@ class EngineArgs:
     quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
     async_scheduling: str = "auto"         # launch step N+1 before step N's tokens reach the host: "auto" (on
                                            # for CUDA on one rank) | "on" | "off"
-    speculative_method: str = "none"       # "none" | "ngram": draft tokens verified in one forward (spec/)
+    speculative_method: str = "none"       # "none" | "ngram" | "draft_model": draft tokens verified in one
+                                           # forward (spec/)
+    speculative_model: str | None = None   # draft_model: the draft model's file or folder (same vocabulary)
     num_speculative_tokens: int = 4        # draft tokens a request proposes per step
     prompt_lookup_min: int = 2             # ngram: shortest suffix looked up in the request's tokens
     prompt_lookup_max: int = 4             # ngram: longest suffix looked up
@@ -54,6 +56,8 @@ class EngineArgs:
             self.model = os.fspath(self.model)
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ValueError(f"model: must be a path, got {self.model!r}")
+        if isinstance(self.speculative_model, os.PathLike):
+            self.speculative_model = os.fspath(self.speculative_model)
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
@@ -79,6 +83,13 @@ class EngineArgs:
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_method: must be one of {', '.join(map(repr, SPECULATIVE_METHODS))}, "
                              f"got {self.speculative_method!r}")
+        if (self.speculative_method == "draft_model") != (self.speculative_model is not None):
+            raise ValueError("speculative_model: " + ("speculative_method 'draft_model' needs the draft model's path"
+                                                      if self.speculative_model is None else
+                                                      "is read only with speculative_method 'draft_model'"))
+        if self.speculative_model is not None and (not isinstance(self.speculative_model, str)
+                                                   or not self.speculative_model):
+            raise ValueError(f"speculative_model: must be a path, got {self.speculative_model!r}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min: {self.prompt_lookup_min} exceeds prompt_lookup_max "
                              f"{self.prompt_lookup_max}")

@@ -84,10 +84,12 @@ class Engine:
         self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
         try:
             self._load_shard(ckpt, None if self.ranks is None else self.ranks.tp)
+            self.draft_model = self._load_draft_model()   # whole, on rank 0 only
             num_blocks = self._num_kv_blocks()
             if self.ranks is not None:
                 num_blocks = self.ranks.agree_num_blocks(num_blocks)  # once every rank is ready
             self.runner = self._make_runner(num_blocks)
+            self.draft_runner = None if self.draft_model is None else self._make_runner(num_blocks, self.draft_model)
             if self.ranks is not None:
                 self.runner = self.ranks.wrap(self.runner)  # each step's SchedulerOutput goes to every rank
         except BaseException:
@@ -108,10 +110,7 @@ class Engine:
         # generate()/stream() requests' outputs, filled by whichever thread's step() produces them
         self._mailboxes: dict[str, collections.deque] = {}
         self._lock = EngineLock()
-        self.proposer = None
-        if args.speculative_method == "ngram":
-            from .spec import NgramProposer
-            self.proposer = NgramProposer(args.num_speculative_tokens, args.prompt_lookup_min, args.prompt_lookup_max)
+        self.proposer = self._make_proposer()
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
             and self.proposer is None)
@@ -139,12 +138,39 @@ class Engine:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
                              f"{ckpt.config.max_position}")
 
-    def _make_runner(self, num_blocks: int):
+    def _make_runner(self, num_blocks: int, model=None):
         from .runner import ModelRunner
 
         a = self.args
-        return ModelRunner(self.model, self.ops, num_blocks, a.block_size, self.max_model_len, a.max_num_seqs,
-                           cuda_graphs=self.device == "cuda" and a.cuda_graphs, kv_cache_dtype=a.kv_cache_dtype)
+        return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
+                           a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
+                           kv_cache_dtype=a.kv_cache_dtype)
+
+    def _load_draft_model(self):
+        a = self.args
+        if a.speculative_method != "draft_model":
+            return None
+        from .loader import load_checkpoint
+        from .models.registry import build_model
+
+        ckpt = load_checkpoint(a.speculative_model)
+        if ckpt.config.vocab_size != self.config.vocab_size:
+            raise ValueError(f"speculative_model: its vocabulary of {ckpt.config.vocab_size} tokens differs from "
+                             f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
+        check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
+        return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
+
+    def _make_proposer(self):
+        a = self.args
+        if a.speculative_method == "ngram":
+            from .spec import NgramProposer
+            return NgramProposer(a.num_speculative_tokens, a.prompt_lookup_min, a.prompt_lookup_max)
+        if a.speculative_method == "draft_model":
+            from .spec import DraftModelProposer
+            return DraftModelProposer(self.draft_runner, self.ops.argmax_rows, a.num_speculative_tokens,
+                                      self.draft_model.config.max_position, self.scheduler.reserve_slots,
+                                      a.max_num_batched_tokens)
+        return None
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do on one rank); no steps after this."""
@@ -160,10 +186,14 @@ class Engine:
         return CudaOps(self.args.quant_activations)
 
     def _kv_block_bytes(self) -> int:
-        c = self.config
-        kv_heads = self.model.layout.num_kv_heads  # this tensor-parallel rank's
-        pair = kv_pair_bytes(self.args.kv_cache_dtype, c.head_dim, self.ops.kv_dtype_bytes)
-        return c.num_layers * self.args.block_size * kv_heads * pair
+        """One block's K/V over the layers: this rank's KV heads, and the draft model's, which
+        shares the blocks."""
+        total = 0
+        for m in (self.model, getattr(self, "draft_model", None)):
+            if m is not None:
+                pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes)
+                total += m.config.num_layers * self.args.block_size * m.layout.num_kv_heads * pair
+        return total
 
     def _default_kv_bytes(self) -> int:
         """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus
@@ -456,11 +486,8 @@ class Engine:
 
     def _propose(self, groups) -> None:
         """Draft tokens for the next step of each sequence that just got its token."""
-        for g in groups:
-            for s in g.seqs:
-                r = s.req
-                if r.status == RequestStatus.RUNNING and r.num_computed_tokens == r.num_tokens - 1:
-                    r.draft_token_ids = self.proposer.propose(r.all_token_ids, r.max_tokens - r.num_output_tokens - 1)
+        self.proposer.propose([s.req for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
+                               and s.req.num_computed_tokens == s.req.num_tokens - 1])
 
     def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
         s.prompt_chunks.append(chunk)

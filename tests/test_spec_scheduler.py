@@ -103,7 +103,7 @@ def test_preemption_clears_drafts_and_verification_after_finish_only_counts():
     ([1, 2, 3, 1, 2], 0, []),
 ])
 def test_ngram_proposer(tokens, limit, want):
-    assert NgramProposer(4, 2, 3).propose(tokens, limit) == want
+    assert NgramProposer(4, 2, 3).draft(tokens, limit) == want
 
 
 def test_speculative_args_are_validated():

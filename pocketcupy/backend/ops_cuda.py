@@ -50,6 +50,11 @@ class CudaOps:
     def to_host(self, a) -> np.ndarray:
         return self.xp.asnumpy(a) if isinstance(a, self.xp.ndarray) else np.asarray(a)
 
+    def argmax_rows(self, x) -> np.ndarray:
+        """The first index of each row's maximum, on the host (the sampler's argmax kernel)."""
+        from .sampler_cuda import argmax
+        return self.to_host(argmax(x))
+
     def scatter_tokens(self, ids, dst_rows, tokens, src_rows) -> None:
         """ids[dst_rows] = tokens[src_rows] on the device (the previous step's sampled ids)."""
         elementwise_cuda.scatter_tokens(ids, dst_rows, tokens, src_rows)

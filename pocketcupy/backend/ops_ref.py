@@ -45,6 +45,10 @@ class NumpyOps:
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
 
+    def argmax_rows(self, x) -> np.ndarray:
+        """The first index of each row's maximum, on the host."""
+        return np.asarray(x).argmax(axis=1)
+
     def scatter_tokens(self, ids, dst_rows, tokens, src_rows) -> None:
         """ids[dst_rows] = tokens[src_rows] in place (the previous step's sampled ids)."""
         ids[list(dst_rows)] = np.asarray(tokens)[list(src_rows)]

@@ -256,6 +256,12 @@ class Scheduler:
     def append_token(self, request_id: str, token_id: int) -> None:
         self.requests[request_id].output_token_ids.append(token_id)
 
+    def reserve_slots(self, req: Request, num_tokens: int) -> bool:
+        """Room in a running request's blocks for num_tokens tokens past its computed ones, for a
+        draft model's K/V written before the step that schedules them; False (nothing allocated)
+        when the pool lacks the blocks."""
+        return self.kv_cache_manager.allocate_slots(req, num_tokens) is not None
+
     def drafts_verified(self, request_id: str, num_draft: int, num_accepted: int) -> None:
         """After a step that computed num_draft draft tokens of the request: the K/V of the rejected
         ones (past the accepted) is dropped, i.e. overwritten by later steps. The request may have

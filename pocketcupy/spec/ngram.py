@@ -8,12 +8,19 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..sched.request import Request
+
 
 class NgramProposer:
     def __init__(self, num_speculative_tokens: int, n_min: int, n_max: int):
         self.k, self.n_min, self.n_max = num_speculative_tokens, n_min, n_max
 
-    def propose(self, token_ids: Sequence[int], limit: int) -> list[int]:
+    def propose(self, reqs: list[Request]) -> None:
+        """Sets draft_token_ids of each request (none past its max_tokens)."""
+        for r in reqs:
+            r.draft_token_ids = self.draft(r.all_token_ids, r.max_tokens - r.num_output_tokens - 1)
+
+    def draft(self, token_ids: Sequence[int], limit: int) -> list[int]:
         """Up to min(k, limit) draft tokens to follow token_ids ([] when no n-gram recurs). A match
         close to the end is continued through its own copy (as LZ77 does), so a repeating run of
         period p still yields k tokens, not p."""
