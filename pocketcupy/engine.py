@@ -401,10 +401,7 @@ class Engine:
         feed = None if prev is None else prev.feed()
         run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
         seqs = [self._seqs[i] for i in run_out.sample_ids]
-        self.structured.fill_masks(seqs)  # on the CPU while the device runs the forward
-        for s in seqs:
-            if s.group.bad_words:
-                s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
+        self._constrain_rows(seqs)  # on the CPU while the device runs the forward
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
             self._collect_prompt_logits(self._seqs[seq_id], chunk)
@@ -420,6 +417,13 @@ class Engine:
             slots.append(s.req.num_output_tokens)
             self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
         return LaunchedStep(seqs, slots, sample)
+
+    def _constrain_rows(self, seqs: list[SequenceState]) -> None:
+        """The sampling rows' structured-output masks and bad words for the sequences' next token."""
+        self.structured.fill_masks(seqs)
+        for s in seqs:
+            if s.group.bad_words:
+                s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
 
     def _graph_sample_params(self, sched_out):
         """For runner.execute: the sampled rows' parameters when the device sampler can run inside
@@ -464,11 +468,8 @@ class Engine:
         alive, depth = list(range(len(seqs))), 0
         while alive:
             live = [seqs[i] for i in alive]
-            if depth:   # the masks and bad words after the tokens kept so far
-                self.structured.fill_masks(live)
-                for s in live:
-                    if s.group.bad_words:
-                        s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
+            if depth:
+                self._constrain_rows(live)   # after the tokens kept so far
             rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
             result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
             nxt = []

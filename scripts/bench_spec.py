@@ -1,10 +1,10 @@
 """Speculative decoding against plain decoding in the same run: single-stream decode tok/s of chat
-prompts (text to copy or repeat, and an open question) without drafts and with n-gram drafts of
-each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
+prompts (text to copy or repeat, and an open question) without drafts and with n-gram drafts (and
+with --draft-model's drafts) of each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
 run's (greedy), and the weight-bandwidth equivalent of the tok/s as a fraction of the measured copy
 bandwidth (CUDA: above 1 only when drafts are kept). Prints one JSON object.
 
-    python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128]
+    python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128] [--draft-model PATH]
 """
 import argparse
 import json
@@ -42,9 +42,11 @@ def decode(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     return tokens, (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
 
 
-def run(path: str, args, spec: dict, bandwidth, wbytes: int, baseline=None) -> dict:
-    engine = Engine(path, device=args.device, progress=False, max_num_seqs=4, **spec)
+def run(path: str, args, spec: dict, bandwidth, baseline=None) -> dict:
+    engine = Engine(path, device=args.device, progress=False, max_num_seqs=4, max_model_len=args.max_model_len,
+                    **spec)
     try:
+        wbytes = weight_bytes(engine)
         decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
         before = engine.stats()
         res = {}
@@ -67,6 +69,7 @@ def run(path: str, args, spec: dict, bandwidth, wbytes: int, baseline=None) -> d
                 r["token_ids"] = tokens
             res[name] = r
         res["steps_with_drafts"] = engine.stats()["spec_num_drafts"] - before["spec_num_drafts"]
+        res["weight_gb"] = round(wbytes / 1e9, 3)   # the target's (a draft model's weights are read too)
         return res
     finally:
         engine.close()
@@ -78,23 +81,26 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6], help="num_speculative_tokens values to try")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-model-len", type=int, default=4096, help="(two models' K/V share the KV pool)")
     ap.add_argument("--prompt-lookup-min", type=int, default=2)
     ap.add_argument("--prompt-lookup-max", type=int, default=4)
+    ap.add_argument("--draft-model", help="also draft with this model (same vocabulary) at each --k")
     args = ap.parse_args()
     args.device = "cuda" if args.device == "auto" and _has_cuda() else args.device
     bw = copy_bandwidth(args.device)
-    probe = Engine(args.model, device="cpu", progress=False, num_kv_blocks=8)
-    wbytes = weight_bytes(probe)
-    del probe
-    plain = run(args.model, args, {}, bw, wbytes)
+    plain = run(args.model, args, {}, bw)
     out = {"model": args.model, "device": args.device, "max_tokens": args.max_tokens,
-           "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None, "weight_gb": round(wbytes / 1e9, 3),
+           "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None,
            "plain": {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
                      for k, v in plain.items()}}
     for k in args.k:
         spec = dict(speculative_method="ngram", num_speculative_tokens=k, prompt_lookup_min=args.prompt_lookup_min,
                     prompt_lookup_max=args.prompt_lookup_max)
-        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, wbytes, baseline=plain)
+        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, baseline=plain)
+        if args.draft_model:
+            spec = dict(speculative_method="draft_model", speculative_model=args.draft_model,
+                        num_speculative_tokens=k)
+            out[f"draft_model_k{k}"] = run(args.model, args, spec, bw, baseline=plain)
     print(json.dumps(out))
 
 

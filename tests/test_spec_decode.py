@@ -145,9 +145,9 @@ def test_bench_spec_compares_against_plain_decoding(smollm2_gguf):
     from .helpers import load_script
 
     bench = load_script("bench_spec")
-    args = argparse.Namespace(device="cpu", max_tokens=24)
-    plain = bench.run(smollm2_gguf, args, {}, None, 1)
-    got = bench.run(smollm2_gguf, args, SPEC, None, 1, baseline=plain)
+    args = argparse.Namespace(device="cpu", max_tokens=24, max_model_len=2048)
+    plain = bench.run(smollm2_gguf, args, {}, None)
+    got = bench.run(smollm2_gguf, args, SPEC, None, baseline=plain)
     for name in bench.PROMPTS:
         r = got[name]
         assert r["same_tokens"] and r["tokens"] == plain[name]["tokens"] and r["speedup"] > 0
