@@ -15,18 +15,91 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def is_size(v) -> bool:
+    """A non-negative integer (not a bool)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def is_bool(v) -> bool:
+    return isinstance(v, bool)
+
+
 @dataclass
 class RopeScaling:
-    kind: str = "none"                 # "none" | "linear" | "llama3"
+    kind: str = "none"                 # "none" | "linear" | "llama3" | "yarn"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position: int = 8192
+    beta_fast: float = 32.0            # yarn (transformers' names and defaults)
+    beta_slow: float = 1.0
+    mscale: float = 0.0                # 0: not given
+    mscale_all_dim: float = 0.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+
+@dataclass
+class MLAConfig:
+    """DeepSeek-V2/V3 multi-head latent attention, in config.json's names. The rotary part of q and
+    k has ModelConfig.rope_dim values; the KV cache row is the latent (kv_lora_rank + rope_dim)."""
+    q_lora_rank: int | None            # None: one q_proj instead of q_a_proj / q_b_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    attention_bias: bool = False       # biases on q_a_proj, kv_a_proj_with_mqa and o_proj
+
+    def __post_init__(self):
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            _check(is_count, self, name, "a positive integer")
+        if self.q_lora_rank is not None:
+            _check(is_count, self, "q_lora_rank", "a positive integer or null")
+        _check(is_bool, self, "attention_bias", "true or false")
+
+
+@dataclass
+class MoEConfig:
+    """DeepSeek-V3's mixture of experts, in config.json's names: layers from first_k_dense_replace
+    on route each token to num_experts_per_tok of n_routed_experts experts (sigmoid scores, chosen
+    within the topk_group best of n_group groups), plus n_shared_experts always run."""
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+
+    def __post_init__(self):
+        for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                     "n_group", "topk_group"):
+            _check(is_count, self, name, "a positive integer")
+        _check(is_size, self, "first_k_dense_replace", "an integer >= 0")
+        _check(is_bool, self, "norm_topk_prob", "true or false")
+        _check(lambda v: is_number(v) and math.isfinite(v) and v > 0, self, "routed_scaling_factor",
+               "a positive number")
+        per_group, groups = divmod(self.n_routed_experts, self.n_group)
+        if groups or per_group < 2:
+            raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts} "
+                             "into groups of at least 2 experts (a group scores by its best two)")
+        if self.topk_group > self.n_group:
+            raise ValueError(f"model: topk_group {self.topk_group} exceeds n_group {self.n_group}")
+        if self.num_experts_per_tok > self.topk_group * per_group:
+            raise ValueError(f"model: num_experts_per_tok {self.num_experts_per_tok} exceeds the "
+                             f"{self.topk_group * per_group} experts of topk_group {self.topk_group} groups")
+
+
+def _check(ok, obj, name: str, what: str) -> None:
+    v = getattr(obj, name)
+    if not ok(v):
+        raise ValueError(f"model: {name} must be {what}, got {v!r}")
 
 
 @dataclass
 class ModelConfig:
-    architecture: str                  # "llama" | "qwen2" | "qwen3"
+    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -43,6 +116,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qk_norm: bool = False              # Qwen3: RMSNorm over each head of q and k
     qkv_bias: bool = False             # Qwen2
+    mla: MLAConfig | None = None       # DeepSeek-V3: num_kv_heads 1, head_dim the latent cache row
+    moe: MoEConfig | None = None
 
     def __post_init__(self):
         """Values a damaged or unusual config holds, refused here rather than as a division by zero

@@ -8,11 +8,12 @@ import re
 
 import numpy as np
 
-from ..config import ModelConfig, RopeScaling, is_count, is_number
+from ..config import MLAConfig, ModelConfig, MoEConfig, RopeScaling, is_count, is_number, is_size
 from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantization
 
-ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+         "DeepseekV3ForCausalLM": "deepseek_v3"}
 
 # HF name -> GGUF name (the models use GGUF names)
 _LAYER_MAP = {
@@ -20,9 +21,15 @@ _LAYER_MAP = {
     "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    # DeepSeek-V3 (llama.cpp's names; routed experts: ffn_{gate,up,down}_exps.<expert>)
+    "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b", "mlp.gate": "ffn_gate_inp", "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
 }
 _GLOBAL_MAP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias|e_score_correction_bias)$")
+_EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
 _DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32", np.float32),
            **{q: (q, np.uint8) for q in QUANTIZED_DTYPES}}    # raw codes, dequantized by hf_quantized
 
@@ -30,8 +37,10 @@ _DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32
 def gguf_name(hf_name: str) -> str | None:
     m = _LAYER_RE.match(hf_name)
     if m:
-        short = _LAYER_MAP.get(m.group(2))
-        return f"blk.{m.group(1)}.{short}.{m.group(3)}" if short else None
+        layer, module, suffix = m.groups()
+        expert = _EXPERT_RE.match(module)
+        short = f"ffn_{expert.group(2)}_exps.{expert.group(1)}" if expert else _LAYER_MAP.get(module)
+        return f"blk.{layer}.{short}.{suffix}" if short else None
     base, _, suffix = hf_name.rpartition(".")
     short = _GLOBAL_MAP.get(base) if suffix in ("weight", "bias") else None   # not lm_head.weight_scale
     return f"{short}.{suffix}" if short else None
@@ -48,8 +57,9 @@ def _read_json(path: str, what: str) -> dict:
     return data
 
 
-def _rope_scaling(rs, source: str) -> RopeScaling:
-    """rope_scaling, or transformers v5's rope_parameters (which also holds rope_theta)."""
+def _rope_scaling(rs, source: str, kinds: tuple[str, ...], max_position: int) -> RopeScaling:
+    """rope_scaling, or transformers v5's rope_parameters (which also holds rope_theta); kinds: the
+    scaling types the architecture supports."""
     if not rs:
         return RopeScaling()
     if not isinstance(rs, dict):
@@ -62,16 +72,43 @@ def _rope_scaling(rs, source: str) -> RopeScaling:
             raise ValueError(f"model: {source}: rope_scaling {kind!r} needs a positive {key}, got {v!r}")
         return v
 
-    if kind == "llama3":
-        return RopeScaling("llama3", float(num("factor")), float(num("low_freq_factor", 1.0)),
-                           float(num("high_freq_factor", 4.0)), int(num("original_max_position_embeddings", 8192)))
-    if kind == "linear":
-        return RopeScaling("linear", float(num("factor")))
+    def optional(key, default):   # as transformers: a missing, null or zero value means the default
+        return float(num(key)) if rs.get(key) else default
+
     if kind == "default" or (kind is None and "factor" not in rs):
         return RopeScaling()
     if kind is None:
         raise ValueError(f"model: {source}: rope_scaling has a factor but no rope_type")
-    raise ValueError(f"model: {source}: unsupported rope_scaling type {kind!r} (supported: llama3, linear)")
+    if kind not in kinds:
+        raise ValueError(f"model: {source}: unsupported rope_scaling type {kind!r} (supported: {', '.join(kinds)})")
+    if kind == "llama3":
+        return RopeScaling("llama3", float(num("factor")), float(num("low_freq_factor", 1.0)),
+                           float(num("high_freq_factor", 4.0)), int(num("original_max_position_embeddings", 8192)))
+    if kind == "yarn":
+        return RopeScaling("yarn", float(num("factor")), original_max_position=int(
+            num("original_max_position_embeddings", max_position)), beta_fast=optional("beta_fast", 32.0),
+            beta_slow=optional("beta_slow", 1.0), mscale=optional("mscale", 0.0),
+            mscale_all_dim=optional("mscale_all_dim", 0.0), attention_factor=optional("attention_factor", None),
+            truncate=bool(rs.get("truncate", True)))
+    return RopeScaling("linear", float(num("factor")))
+
+
+# DeepSeek-V3's MLA and MoE fields with transformers' defaults, checked by MLAConfig / MoEConfig
+_MLA_FIELDS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "v_head_dim": 128,
+               "attention_bias": False}
+_MOE_FIELDS = {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1,
+               "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "norm_topk_prob": True,
+               "routed_scaling_factor": 2.5}
+
+
+def _deepseek_v3(cfg: dict, count) -> dict:
+    """ModelConfig's DeepSeek-V3 fields: one KV head whose row is the latent, kv_lora_rank +
+    qk_rope_head_dim values (models/deepseek_v3.py), and the MLA and MoE numbers."""
+    rope_dim, kv_rank = count("qk_rope_head_dim", 64), count("kv_lora_rank", 512)
+    return dict(num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim,
+                rope_interleaved=bool(cfg.get("rope_interleave", True)),
+                mla=MLAConfig(**{k: cfg.get(k, d) for k, d in _MLA_FIELDS.items()}),
+                moe=MoEConfig(**{k: cfg.get(k, d) for k, d in _MOE_FIELDS.items()}))
 
 
 def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
@@ -101,8 +138,11 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
                  intermediate_size=count("intermediate_size"), max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
-    scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source)
+    kinds = ("llama3", "linear", "yarn") if arch == "deepseek_v3" else ("llama3", "linear")
+    scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source, kinds, sizes["max_position"])
     try:
+        if arch == "deepseek_v3":
+            sizes.update(_deepseek_v3(cfg, count))
         return ModelConfig(
             architecture=arch, hidden_size=hidden, num_heads=heads, **sizes,
             rms_eps=number("rms_norm_eps", 1e-6),
@@ -114,6 +154,15 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
         )
     except ValueError as e:   # ModelConfig's checks
         raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
+
+
+def _mtp_layers(cfg: dict, config: ModelConfig, source: str) -> tuple[str, ...]:
+    """The name prefixes of DeepSeek-V3's multi-token-prediction layers, stored after the decoder
+    layers: never run, so never loaded (nor dequantized)."""
+    n = cfg.get("num_nextn_predict_layers", 0)
+    if not is_size(n):
+        raise ValueError(f"model: {source}: num_nextn_predict_layers must be an integer >= 0, got {n!r}")
+    return tuple(f"blk.{i}." for i in range(config.num_layers, config.num_layers + n))
 
 
 def _shard_files(folder: str) -> list[str]:
@@ -191,6 +240,7 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
         quant = weight_quantization(*_quantization_config(folder, cfg, cfg_path))
     except ValueError as e:
         raise ValueError(f"model: {e}") from None
+    mtp = _mtp_layers(cfg, config, cfg_path)
     raw: dict[str, tuple[str, np.ndarray]] = {}     # every shard's tensors: a weight's scales may sit in another
     for path in _shard_files(folder):
         if not os.path.isfile(path):
@@ -199,8 +249,8 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
     tensors: dict[str, QTensor] = {}
     for name, (qtype, data) in raw.items():
         target = gguf_name(name)
-        if target is None:  # skips e.g. rotary inv_freq buffers, and scales (read with their weight)
-            continue
+        if target is None or target.startswith(mtp):  # skips e.g. rotary inv_freq buffers, and scales
+            continue                                     # (read with their weight)
         if qtype in QUANTIZED_DTYPES:
             try:
                 tensors[target] = dequantize_weight(name, raw, quant)
