@@ -135,11 +135,8 @@ class NumpyOps:
 
     # --- attention -----------------------------------------------------------------------
     def store_kv(self, k_cache, v_cache, k, v, slot_mapping):
-        for cache, x in ((k_cache, k), (v_cache, v)):
-            if isinstance(cache, QuantKVCache):
-                cache.store(slot_mapping, x)
-            else:
-                cache.reshape(-1, *cache.shape[2:])[slot_mapping] = x
+        _store_rows(k_cache, k, slot_mapping)
+        _store_rows(v_cache, v, slot_mapping)
 
     def rope_store_kv(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache, slot_mapping):
         """rope(q), rope(k); k (rotated) and v written to the paged cache; returns the rotated q."""
@@ -184,6 +181,70 @@ class NumpyOps:
             p /= p.sum(axis=-1, keepdims=True)
             out[q0:q1] = np.einsum("hgqc,chd->qhgd", p, vv).reshape(nq, hq, d)
         return out if feeds is None else out.reshape(n_tok, hq * d)
+
+    def mla_attention(self, q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b, cache,
+                      meta: AttentionMetadata, scale: float) -> np.ndarray:
+        """Multi-head latent attention (DeepSeek-V2/V3) in the absorbed form, over paged K pages of
+        one KV head whose row for a token is its latent [rope(k_pe), c_kv] (the same rows serve as
+        values; the layer's V pages are not used). q [N, H, dn + r]: per head the part without
+        position, then the rotary part (r = 2 * len(inv_freq)); c_kv [N, R]: the normalised latent;
+        k_pe [N, r]; w_kv_b [H * (dn + dv), R]: per head W_UK (dn rows), then W_UV (dv rows). W_UK
+        goes into the query (q_nope W_UK scores against c_kv as q_nope against the keys W_UK c_kv)
+        and W_UV onto the output (the weighted sum of c_kv), so no per-head key or value is ever
+        made. Returns [N, H * dv]."""
+        n, h, _ = q.shape
+        r, rank = k_pe.shape[1], c_kv.shape[1]
+        dn = q.shape[2] - r
+        w = np.asarray(w_kv_b).reshape(h, -1, rank)
+        q_latent = np.concatenate([q[..., dn:], np.einsum("nhd,hdc->nhc", q[..., :dn], w[:, :dn])], axis=2)
+        q_latent = self.rope(q_latent, positions, inv_freq, interleaved)
+        latent = self.rope(np.concatenate([k_pe, c_kv], axis=1)[:, None], positions, inv_freq, interleaved)
+        _store_rows(cache, latent, meta.slot_mapping)
+        out = self.paged_attention(q_latent, cache, cache, meta, scale)[..., r:]     # [N, H, R]
+        return np.einsum("nhc,hvc->nhv", out, w[:, dn:]).reshape(n, -1)
+
+    # --- mixture of experts --------------------------------------------------------------
+    def moe_route(self, logits, bias, n_group: int, topk_group: int, top_k: int, norm: bool, scaling: float):
+        """DeepSeek-V3's router (noaux_tc) over logits [N, E]: sigmoid scores; the top_k experts by
+        score + bias among the topk_group groups (of n_group) whose two best score + bias sum
+        highest; their weights the unbiased scores, normalised to sum 1 where norm, times
+        scaling. -> (weights [N, top_k] float32, expert ids [N, top_k])."""
+        scores = 1.0 / (1.0 + np.exp(-logits))
+        choice = scores + bias
+        n, e = choice.shape
+        groups = np.sort(choice.reshape(n, n_group, e // n_group), axis=-1)[..., -2:].sum(axis=-1)
+        best = np.argpartition(-groups, topk_group - 1, axis=1)[:, :topk_group]
+        allowed = np.zeros((n, n_group), bool)
+        np.put_along_axis(allowed, best, True, axis=1)
+        choice = np.where(np.repeat(allowed, e // n_group, axis=1), choice, -np.inf)
+        ids = np.argpartition(-choice, top_k - 1, axis=1)[:, :top_k]
+        weights = np.take_along_axis(scores, ids, axis=1)
+        if norm:
+            weights = weights / (weights.sum(axis=1, keepdims=True) + 1e-20)
+        return (weights * scaling).astype(np.float32), ids
+
+    def moe_experts(self, x, ids, weights, w_gate, w_up, w_down) -> np.ndarray:
+        """sum_j weights[:, j] * expert ids[:, j] of x [N, hidden]; expert e a gated MLP of w_gate[e],
+        w_up[e] and w_down[e]. The rows routed to one expert go through it in one batch."""
+        n, k = ids.shape
+        flat = ids.reshape(-1)
+        order = np.argsort(flat, kind="stable")
+        bounds = np.searchsorted(flat[order], np.arange(len(w_gate) + 1))
+        out = np.empty((n * k, x.shape[1]), np.float32)
+        for e in np.flatnonzero(np.diff(bounds)):
+            rows = order[bounds[e]:bounds[e + 1]]
+            gate, up = self.linears(x[rows // k], [w_gate[e], w_up[e]])
+            out[rows] = self.silu_mul_linear(gate, up, w_down[e])
+        out *= weights.reshape(-1, 1)
+        return out.reshape(n, k, -1).sum(axis=1)
+
+
+def _store_rows(cache, x, slots) -> None:
+    """x [len(slots), kv_heads, head_dim] into a layer's K or V pages at the given slots."""
+    if isinstance(cache, QuantKVCache):
+        cache.store(slots, x)
+    else:
+        cache.reshape(-1, *cache.shape[2:])[slots] = x
 
 
 def _cache_rows(cache, slots) -> np.ndarray:

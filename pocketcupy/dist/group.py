@@ -66,6 +66,9 @@ def start_ranks(args, ckpt, device: str) -> "RankGroup | None":
     from ..models.registry import model_class
 
     splits = model_class(ckpt.config).TP_SPLITS
+    if splits is None:
+        raise ValueError(f"tensor_parallel_size: architecture {ckpt.config.architecture!r} runs on one rank only "
+                         f"for now, got {world}")
     for r in range(world):
         check_shardable(ckpt.tensors, splits, ShardLayout.of(ckpt.config, r, world))
     if device == "cuda":

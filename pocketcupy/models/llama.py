@@ -2,7 +2,6 @@
 written once against the ops interface."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +10,7 @@ from ..config import ModelConfig
 from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
 from .rope import inv_freq
+from .weights import check_shapes
 
 # How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
 # Column-parallel QKV and gate/up, row-parallel attention output and down (then an all-reduce),
@@ -65,29 +65,15 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
     return shapes
 
 
-_LAYER = re.compile(r"blk\.(\d+)\.")
-
-
 class LlamaModel:
     TP_SPLITS = TP_SPLITS
 
     @staticmethod
     def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
-        """Every weight's shape against the config, and no layers beyond it, before anything is
-        allocated: a wrong head count or size was a reshape error in the first forward, and a
-        layer count below the file's silently ran a truncated model."""
         c = config
-        for name, want in weight_shapes(c).items():   # in model order, whatever the file's
-            t = tensors.get(name)
-            if t is not None and tuple(t.shape) != want:
-                raise ValueError(f"model: weight {name!r} has shape {tuple(t.shape)}, but the config needs {want} "
-                                 f"(vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_heads} heads and "
-                                 f"{c.num_kv_heads} KV heads of {c.head_dim}, intermediate {c.intermediate_size})")
-        for name in tensors:
-            m = _LAYER.match(name)
-            if m and int(m.group(1)) >= c.num_layers:
-                raise ValueError(f"model: weight {name!r} belongs to layer {m.group(1)}, but the config has "
-                                 f"{config.num_layers} layers")
+        check_shapes(tensors, weight_shapes(c), c.num_layers,
+                     f"vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_heads} heads and {c.num_kv_heads} KV "
+                     f"heads of {c.head_dim}, intermediate {c.intermediate_size}")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp: TensorParallel | None = None):
         self.config, self.ops = config, ops

@@ -1,9 +1,10 @@
 """Architecture name -> model class."""
 from __future__ import annotations
 
+from .deepseek_v3 import DeepseekV3Model
 from .llama import LlamaModel
 
-MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel}
+MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "deepseek_v3": DeepseekV3Model}
 
 
 def model_class(config):

@@ -1,0 +1,149 @@
+"""DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): multi-head latent attention (MLA) over a KV
+cache of one latent row a token, dense gated MLPs in the first first_k_dense_replace layers and a
+mixture of experts after them. Runs on one rank, on a backend with the MLA and MoE ops."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelConfig
+from ..dist.layout import ShardLayout
+from ..quant.qtensor import QTensor
+from .moe import GatedMLP, MoE, load_mlp, load_moe, mlp_shapes, moe_shapes
+from .rope import attention_factor, inv_freq, yarn_mscale
+from .weights import check_shapes
+
+TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
+NEEDS_OPS = ("mla_attention", "moe_route", "moe_experts")
+
+
+@dataclass
+class MLAttention:
+    wq: object                  # q_proj, or q_b_proj after q_a_proj and q_a_norm
+    wkv_a: object               # kv_a_proj_with_mqa: [c_kv; k_pe] rows
+    kv_a_norm: object
+    wkv_b: object               # per head: W_UK, then W_UV rows
+    wo: object
+    wq_a: object = None
+    q_a_norm: object = None
+    bq_a: object = None         # attention_bias
+    bkv_a: object = None
+    bo: object = None
+
+
+@dataclass
+class DeepseekLayer:
+    attn_norm: object
+    attn: MLAttention
+    ffn_norm: object
+    mlp: GatedMLP | MoE
+
+
+def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
+    """Name -> shape (torch order) of every weight the model may read, from the config."""
+    m, h, heads, r = c.mla, c.hidden_size, c.num_heads, c.rope_dim
+    q_rows = heads * (m.qk_nope_head_dim + r)
+    shapes = {"token_embd.weight": (c.vocab_size, h), "output.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
+    for i in range(c.num_layers):
+        p = f"blk.{i}."
+        if m.q_lora_rank is None:
+            shapes[p + "attn_q.weight"] = (q_rows, h)
+        else:
+            shapes.update({p + "attn_q_a.weight": (m.q_lora_rank, h), p + "attn_q_a.bias": (m.q_lora_rank,),
+                           p + "attn_q_a_norm.weight": (m.q_lora_rank,), p + "attn_q_b.weight": (q_rows, m.q_lora_rank)})
+        shapes.update({p + "attn_norm.weight": (h,), p + "attn_kv_a_mqa.weight": (c.head_dim, h),
+                       p + "attn_kv_a_mqa.bias": (c.head_dim,), p + "attn_kv_a_norm.weight": (m.kv_lora_rank,),
+                       p + "attn_kv_b.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                       p + "attn_output.weight": (h, heads * m.v_head_dim), p + "attn_output.bias": (h,),
+                       p + "ffn_norm.weight": (h,)})
+        shapes.update(mlp_shapes(p, h, c.intermediate_size) if i < c.moe.first_k_dense_replace
+                      else moe_shapes(p, h, c.moe))
+    return shapes
+
+
+class DeepseekV3Model:
+    TP_SPLITS = TP_SPLITS
+
+    @staticmethod
+    def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
+        c, m, e = config, config.mla, config.moe
+        check_shapes(tensors, weight_shapes(c), c.num_layers,
+                     f"vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_heads} heads, q_lora_rank "
+                     f"{m.q_lora_rank}, kv_lora_rank {m.kv_lora_rank}, qk_nope_head_dim {m.qk_nope_head_dim}, "
+                     f"qk_rope_head_dim {c.rope_dim}, v_head_dim {m.v_head_dim}, intermediate {c.intermediate_size}, "
+                     f"{e.n_routed_experts} experts of {e.moe_intermediate_size}")
+
+    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
+        missing = [op for op in NEEDS_OPS if not hasattr(ops, op)]
+        if missing:
+            raise ValueError(f"model: architecture {config.architecture!r} (MLA attention + MoE) runs on the NumPy "
+                             f"(cpu) backend only for now; the {ops.name} backend has no {', '.join(missing)}")
+        self.config, self.ops = config, ops
+        self.layout = ShardLayout.of(config)   # one rank: every head, one (latent) KV head
+
+        def w(name, required=True):
+            t = tensors.get(name)
+            if t is None:
+                if required:
+                    raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
+                return None
+            return ops.weight(t)
+
+        self.embed = w("token_embd.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
+        self.final_norm = w("output_norm.weight")
+        m, bias = config.mla, config.mla.attention_bias
+        self.layers = []
+        for i in range(config.num_layers):
+            p = f"blk.{i}."
+            lora = m.q_lora_rank is not None
+            attn = MLAttention(
+                wq=w(p + ("attn_q_b.weight" if lora else "attn_q.weight")), wkv_a=w(p + "attn_kv_a_mqa.weight"),
+                kv_a_norm=w(p + "attn_kv_a_norm.weight"), wkv_b=w(p + "attn_kv_b.weight"),
+                wo=w(p + "attn_output.weight"), wq_a=w(p + "attn_q_a.weight", lora),
+                q_a_norm=w(p + "attn_q_a_norm.weight", lora), bq_a=w(p + "attn_q_a.bias", lora and bias),
+                bkv_a=w(p + "attn_kv_a_mqa.bias", bias), bo=w(p + "attn_output.bias", bias))
+            mlp = load_mlp(w, p) if i < config.moe.first_k_dense_replace else load_moe(w, p, config.moe)
+            self.layers.append(DeepseekLayer(w(p + "attn_norm.weight"), attn, w(p + "ffn_norm.weight"), mlp))
+        self.inv_freq = ops.asarray(inv_freq(config))
+        s = config.rope_scaling
+        # yarn multiplies cos and sin, so the rotated q and k, by attention_factor: their one product
+        # (q_pe . k_pe) takes it squared, put on q
+        self.q_rope_scale = attention_factor(s) ** 2
+        mscale = yarn_mscale(s.factor, s.mscale_all_dim) if s.kind == "yarn" and s.mscale_all_dim else 1.0
+        self.scale = mscale * mscale / float(np.sqrt(m.qk_nope_head_dim + config.rope_dim))
+
+    def forward(self, input_ids, positions, meta, kv_caches):
+        """input_ids, positions [N] (flat batch) -> final hidden states [N, hidden]."""
+        ops, c = self.ops, self.config
+        x = ops.embedding(self.embed, input_ids)
+        residual = None
+        for layer, (cache, _) in zip(self.layers, kv_caches):   # the V pages stay unused (ops.mla_attention)
+            if residual is None:
+                residual, h = x, ops.rms_norm(x, layer.attn_norm, c.rms_eps)
+            else:
+                h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
+            x = self._attention(layer.attn, h, positions, meta, cache)
+            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
+            x = layer.mlp(ops, h)
+        h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
+        return h
+
+    def _attention(self, a: MLAttention, h, positions, meta, cache):
+        ops, c, m = self.ops, self.config, self.config.mla
+        if a.wq_a is None:
+            q, kv = ops.linears(h, [a.wq, a.wkv_a], [None, a.bkv_a])
+        else:
+            q_a, kv = ops.linears(h, [a.wq_a, a.wkv_a], [a.bq_a, a.bkv_a])
+            q = ops.linear(ops.rms_norm(q_a, a.q_a_norm, c.rms_eps), a.wq)
+        q = q.reshape(len(h), c.num_heads, m.qk_nope_head_dim + c.rope_dim)
+        if self.q_rope_scale != 1.0:
+            q[..., m.qk_nope_head_dim:] *= self.q_rope_scale
+        c_kv = ops.rms_norm(kv[:, :m.kv_lora_rank], a.kv_a_norm, c.rms_eps)
+        out = ops.mla_attention(q, c_kv, kv[:, m.kv_lora_rank:], positions, self.inv_freq, c.rope_interleaved,
+                                a.wkv_b, cache, meta, self.scale)
+        return ops.linear(out, a.wo, a.bo)
+
+    def compute_logits(self, hidden):
+        return self.ops.linear(hidden, self.lm_head)
