@@ -139,3 +139,16 @@ def test_hf_tokenize():
         assert all(0 <= i < 320 for i in c["ids"]) and (len(c["ids"]) == 0) == (c["text"] == "")
     for c in d["chat"]:
         assert c["rendered"].startswith("<|im_start|>") and c["ids"][0] == 318
+
+
+def test_deepseek_v3_npz():
+    """Made by scripts/make_deepseek_fixtures.py from the checkpoints of tests/deepseek_checkpoints.py."""
+    z = np.load(os.path.join(FIXTURES, "deepseek_v3_logits.npz"), allow_pickle=False)
+    json.loads(str(z["versions"]))
+    for name in ("ds_lora_yarn", "ds_plain"):
+        assert _sha(str(z[f"{name}__weights_sha256"]))
+        assert [z[f"{name}__logits{k}"].shape for k in range(3)] == [(1, 320), (7, 320), (1, 320)]
+        assert all(z[f"{name}__logits{k}"].dtype == np.float32 and np.isfinite(z[f"{name}__logits{k}"]).all()
+                   for k in range(3))
+        greedy = z[f"{name}__greedy_ids"]
+        assert greedy.dtype == np.int64 and greedy.shape == (16,) and ((0 <= greedy) & (greedy < 320)).all()

@@ -1,0 +1,135 @@
+"""Tiny random DeepSeek-V3 checkpoints in the Hugging Face layout (DeepseekV3ForCausalLM, routed
+experts stored one by one as on the hub), drawn from a NumPy seed. The tests write them at test
+time; scripts/make_deepseek_fixtures.py writes the same ones and records what transformers
+computes for them in tests/fixtures/deepseek_v3_logits.npz (see tests/fixtures/README.md).
+
+Both variants: hidden 64, 3 decoder layers (the first dense, intermediate 96), 4 heads, kv_lora_rank
+32, qk_nope_head_dim 16, qk_rope_head_dim 16, v_head_dim 16, 8 routed experts of 32 in 2 groups
+(topk_group 1, 2 experts a token), 1 shared expert, and one multi-token-prediction layer (layer 3,
+never run). The tokenizer is tiny_llama's (vocab 320)."""
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from pocketcupy.quant.dequant import f32_to_bf16
+
+from .helpers import write_safetensors
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+TOKENIZER = os.path.join(FIXTURES, "tiny_llama")
+REFERENCE = os.path.join(FIXTURES, "deepseek_v3_logits.npz")
+
+BASE = dict(
+    architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=320, hidden_size=64,
+    intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_nextn_predict_layers=1,
+    num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+    qk_rope_head_dim=16, v_head_dim=16, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+    topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, hidden_act="silu",
+    max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, rope_interleave=True,
+    attention_bias=False, tie_word_embeddings=False, bos_token_id=None, eos_token_id=319, pad_token_id=317,
+    initializer_range=0.02)
+
+# name -> (seed, stored dtype, config changes)
+VARIANTS = {
+    # yarn as DeepSeek-V3's config.json writes it (mscale != mscale_all_dim: both factors show),
+    # rope_interleave, biases on q_a_proj / kv_a_proj_with_mqa / o_proj, bfloat16
+    "ds_lora_yarn": (11, "BF16", dict(attention_bias=True, rope_scaling={
+        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 0.8})),
+    # q_proj (no q LoRA), rotate-half rope, unnormalised top-k weights, tied embeddings, float32
+    "ds_plain": (12, "F32", dict(q_lora_rank=None, rope_interleave=False, norm_topk_prob=False,
+                                 routed_scaling_factor=1.0, tie_word_embeddings=True)),
+}
+
+# token-id prompts (no BOS): logits at every position of the first two, at the last of the third
+PROMPTS = [[318], [318, 117, 115, 101, 114, 198, 72], [(i * 37 + 11) % 317 for i in range(39)] + [319]]
+GREEDY_PROMPT = [318, 300, 45, 12, 250, 99, 7, 198]
+GREEDY_NEW = 16
+
+
+def config(name: str) -> dict:
+    _, dtype, changes = VARIANTS[name]
+    return {**BASE, **changes, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
+
+
+def _shapes(cfg: dict) -> dict[str, tuple]:
+    """HF name -> shape of every stored tensor, in a fixed order (the MTP layer's included)."""
+    h, v, heads = cfg["hidden_size"], cfg["vocab_size"], cfg["num_attention_heads"]
+    qr, kr, rope = cfg["q_lora_rank"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    q_rows = heads * (cfg["qk_nope_head_dim"] + rope)
+    e, im, bias = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["attention_bias"]
+
+    def mlp(p, inter):
+        return {f"{p}.gate_proj.weight": (inter, h), f"{p}.up_proj.weight": (inter, h), f"{p}.down_proj.weight": (h, inter)}
+
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (v, h)
+    for i in range(cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]):
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if qr is None:
+            shapes[a + "q_proj.weight"] = (q_rows, h)
+        else:
+            shapes.update({a + "q_a_proj.weight": (qr, h), a + "q_a_layernorm.weight": (qr,),
+                           a + "q_b_proj.weight": (q_rows, qr), **({a + "q_a_proj.bias": (qr,)} if bias else {})})
+        shapes.update({a + "kv_a_proj_with_mqa.weight": (kr + rope, h), a + "kv_a_layernorm.weight": (kr,),
+                       a + "kv_b_proj.weight": (heads * (cfg["qk_nope_head_dim"] + cfg["v_head_dim"]), kr),
+                       a + "o_proj.weight": (h, heads * cfg["v_head_dim"])})
+        if bias:
+            shapes.update({a + "kv_a_proj_with_mqa.bias": (kr + rope,), a + "o_proj.bias": (h,)})
+        if i < cfg["first_k_dense_replace"]:
+            shapes.update(mlp(p + "mlp", cfg["intermediate_size"]))
+            continue
+        shapes.update({p + "mlp.gate.weight": (e, h), p + "mlp.gate.e_score_correction_bias": (e,),
+                       **mlp(p + "mlp.shared_experts", im * cfg["n_shared_experts"])})
+        for j in range(e):
+            shapes.update(mlp(f"{p}mlp.experts.{j}", im))
+        if i >= cfg["num_hidden_layers"]:   # DeepSeek-V3's MTP layer: ignored by transformers and by us
+            shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+                           p + "embed_tokens.weight": (v, h), p + "shared_head.norm.weight": (h,),
+                           p + "shared_head.head.weight": (v, h)})
+    return shapes
+
+
+def tensors(name: str) -> dict[str, tuple[str, np.ndarray]]:
+    """HF name -> (safetensors dtype, array): matrices normal(0, 1 / sqrt(columns)), norm weights
+    1 + 0.1 randn, biases 0.1 randn; e_score_correction_bias stays F32."""
+    seed, dtype, _ = VARIANTS[name]
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, shape in _shapes(config(name)).items():
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if "norm" in key:
+            x = 1 + 0.1 * x
+        elif len(shape) == 1:
+            x = 0.1 * x
+        else:
+            x = x / np.float32(np.sqrt(shape[1]))
+        if dtype == "BF16" and not key.endswith("e_score_correction_bias"):
+            out[key] = ("BF16", f32_to_bf16(x))
+        else:
+            out[key] = ("F32", x.astype(np.float32))
+    return out
+
+
+def write_checkpoint(folder, name: str, tensor_map=None, config_changes=None) -> str:
+    """The variant's folder (config.json, model.safetensors, tiny_llama's tokenizer files) in
+    folder; tensor_map replaces its tensors, config_changes updates its config.json."""
+    folder = str(folder)
+    os.makedirs(folder, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(TOKENIZER, f), folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config(name), **(config_changes or {})}, f, indent=2)
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensor_map or tensors(name))
+    return folder
+
+
+def weights_digest(folder) -> str:
+    """sha256 of model.safetensors: the fixtures were made from the same bytes."""
+    with open(os.path.join(str(folder), "model.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
