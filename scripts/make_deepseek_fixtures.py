@@ -25,7 +25,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from make_hf_fixtures import save_npz_deterministic  # noqa: E402
+from make_hf_fixtures import check_greedy, save_npz_deterministic  # noqa: E402
 from tests.deepseek_checkpoints import (GREEDY_NEW, GREEDY_PROMPT, PROMPTS, REFERENCE, VARIANTS,  # noqa: E402
                                         weights_digest, write_checkpoint)
 
@@ -50,13 +50,7 @@ def reference(folder: str, name: str, arrays: dict) -> None:
                                pad_token_id=317, bos_token_id=None)
         x = torch.tensor([GREEDY_PROMPT])
         new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gen)[0, len(x[0]):]
-        seq, margins = list(GREEDY_PROMPT), []
-        for _ in range(GREEDY_NEW):
-            last = model(input_ids=torch.tensor([seq])).logits[0, -1].numpy()
-            top2 = np.sort(last)[-2:]
-            margins.append(float(top2[1] - top2[0]))
-            seq.append(int(last.argmax()))
-        assert seq[len(GREEDY_PROMPT):] == new.tolist(), (seq, new)
+        margins = check_greedy(model, GREEDY_PROMPT, new.tolist())
         arrays[f"{name}__greedy_ids"] = new.numpy().astype(np.int64)
     print(f"{name}: greedy {new.tolist()}, min top1-top2 margin {min(margins):.2e}")
 

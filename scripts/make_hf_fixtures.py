@@ -238,6 +238,19 @@ def save_npz_deterministic(path, arrays):
             zf.writestr(info, buf.getvalue())
 
 
+def check_greedy(model, prompt, new) -> list[float]:
+    """Asserts that a cache-free argmax loop gives generate()'s tokens `new`; the top1-top2 logit
+    margin at each step."""
+    seq, margins = list(prompt), []
+    for _ in range(len(new)):
+        lg = model(input_ids=torch.tensor([seq])).logits[0, -1].numpy()
+        top2 = np.sort(lg)[-2:]
+        margins.append(float(top2[1] - top2[0]))
+        seq.append(int(lg.argmax()))
+    assert seq[len(prompt):] == new, (seq, new)
+    return margins
+
+
 # ---------------------------------------------------------------------------------------------- main
 def make_one(spec, tok, out, arrays):
     from transformers import GenerationConfig
@@ -290,14 +303,7 @@ def make_one(spec, tok, out, arrays):
         out_ids = ref.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gen_cfg)
         new = out_ids[0, len(GREEDY_PROMPT):].numpy()
         assert len(new) == GREEDY_NEW, new
-        # cross-check with a cache-free greedy loop; record the smallest top1-top2 margin
-        seq, margins = list(GREEDY_PROMPT), []
-        for _ in range(GREEDY_NEW):
-            lg = ref(input_ids=torch.tensor([seq])).logits[0, -1].numpy()
-            top2 = np.sort(lg)[-2:]
-            margins.append(float(top2[1] - top2[0]))
-            seq.append(int(lg.argmax()))
-        assert seq[len(GREEDY_PROMPT):] == new.tolist(), (seq, new)
+        margins = check_greedy(ref, GREEDY_PROMPT, new.tolist())
         arrays[f"{name}__greedy_prompt"] = np.asarray(GREEDY_PROMPT, dtype=np.int64)
         arrays[f"{name}__greedy_ids"] = new.astype(np.int64)
     size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))

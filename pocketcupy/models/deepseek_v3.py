@@ -12,7 +12,7 @@ from ..dist.layout import ShardLayout
 from ..quant.qtensor import QTensor
 from .moe import GatedMLP, MoE, load_mlp, load_moe, mlp_shapes, moe_shapes
 from .rope import attention_factor, inv_freq, yarn_mscale
-from .weights import check_shapes
+from .weights import check_shapes, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
 NEEDS_OPS = ("mla_attention", "moe_route", "moe_experts")
@@ -82,14 +82,7 @@ class DeepseekV3Model:
         self.config, self.ops = config, ops
         self.layout = ShardLayout.of(config)   # one rank: every head, one (latent) KV head
 
-        def w(name, required=True):
-            t = tensors.get(name)
-            if t is None:
-                if required:
-                    raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
-                return None
-            return ops.weight(t)
-
+        w = weight_loader(tensors, lambda _, t: ops.weight(t))
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")

@@ -10,7 +10,7 @@ from ..config import ModelConfig
 from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
 from .rope import inv_freq
-from .weights import check_shapes
+from .weights import check_shapes, weight_loader
 
 # How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
 # Column-parallel QKV and gate/up, row-parallel attention output and down (then an all-reduce),
@@ -80,14 +80,7 @@ class LlamaModel:
         self.tp = tp or TensorParallel.single(config)
         self.layout = self.tp.layout   # this rank's heads, KV heads, MLP columns, vocabulary rows
 
-        def w(name, required=True):
-            t = tensors.get(name)
-            if t is None:
-                if required:
-                    raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
-                return None
-            return ops.weight(self.tp.shard(name, t, TP_SPLITS))
-
+        w = weight_loader(tensors, lambda name, t: ops.weight(self.tp.shard(name, t, TP_SPLITS)))
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")

@@ -1,4 +1,4 @@
-"""A checkpoint's weights checked against the config, before anything is allocated."""
+"""A checkpoint's weights: checked against the config before anything is allocated, then loaded."""
 from __future__ import annotations
 
 import re
@@ -21,3 +21,16 @@ def check_shapes(tensors: dict, shapes: dict[str, tuple], num_layers: int, sizes
         if m and int(m.group(1)) >= num_layers:
             raise ValueError(f"model: weight {name!r} belongs to layer {m.group(1)}, but the config has "
                              f"{num_layers} layers")
+
+
+def weight_loader(tensors: dict, load):
+    """w(name, required=True) -> load(name, tensors[name]); None for an absent weight that is not
+    required, a ValueError naming one that is."""
+    def w(name, required=True):
+        t = tensors.get(name)
+        if t is None:
+            if required:
+                raise ValueError(f"model: weight {name!r} is missing from the checkpoint")
+            return None
+        return load(name, t)
+    return w
