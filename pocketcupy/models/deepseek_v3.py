@@ -87,10 +87,10 @@ class DeepseekV3Model:
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")
         m, bias = config.mla, config.mla.attention_bias
+        lora = m.q_lora_rank is not None
         self.layers = []
         for i in range(config.num_layers):
             p = f"blk.{i}."
-            lora = m.q_lora_rank is not None
             attn = MLAttention(
                 wq=w(p + ("attn_q_b.weight" if lora else "attn_q.weight")), wkv_a=w(p + "attn_kv_a_mqa.weight"),
                 kv_a_norm=w(p + "attn_kv_a_norm.weight"), wkv_b=w(p + "attn_kv_b.weight"),
