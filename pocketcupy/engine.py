@@ -14,19 +14,18 @@ import numpy as np
 
 from .args import EngineArgs
 from .bad_words import bad_words_token_ids, banned_tokens
+from .engine_build import EngineBuild
 from .engine_lock import EngineLock
+from .engine_outputs import EngineOutputs
 from .outputs import CompletionOutput, RequestOutput
-from .sampler import Sampler, SamplingRow, make_generator, prompt_logprobs
+from .sampler import Sampler, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
-from .progress import ProgressDict
-from .quant.kv_quant import check_kv_head_dim, kv_pair_bytes
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
 log = logging.getLogger("pocketcupy")
-CPU_KV_BYTES = 512 << 20
 
 
 class LaunchedStep:
@@ -49,7 +48,7 @@ class LaunchedStep:
                    and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
 
 
-class Engine:
+class Engine(EngineBuild, EngineOutputs):
     def __init__(self, model: str | None = None, device: str = "auto", **engine_args):
         known = {f.name for f in dataclasses.fields(EngineArgs)}
         unknown = sorted(set(engine_args) - known)
@@ -121,107 +120,11 @@ class Engine:
         log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)", path, self.device,
                  self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20)
 
-    def _load_shard(self, ckpt, tp) -> None:
-        """The backend, this rank's part of the model (all of it on one rank) and max_model_len;
-        tensor-parallel worker ranks run this too (dist/worker.py)."""
-        from .models.registry import build_model
-
-        self.ops = self._make_ops()
-        if self.args.kv_cache_dtype not in self.ops.kv_cache_dtypes:
-            raise ValueError(f"kv_cache_dtype: {self.args.kv_cache_dtype!r} is implemented on the NumPy (cpu) "
-                             f"backend only; the {self.device} backend has "
-                             f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
-        check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
-        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
-        self.max_model_len = self.args.max_model_len or ckpt.config.max_position
-        if self.max_model_len > ckpt.config.max_position:
-            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
-                             f"{ckpt.config.max_position}")
-
-    def _make_runner(self, num_blocks: int, model=None):
-        from .runner import ModelRunner
-
-        a = self.args
-        return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
-                           a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
-                           kv_cache_dtype=a.kv_cache_dtype)
-
-    def _load_draft_model(self):
-        a = self.args
-        if a.speculative_method != "draft_model":
-            return None
-        from .loader import load_checkpoint
-        from .models.registry import build_model
-
-        ckpt = load_checkpoint(a.speculative_model)
-        if ckpt.config.vocab_size != self.config.vocab_size:
-            raise ValueError(f"speculative_model: its vocabulary of {ckpt.config.vocab_size} tokens differs from "
-                             f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
-        check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
-        return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
-
-    def _make_proposer(self):
-        a = self.args
-        if a.speculative_method == "ngram":
-            from .spec import NgramProposer
-            return NgramProposer(a.num_speculative_tokens, a.prompt_lookup_min, a.prompt_lookup_max)
-        if a.speculative_method == "draft_model":
-            from .spec import DraftModelProposer
-            return DraftModelProposer(self.draft_runner, self.ops.argmax_rows, a.num_speculative_tokens,
-                                      self.draft_model.config.max_position, self.scheduler.reserve_slots,
-                                      a.max_num_batched_tokens)
-        return None
-
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do on one rank); no steps after this."""
         if getattr(self, "ranks", None) is not None:
             with self._lock:
                 self.ranks.close()
-
-    def _make_ops(self):
-        if self.device == "cpu":
-            from .backend.ops_ref import NumpyOps
-            return NumpyOps(self.args.quant_activations)
-        from .backend.ops_cuda import CudaOps
-        return CudaOps(self.args.quant_activations)
-
-    def _kv_block_bytes(self) -> int:
-        """One block's K/V over the layers: this rank's KV heads, and the draft model's, which
-        shares the blocks."""
-        total = 0
-        for m in (self.model, getattr(self, "draft_model", None)):
-            if m is not None:
-                pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes)
-                total += m.config.num_layers * self.args.block_size * m.layout.num_kv_heads * pair
-        return total
-
-    def _default_kv_bytes(self) -> int:
-        """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus
-        room for activations and CUDA graphs."""
-        if self.device == "cpu":
-            return CPU_KV_BYTES
-        import gc
-
-        import cupy
-
-        gc.collect()    # engines dropped by the caller but still in reference cycles give their memory back
-        cupy.get_default_memory_pool().free_all_blocks()
-        free, total = cupy.cuda.runtime.memGetInfo()
-        c = self.config
-        activations = 64 * self.args.max_num_batched_tokens * max(c.hidden_size, c.intermediate_size, c.vocab_size // 8)
-        return int(free - (1 - self.args.gpu_memory_utilization) * total - activations)
-
-    def _num_kv_blocks(self) -> int:
-        a = self.args
-        if a.num_kv_blocks is not None:
-            return a.num_kv_blocks
-        blocks = max(a.kv_cache_memory or self._default_kv_bytes(), 0) // self._kv_block_bytes()
-        need = -(-self.max_model_len // a.block_size) + 1  # + the reserved null block
-        if blocks < need:
-            raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="
-                             f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory "
-                             "or lower max_model_len")
-        return int(blocks)
 
     # --- requests ------------------------------------------------------------------------
     def _prompt_ids(self, prompt, field: str = "prompt") -> tuple[str | None, list[int]]:
@@ -489,83 +392,6 @@ class Engine:
         """Draft tokens for the next step of each sequence that just got its token."""
         self.proposer.propose([s.req for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
                                and s.req.num_computed_tokens == s.req.num_tokens - 1])
-
-    def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
-        s.prompt_chunks.append(chunk)
-        if not s.req.want_prompt_logits:
-            logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
-            s.prompt_chunks.clear()
-            s.group.prompt_logprobs = self._decorate(
-                prompt_logprobs(logits, s.group.prompt_ids, s.group.params.prompt_logprobs))
-
-    def _decorate(self, positions):
-        for pos in positions:
-            for tid, lp in (pos or {}).items():
-                lp.decoded_token = self.tokenizer.decode([tid])
-        return positions
-
-    def _append(self, s: SequenceState, tok: int, logprobs) -> None:
-        """tok (already in the request's token ids) into the sequence's output; stop checks."""
-        p, out = s.group.params, s.output
-        structure_done = s.matcher is not None and s.matcher.accept(tok)
-        out.token_ids.append(tok)
-        out.delta_token_ids.append(tok)
-        if out.logprobs is not None:
-            out.logprobs.extend(self._decorate([logprobs]))
-        stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
-        if not stop_token or p.include_stop_str_in_output:
-            self._emit(s, s.detok.push(tok))
-            if out.finished:  # a stop string was hit
-                return
-        if structure_done and s.matcher.error:  # the constraint could not go on (logged)
-            self._finish(s, RequestStatus.FINISHED_ABORTED)
-        elif stop_token:
-            out.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
-            self._finish(s, RequestStatus.FINISHED_STOPPED)
-        elif structure_done:  # the structure is complete
-            self._finish(s, RequestStatus.FINISHED_STOPPED)
-        elif len(out.token_ids) >= s.req.max_tokens or len(s.group.prompt_ids) + len(out.token_ids) >= self.max_model_len:
-            self._finish(s, RequestStatus.FINISHED_LENGTH)
-
-    def _emit(self, s: SequenceState, delta: str) -> None:
-        if s.stop is None:
-            s.output.text += delta
-            s.output.delta_text += delta
-            return
-        # vLLM's min_tokens: no stop string ends the output before it has min_tokens tokens
-        safe, hit = s.stop.push(delta, check=len(s.output.token_ids) >= s.group.params.min_tokens)
-        s.output.text += safe
-        s.output.delta_text += safe
-        if hit:
-            s.output.stop_reason = s.stop.matched
-            self._finish(s, RequestStatus.FINISHED_STOPPED, flush=False)
-
-    def _finish(self, s: SequenceState, status: RequestStatus, flush: bool = True) -> None:
-        """flush=False when a stop string ended the text: nothing held back is emitted then."""
-        if flush:
-            tail = s.detok.flush()  # bytes of an unfinished UTF-8 character
-            if s.stop is not None:
-                safe, hit = s.stop.push(tail)
-                tail = safe if hit else safe + s.stop.flush()
-                if hit:
-                    s.output.stop_reason, status = s.stop.matched, RequestStatus.FINISHED_STOPPED
-            s.output.text += tail
-            s.output.delta_text += tail
-        s.output.finish_reason = status.value
-        self.scheduler.finish(s.req.request_id, status)
-
-    def _request_output(self, g: RequestGroup) -> RequestOutput:
-        outs = []
-        for s in g.seqs:
-            o = s.output
-            outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
-                                         None if o.logprobs is None else list(o.logprobs),
-                                         o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
-            o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
-        req = g.seqs[0].req
-        queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
-        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
-                             num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued)
 
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:

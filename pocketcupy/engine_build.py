@@ -1,0 +1,106 @@
+"""The engine's construction: the backend, the model (and a draft model) and the KV pool's size,
+the runners and the draft proposer (a part of Engine; tensor-parallel worker ranks use it too)."""
+from __future__ import annotations
+
+from .progress import ProgressDict
+from .quant.kv_quant import check_kv_head_dim, kv_pair_bytes
+
+CPU_KV_BYTES = 512 << 20
+
+
+class EngineBuild:
+    def _load_shard(self, ckpt, tp) -> None:
+        """The backend, this rank's part of the model (all of it on one rank) and max_model_len;
+        tensor-parallel worker ranks run this too (dist/worker.py)."""
+        from .models.registry import build_model
+
+        self.ops = self._make_ops()
+        if self.args.kv_cache_dtype not in self.ops.kv_cache_dtypes:
+            raise ValueError(f"kv_cache_dtype: {self.args.kv_cache_dtype!r} is implemented on the NumPy (cpu) "
+                             f"backend only; the {self.device} backend has "
+                             f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
+        check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
+        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
+        self.max_model_len = self.args.max_model_len or ckpt.config.max_position
+        if self.max_model_len > ckpt.config.max_position:
+            raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
+                             f"{ckpt.config.max_position}")
+
+    def _make_runner(self, num_blocks: int, model=None):
+        from .runner import ModelRunner
+
+        a = self.args
+        return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
+                           a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
+                           kv_cache_dtype=a.kv_cache_dtype)
+
+    def _load_draft_model(self):
+        a = self.args
+        if a.speculative_method != "draft_model":
+            return None
+        from .loader import load_checkpoint
+        from .models.registry import build_model
+
+        ckpt = load_checkpoint(a.speculative_model)
+        if ckpt.config.vocab_size != self.config.vocab_size:
+            raise ValueError(f"speculative_model: its vocabulary of {ckpt.config.vocab_size} tokens differs from "
+                             f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
+        check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
+        return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
+
+    def _make_proposer(self):
+        a = self.args
+        if a.speculative_method == "ngram":
+            from .spec import NgramProposer
+            return NgramProposer(a.num_speculative_tokens, a.prompt_lookup_min, a.prompt_lookup_max)
+        if a.speculative_method == "draft_model":
+            from .spec import DraftModelProposer
+            return DraftModelProposer(self.draft_runner, self.ops.argmax_rows, a.num_speculative_tokens,
+                                      self.draft_model.config.max_position, self.scheduler.reserve_slots,
+                                      a.max_num_batched_tokens)
+        return None
+
+    def _make_ops(self):
+        if self.device == "cpu":
+            from .backend.ops_ref import NumpyOps
+            return NumpyOps(self.args.quant_activations)
+        from .backend.ops_cuda import CudaOps
+        return CudaOps(self.args.quant_activations)
+
+    def _kv_block_bytes(self) -> int:
+        """One block's K/V over the layers: this rank's KV heads, and the draft model's, which
+        shares the blocks."""
+        total = 0
+        for m in (self.model, getattr(self, "draft_model", None)):
+            if m is not None:
+                pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes)
+                total += m.config.num_layers * self.args.block_size * m.layout.num_kv_heads * pair
+        return total
+
+    def _default_kv_bytes(self) -> int:
+        """CPU: a fixed 512 MiB. CUDA: what gpu_memory_utilization leaves after the weights, minus
+        room for activations and CUDA graphs."""
+        if self.device == "cpu":
+            return CPU_KV_BYTES
+        import gc
+
+        import cupy
+
+        gc.collect()    # engines dropped by the caller but still in reference cycles give their memory back
+        cupy.get_default_memory_pool().free_all_blocks()
+        free, total = cupy.cuda.runtime.memGetInfo()
+        c = self.config
+        activations = 64 * self.args.max_num_batched_tokens * max(c.hidden_size, c.intermediate_size, c.vocab_size // 8)
+        return int(free - (1 - self.args.gpu_memory_utilization) * total - activations)
+
+    def _num_kv_blocks(self) -> int:
+        a = self.args
+        if a.num_kv_blocks is not None:
+            return a.num_kv_blocks
+        blocks = max(a.kv_cache_memory or self._default_kv_bytes(), 0) // self._kv_block_bytes()
+        need = -(-self.max_model_len // a.block_size) + 1  # + the reserved null block
+        if blocks < need:
+            raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="
+                             f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory "
+                             "or lower max_model_len")
+        return int(blocks)

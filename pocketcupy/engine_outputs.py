@@ -1,0 +1,89 @@
+"""The engine's outputs: sampled tokens into each sequence's text, logprobs and stop checks, and
+RequestOutputs (a part of Engine)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .outputs import CompletionOutput, RequestOutput
+from .request_state import RequestGroup, SequenceState
+from .sampler import prompt_logprobs
+from .sched.request import RequestStatus
+
+
+class EngineOutputs:
+    def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
+        s.prompt_chunks.append(chunk)
+        if not s.req.want_prompt_logits:
+            logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
+            s.prompt_chunks.clear()
+            s.group.prompt_logprobs = self._decorate(
+                prompt_logprobs(logits, s.group.prompt_ids, s.group.params.prompt_logprobs))
+
+    def _decorate(self, positions):
+        for pos in positions:
+            for tid, lp in (pos or {}).items():
+                lp.decoded_token = self.tokenizer.decode([tid])
+        return positions
+
+    def _append(self, s: SequenceState, tok: int, logprobs) -> None:
+        """tok (already in the request's token ids) into the sequence's output; stop checks."""
+        p, out = s.group.params, s.output
+        structure_done = s.matcher is not None and s.matcher.accept(tok)
+        out.token_ids.append(tok)
+        out.delta_token_ids.append(tok)
+        if out.logprobs is not None:
+            out.logprobs.extend(self._decorate([logprobs]))
+        stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
+        if not stop_token or p.include_stop_str_in_output:
+            self._emit(s, s.detok.push(tok))
+            if out.finished:  # a stop string was hit
+                return
+        if structure_done and s.matcher.error:  # the constraint could not go on (logged)
+            self._finish(s, RequestStatus.FINISHED_ABORTED)
+        elif stop_token:
+            out.stop_reason = tok if tok in (p.stop_token_ids or ()) else None
+            self._finish(s, RequestStatus.FINISHED_STOPPED)
+        elif structure_done:  # the structure is complete
+            self._finish(s, RequestStatus.FINISHED_STOPPED)
+        elif len(out.token_ids) >= s.req.max_tokens or len(s.group.prompt_ids) + len(out.token_ids) >= self.max_model_len:
+            self._finish(s, RequestStatus.FINISHED_LENGTH)
+
+    def _emit(self, s: SequenceState, delta: str) -> None:
+        if s.stop is None:
+            s.output.text += delta
+            s.output.delta_text += delta
+            return
+        # vLLM's min_tokens: no stop string ends the output before it has min_tokens tokens
+        safe, hit = s.stop.push(delta, check=len(s.output.token_ids) >= s.group.params.min_tokens)
+        s.output.text += safe
+        s.output.delta_text += safe
+        if hit:
+            s.output.stop_reason = s.stop.matched
+            self._finish(s, RequestStatus.FINISHED_STOPPED, flush=False)
+
+    def _finish(self, s: SequenceState, status: RequestStatus, flush: bool = True) -> None:
+        """flush=False when a stop string ended the text: nothing held back is emitted then."""
+        if flush:
+            tail = s.detok.flush()  # bytes of an unfinished UTF-8 character
+            if s.stop is not None:
+                safe, hit = s.stop.push(tail)
+                tail = safe if hit else safe + s.stop.flush()
+                if hit:
+                    s.output.stop_reason, status = s.stop.matched, RequestStatus.FINISHED_STOPPED
+            s.output.text += tail
+            s.output.delta_text += tail
+        s.output.finish_reason = status.value
+        self.scheduler.finish(s.req.request_id, status)
+
+    def _request_output(self, g: RequestGroup) -> RequestOutput:
+        outs = []
+        for s in g.seqs:
+            o = s.output
+            outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
+                                         None if o.logprobs is None else list(o.logprobs),
+                                         o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
+            o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
+        req = g.seqs[0].req
+        queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
+                             num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued)
