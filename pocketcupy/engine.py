@@ -360,7 +360,8 @@ class Engine(EngineBuild, EngineOutputs):
         time: a sequence samples its next row only while each token drawn equals its draft token,
         with penalties, masks and its generator advanced by the tokens kept, so it draws exactly the
         tokens it would draw without drafts (a draft chosen without sampling makes the acceptance
-        test of speculative sampling this comparison)."""
+        test of speculative sampling this comparison). When every sequence is greedy with nothing
+        that reads its output so far, every row is sampled in one launch instead."""
         items = {item.request_id: item for item in sched_out.scheduled if item.sample}
         drafts, offsets, row = [], [], 0   # each sequence's draft tokens and first logits row
         for s in seqs:
@@ -368,6 +369,15 @@ class Engine(EngineBuild, EngineOutputs):
             drafts.append(item.token_ids[len(item.token_ids) - item.num_draft:])
             offsets.append(row)
             row += 1 + item.num_draft
+        if all(_greedy_alone(s) for s in seqs):
+            result = self.sampler.launch(logits, [s.row for s, d in zip(seqs, drafts) for _ in range(1 + len(d))]).result()
+            toks = result.token_ids.tolist()
+            for i, s in enumerate(seqs):
+                for depth in range(1 + len(drafts[i])):
+                    j = offsets[i] + depth
+                    if not self._keep(s, drafts[i], depth, toks[j], result.logprobs[j], touched):
+                        break
+            return
         alive, depth = list(range(len(seqs))), 0
         while alive:
             live = [seqs[i] for i in alive]
@@ -375,18 +385,22 @@ class Engine(EngineBuild, EngineOutputs):
                 self._constrain_rows(live)   # after the tokens kept so far
             rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
             result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
-            nxt = []
-            for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs):
-                self.scheduler.append_token(s.req.request_id, tok)
-                self._append(s, tok, lp)
-                touched[s.group.request_id] = s.group
-                d = drafts[i]
-                kept = depth < len(d) and tok == d[depth]
-                if kept and not s.output.finished:
-                    nxt.append(i)
-                elif d:
-                    self.scheduler.drafts_verified(s.req.request_id, len(d), depth + kept)
-            alive, depth = nxt, depth + 1
+            alive = [i for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs)
+                     if self._keep(s, drafts[i], depth, tok, lp, touched)]
+            depth += 1
+
+    def _keep(self, s: SequenceState, draft: list[int], depth: int, tok: int, logprobs, touched: dict) -> bool:
+        """tok, drawn at this depth of a verification, into the sequence; True while it equals its
+        draft token and the sequence goes on (then its next row is sampled)."""
+        self.scheduler.append_token(s.req.request_id, tok)
+        self._append(s, tok, logprobs)
+        touched[s.group.request_id] = s.group
+        kept = depth < len(draft) and tok == draft[depth]
+        if kept and not s.output.finished:
+            return True
+        if draft:
+            self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)
+        return False
 
     def _propose(self, groups) -> None:
         """Draft tokens for the next step of each sequence that just got its token."""
@@ -466,6 +480,14 @@ class Engine(EngineBuild, EngineOutputs):
             for out in outs:  # a stream closed early aborts its request (_run's finally) right away
                 if out.outputs[0].delta_text:
                     yield out.outputs[0].delta_text
+
+
+def _greedy_alone(s: SequenceState) -> bool:
+    """Whether the sequence's next tokens are each its logits row's argmax, whatever tokens come
+    before (no penalties, structured output, bad words or min_tokens still to reach)."""
+    p = s.group.params
+    return (p.greedy and not p.has_penalties and s.matcher is None and not s.group.bad_words
+            and s.req.num_output_tokens >= p.min_tokens)
 
 
 def _as_prompt_list(prompts) -> list:
