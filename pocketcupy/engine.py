@@ -403,9 +403,14 @@ class Engine(EngineBuild, EngineOutputs):
         return False
 
     def _propose(self, groups) -> None:
-        """Draft tokens for the next step of each sequence that just got its token."""
-        self.proposer.propose([s.req for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
-                               and s.req.num_computed_tokens == s.req.num_tokens - 1])
+        """Draft tokens for the next step of each sequence that just got its token; a structured
+        output's are cut where its grammar would refuse them."""
+        ready = [s for g in groups for s in g.seqs
+                 if s.req.status == RequestStatus.RUNNING and s.req.num_computed_tokens == s.req.num_tokens - 1]
+        self.proposer.propose([s.req for s in ready])
+        for s in ready:
+            if s.matcher is not None and s.req.draft_token_ids:
+                s.req.draft_token_ids = s.req.draft_token_ids[:s.matcher.valid_prefix(s.req.draft_token_ids)]
 
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:

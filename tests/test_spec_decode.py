@@ -71,6 +71,25 @@ def test_structured_output(plain, spec):
     assert got[0].outputs[0].text.startswith("{")
 
 
+def test_structured_output_drafts_cut_where_the_grammar_refuses(smollm2_gguf, plain):
+    """A proposer that always drafts "7x" under the regex [0-9]{6}: only the "7" is verified."""
+    class SevenX:
+        def propose(self, reqs):
+            for r in reqs:
+                r.draft_token_ids = list(seven_x)
+
+    e = engine(smollm2_gguf, **SPEC)
+    seven_x = e.tokenizer.encode("7x", add_special_tokens=False)
+    assert len(seven_x) == 2
+    e.proposer = SevenX()
+    p = SamplingParams(temperature=0, max_tokens=12, structured_outputs={"regex": "[0-9]{6}"})
+    got = e.generate("My PIN is", p)
+    assert_same(got, plain.generate("My PIN is", p))
+    s = e.stats()
+    assert len(got[0].outputs[0].text) == 6 and s["spec_num_drafts"] > 0
+    assert s["spec_num_draft_tokens"] == s["spec_num_drafts"]
+
+
 def test_batched_with_preemption_equals_alone(smollm2_gguf, plain):
     """Six concurrent requests in a pool too small for all of them (KV blocks of 4 tokens)."""
     p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -22,6 +22,11 @@ class SequenceMatcher:
             return True
         return self.ll.is_stopped()
 
+    def valid_prefix(self, token_ids: list[int]) -> int:
+        """How many of token_ids, from the start, the grammar accepts after the tokens so far (the
+        matcher does not advance)."""
+        return 0 if self.error is not None else self.ll.validate_tokens([int(t) for t in token_ids])
+
     def fail(self, why: str) -> None:
         if self.error is None:
             self.error = (self.ll.get_error() or why)[:500]  # llguidance appends its whole parser state
