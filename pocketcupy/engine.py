@@ -22,6 +22,7 @@ from .sampler import Sampler, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
+from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 
@@ -110,6 +111,7 @@ class Engine(EngineBuild, EngineOutputs):
         self._mailboxes: dict[str, collections.deque] = {}
         self._lock = EngineLock()
         self.proposer = self._make_proposer()
+        self.backoff = DraftBackoff()
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
             and self.proposer is None)
@@ -400,13 +402,14 @@ class Engine(EngineBuild, EngineOutputs):
             return True
         if draft:
             self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)
+            self.backoff.record(s.req, depth + kept)
         return False
 
     def _propose(self, groups) -> None:
         """Draft tokens for the next step of each sequence that just got its token; a structured
         output's are cut where its grammar would refuse them."""
-        ready = [s for g in groups for s in g.seqs
-                 if s.req.status == RequestStatus.RUNNING and s.req.num_computed_tokens == s.req.num_tokens - 1]
+        ready = [s for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
+                 and s.req.num_computed_tokens == s.req.num_tokens - 1 and self.backoff.allow(s.req)]
         self.proposer.propose([s.req for s in ready])
         for s in ready:
             if s.matcher is not None and s.req.draft_token_ids:
