@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 from dataclasses import dataclass, fields
 
@@ -43,6 +44,8 @@ class EngineArgs:
     num_speculative_tokens: int = 4        # draft tokens a request proposes per step
     prompt_lookup_min: int = 2             # ngram: shortest suffix looked up in the request's tokens
     prompt_lookup_max: int = 4             # ngram: longest suffix looked up
+    speculative_config: dict | str | None = None   # vLLM's form of the five above (a dict or its JSON text):
+                                           # method, model, num_speculative_tokens, prompt_lookup_min/max
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -56,6 +59,8 @@ class EngineArgs:
             self.model = os.fspath(self.model)
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise ValueError(f"model: must be a path, got {self.model!r}")
+        if self.speculative_config is not None:
+            self._apply_speculative_config()
         if isinstance(self.speculative_model, os.PathLike):
             self.speculative_model = os.fspath(self.speculative_model)
         if self.device not in ("auto", "cpu", "cuda"):
@@ -98,6 +103,32 @@ class EngineArgs:
                              "draft tokens need this step's tokens on the host)")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+
+    def _apply_speculative_config(self) -> None:
+        """Sets the speculative_* fields from vLLM's speculative_config (a "model" without a
+        "method" means a draft model), then drops it, so the fields alone describe the settings."""
+        cfg = self.speculative_config
+        if isinstance(cfg, str):
+            try:
+                cfg = json.loads(cfg)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config: not valid JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"speculative_config: must be a dict (or its JSON text), got {cfg!r:.80}")
+        names = {"method": "speculative_method", "model": "speculative_model", **{
+            k: k for k in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")}}
+        unknown = sorted(set(cfg) - set(names))
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key {unknown[0]!r} (known: {', '.join(names)})")
+        if "model" in cfg and "method" not in cfg:
+            cfg = {**cfg, "method": "draft_model"}
+        defaults = {f.name: f.default for f in fields(self)}
+        for key, value in cfg.items():
+            name = names[key]
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"speculative_config: sets {name}, which is also given on its own")
+            setattr(self, name, value)
+        self.speculative_config = None
 
     # --- bridges -------------------------------------------------------------------------
     @classmethod

@@ -136,3 +136,25 @@ def test_backoff_pauses_failing_drafts_longer_each_time():
     assert allowed(1) == [True]
     b.record(r, 0)
     assert allowed(2) == [False, True]
+
+
+def test_vllm_speculative_config_sets_the_fields():
+    import argparse
+
+    a = EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5})
+    assert (a.speculative_method, a.num_speculative_tokens, a.prompt_lookup_max) == ("ngram", 3, 5)
+    assert a.speculative_config is None   # the fields alone hold it: dataclasses.replace keeps working
+    a = EngineArgs(speculative_config='{"model": "draft.gguf", "num_speculative_tokens": 2}')
+    assert (a.speculative_method, a.speculative_model) == ("draft_model", "draft.gguf")
+    ap = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(ap)
+    ns = ap.parse_args(["--speculative-config", '{"method": "ngram"}', "--max-num-seqs", "3"])
+    assert EngineArgs.from_cli(ns).speculative_method == "ngram"
+    assert EngineArgs.from_env({"POCKETCUPY_SPECULATIVE_CONFIG": '{"method": "ngram"}'}).speculative_method == "ngram"
+    for bad, says in [('{"method": "ngram", "foo": 1}', "unknown key 'foo'"), ("{bad", "not valid JSON"),
+                      ("[1]", "must be a dict"), ({"method": "eagle"}, "speculative_method: must be one of"),
+                      ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens: must be a positive")]:
+        with pytest.raises(ValueError, match=says):
+            EngineArgs(speculative_config=bad)
+    with pytest.raises(ValueError, match="speculative_config: sets speculative_method, which is also given"):
+        EngineArgs(speculative_config={"method": "ngram"}, speculative_method="ngram")
