@@ -292,7 +292,9 @@ def test_prompt_logprobs(engine):
     gen = text_of(engine, ids, SamplingParams(temperature=0, max_tokens=1, logprobs=1))
     tok = gen.token_ids[0]
     again = engine.generate(ids + [tok], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs
-    assert abs(again[-1][tok].logprob - gen.logprobs[0][tok].logprob) < 1e-4 and again[-1][tok].rank == 1
+    # (a prompt row comes from a matmul over several rows, the generated one from a one-row GEMV:
+    # float32 sums in another order)
+    assert abs(again[-1][tok].logprob - gen.logprobs[0][tok].logprob) < 1e-3 and again[-1][tok].rank == 1
 
 
 def test_prompt_logprobs_match_chunked_prefill(smollm2_gguf, engine):

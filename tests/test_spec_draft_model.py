@@ -62,7 +62,8 @@ def test_random_draft_rejected_yet_same_tokens(smollm2_gguf, random_draft, plain
     e = drafting(smollm2_gguf, random_draft, num_speculative_tokens=3)
     p = SamplingParams(temperature=0, max_tokens=32, logprobs=2)
     assert_same(e.chat(CHATS, p), plain.chat(CHATS, p))
-    assert e.stats()["spec_num_draft_tokens"] > 30
+    s = e.stats()   # (after each failed verification the request pauses drafting: spec/backoff.py)
+    assert s["spec_num_draft_tokens"] >= 12 and s["spec_num_accepted_tokens"] < s["spec_num_draft_tokens"] / 2
 
 
 def test_batched_with_preemption_and_shared_prefix(smollm2_gguf, plain):
