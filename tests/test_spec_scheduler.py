@@ -158,3 +158,17 @@ def test_vllm_speculative_config_sets_the_fields():
             EngineArgs(speculative_config=bad)
     with pytest.raises(ValueError, match="speculative_config: sets speculative_method, which is also given"):
         EngineArgs(speculative_config={"method": "ngram"}, speculative_method="ngram")
+
+
+def test_draft_model_catch_up_starts_from_what_it_holds():
+    from pocketcupy.spec import DraftModelProposer
+
+    p = DraftModelProposer(None, None, 4, 100, None, 64)
+    r = Request("a", [1] * 10, 8, num_computed_tokens=9)
+    assert p._start(r) == 0                  # never seen
+    p._computed[r] = (0, 9)
+    assert p._start(r) == 9
+    r.num_computed_tokens = 7                # the target rejected drafts the draft model had fed
+    assert p._start(r) == 7
+    r.num_preemptions = 1                    # its blocks may come back filled by another request
+    assert p._start(r) == 0

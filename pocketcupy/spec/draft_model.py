@@ -18,9 +18,14 @@ class DraftModelProposer:
         -> bool: room in the request's blocks for n tokens past its computed ones."""
         self.runner, self.argmax_rows, self.k, self.max_len = runner, argmax_rows, num_speculative_tokens, max_len
         self.reserve_slots, self.max_tokens_per_forward = reserve_slots, max_tokens_per_forward
-        # tokens of each request whose K/V the draft model holds (a prefix hit or a preemption restarts
-        # it; the target's computed length bounds it, as the K/V past it belongs to rejected drafts)
-        self._computed: weakref.WeakKeyDictionary[Request, int] = weakref.WeakKeyDictionary()
+        # (preemptions, tokens) of each request: the tokens whose K/V the draft model holds, since its
+        # last preemption (its blocks may come back from the prefix cache filled by a request the draft
+        # model never saw); the target's computed length bounds it, the K/V past it being rejected drafts'
+        self._computed: weakref.WeakKeyDictionary[Request, tuple[int, int]] = weakref.WeakKeyDictionary()
+
+    def _start(self, r: Request) -> int:
+        preemptions, n = self._computed.get(r, (r.num_preemptions, 0))
+        return min(n, r.num_computed_tokens) if preemptions == r.num_preemptions else 0
 
     def propose(self, reqs: list[Request]) -> None:
         """Sets draft_token_ids of each request (all at the decode point: every token but the last
@@ -30,14 +35,14 @@ class DraftModelProposer:
         items, room, budget = [], {}, self.max_tokens_per_forward
         for r in reqs:
             k = min(self.k, r.max_tokens - r.num_output_tokens - 1, self.max_len - r.num_tokens + 1)
-            start = min(self._computed.get(r, 0), r.num_computed_tokens)
+            start = self._start(r)
             if k <= 0 or budget <= 0 or not self.reserve_slots(r, k):
                 continue
             n = min(r.num_tokens - start, budget)
             budget -= n
             items.append(ScheduledRequest(r.request_id, r.token_slice(start, start + n), start, r.block_ids,
                                           sample=start + n == r.num_tokens, prompt_logits=False))
-            self._computed[r] = start + n
+            self._computed[r] = (r.num_preemptions, start + n)
             room[r.request_id] = (r, k)
         drafts: dict[str, list[int]] = {}
         while items:
@@ -50,6 +55,6 @@ class DraftModelProposer:
                 if len(d) < k:   # feed the last draft token
                     pos = r.num_tokens + len(d) - 1
                     items.append(ScheduledRequest(rid, [d[-1]], pos, r.block_ids, sample=True, prompt_logits=False))
-                    self._computed[r] = pos + 1
+                    self._computed[r] = (r.num_preemptions, pos + 1)
         for rid, d in drafts.items():
             room[rid][0].draft_token_ids = d
