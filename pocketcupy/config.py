@@ -91,6 +91,75 @@ class MoEConfig:
                              f"{self.topk_group * per_group} experts of topk_group {self.topk_group} groups")
 
 
+@dataclass
+class SparseMoEConfig:
+    """Qwen3-Next's mixture of experts, in config.json's names: softmax router scores, the
+    num_experts_per_tok best of num_experts (their weights renormalised where norm_topk_prob), plus
+    one shared expert scaled by sigmoid(shared_expert_gate). Layer i is sparse when
+    (i + 1) % decoder_sparse_step == 0 and i is not in mlp_only_layers; the others are dense MLPs."""
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int
+    mlp_only_layers: tuple[int, ...]
+
+    def __post_init__(self):
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                     "decoder_sparse_step"):
+            _check(is_count, self, name, "a positive integer")
+        _check(is_bool, self, "norm_topk_prob", "true or false")
+        _check(lambda v: isinstance(v, (list, tuple)) and all(map(is_size, v)), self, "mlp_only_layers",
+               "a list of layer indices")
+        self.mlp_only_layers = tuple(self.mlp_only_layers)
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(f"model: num_experts_per_tok {self.num_experts_per_tok} exceeds num_experts "
+                             f"{self.num_experts}")
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
+
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+@dataclass
+class GatedDeltaNetConfig:
+    """Qwen3-Next's hybrid layers, in config.json's names: layer_types[i] is "linear_attention" (a
+    Gated DeltaNet layer: causal depthwise conv of linear_conv_kernel_dim over [q; k; v], then the
+    gated delta rule over a recurrent state of linear_num_value_heads x linear_key_head_dim x
+    linear_value_head_dim per sequence) or "full_attention" (gated attention over the paged KV cache)."""
+    layer_types: tuple[str, ...]
+    linear_conv_kernel_dim: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+
+    def __post_init__(self):
+        for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+                     "linear_num_value_heads"):
+            _check(is_count, self, name, "a positive integer")
+        _check(lambda v: isinstance(v, (list, tuple)) and all(t in LAYER_TYPES for t in v), self, "layer_types",
+               f"a list of {' or '.join(map(repr, LAYER_TYPES))}")
+        self.layer_types = tuple(self.layer_types)
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"model: linear_num_value_heads {self.linear_num_value_heads} is not a multiple of "
+                             f"linear_num_key_heads {self.linear_num_key_heads}")
+        if "full_attention" not in self.layer_types:
+            raise ValueError("model: layer_types has no 'full_attention' layer")
+
+    @property
+    def conv_dim(self) -> int:
+        """The channels of the convolution: q, k ([key heads, key dim] each) and v."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.value_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+
 def _check(ok, obj, name: str, what: str) -> None:
     v = getattr(obj, name)
     if not ok(v):
@@ -99,7 +168,7 @@ def _check(ok, obj, name: str, what: str) -> None:
 
 @dataclass
 class ModelConfig:
-    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3"
+    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3" | "qwen3_next"
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -117,7 +186,8 @@ class ModelConfig:
     qk_norm: bool = False              # Qwen3: RMSNorm over each head of q and k
     qkv_bias: bool = False             # Qwen2
     mla: MLAConfig | None = None       # DeepSeek-V3: num_kv_heads 1, head_dim the latent cache row
-    moe: MoEConfig | None = None
+    moe: MoEConfig | SparseMoEConfig | None = None
+    gdn: GatedDeltaNetConfig | None = None   # Qwen3-Next: the hybrid's layer types and Gated DeltaNet sizes
 
     def __post_init__(self):
         """Values a damaged or unusual config holds, refused here rather than as a division by zero
@@ -138,3 +208,10 @@ class ModelConfig:
             raise ValueError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.rms_eps) and self.rms_eps >= 0):
             raise ValueError(f"model: rms_eps must be a finite number >= 0, got {self.rms_eps}")
+        if self.gdn is not None and len(self.gdn.layer_types) != self.num_layers:
+            raise ValueError(f"model: layer_types has {len(self.gdn.layer_types)} entries for {self.num_layers} layers")
+
+    @property
+    def num_kv_layers(self) -> int:
+        """The layers with K/V in the paged cache (a hybrid's full-attention layers; else all)."""
+        return self.num_layers if self.gdn is None else self.gdn.layer_types.count("full_attention")

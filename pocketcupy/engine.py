@@ -97,7 +97,7 @@ class Engine(EngineBuild, EngineOutputs):
                 self.ranks.close()
             raise
         self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                                   enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy)
+                                   enable_prefix_caching=self.args.enable_prefix_caching, policy=args.scheduling_policy)
         if self.device == "cuda":
             from .backend.sampler_cuda import CudaSampler
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)
@@ -280,6 +280,8 @@ class Engine(EngineBuild, EngineOutputs):
             for seq_id in sched_out.preempted_ids:
                 self._seqs[seq_id].prompt_chunks.clear()
             cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
+            if not sched_out.scheduled and sched_out.finished_ids:
+                self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
             if prev is not None:
                 self._resolve(prev, touched)
             if cur is not None and cur.seqs and self._async and cur.overlappable():

@@ -2,10 +2,14 @@
 the runners and the draft proposer (a part of Engine; tensor-parallel worker ranks use it too)."""
 from __future__ import annotations
 
+import dataclasses
+import logging
+
 from .progress import ProgressDict
 from .quant.kv_quant import check_kv_head_dim, kv_pair_bytes
 
 CPU_KV_BYTES = 512 << 20
+log = logging.getLogger("pocketcupy")
 
 
 class EngineBuild:
@@ -21,10 +25,24 @@ class EngineBuild:
                              f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
         check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
+        if getattr(self.model, "state_shapes", None) is not None:
+            self._recurrent_state_limits()
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position
         if self.max_model_len > ckpt.config.max_position:
             raise ValueError(f"max_model_len: {self.max_model_len} exceeds the model's context length "
                              f"{ckpt.config.max_position}")
+
+    def _recurrent_state_limits(self) -> None:
+        """A model with recurrent state (state_slots.py) cannot restore it to an earlier position:
+        no speculative decoding (rejected drafts) and no prefix caching (cached blocks)."""
+        a, arch = self.args, self.model.config.architecture
+        if a.speculative_method != "none":
+            raise ValueError(f"speculative_method: {a.speculative_method!r} is not supported for architecture "
+                             f"{arch!r}: its recurrent state cannot roll back rejected draft tokens")
+        if a.enable_prefix_caching:
+            log.info("prefix caching is off for architecture %r: its recurrent state cannot be restored from "
+                     "cached blocks", arch)
+            self.args = dataclasses.replace(a, enable_prefix_caching=False)
 
     def _make_runner(self, num_blocks: int, model=None):
         from .runner import ModelRunner
@@ -74,7 +92,7 @@ class EngineBuild:
         for m in (self.model, getattr(self, "draft_model", None)):
             if m is not None:
                 pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes)
-                total += m.config.num_layers * self.args.block_size * m.layout.num_kv_heads * pair
+                total += m.config.num_kv_layers * self.args.block_size * m.layout.num_kv_heads * pair
         return total
 
     def _default_kv_bytes(self) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 from .backend.attention_meta import AttentionMetadata
 from .sched.output import SchedulerOutput
 from .sched.request import PENDING_TOKEN
+from .state_slots import StateSlots
 
 
 @dataclass
@@ -86,9 +87,12 @@ class ModelRunner:
         c = model.config
         self.model, self.ops, self.block_size = model, ops, block_size
         # one block past the pool: a scratch block where padded graph rows write their K/V; the KV
-        # heads of this tensor-parallel rank only
+        # heads of this tensor-parallel rank only, for the layers with K/V (not a hybrid's recurrent ones)
         kv = (num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
-        self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype) for _ in range(c.num_layers)]
+        self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype) for _ in range(c.num_kv_layers)]
+        # a hybrid model's per-sequence recurrent state (its forward takes them after the caches)
+        shapes = getattr(model, "state_shapes", None)
+        self.states = None if shapes is None else StateSlots(ops, shapes, max_num_seqs)
         self.build_batch = FlatBatchBuilder(block_size)
         self.graphs = None
         if cuda_graphs:
@@ -103,6 +107,10 @@ class ModelRunner:
         sample_params(V): the sampled rows' parameters for a sampler inside the decode graph (or
         None), asked for when the step replays a graph whose every row samples."""
         ops = self.ops
+        if self.states is not None:
+            self.states.prepare(out)
+        if not out.scheduled:   # only requests that ended (their state slots are free now)
+            return RunnerOutput([], None, {})
         ids, pos, meta = self.build_batch(out)
         meta.decode_only = len(ids) == meta.num_seqs
         dst = np.flatnonzero(ids == PENDING_TOKEN).tolist()
@@ -120,7 +128,8 @@ class ModelRunner:
         ids_dev = ops.asarray(ids)
         if fed is not None:
             ops.scatter_tokens(ids_dev, *fed)
-        hidden = self.model.forward(ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches)
+        states = () if self.states is None else (self.states,)
+        hidden = self.model.forward(ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches, *states)
         sample_rows, sample_ids, prompt_logits = [], [], {}
         query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):

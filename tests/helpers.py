@@ -10,6 +10,8 @@ from pocketcupy.backend.attention_meta import AttentionMetadata
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
+from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
+from pocketcupy.state_slots import StateSlots
 
 
 def load_reference_model(path):
@@ -19,14 +21,19 @@ def load_reference_model(path):
 
 
 def full_logits(model, ops, ids, block_size=16, kv_cache_dtype="auto"):
-    """Logits at every position of `ids`, computed in one prefill pass."""
+    """Logits at every position of `ids`, computed in one prefill pass (a hybrid model's recurrent
+    state in one state slot)."""
     c, n = model.config, len(ids)
     nblk = -(-n // block_size)
     caches = [ops.empty_kv_cache(nblk, block_size, c.num_kv_heads, c.head_dim, kv_cache_dtype)
-              for _ in range(c.num_layers)]
+              for _ in range(c.num_kv_layers)]
     meta = AttentionMetadata(np.array([0, n], np.int32), np.array([n], np.int32),
                              np.arange(nblk, dtype=np.int32)[None], np.arange(n), block_size)
-    hidden = model.forward(np.asarray(ids, np.int64), np.arange(n), meta, caches)
+    shapes = getattr(model, "state_shapes", None)
+    states = () if shapes is None else (StateSlots(ops, shapes, 1),)
+    for slots in states:
+        slots.prepare(SchedulerOutput([ScheduledRequest("seq", list(ids), 0, [], True, False)]))
+    hidden = model.forward(np.asarray(ids, np.int64), np.arange(n), meta, caches, *states)
     return ops.to_host(model.compute_logits(hidden))
 
 

@@ -141,11 +141,14 @@ def test_hf_tokenize():
         assert c["rendered"].startswith("<|im_start|>") and c["ids"][0] == 318
 
 
-def test_deepseek_v3_npz():
-    """Made by scripts/make_deepseek_fixtures.py from the checkpoints of tests/deepseek_checkpoints.py."""
-    z = np.load(os.path.join(FIXTURES, "deepseek_v3_logits.npz"), allow_pickle=False)
+@pytest.mark.parametrize("fixture, names", [("deepseek_v3_logits.npz", ("ds_lora_yarn", "ds_plain")),
+                                            ("qwen3_next_logits.npz", ("q3n_moe", "q3n_dense_mlp"))])
+def test_seeded_checkpoint_npz(fixture, names):
+    """Made by scripts/make_deepseek_fixtures.py and make_qwen3_next_fixtures.py from the checkpoints
+    of tests/deepseek_checkpoints.py and qwen3_next_checkpoints.py."""
+    z = np.load(os.path.join(FIXTURES, fixture), allow_pickle=False)
     json.loads(str(z["versions"]))
-    for name in ("ds_lora_yarn", "ds_plain"):
+    for name in names:
         assert _sha(str(z[f"{name}__weights_sha256"]))
         assert [z[f"{name}__logits{k}"].shape for k in range(3)] == [(1, 320), (7, 320), (1, 320)]
         assert all(z[f"{name}__logits{k}"].dtype == np.float32 and np.isfinite(z[f"{name}__logits{k}"]).all()

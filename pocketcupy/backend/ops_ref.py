@@ -102,6 +102,10 @@ class NumpyOps:
     def silu_mul(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return gate / (1.0 + np.exp(-gate)) * up
 
+    def sigmoid_mul(self, gate: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """x * sigmoid(gate): an output gate (gate [N, 1] scales each row alike)."""
+        return x / (1.0 + np.exp(-gate))
+
     def linear(self, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         if isinstance(w, Q8ActWeight):
             x = q8_roundtrip(x).astype(x.dtype, copy=False)
@@ -225,6 +229,18 @@ class NumpyOps:
             weights = weights / (weights.sum(axis=1, keepdims=True) + 1e-20)
         return (weights * scaling).astype(np.float32), ids
 
+    def moe_route_softmax(self, logits, top_k: int, norm: bool):
+        """Qwen3-Next's router over logits [N, E]: softmax probabilities, the top_k largest (the
+        lower expert id first among equals), renormalised to sum 1 where norm. -> (weights [N,
+        top_k] float32, expert ids [N, top_k])."""
+        p = np.exp(logits - logits.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        ids = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+        weights = np.take_along_axis(p, ids, axis=1)
+        if norm:
+            weights = weights / weights.sum(axis=1, keepdims=True)
+        return weights.astype(np.float32), ids
+
     def moe_experts(self, x, ids, weights, w_gate, w_up, w_down) -> np.ndarray:
         """sum_j weights[:, j] * expert ids[:, j] of x [N, hidden]; expert e a gated MLP of w_gate[e],
         w_up[e] and w_down[e]. The rows routed to one expert go through it in one batch."""
@@ -239,6 +255,49 @@ class NumpyOps:
             out[rows] = self.silu_mul_linear(gate, up, w_down[e])
         out *= weights.reshape(-1, 1)
         return out.reshape(n, k, -1).sum(axis=1)
+
+    # --- Gated DeltaNet (linear attention with a recurrent state per sequence) -------------
+    def causal_conv1d_silu(self, x, w, conv_states, slots, query_start) -> np.ndarray:
+        """SiLU of the depthwise causal convolution over each sequence of the flat batch x [N, C]
+        (sequence b: rows query_start[b]:query_start[b + 1]) with w [C, K]. conv_states [S, C,
+        K - 1] holds, at row slots[b], sequence b's inputs at the K - 1 positions before this step's
+        (zeros before position 0); they are replaced by its K - 1 latest inputs."""
+        k = w.shape[1]
+        out = np.empty_like(x)
+        for b, slot in enumerate(slots.tolist()):
+            q0, q1 = int(query_start[b]), int(query_start[b + 1])
+            seq = np.concatenate([conv_states[slot].T, x[q0:q1]])           # [K - 1 + n, C]
+            out[q0:q1] = sum(seq[j:j + q1 - q0] * w[:, j] for j in range(k))
+            conv_states[slot] = seq[len(seq) - (k - 1):].T
+        return out / (1.0 + np.exp(-out))
+
+    def gated_delta_rule(self, q, k, v, b, a, a_log, dt_bias, states, slots, query_start) -> np.ndarray:
+        """The gated delta rule of Gated DeltaNet, token by token, over each sequence of the flat
+        batch: q, k [N, Hk, Dk] (L2-normalised here, q also scaled by Dk^-1/2; value head h reads
+        key head h // (Hv / Hk)), v [N, Hv, Dv], b and a [N, Hv] (beta = sigmoid(b), decay =
+        exp(-exp(a_log) * softplus(a + dt_bias))). states [S, Hv, Dk, Dv]: sequence b's state S at
+        row slots[b], updated per token as S = decay S; S += k (beta (v - k S))^T; the output is
+        q S. Returns [N, Hv, Dv]."""
+        rep = v.shape[1] // k.shape[1]
+        q = np.repeat(_l2norm(q) / np.float32(np.sqrt(q.shape[2])), rep, axis=1)
+        k = np.repeat(_l2norm(k), rep, axis=1)
+        beta = 1.0 / (1.0 + np.exp(-b))
+        x = a + dt_bias
+        decay = np.exp(-np.exp(a_log) * np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))))  # torch's softplus
+        out = np.empty_like(v)
+        for i, slot in enumerate(slots.tolist()):
+            s = states[slot]
+            for t in range(int(query_start[i]), int(query_start[i + 1])):
+                s *= decay[t][:, None, None]
+                delta = (v[t] - np.einsum("hkv,hk->hv", s, k[t])) * beta[t][:, None]
+                s += k[t][:, :, None] * delta[:, None, :]
+                out[t] = np.einsum("hkv,hk->hv", s, q[t])
+        return out
+
+
+def _l2norm(x: np.ndarray) -> np.ndarray:
+    """x / sqrt(|x|^2 + 1e-6) over the last axis (the FLA library's, as transformers computes it)."""
+    return x / np.sqrt((x * x).sum(axis=-1, keepdims=True) + 1e-6)
 
 
 def _store_rows(cache, x, slots) -> None:

@@ -8,12 +8,13 @@ import re
 
 import numpy as np
 
-from ..config import MLAConfig, ModelConfig, MoEConfig, RopeScaling, is_count, is_number, is_size
+from ..config import (GatedDeltaNetConfig, MLAConfig, ModelConfig, MoEConfig, RopeScaling, SparseMoEConfig, is_count,
+                      is_number, is_size)
 from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "DeepseekV3ForCausalLM": "deepseek_v3"}
+         "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next"}
 
 # HF name -> GGUF name (the models use GGUF names)
 _LAYER_MAP = {
@@ -26,9 +27,14 @@ _LAYER_MAP = {
     "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
     "self_attn.kv_b_proj": "attn_kv_b", "mlp.gate": "ffn_gate_inp", "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    # Qwen3-Next: Gated DeltaNet layers (dt_bias and A_log: blk.N.ssm.dt_bias / .A_log) and MoE
+    "linear_attn": "ssm", "linear_attn.in_proj_qkvz": "ssm_in_qkvz", "linear_attn.in_proj_ba": "ssm_in_ba",
+    "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
 _GLOBAL_MAP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
-_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias|e_score_correction_bias)$")
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias|e_score_correction_bias|dt_bias|A_log)$")
 _EXPERT_RE = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
 _DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32", np.float32),
            **{q: (q, np.uint8) for q in QUANTIZED_DTYPES}}    # raw codes, dequantized by hf_quantized
@@ -111,6 +117,33 @@ def _deepseek_v3(cfg: dict, count) -> dict:
                 moe=MoEConfig(**{k: cfg.get(k, d) for k, d in _MOE_FIELDS.items()}))
 
 
+# Qwen3-Next's Gated DeltaNet and MoE fields with transformers' defaults, checked by
+# GatedDeltaNetConfig / SparseMoEConfig
+_GDN_FIELDS = {"linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+               "linear_num_key_heads": 16, "linear_num_value_heads": 32}
+_SPARSE_MOE_FIELDS = {"num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+                      "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                      "mlp_only_layers": []}
+
+
+def _qwen3_next(cfg: dict, count, rope: dict) -> dict:
+    """ModelConfig's Qwen3-Next fields: the layer types (layer_types, or every
+    full_attention_interval-th layer), the rotary dims (head_dim x partial_rotary_factor), the Gated
+    DeltaNet sizes and the MoE (none where num_experts is 0: every MLP dense)."""
+    layers, head_dim = count("num_hidden_layers"), count("head_dim", 256)
+    types = cfg.get("layer_types")
+    if types is None:
+        interval = count("full_attention_interval", 4)
+        types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    factor = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+    if not (is_number(factor) and 0 < factor <= 1):
+        raise ValueError(f"model: partial_rotary_factor must be a number in (0, 1], got {factor!r}")
+    moe = {k: cfg.get(k, d) for k, d in _SPARSE_MOE_FIELDS.items()}
+    return dict(head_dim=head_dim, rope_dim=int(head_dim * factor), qk_norm=True,
+                gdn=GatedDeltaNetConfig(types, **{k: cfg.get(k, d) for k, d in _GDN_FIELDS.items()}),
+                moe=None if moe["num_experts"] == 0 else SparseMoEConfig(**moe))
+
+
 def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     archs = cfg.get("architectures") or []
     arch = next((ARCHS[a] for a in archs if a in ARCHS), None) if isinstance(archs, list) else None
@@ -138,18 +171,20 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
                  intermediate_size=count("intermediate_size"), max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
-    kinds = ("llama3", "linear", "yarn") if arch == "deepseek_v3" else ("llama3", "linear")
+    kinds = {"deepseek_v3": ("llama3", "linear", "yarn"), "qwen3_next": ("linear",)}.get(arch, ("llama3", "linear"))
     scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source, kinds, sizes["max_position"])
     try:
+        sizes["qk_norm"] = arch == "qwen3"
         if arch == "deepseek_v3":
             sizes.update(_deepseek_v3(cfg, count))
+        elif arch == "qwen3_next":
+            sizes.update(_qwen3_next(cfg, count, rope))
         return ModelConfig(
             architecture=arch, hidden_size=hidden, num_heads=heads, **sizes,
             rms_eps=number("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qk_norm=(arch == "qwen3"),
             qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         )
     except ValueError as e:   # ModelConfig's checks

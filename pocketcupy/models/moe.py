@@ -1,9 +1,10 @@
-"""Gated MLPs and DeepSeek-V3's mixture of experts, written against the ops interface."""
+"""Gated MLPs and the mixtures of experts of DeepSeek-V3 and Qwen3-Next, written against the ops
+interface."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MoEConfig
+from ..config import MoEConfig, SparseMoEConfig
 
 
 @dataclass
@@ -34,19 +35,47 @@ class MoE:
         return ops.moe_experts(x, ids, weights, self.w_gate, self.w_up, self.w_down) + self.shared(ops, x)
 
 
+@dataclass
+class SparseMoE:
+    """Qwen3-Next's: softmax routing and one shared expert scaled by sigmoid(shared_gate x)."""
+    config: SparseMoEConfig
+    router: object              # [num_experts, hidden]
+    w_gate: list
+    w_up: list
+    w_down: list
+    shared: GatedMLP
+    shared_gate: object         # [1, hidden]
+
+    def __call__(self, ops, x):
+        c = self.config
+        weights, ids = ops.moe_route_softmax(ops.linear(x, self.router), c.num_experts_per_tok, c.norm_topk_prob)
+        shared = ops.sigmoid_mul(ops.linear(x, self.shared_gate), self.shared(ops, x))
+        return ops.moe_experts(x, ids, weights, self.w_gate, self.w_up, self.w_down) + shared
+
+
 def mlp_shapes(prefix: str, hidden: int, inter: int, suffix: str = "") -> dict[str, tuple]:
     """The shapes of a gated MLP's ffn_gate<suffix> / ffn_up<suffix> / ffn_down<suffix> weights."""
     return {f"{prefix}ffn_gate{suffix}.weight": (inter, hidden), f"{prefix}ffn_up{suffix}.weight": (inter, hidden),
             f"{prefix}ffn_down{suffix}.weight": (hidden, inter)}
 
 
-def moe_shapes(prefix: str, hidden: int, c: MoEConfig) -> dict[str, tuple]:
-    e, inter = c.n_routed_experts, c.moe_intermediate_size
-    shapes = {f"{prefix}ffn_gate_inp.weight": (e, hidden), f"{prefix}ffn_gate_inp.e_score_correction_bias": (e,),
-              **mlp_shapes(prefix, hidden, inter * c.n_shared_experts, "_shexp")}
-    for j in range(e):
+def _expert_shapes(prefix: str, hidden: int, num_experts: int, inter: int, shared_inter: int) -> dict[str, tuple]:
+    """The router's, the shared expert's and each routed expert's weights."""
+    shapes = {f"{prefix}ffn_gate_inp.weight": (num_experts, hidden), **mlp_shapes(prefix, hidden, shared_inter, "_shexp")}
+    for j in range(num_experts):
         shapes.update(mlp_shapes(prefix, hidden, inter, f"_exps.{j}"))
     return shapes
+
+
+def moe_shapes(prefix: str, hidden: int, c: MoEConfig) -> dict[str, tuple]:
+    e, inter = c.n_routed_experts, c.moe_intermediate_size
+    return {**_expert_shapes(prefix, hidden, e, inter, inter * c.n_shared_experts),
+            f"{prefix}ffn_gate_inp.e_score_correction_bias": (e,)}
+
+
+def sparse_moe_shapes(prefix: str, hidden: int, c: SparseMoEConfig) -> dict[str, tuple]:
+    return {**_expert_shapes(prefix, hidden, c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size),
+            f"{prefix}ffn_gate_inp_shexp.weight": (1, hidden)}
 
 
 def load_mlp(w, prefix: str, suffix: str = "") -> GatedMLP:
@@ -54,8 +83,17 @@ def load_mlp(w, prefix: str, suffix: str = "") -> GatedMLP:
     return GatedMLP(*(w(f"{prefix}ffn_{part}{suffix}.weight") for part in ("gate", "up", "down")))
 
 
+def _load_experts(w, prefix: str, num_experts: int) -> tuple[list, list, list]:
+    """The routed experts' gate, up and down weights, one list each."""
+    experts = [load_mlp(w, prefix, f"_exps.{j}") for j in range(num_experts)]
+    return [m.w_gate for m in experts], [m.w_up for m in experts], [m.w_down for m in experts]
+
+
 def load_moe(w, prefix: str, c: MoEConfig) -> MoE:
-    experts = [load_mlp(w, prefix, f"_exps.{j}") for j in range(c.n_routed_experts)]
     return MoE(c, w(f"{prefix}ffn_gate_inp.weight"), w(f"{prefix}ffn_gate_inp.e_score_correction_bias"),
-               [m.w_gate for m in experts], [m.w_up for m in experts], [m.w_down for m in experts],
-               load_mlp(w, prefix, "_shexp"))
+               *_load_experts(w, prefix, c.n_routed_experts), load_mlp(w, prefix, "_shexp"))
+
+
+def load_sparse_moe(w, prefix: str, c: SparseMoEConfig) -> SparseMoE:
+    return SparseMoE(c, w(f"{prefix}ffn_gate_inp.weight"), *_load_experts(w, prefix, c.num_experts),
+                     load_mlp(w, prefix, "_shexp"), w(f"{prefix}ffn_gate_inp_shexp.weight"))

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from .deepseek_v3 import DeepseekV3Model
 from .llama import LlamaModel
+from .qwen3_next import Qwen3NextModel
 
-MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "deepseek_v3": DeepseekV3Model}
+MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "deepseek_v3": DeepseekV3Model,
+          "qwen3_next": Qwen3NextModel}
 
 
 def model_class(config):

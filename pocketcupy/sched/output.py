@@ -20,6 +20,8 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted_ids: list[str] = field(default_factory=list)
+    finished_ids: list[str] = field(default_factory=list)   # requests finished or aborted since the last
+                                                            # output: the runner frees what it kept for them
 
     @property
     def num_tokens(self) -> int:

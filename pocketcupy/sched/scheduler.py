@@ -84,6 +84,7 @@ class Scheduler:
         self.waiting = RequestQueue(self._key)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []   # for the next SchedulerOutput
         self._arrivals = itertools.count()
         self.num_preemptions = 0
         self.num_computed_tokens_total = 0   # tokens the runner was asked to compute, all steps
@@ -126,6 +127,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.kv_cache_manager.free(req)
         req.status = status
+        self._finished_ids.append(request_id)
         return req
 
     def abort(self, request_id: str) -> Request | None:
@@ -161,7 +163,8 @@ class Scheduler:
                                 prompt_logits=req.want_prompt_logits, num_draft=len(drafts))
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        out = SchedulerOutput(finished_ids=self._finished_ids)
+        self._finished_ids = []
         kv = self.kv_cache_manager
         budget = self.max_num_batched_tokens
         scheduled: dict[str, int] = {}   # running request id -> tokens this step

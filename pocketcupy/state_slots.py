@@ -1,0 +1,52 @@
+"""Recurrent state slots: a hybrid model's per-sequence state (e.g. Qwen3-Next's conv and gated
+delta rule states), beside the paged KV cache, in arrays preallocated for max_num_seqs sequences.
+
+A request takes a free slot when it is first scheduled and keeps it through chunked prefill and
+decode; its state is zeroed whenever its computation starts at position 0 (new, or recomputed
+after preemption), and its slot is freed when the scheduler reports it finished, aborted or
+preempted. Unlike K/V pages, a state cannot be restored to an earlier position: no prefix-cache
+hits and no rolled-back draft tokens (the engine turns both off for such models)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .sched.output import SchedulerOutput
+
+
+class StateSlots:
+    def __init__(self, ops, shapes: list[tuple[tuple, ...]], num_slots: int):
+        """shapes: per state layer, the shape of each of its arrays for one sequence."""
+        self.layers = [tuple(ops.asarray(np.zeros((num_slots, *s), np.float32)) for s in layer) for layer in shapes]
+        self.num_slots = num_slots
+        self.free = list(range(num_slots - 1, -1, -1))   # popped from the end: slot 0 first
+        self.slot_of: dict[str, int] = {}
+        self.rows = np.zeros(0, np.int64)                # the step's slot of each scheduled request
+
+    def prepare(self, out: SchedulerOutput) -> None:
+        """Frees the slots of the requests that ended or were preempted, then sets `rows` for the
+        step's scheduled requests (a new one takes a free slot; one starting at position 0 has its
+        state zeroed)."""
+        for rid in itertools.chain(out.finished_ids, out.preempted_ids):
+            slot = self.slot_of.pop(rid, None)
+            if slot is not None:
+                self.free.append(slot)
+        rows = []
+        for s in out.scheduled:
+            slot = self.slot_of.get(s.request_id)
+            if slot is None:
+                if s.start_position:
+                    raise RuntimeError(f"{s.request_id}: a recurrent state must be computed from position 0, "
+                                       f"not {s.start_position} (prefix caching cannot restore it)")
+                slot = self.slot_of[s.request_id] = self.free.pop()
+            if s.start_position == 0:
+                for arrays in self.layers:
+                    for a in arrays:
+                        a[slot] = 0
+            rows.append(slot)
+        self.rows = np.asarray(rows, np.int64)
+
+    @property
+    def num_used(self) -> int:
+        return len(self.slot_of)

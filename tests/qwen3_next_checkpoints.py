@@ -1,0 +1,150 @@
+"""Tiny random Qwen3-Next checkpoints in the Hugging Face layout (Qwen3NextForCausalLM, routed
+experts stored one by one as on the hub), drawn from a NumPy seed. The tests write them at test
+time; scripts/make_qwen3_next_fixtures.py writes the same ones and records what transformers
+computes for them in tests/fixtures/qwen3_next_logits.npz (see tests/fixtures/README.md).
+
+Both variants: hidden 64, 4 layers, 4 heads and 2 KV heads of 16, Gated DeltaNet layers of 2 key
+heads and 4 value heads of 16 with a conv kernel of 4, 8 experts of 32 (2 a token) and a shared
+expert of 48. The tokenizer is tiny_llama's (vocab 320)."""
+import hashlib
+import json
+import os
+import shutil
+
+import numpy as np
+
+from pocketcupy.quant.dequant import f32_to_bf16
+
+from .helpers import write_safetensors
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+TOKENIZER = os.path.join(FIXTURES, "tiny_llama")
+REFERENCE = os.path.join(FIXTURES, "qwen3_next_logits.npz")
+
+BASE = dict(
+    architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=320, hidden_size=64,
+    intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+    linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+    shared_expert_intermediate_size=48, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+    hidden_act="silu", max_position_embeddings=256, rms_norm_eps=1e-6, rope_theta=10000.0, partial_rotary_factor=0.25,
+    attention_bias=False, tie_word_embeddings=False, bos_token_id=None, eos_token_id=319, pad_token_id=317,
+    initializer_range=0.02)
+
+# name -> (seed, stored dtype, config changes)
+VARIANTS = {
+    # every layer MoE, full attention every 2nd layer (full_attention_interval, as the hub's
+    # config.json writes it), rope on a quarter of each head, bfloat16
+    "q3n_moe": (21, "BF16", dict(full_attention_interval=2)),
+    # layer_types given, MoE on layer 1 only (decoder_sparse_step 2, layer 3 in mlp_only_layers),
+    # rope on half of each head (in rope_parameters, as transformers 5 writes it), attention biases,
+    # unnormalised top-k weights, tied embeddings, float32
+    "q3n_dense_mlp": (22, "F32", dict(
+        layer_types=["linear_attention", "full_attention", "full_attention", "linear_attention"],
+        decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=False, attention_bias=True,
+        tie_word_embeddings=True, rope_theta=None, partial_rotary_factor=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5})),
+}
+
+# token-id prompts (no BOS): logits at every position of the first two, at the last of the third
+PROMPTS = [[318], [318, 117, 115, 101, 114, 198, 72], [(i * 37 + 11) % 317 for i in range(39)] + [319]]
+GREEDY_PROMPT = [318, 300, 45, 12, 250, 99, 7, 198]
+GREEDY_NEW = 16
+
+
+def config(name: str) -> dict:
+    _, dtype, changes = VARIANTS[name]
+    cfg = {**BASE, **changes, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def layer_types(cfg: dict) -> list[str]:
+    if "layer_types" in cfg:
+        return cfg["layer_types"]
+    k = cfg["full_attention_interval"]
+    return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(cfg["num_hidden_layers"])]
+
+
+def _shapes(cfg: dict) -> dict[str, tuple]:
+    """HF name -> shape of every stored tensor, in a fixed order."""
+    h, v, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+    vd, hv = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"], cfg["linear_num_value_heads"]
+    e, bias = cfg["num_experts"], cfg["attention_bias"]
+
+    def mlp(p, inter):
+        return {f"{p}.gate_proj.weight": (inter, h), f"{p}.up_proj.weight": (inter, h), f"{p}.down_proj.weight": (h, inter)}
+
+    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (v, h)
+    for i, kind in enumerate(layer_types(cfg)):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)})
+        if kind == "full_attention":
+            a = p + "self_attn."
+            shapes.update({a + "q_proj.weight": (2 * q, h), a + "k_proj.weight": (kv, h), a + "v_proj.weight": (kv, h),
+                           a + "o_proj.weight": (h, q), a + "q_norm.weight": (hd,), a + "k_norm.weight": (hd,)})
+            if bias:
+                shapes.update({a + "q_proj.bias": (2 * q,), a + "k_proj.bias": (kv,), a + "v_proj.bias": (kv,),
+                               a + "o_proj.bias": (h,)})
+        else:
+            a = p + "linear_attn."
+            shapes.update({a + "in_proj_qkvz.weight": (2 * kd + 2 * vd, h), a + "in_proj_ba.weight": (2 * hv, h),
+                           a + "conv1d.weight": (2 * kd + vd, 1, cfg["linear_conv_kernel_dim"]),
+                           a + "dt_bias": (hv,), a + "A_log": (hv,), a + "norm.weight": (cfg["linear_value_head_dim"],),
+                           a + "out_proj.weight": (h, vd)})
+        sparse = i not in cfg["mlp_only_layers"] and (i + 1) % cfg["decoder_sparse_step"] == 0
+        if not sparse:
+            shapes.update(mlp(p + "mlp", cfg["intermediate_size"]))
+            continue
+        shapes.update({p + "mlp.gate.weight": (e, h), p + "mlp.shared_expert_gate.weight": (1, h),
+                       **mlp(p + "mlp.shared_expert", cfg["shared_expert_intermediate_size"])})
+        for j in range(e):
+            shapes.update(mlp(f"{p}mlp.experts.{j}", cfg["moe_intermediate_size"]))
+    return shapes
+
+
+def tensors(name: str) -> dict[str, tuple[str, np.ndarray]]:
+    """HF name -> (safetensors dtype, array): matrices normal(0, 1 / sqrt(columns)), the conv
+    normal(0, 1 / sqrt(kernel)); zero-centred norm weights 0.3 randn (scaling by 1 + w), the gated
+    norm's 1 + 0.1 randn; biases and dt_bias 0.1 randn (dt_bias + 1), A_log log(uniform(0.5, 4))."""
+    seed, dtype, _ = VARIANTS[name]
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, shape in _shapes(config(name)).items():
+        x = rng.standard_normal(shape, dtype=np.float32)
+        if key.endswith("A_log"):
+            x = np.log(rng.uniform(0.5, 4.0, shape)).astype(np.float32)
+        elif key.endswith("dt_bias"):
+            x = 1 + 0.1 * x
+        elif key.endswith("linear_attn.norm.weight"):
+            x = 1 + 0.1 * x
+        elif "norm" in key:
+            x = 0.3 * x
+        elif len(shape) == 1:
+            x = 0.1 * x
+        else:
+            x = x / np.float32(np.sqrt(shape[-1]))
+        out[key] = ("BF16", f32_to_bf16(x)) if dtype == "BF16" else ("F32", x.astype(np.float32))
+    return out
+
+
+def write_checkpoint(folder, name: str, tensor_map=None, config_changes=None) -> str:
+    """The variant's folder (config.json, model.safetensors, tiny_llama's tokenizer files) in
+    folder; tensor_map replaces its tensors, config_changes updates its config.json."""
+    folder = str(folder)
+    os.makedirs(folder, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(os.path.join(TOKENIZER, f), folder)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump({**config(name), **(config_changes or {})}, f, indent=2)
+    write_safetensors(os.path.join(folder, "model.safetensors"), tensor_map or tensors(name))
+    return folder
+
+
+def weights_digest(folder) -> str:
+    """sha256 of model.safetensors: the fixtures were made from the same bytes."""
+    with open(os.path.join(str(folder), "model.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()

@@ -1,0 +1,183 @@
+"""Qwen3-Next (Gated DeltaNet + gated attention hybrid, MoE) on the NumPy backend: tiny random
+checkpoints written here (tests/qwen3_next_checkpoints.py) against transformers' logits and greedy
+tokens (scripts/make_qwen3_next_fixtures.py), the recurrent state slots under chunked prefill,
+batching and preemption, and refused cases."""
+import logging
+
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, SamplingParams
+from pocketcupy.loader import load_checkpoint
+from pocketcupy.models.registry import build_model
+from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
+
+from .helpers import full_logits, load_reference_model, rel_err
+from .qwen3_next_checkpoints import (GREEDY_NEW, GREEDY_PROMPT, PROMPTS, REFERENCE, VARIANTS, weights_digest,
+                                     write_checkpoint)
+
+REF = np.load(REFERENCE)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request, tmp_path_factory):
+    """(name, checkpoint folder)."""
+    name = request.param
+    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+
+
+def greedy(max_tokens, **kw):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def test_logits_match_transformers(variant):
+    name, folder = variant
+    assert weights_digest(folder) == str(REF[f"{name}__weights_sha256"]), "the seeded weights changed"
+    model, ops = load_reference_model(folder)
+    for k, ids in enumerate(PROMPTS):
+        ref = REF[f"{name}__logits{k}"]        # every position, or the last one
+        err = rel_err(full_logits(model, ops, ids)[-len(ref):], ref)
+        assert err <= 2e-5, f"{name} prompt {k}: relative error {err:.1e}"   # float32 rounding: ~1e-6
+
+
+def test_greedy_matches_transformers(variant, caplog):
+    name, folder = variant
+    with caplog.at_level(logging.INFO, logger="pocketcupy"):
+        engine = Engine(folder, device="cpu", progress=False, max_num_seqs=4)
+    assert "prefix caching is off for architecture 'qwen3_next'" in caplog.text
+    assert not engine.args.enable_prefix_caching
+    assert len(engine.runner.kv_caches) == 2                # the full-attention layers only
+    conv, state = engine.runner.states.layers[0]
+    assert conv.shape == (4, 128, 3) and state.shape == (4, 4, 16, 16)
+    out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
+    assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
+
+
+def test_kv_pool_counts_attention_layers_only(variant):
+    _, folder = variant
+    engine = Engine(folder, device="cpu", progress=False, kv_cache_memory=1 << 20, block_size=16)
+    # 2 attention layers x 16 tokens x 2 KV heads x (K + V) 16 float32 values
+    assert engine._kv_block_bytes() == 2 * 16 * 2 * 2 * 16 * 4
+    assert engine.scheduler.num_blocks_total == (1 << 20) // engine._kv_block_bytes() - 1
+
+
+def test_chunked_prefill_carries_the_state(variant):
+    """A prompt prefilled 3 tokens a step: each chunk starts from the state the one before left."""
+    name, folder = variant
+    engine = Engine(folder, device="cpu", progress=False, max_num_batched_tokens=3, block_size=4)
+    out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
+    assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
+
+
+PREFIX = [(i * 29 + 5) % 317 for i in range(24)]
+BATCH = [GREEDY_PROMPT, PREFIX + [17, 5, 9], PROMPTS[1], PREFIX + [200, 3], [(i * 13 + 1) % 317 for i in range(19)]]
+MAX_TOKENS = [8, 6, 7, 5, 6]
+
+
+def test_concurrent_requests_with_preemption_match_alone(variant):
+    _, folder = variant
+    alone_engine = Engine(folder, device="cpu", progress=False, num_kv_blocks=64)
+    alone = [alone_engine.generate(p, greedy(m))[0].outputs[0].token_ids for p, m in zip(BATCH, MAX_TOKENS)]
+    # 11 usable blocks of 4 tokens: any one request fits, all five at once do not
+    tiny = Engine(folder, device="cpu", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
+                  max_num_seqs=4, enable_prefix_caching=True)
+    outs = tiny.generate(BATCH, [greedy(m) for m in MAX_TOKENS])
+    assert [o.outputs[0].token_ids for o in outs] == alone
+    st = tiny.stats()
+    assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] == 0
+    slots = tiny.runner.states
+    assert slots.num_used > 0      # the last requests' slots: freed with the next step's output
+    tiny.step()
+    assert slots.num_used == 0 and sorted(slots.free) == list(range(4))
+    # n > 1: each sample prefills its own state
+    two = tiny.generate(BATCH[1], greedy(MAX_TOKENS[1], n=2))[0]
+    assert [o.token_ids for o in two.outputs] == [alone[1]] * 2
+
+
+def test_abort_frees_the_slot(variant):
+    _, folder = variant
+    engine = Engine(folder, device="cpu", progress=False, max_num_seqs=2)
+    engine.add_request("a", GREEDY_PROMPT, greedy(8))
+    engine.add_request("b", PROMPTS[1], greedy(8))
+    engine.step()
+    assert engine.runner.states.num_used == 2
+    engine.abort_request("a")
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.step()
+    assert engine.runner.states.num_used == 0
+
+
+def test_state_slot_refuses_a_sequence_not_started_at_zero(variant):
+    _, folder = variant
+    engine = Engine(folder, device="cpu", progress=False)
+    item = ScheduledRequest("x", [5, 6], 8, [1], sample=True, prompt_logits=False)
+    with pytest.raises(RuntimeError, match="x: a recurrent state must be computed from position 0, not 8"):
+        engine.runner.states.prepare(SchedulerOutput([item]))
+
+
+def test_config_and_names(tmp_path):
+    ck = load_checkpoint(write_checkpoint(tmp_path, "q3n_dense_mlp"))
+    c = ck.config
+    assert c.architecture == "qwen3_next" and c.rope_dim == 8 and c.rope_theta == 1000.0 and c.num_kv_layers == 2
+    assert c.gdn.layer_types == ("linear_attention", "full_attention", "full_attention", "linear_attention")
+    assert [c.moe.is_sparse(i) for i in range(4)] == [False, True, False, False]
+    assert {"blk.0.ssm_in_qkvz.weight", "blk.0.ssm.A_log", "blk.0.ssm.dt_bias", "blk.3.ssm_conv1d.weight",
+            "blk.1.ffn_gate_inp_shexp.weight", "blk.1.ffn_up_shexp.weight", "blk.1.ffn_down_exps.7.weight",
+            "blk.2.attn_q_norm.weight", "blk.2.attn_output.bias"} <= set(ck.tensors)
+    c = load_checkpoint(write_checkpoint(tmp_path / "moe", "q3n_moe")).config
+    assert c.rope_dim == 4 and c.gdn.layer_types[1::2] == ("full_attention",) * 2
+
+
+def test_cuda_backend_refused(tmp_path):
+    from pocketcupy.backend.ops_cuda import CudaOps
+
+    ck = load_checkpoint(write_checkpoint(tmp_path, "q3n_moe"))
+    with pytest.raises(ValueError, match=r"'qwen3_next' .* NumPy \(cpu\) backend only for now; the cuda backend "
+                                         r"has no causal_conv1d_silu, gated_delta_rule, moe_route_softmax"):
+        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
+
+
+def test_tensor_parallel_refused(tmp_path):
+    with pytest.raises(ValueError, match="tensor_parallel_size: architecture 'qwen3_next' runs on one rank only"):
+        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, tensor_parallel_size=2)
+
+
+def test_speculative_decoding_refused(tmp_path):
+    with pytest.raises(ValueError, match="speculative_method: 'ngram' is not supported for architecture 'qwen3_next'"):
+        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, speculative_method="ngram")
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(linear_num_key_heads=3), "linear_num_value_heads 4 is not a multiple of linear_num_key_heads 3"),
+    (dict(linear_key_head_dim="16"), "linear_key_head_dim must be a positive integer, got '16'"),
+    (dict(linear_conv_kernel_dim=0), "linear_conv_kernel_dim must be a positive integer, got 0"),
+    (dict(layer_types=["linear_attention"] * 3 + ["sliding"]), "layer_types must be a list of 'linear_attention'"),
+    (dict(layer_types=["linear_attention"] * 4), "layer_types has no 'full_attention' layer"),
+    (dict(layer_types=["full_attention"] * 3), "layer_types has 3 entries for 4 layers"),
+    (dict(full_attention_interval=0), "full_attention_interval must be a positive integer, got 0"),
+    (dict(partial_rotary_factor=0), r"partial_rotary_factor must be a number in \(0, 1\], got 0"),
+    (dict(partial_rotary_factor=0.1), "rope dimension 1 must be even"),
+    (dict(num_experts_per_tok=9), "num_experts_per_tok 9 exceeds num_experts 8"),
+    (dict(decoder_sparse_step=0), "decoder_sparse_step must be a positive integer, got 0"),
+    (dict(mlp_only_layers=[-1]), "mlp_only_layers must be a list of layer indices"),
+    (dict(norm_topk_prob="yes"), "norm_topk_prob must be true or false"),
+    (dict(shared_expert_intermediate_size=None), "shared_expert_intermediate_size must be a positive integer"),
+    (dict(linear_value_head_dim=8), r"'blk.0.ssm_in_qkvz.weight' has shape \(192, 64\), but the config needs \(128"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4}), "unsupported rope_scaling type 'yarn'"),
+])
+def test_bad_config_fields(tmp_path, changes, match):
+    folder = write_checkpoint(tmp_path, "q3n_moe", config_changes=changes)
+    with pytest.raises(ValueError, match=match) as e:
+        load_reference_model(folder)
+    assert folder in str(e.value)
+
+
+@pytest.mark.parametrize("changes, match", [
+    (dict(attention_bias=True), "'blk.1.attn_q.bias'"),                   # no biases stored
+    (dict(full_attention_interval=4), "'blk.1.ssm_conv1d.weight'"),      # layer 1 is full attention
+])
+def test_missing_weight_named(tmp_path, changes, match):
+    folder = write_checkpoint(tmp_path, "q3n_moe", config_changes=changes)
+    with pytest.raises(ValueError, match=match + " is missing from the checkpoint"):
+        load_reference_model(folder)
