@@ -12,65 +12,13 @@ attention, CPU, 1 thread; the stored weights upcast exactly) at every position o
 PROMPTS[1] and at the last of PROMPTS[2], and the 16 greedy tokens after GREEDY_PROMPT (checked
 against a cache-free argmax loop). Deterministic: rerunning writes a byte-identical file.
 """
-import argparse
-import json
 import os
 import sys
-import tempfile
 
-import numpy as np
-import torch
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from make_hf_fixtures import check_greedy, save_npz_deterministic  # noqa: E402
-from tests.deepseek_checkpoints import (GREEDY_NEW, GREEDY_PROMPT, PROMPTS, REFERENCE, VARIANTS,  # noqa: E402
-                                        weights_digest, write_checkpoint)
-
-
-def reference(folder: str, name: str, arrays: dict) -> None:
-    from transformers import DeepseekV3ForCausalLM, GenerationConfig
-
-    model, info = DeepseekV3ForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager",
-                                                        output_loading_info=True)
-    model.eval()
-    assert not info["missing_keys"] and not info["mismatched_keys"], info
-    unexpected = {k for k in info["unexpected_keys"] if not k.startswith("model.layers.3.")}
-    assert not unexpected, unexpected          # only the MTP layer is left out
-    arrays[f"{name}__weights_sha256"] = np.asarray(weights_digest(folder))
-    with torch.no_grad():
-        for k, ids in enumerate(PROMPTS):
-            logits = model(input_ids=torch.tensor([ids])).logits[0].numpy()
-            assert np.isfinite(logits).all()
-            arrays[f"{name}__logits{k}"] = logits[-1:] if k == 2 else logits
-
-        gen = GenerationConfig(do_sample=False, max_new_tokens=GREEDY_NEW, min_new_tokens=0, eos_token_id=None,
-                               pad_token_id=317, bos_token_id=None)
-        x = torch.tensor([GREEDY_PROMPT])
-        new = model.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=gen)[0, len(x[0]):]
-        margins = check_greedy(model, GREEDY_PROMPT, new.tolist())
-        arrays[f"{name}__greedy_ids"] = new.numpy().astype(np.int64)
-    print(f"{name}: greedy {new.tolist()}, min top1-top2 margin {min(margins):.2e}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=REFERENCE)
-    args = ap.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
-    arrays = {}
-    for name in VARIANTS:
-        with tempfile.TemporaryDirectory() as folder:
-            reference(write_checkpoint(folder, name), name, arrays)
-    import transformers
-    arrays["versions"] = np.asarray(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
-                                                "numpy": np.__version__}))
-    save_npz_deterministic(args.out, arrays)
-    print(f"wrote {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB): {sorted(arrays)}")
-
+from seeded_reference import main  # noqa: E402  (it puts the repository on sys.path)
+from tests import deepseek_checkpoints  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, "DeepseekV3ForCausalLM", deepseek_checkpoints, unexpected_prefix="model.layers.3.")   # the MTP layer

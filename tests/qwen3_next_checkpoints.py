@@ -6,19 +6,14 @@ computes for them in tests/fixtures/qwen3_next_logits.npz (see tests/fixtures/RE
 Both variants: hidden 64, 4 layers, 4 heads and 2 KV heads of 16, Gated DeltaNet layers of 2 key
 heads and 4 value heads of 16 with a conv kernel of 4, 8 experts of 32 (2 a token) and a shared
 expert of 48. The tokenizer is tiny_llama's (vocab 320)."""
-import hashlib
-import json
 import os
-import shutil
 
 import numpy as np
 
 from pocketcupy.quant.dequant import f32_to_bf16
 
-from .helpers import write_safetensors
+from .seeded_checkpoints import FIXTURES, write_folder
 
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-TOKENIZER = os.path.join(FIXTURES, "tiny_llama")
 REFERENCE = os.path.join(FIXTURES, "qwen3_next_logits.npz")
 
 BASE = dict(
@@ -45,11 +40,6 @@ VARIANTS = {
         tie_word_embeddings=True, rope_theta=None, partial_rotary_factor=None,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5})),
 }
-
-# token-id prompts (no BOS): logits at every position of the first two, at the last of the third
-PROMPTS = [[318], [318, 117, 115, 101, 114, 198, 72], [(i * 37 + 11) % 317 for i in range(39)] + [319]]
-GREEDY_PROMPT = [318, 300, 45, 12, 250, 99, 7, 198]
-GREEDY_NEW = 16
 
 
 def config(name: str) -> dict:
@@ -132,19 +122,6 @@ def tensors(name: str) -> dict[str, tuple[str, np.ndarray]]:
 
 
 def write_checkpoint(folder, name: str, tensor_map=None, config_changes=None) -> str:
-    """The variant's folder (config.json, model.safetensors, tiny_llama's tokenizer files) in
-    folder; tensor_map replaces its tensors, config_changes updates its config.json."""
-    folder = str(folder)
-    os.makedirs(folder, exist_ok=True)
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(os.path.join(TOKENIZER, f), folder)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({**config(name), **(config_changes or {})}, f, indent=2)
-    write_safetensors(os.path.join(folder, "model.safetensors"), tensor_map or tensors(name))
-    return folder
-
-
-def weights_digest(folder) -> str:
-    """sha256 of model.safetensors: the fixtures were made from the same bytes."""
-    with open(os.path.join(str(folder), "model.safetensors"), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """The variant's folder in folder; tensor_map replaces its tensors, config_changes updates its
+    config.json."""
+    return write_folder(folder, {**config(name), **(config_changes or {})}, tensor_map or tensors(name))

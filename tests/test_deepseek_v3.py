@@ -4,14 +4,15 @@
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, SamplingParams
+from pocketcupy import Engine
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
-from .deepseek_checkpoints import (GREEDY_NEW, GREEDY_PROMPT, PROMPTS, REFERENCE, VARIANTS, tensors, weights_digest,
-                                   write_checkpoint)
+from .deepseek_checkpoints import REFERENCE, VARIANTS, tensors, write_checkpoint
 from .fp8_checkpoints import e4m3_decode, quantize_fp8, reference_dequant
-from .helpers import full_logits, load_reference_model, rel_err
+from .helpers import full_logits, load_reference_model
+from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PREFIX, PROMPTS, batch_alone, batch_tiny,
+                                 greedy, greedy_ids, logits_error)
 
 REF = np.load(REFERENCE)
 
@@ -23,18 +24,10 @@ def variant(request, tmp_path_factory):
     return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
 
 
-def greedy(n):
-    return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-
-
 def test_logits_match_transformers(variant):
     name, folder = variant
-    assert weights_digest(folder) == str(REF[f"{name}__weights_sha256"]), "the seeded weights changed"
-    model, ops = load_reference_model(folder)
-    for k, ids in enumerate(PROMPTS):
-        ref = REF[f"{name}__logits{k}"]        # every position, or the last one
-        err = rel_err(full_logits(model, ops, ids)[-len(ref):], ref)
-        assert err <= 1e-5, f"{name} prompt {k}: relative error {err:.1e}"   # float32 rounding: ~1e-6
+    err = logits_error(folder, REF, name)
+    assert err <= 1e-5, f"{name}: relative error {err:.1e}"   # float32 rounding: ~1e-6
 
 
 def test_greedy_matches_transformers(variant):
@@ -49,24 +42,14 @@ def test_greedy_matches_transformers(variant):
 def test_chunked_prefill_over_the_cached_latents(variant):
     """A prompt prefilled 3 tokens a step: each chunk attends to the latents the earlier ones cached."""
     name, folder = variant
-    engine = Engine(folder, device="cpu", progress=False, max_num_batched_tokens=3, block_size=4)
-    out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
-    assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
-
-
-PREFIX = [(i * 29 + 5) % 317 for i in range(24)]
-BATCH = [GREEDY_PROMPT, PREFIX + [17, 5, 9], PROMPTS[1], PREFIX + [200, 3], [(i * 13 + 1) % 317 for i in range(19)]]
-MAX_TOKENS = [8, 6, 7, 5, 6]
+    assert greedy_ids(folder, max_num_batched_tokens=3, block_size=4) == REF[f"{name}__greedy_ids"].tolist()
 
 
 def test_concurrent_requests_with_preemption_and_prefix_cache_match_alone(variant):
     _, folder = variant
-    alone_engine = Engine(folder, device="cpu", progress=False, num_kv_blocks=64, enable_prefix_caching=False)
-    alone = [alone_engine.generate(p, greedy(m))[0].outputs[0].token_ids for p, m in zip(BATCH, MAX_TOKENS)]
-    # 11 usable blocks of 4 tokens: any one request fits, all five at once do not
-    tiny = Engine(folder, device="cpu", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40)
-    outs = tiny.generate(BATCH, [greedy(m) for m in MAX_TOKENS])
-    assert [o.outputs[0].token_ids for o in outs] == alone
+    alone = batch_alone(folder)
+    tiny, got = batch_tiny(folder)
+    assert got == alone
     st = tiny.stats()
     assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] > 0
     tiny.generate(BATCH[1], greedy(1))

@@ -12,7 +12,7 @@ from ..dist.layout import ShardLayout
 from ..quant.qtensor import QTensor
 from .moe import GatedMLP, MoE, load_mlp, load_moe, mlp_shapes, moe_shapes
 from .rope import attention_factor, inv_freq, yarn_mscale
-from .weights import check_shapes, weight_loader
+from .weights import check_shapes, require_ops, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
 NEEDS_OPS = ("mla_attention", "moe_route", "moe_experts")
@@ -75,10 +75,7 @@ class DeepseekV3Model:
                      f"{e.n_routed_experts} experts of {e.moe_intermediate_size}")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
-        missing = [op for op in NEEDS_OPS if not hasattr(ops, op)]
-        if missing:
-            raise ValueError(f"model: architecture {config.architecture!r} (MLA attention + MoE) runs on the NumPy "
-                             f"(cpu) backend only for now; the {ops.name} backend has no {', '.join(missing)}")
+        require_ops(config, ops, NEEDS_OPS, "MLA attention + MoE")
         self.config, self.ops = config, ops
         self.layout = ShardLayout.of(config)   # one rank: every head, one (latent) KV head
 

@@ -13,7 +13,7 @@ from ..dist.layout import ShardLayout
 from ..quant.qtensor import QTensor
 from .moe import GatedMLP, SparseMoE, load_mlp, load_sparse_moe, mlp_shapes, sparse_moe_shapes
 from .rope import inv_freq
-from .weights import check_shapes, weight_loader
+from .weights import check_shapes, require_ops, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
 NEEDS_OPS = ("causal_conv1d_silu", "gated_delta_rule", "moe_route_softmax", "sigmoid_mul", "moe_experts")
@@ -101,10 +101,7 @@ class Qwen3NextModel:
                      f"value heads of {g.linear_value_head_dim}, conv kernel {g.linear_conv_kernel_dim}")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
-        missing = [op for op in NEEDS_OPS if not hasattr(ops, op)]
-        if missing:
-            raise ValueError(f"model: architecture {config.architecture!r} (Gated DeltaNet hybrid + MoE) runs on the "
-                             f"NumPy (cpu) backend only for now; the {ops.name} backend has no {', '.join(missing)}")
+        require_ops(config, ops, NEEDS_OPS, "Gated DeltaNet hybrid + MoE")
         self.config, self.ops = config, ops
         self.layout = ShardLayout.of(config)   # one rank: every head
 
