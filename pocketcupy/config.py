@@ -168,7 +168,7 @@ def _check(ok, obj, name: str, what: str) -> None:
 
 @dataclass
 class ModelConfig:
-    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3" | "qwen3_next"
+    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3" | "qwen3_next" | "qwen3_5"[_moe]
     vocab_size: int
     hidden_size: int
     num_layers: int

@@ -21,4 +21,4 @@ from seeded_reference import main  # noqa: E402  (it puts the repository on sys.
 from tests import deepseek_checkpoints  # noqa: E402
 
 if __name__ == "__main__":
-    main(__doc__, "DeepseekV3ForCausalLM", deepseek_checkpoints, unexpected_prefix="model.layers.3.")   # the MTP layer
+    main(__doc__, deepseek_checkpoints, unexpected_prefix="model.layers.3.")   # the MTP layer

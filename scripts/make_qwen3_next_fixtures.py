@@ -13,4 +13,4 @@ from seeded_reference import main  # noqa: E402  (it puts the repository on sys.
 from tests import qwen3_next_checkpoints  # noqa: E402
 
 if __name__ == "__main__":
-    main(__doc__, "Qwen3NextForCausalLM", qwen3_next_checkpoints)
+    main(__doc__, qwen3_next_checkpoints)

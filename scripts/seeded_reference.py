@@ -1,6 +1,6 @@
 """What transformers computes for tiny seeded checkpoints (tests/seeded_checkpoints.py): the body
-of make_deepseek_fixtures.py and make_qwen3_next_fixtures.py, which name the model class and the
-module of checkpoints (VARIANTS, REFERENCE, write_checkpoint)."""
+of make_deepseek_fixtures.py and make_qwen3_next_fixtures.py, which name the module of checkpoints
+(VARIANTS, REFERENCE, write_checkpoint); each is loaded with the class its config.json names."""
 import argparse
 import json
 import os
@@ -18,12 +18,14 @@ from make_hf_fixtures import check_greedy, save_npz_deterministic  # noqa: E402
 from tests.seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, PROMPTS, weights_digest  # noqa: E402
 
 
-def reference(model_class: str, folder: str, name: str, arrays: dict, unexpected_prefix: str | None) -> None:
+def reference(folder: str, name: str, arrays: dict, unexpected_prefix: str | None) -> None:
     """The variant's logits and greedy tokens into arrays; unexpected_prefix: the weights
     transformers may leave out (none other may be unexpected, missing or mismatched)."""
     import transformers
     from transformers import GenerationConfig
 
+    with open(os.path.join(folder, "config.json")) as f:
+        model_class = json.load(f)["architectures"][0]
     model, info = getattr(transformers, model_class).from_pretrained(
         folder, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
     model.eval()
@@ -46,7 +48,7 @@ def reference(model_class: str, folder: str, name: str, arrays: dict, unexpected
     print(f"{name}: greedy {new.tolist()}, min top1-top2 margin {min(margins):.2e}")
 
 
-def main(doc: str, model_class: str, checkpoints, unexpected_prefix: str | None = None) -> None:
+def main(doc: str, checkpoints, unexpected_prefix: str | None = None) -> None:
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=checkpoints.REFERENCE)
     args = ap.parse_args()
@@ -55,7 +57,7 @@ def main(doc: str, model_class: str, checkpoints, unexpected_prefix: str | None 
     arrays = {}
     for name in checkpoints.VARIANTS:
         with tempfile.TemporaryDirectory() as folder:
-            reference(model_class, checkpoints.write_checkpoint(folder, name), name, arrays, unexpected_prefix)
+            reference(checkpoints.write_checkpoint(folder, name), name, arrays, unexpected_prefix)
     import transformers
     arrays["versions"] = np.asarray(json.dumps({"torch": torch.__version__, "transformers": transformers.__version__,
                                                 "numpy": np.__version__}))

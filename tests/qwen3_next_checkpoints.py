@@ -1,11 +1,12 @@
-"""Tiny random Qwen3-Next checkpoints in the Hugging Face layout (Qwen3NextForCausalLM, routed
-experts stored one by one as on the hub), drawn from a NumPy seed. The tests write them at test
+"""Tiny random Qwen3-Next and Qwen3.5 checkpoints in the Hugging Face layout
+(Qwen3NextForCausalLM, Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM; routed experts stored one by one
+as on the hub), drawn from a NumPy seed. The tests write them at test
 time; scripts/make_qwen3_next_fixtures.py writes the same ones and records what transformers
 computes for them in tests/fixtures/qwen3_next_logits.npz (see tests/fixtures/README.md).
 
-Both variants: hidden 64, 4 layers, 4 heads and 2 KV heads of 16, Gated DeltaNet layers of 2 key
+All variants: hidden 64, 4 layers, 4 heads and 2 KV heads of 16, Gated DeltaNet layers of 2 key
 heads and 4 value heads of 16 with a conv kernel of 4, 8 experts of 32 (2 a token) and a shared
-expert of 48. The tokenizer is tiny_llama's (vocab 320)."""
+expert of 48 (where MoE). The tokenizer is tiny_llama's (vocab 320)."""
 import os
 
 import numpy as np
@@ -39,7 +40,21 @@ VARIANTS = {
         decoder_sparse_step=2, mlp_only_layers=[3], norm_topk_prob=False, attention_bias=True,
         tie_word_embeddings=True, rope_theta=None, partial_rotary_factor=None,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5})),
+    # Qwen3.5: in_proj_qkv / _z / _b / _a apart; dense MLPs; its multimodal rope (text positions:
+    # plain rope) on half of each head; tied embeddings, bfloat16
+    "q35_dense": (23, "BF16", dict(
+        architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", full_attention_interval=2,
+        tie_word_embeddings=True, rope_theta=None, partial_rotary_factor=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+        **dict.fromkeys(("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                         "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")))),
+    # Qwen3.5-MoE: every layer MoE (normalised top-k), no dense intermediate_size, float32
+    "q35_moe": (24, "F32", dict(
+        architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", full_attention_interval=2,
+        **dict.fromkeys(("intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")))),
 }
+SPLIT = ("qwen3_5_text", "qwen3_5_moe_text")     # model types with the DeltaNet's input projections apart
 
 
 def config(name: str) -> dict:
@@ -61,7 +76,7 @@ def _shapes(cfg: dict) -> dict[str, tuple]:
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     kd = cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
     vd, hv = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"], cfg["linear_num_value_heads"]
-    e, bias = cfg["num_experts"], cfg["attention_bias"]
+    e, bias = cfg.get("num_experts", 0), cfg["attention_bias"]
 
     def mlp(p, inter):
         return {f"{p}.gate_proj.weight": (inter, h), f"{p}.up_proj.weight": (inter, h), f"{p}.down_proj.weight": (h, inter)}
@@ -81,11 +96,15 @@ def _shapes(cfg: dict) -> dict[str, tuple]:
                                a + "o_proj.bias": (h,)})
         else:
             a = p + "linear_attn."
-            shapes.update({a + "in_proj_qkvz.weight": (2 * kd + 2 * vd, h), a + "in_proj_ba.weight": (2 * hv, h),
-                           a + "conv1d.weight": (2 * kd + vd, 1, cfg["linear_conv_kernel_dim"]),
+            if cfg["model_type"] in SPLIT:
+                shapes.update({a + "in_proj_qkv.weight": (2 * kd + vd, h), a + "in_proj_z.weight": (vd, h),
+                               a + "in_proj_b.weight": (hv, h), a + "in_proj_a.weight": (hv, h)})
+            else:
+                shapes.update({a + "in_proj_qkvz.weight": (2 * kd + 2 * vd, h), a + "in_proj_ba.weight": (2 * hv, h)})
+            shapes.update({a + "conv1d.weight": (2 * kd + vd, 1, cfg["linear_conv_kernel_dim"]),
                            a + "dt_bias": (hv,), a + "A_log": (hv,), a + "norm.weight": (cfg["linear_value_head_dim"],),
                            a + "out_proj.weight": (h, vd)})
-        sparse = i not in cfg["mlp_only_layers"] and (i + 1) % cfg["decoder_sparse_step"] == 0
+        sparse = e and i not in cfg.get("mlp_only_layers", ()) and (i + 1) % cfg.get("decoder_sparse_step", 1) == 0
         if not sparse:
             shapes.update(mlp(p + "mlp", cfg["intermediate_size"]))
             continue

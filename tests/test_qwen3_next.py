@@ -1,4 +1,4 @@
-"""Qwen3-Next (Gated DeltaNet + gated attention hybrid, MoE) on the NumPy backend: tiny random
+"""Qwen3-Next and Qwen3.5 (Gated DeltaNet + gated attention hybrids, MoE) on the NumPy backend: tiny random
 checkpoints written here (tests/qwen3_next_checkpoints.py) against transformers' logits and greedy
 tokens (scripts/make_qwen3_next_fixtures.py), the recurrent state slots under chunked prefill,
 batching and preemption, and refused cases."""
@@ -13,7 +13,7 @@ from pocketcupy.models.registry import build_model
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 
 from .helpers import load_reference_model
-from .qwen3_next_checkpoints import REFERENCE, VARIANTS, write_checkpoint
+from .qwen3_next_checkpoints import REFERENCE, VARIANTS, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
                                  greedy_ids, logits_error)
 
@@ -30,14 +30,16 @@ def variant(request, tmp_path_factory):
 def test_logits_match_transformers(variant):
     name, folder = variant
     err = logits_error(folder, REF, name)
-    assert err <= 2e-5, f"{name}: relative error {err:.1e}"   # float32 rounding: 0.5-6e-6
+    # float32 rounding: up to 6e-6, but 2e-5 for q35_moe's 40-token prompt, where transformers' own
+    # chunked prefill and its token-by-token recurrence (ours) differ by 1.6e-5
+    assert err <= 3e-5, f"{name}: relative error {err:.1e}"
 
 
 def test_greedy_matches_transformers(variant, caplog):
     name, folder = variant
     with caplog.at_level(logging.INFO, logger="pocketcupy"):
         engine = Engine(folder, device="cpu", progress=False, max_num_seqs=4)
-    assert "prefix caching is off for architecture 'qwen3_next'" in caplog.text
+    assert f"prefix caching is off for architecture {engine.config.architecture!r}" in caplog.text
     assert not engine.args.enable_prefix_caching
     assert len(engine.runner.kv_caches) == 2                # the full-attention layers only
     conv, state = engine.runner.states.layers[0]
@@ -109,6 +111,13 @@ def test_config_and_names(tmp_path):
             "blk.2.attn_q_norm.weight", "blk.2.attn_output.bias"} <= set(ck.tensors)
     c = load_checkpoint(write_checkpoint(tmp_path / "moe", "q3n_moe")).config
     assert c.rope_dim == 4 and c.gdn.layer_types[1::2] == ("full_attention",) * 2
+    ck = load_checkpoint(write_checkpoint(tmp_path / "q35", "q35_dense"))
+    assert ck.config.architecture == "qwen3_5" and ck.config.moe is None and ck.config.rope_dim == 8
+    assert {"blk.0.ssm_in_qkv.weight", "blk.0.ssm_in_z.weight", "blk.0.ssm_in_b.weight", "blk.0.ssm_in_a.weight",
+            "blk.3.ffn_down.weight"} <= set(ck.tensors)
+    c = load_checkpoint(write_checkpoint(tmp_path / "q35_moe", "q35_moe")).config
+    assert c.architecture == "qwen3_5_moe" and c.intermediate_size == 32       # none given: the experts'
+    assert c.moe.norm_topk_prob and all(c.moe.is_sparse(i) for i in range(4))
 
 
 def test_cuda_backend_refused(tmp_path):
@@ -157,9 +166,15 @@ def test_bad_config_fields(tmp_path, changes, match):
 
 @pytest.mark.parametrize("changes, match", [
     (dict(attention_bias=True), "'blk.1.attn_q.bias'"),                   # no biases stored
-    (dict(full_attention_interval=4), "'blk.1.ssm_conv1d.weight'"),      # layer 1 is full attention
+    (dict(full_attention_interval=4), "'blk.1.ssm_in_qkvz.weight'"),     # layer 1 is full attention
 ])
 def test_missing_weight_named(tmp_path, changes, match):
     folder = write_checkpoint(tmp_path, "q3n_moe", config_changes=changes)
     with pytest.raises(ValueError, match=match + " is missing from the checkpoint"):
         load_reference_model(folder)
+
+
+def test_split_projection_missing_named(tmp_path):
+    stored = {k: v for k, v in tensors("q35_dense").items() if k != "model.layers.2.linear_attn.in_proj_z.weight"}
+    with pytest.raises(ValueError, match="'blk.2.ssm_in_z.weight' is missing from the checkpoint"):
+        load_reference_model(write_checkpoint(tmp_path, "q35_dense", stored))

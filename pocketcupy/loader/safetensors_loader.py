@@ -14,7 +14,9 @@ from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next"}
+         "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
+         "Qwen3_5MoeForCausalLM": "qwen3_5_moe"}
+HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")    # Gated DeltaNet + gated attention (models/qwen3_next.py)
 
 # HF name -> GGUF name (the models use GGUF names)
 _LAYER_MAP = {
@@ -29,7 +31,8 @@ _LAYER_MAP = {
     "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
     # Qwen3-Next: Gated DeltaNet layers (dt_bias and A_log: blk.N.ssm.dt_bias / .A_log) and MoE
     "linear_attn": "ssm", "linear_attn.in_proj_qkvz": "ssm_in_qkvz", "linear_attn.in_proj_ba": "ssm_in_ba",
-    "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
+    "linear_attn.in_proj_qkv": "ssm_in_qkv", "linear_attn.in_proj_z": "ssm_in_z", "linear_attn.in_proj_b": "ssm_in_b",
+    "linear_attn.in_proj_a": "ssm_in_a", "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
@@ -126,10 +129,11 @@ _SPARSE_MOE_FIELDS = {"num_experts": 512, "num_experts_per_tok": 10, "moe_interm
                       "mlp_only_layers": []}
 
 
-def _qwen3_next(cfg: dict, count, rope: dict) -> dict:
-    """ModelConfig's Qwen3-Next fields: the layer types (layer_types, or every
+def _qwen3_next(cfg: dict, count, rope: dict, arch: str) -> dict:
+    """ModelConfig's Qwen3-Next and Qwen3.5 fields: the layer types (layer_types, or every
     full_attention_interval-th layer), the rotary dims (head_dim x partial_rotary_factor), the Gated
-    DeltaNet sizes and the MoE (none where num_experts is 0: every MLP dense)."""
+    DeltaNet sizes and the MoE: none for Qwen3.5 (dense) and where num_experts is 0 (every MLP
+    dense); Qwen3.5-MoE's on every layer, its top-k weights normalised."""
     layers, head_dim = count("num_hidden_layers"), count("head_dim", 256)
     types = cfg.get("layer_types")
     if types is None:
@@ -139,9 +143,11 @@ def _qwen3_next(cfg: dict, count, rope: dict) -> dict:
     if not (is_number(factor) and 0 < factor <= 1):
         raise ValueError(f"model: partial_rotary_factor must be a number in (0, 1], got {factor!r}")
     moe = {k: cfg.get(k, d) for k, d in _SPARSE_MOE_FIELDS.items()}
+    if arch == "qwen3_5_moe":
+        moe.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
     return dict(head_dim=head_dim, rope_dim=int(head_dim * factor), qk_norm=True,
                 gdn=GatedDeltaNetConfig(types, **{k: cfg.get(k, d) for k, d in _GDN_FIELDS.items()}),
-                moe=None if moe["num_experts"] == 0 else SparseMoEConfig(**moe))
+                moe=None if arch == "qwen3_5" or moe["num_experts"] == 0 else SparseMoEConfig(**moe))
 
 
 def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
@@ -166,19 +172,22 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
         return float(v)
 
     hidden, heads = count("hidden_size"), count("num_attention_heads")
+    # Qwen3.5-MoE has no dense MLP, nor intermediate_size: its experts' size stands in
+    dense = cfg.get("moe_intermediate_size") if arch == "qwen3_5_moe" else None
     sizes = dict(vocab_size=count("vocab_size"), num_layers=count("num_hidden_layers"),
                  num_kv_heads=count("num_key_value_heads", heads), head_dim=count("head_dim", hidden // heads or 1),
-                 intermediate_size=count("intermediate_size"), max_position=count("max_position_embeddings", 4096))
+                 intermediate_size=count("intermediate_size", dense), max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
-    kinds = {"deepseek_v3": ("llama3", "linear", "yarn"), "qwen3_next": ("linear",)}.get(arch, ("llama3", "linear"))
+    kinds = ("llama3", "linear", "yarn") if arch == "deepseek_v3" else ("linear",) if arch in HYBRIDS else (
+        "llama3", "linear")
     scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source, kinds, sizes["max_position"])
     try:
         sizes["qk_norm"] = arch == "qwen3"
         if arch == "deepseek_v3":
             sizes.update(_deepseek_v3(cfg, count))
-        elif arch == "qwen3_next":
-            sizes.update(_qwen3_next(cfg, count, rope))
+        elif arch in HYBRIDS:
+            sizes.update(_qwen3_next(cfg, count, rope, arch))
         return ModelConfig(
             architecture=arch, hidden_size=hidden, num_heads=heads, **sizes,
             rms_eps=number("rms_norm_eps", 1e-6),

@@ -1,4 +1,5 @@
-"""Qwen3-Next (transformers' Qwen3NextForCausalLM): a hybrid of Gated DeltaNet layers (linear
+"""Qwen3-Next and Qwen3.5 (transformers' Qwen3NextForCausalLM, Qwen3_5ForCausalLM,
+Qwen3_5MoeForCausalLM): a hybrid of Gated DeltaNet layers (linear
 attention: a causal conv and the gated delta rule over a recurrent state per sequence, kept in the
 runner's state slots) and gated full-attention layers over the paged KV cache, with MoE or dense
 MLPs. Runs on one rank, on a backend with the Gated DeltaNet and MoE ops."""
@@ -17,6 +18,8 @@ from .weights import check_shapes, require_ops, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
 NEEDS_OPS = ("causal_conv1d_silu", "gated_delta_rule", "moe_route_softmax", "sigmoid_mul", "moe_experts")
+# Qwen3.5 stores the DeltaNet's input projections apart, in_proj_qkv / _z / _b / _a, in [q; k; v] order
+SPLIT_PROJECTIONS = ("qwen3_5", "qwen3_5_moe")
 # RMSNorms whose stored weight w scales by 1 + w (zero-centred): folded into 1 + w at load
 ZERO_CENTRED = ("attn_norm.weight", "ffn_norm.weight", "output_norm.weight", "attn_q_norm.weight",
                 "attn_k_norm.weight")
@@ -39,7 +42,7 @@ class GatedAttention:
 @dataclass
 class GatedDeltaNet:
     w_qkvz: object              # in_proj_qkvz, its rows regrouped from per key head to [q; k; v; z]
-    w_ba: object                # in_proj_ba, regrouped to [b; a]
+    w_ba: object                # in_proj_ba, regrouped to [b; a] (Qwen3.5: the split ones joined)
     conv: object                # conv1d [conv_dim, kernel]
     dt_bias: object
     a_log: object
@@ -70,8 +73,13 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
                            p + "attn_v.bias": (kv,), p + "attn_output.bias": (h,)})
         else:
             hv = g.linear_num_value_heads
-            shapes.update({p + "ssm_in_qkvz.weight": (g.conv_dim + g.value_dim, h), p + "ssm_in_ba.weight": (2 * hv, h),
-                           p + "ssm_conv1d.weight": (g.conv_dim, 1, g.linear_conv_kernel_dim),
+            if c.architecture in SPLIT_PROJECTIONS:
+                shapes.update({p + "ssm_in_qkv.weight": (g.conv_dim, h), p + "ssm_in_z.weight": (g.value_dim, h),
+                               p + "ssm_in_b.weight": (hv, h), p + "ssm_in_a.weight": (hv, h)})
+            else:
+                shapes.update({p + "ssm_in_qkvz.weight": (g.conv_dim + g.value_dim, h),
+                               p + "ssm_in_ba.weight": (2 * hv, h)})
+            shapes.update({p + "ssm_conv1d.weight": (g.conv_dim, 1, g.linear_conv_kernel_dim),
                            p + "ssm.dt_bias": (hv,), p + "ssm.A_log": (hv,),
                            p + "ssm_norm.weight": (g.linear_value_head_dim,), p + "ssm_out.weight": (h, g.value_dim)})
         shapes.update(sparse_moe_shapes(p, h, c.moe) if c.moe is not None and c.moe.is_sparse(i)
@@ -137,15 +145,24 @@ class Qwen3NextModel:
         hk, ratio = g.linear_num_key_heads, g.linear_num_value_heads // g.linear_num_key_heads
         dk, rdv = g.linear_key_head_dim, ratio * g.linear_value_head_dim
 
-        def rows(name, order):
-            t = raw(name)
-            return self.ops.weight(QTensor(t.qtype, t.shape, np.asarray(t.data)[order]))
+        def rows(names, order=None):
+            """The weights' rows stacked (in order: regrouped), as one weight."""
+            ts = [raw(p + name) for name in names]
+            if len({t.qtype for t in ts}) > 1:
+                ts = [QTensor("F32", t.shape, t.dequantize()) for t in ts]
+            data = np.concatenate([np.asarray(t.data) for t in ts])
+            data = data if order is None else data[order]
+            return self.ops.weight(QTensor(ts[0].qtype, (len(data), ts[0].shape[1]), data))
 
+        if self.config.architecture in SPLIT_PROJECTIONS:
+            w_qkvz, w_ba = rows(["ssm_in_qkv.weight", "ssm_in_z.weight"]), rows(["ssm_in_b.weight", "ssm_in_a.weight"])
+        else:
+            w_qkvz = rows(["ssm_in_qkvz.weight"], _regroup(hk, [dk, dk, rdv, rdv]))
+            w_ba = rows(["ssm_in_ba.weight"], _regroup(hk, [ratio, ratio]))
         conv = raw(p + "ssm_conv1d.weight")
         c_dim, kernel = conv.shape[0], conv.shape[2]
         return GatedDeltaNet(
-            rows(p + "ssm_in_qkvz.weight", _regroup(hk, [dk, dk, rdv, rdv])),
-            rows(p + "ssm_in_ba.weight", _regroup(hk, [ratio, ratio])),
+            w_qkvz, w_ba,
             self.ops.weight(QTensor(conv.qtype, (c_dim, kernel), np.asarray(conv.data).reshape(c_dim, kernel))),
             w(p + "ssm.dt_bias"), w(p + "ssm.A_log"), w(p + "ssm_norm.weight"), w(p + "ssm_out.weight"))
 
