@@ -62,10 +62,13 @@ def test_chunked_prefill_carries_the_state(variant):
     assert greedy_ids(folder, max_num_batched_tokens=3, block_size=4) == REF[f"{name}__greedy_ids"].tolist()
 
 
-def test_concurrent_requests_with_preemption_match_alone(variant):
+@pytest.mark.parametrize("async_scheduling", ["off", "on"])
+def test_concurrent_requests_with_preemption_match_alone(variant, async_scheduling):
+    """With async scheduling, a request that stopped computes one step in vain: its state is
+    dropped with its slot."""
     _, folder = variant
     alone = batch_alone(folder)
-    tiny, got = batch_tiny(folder, max_num_seqs=4, enable_prefix_caching=True)
+    tiny, got = batch_tiny(folder, max_num_seqs=4, enable_prefix_caching=True, async_scheduling=async_scheduling)
     assert got == alone
     st = tiny.stats()
     assert st["num_preemptions"] > 0 and st["prefix_cache_hits"] == 0
