@@ -12,10 +12,10 @@ from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 
-from .helpers import load_reference_model
-from .qwen3_next_checkpoints import REFERENCE, VARIANTS, tensors, write_checkpoint
+from .helpers import full_logits, load_reference_model
+from .qwen3_next_checkpoints import REFERENCE, VARIANTS, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
-                                 greedy_ids, logits_error)
+                                 greedy_ids, logits_error, write_folder)
 
 REF = np.load(REFERENCE)
 
@@ -46,6 +46,24 @@ def test_greedy_matches_transformers(variant, caplog):
     assert conv.shape == (4, 128, 3) and state.shape == (4, 4, 16, 16)
     out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
     assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
+
+
+def test_multimodal_folder_reads_its_text_model(tmp_path):
+    """Qwen3.5 as released (Qwen3_5ForConditionalGeneration): the text model's config in text_config,
+    its weights under model.language_model. beside the vision tower's and MTP's (not read), lm_head
+    tied by the top level's tie_word_embeddings alone. (transformers, checked once: the text
+    logits of such a folder equal the text-only model's, to the bit.)"""
+    text = {k: v for k, v in config("q35_dense").items() if k != "architectures"}
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "tie_word_embeddings": True,
+           "text_config": {**text, "tie_word_embeddings": False}, "vision_config": {"depth": 1, "hidden_size": 32}}
+    stored = {k.replace("model.", "model.language_model.", 1): v for k, v in tensors("q35_dense").items()}
+    stored.update({"model.visual.merger.linear_fc1.weight": ("F32", np.ones((4, 4), np.float32)),
+                   "mtp.fc.weight": ("F32", np.ones((4, 4), np.float32))})
+    folder = write_folder(tmp_path / "vl", cfg, stored)
+    model, ops = load_reference_model(folder)
+    text_model, text_ops = load_reference_model(write_checkpoint(tmp_path / "text", "q35_dense"))
+    assert np.array_equal(full_logits(model, ops, PROMPTS[1]), full_logits(text_model, text_ops, PROMPTS[1]))
+    assert greedy_ids(folder) == REF["q35_dense__greedy_ids"].tolist()
 
 
 def test_kv_pool_counts_attention_layers_only(variant):

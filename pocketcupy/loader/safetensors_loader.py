@@ -15,7 +15,8 @@ from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantizati
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
          "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
-         "Qwen3_5MoeForCausalLM": "qwen3_5_moe"}
+         "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "Qwen3_5ForConditionalGeneration": "qwen3_5",
+         "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")    # Gated DeltaNet + gated attention (models/qwen3_next.py)
 
 # HF name -> GGUF name (the models use GGUF names)
@@ -44,6 +45,8 @@ _DTYPES = {"BF16": ("BF16", np.uint16), "F16": ("F16", np.float16), "F32": ("F32
 
 
 def gguf_name(hf_name: str) -> str | None:
+    if hf_name.startswith("model.language_model."):   # a multimodal folder's text model
+        hf_name = "model." + hf_name[len("model.language_model."):]
     m = _LAYER_RE.match(hf_name)
     if m:
         layer, module, suffix = m.groups()
@@ -155,6 +158,11 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     arch = next((ARCHS[a] for a in archs if a in ARCHS), None) if isinstance(archs, list) else None
     if arch is None:
         raise ValueError(f"model: {source}: unsupported architecture {archs} (supported: {', '.join(ARCHS)})")
+    text = cfg.get("text_config")
+    if arch in HYBRIDS and isinstance(text, dict):
+        # a multimodal folder (Qwen3.5 as released): its text model's config (the vision tower is not
+        # read); whether lm_head is tied, the top level alone says, as transformers reads it
+        cfg = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", False)}
 
     def count(key, default=None):
         v = cfg.get(key)
