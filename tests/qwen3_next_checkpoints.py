@@ -47,8 +47,9 @@ VARIANTS = {
         tie_word_embeddings=True, rope_theta=None, partial_rotary_factor=None,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.5,
                          "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-        **dict.fromkeys(("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-                         "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers")))),
+        **dict.fromkeys(("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                         "shared_expert_intermediate_size", "norm_topk_prob", "decoder_sparse_step",
+                         "mlp_only_layers")))),
     # Qwen3.5-MoE: every layer MoE (normalised top-k), no dense intermediate_size, float32
     "q35_moe": (24, "F32", dict(
         architectures=["Qwen3_5MoeForCausalLM"], model_type="qwen3_5_moe_text", full_attention_interval=2,

@@ -141,8 +141,9 @@ def test_hf_tokenize():
         assert c["rendered"].startswith("<|im_start|>") and c["ids"][0] == 318
 
 
-@pytest.mark.parametrize("fixture, names", [("deepseek_v3_logits.npz", ("ds_lora_yarn", "ds_plain")),
-                                            ("qwen3_next_logits.npz", ("q3n_moe", "q3n_dense_mlp", "q35_dense", "q35_moe"))])
+@pytest.mark.parametrize("fixture, names", [
+    ("deepseek_v3_logits.npz", ("ds_lora_yarn", "ds_plain")),
+    ("qwen3_next_logits.npz", ("q3n_moe", "q3n_dense_mlp", "q35_dense", "q35_moe"))])
 def test_seeded_checkpoint_npz(fixture, names):
     """Made by scripts/make_deepseek_fixtures.py and make_qwen3_next_fixtures.py from the checkpoints
     of tests/deepseek_checkpoints.py and qwen3_next_checkpoints.py."""

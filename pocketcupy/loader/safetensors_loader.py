@@ -30,10 +30,11 @@ _LAYER_MAP = {
     "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
     "self_attn.kv_b_proj": "attn_kv_b", "mlp.gate": "ffn_gate_inp", "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp", "mlp.shared_experts.down_proj": "ffn_down_shexp",
-    # Qwen3-Next: Gated DeltaNet layers (dt_bias and A_log: blk.N.ssm.dt_bias / .A_log) and MoE
+    # Qwen3-Next / Qwen3.5: Gated DeltaNet layers (dt_bias and A_log: blk.N.ssm.dt_bias / .A_log) and MoE
     "linear_attn": "ssm", "linear_attn.in_proj_qkvz": "ssm_in_qkvz", "linear_attn.in_proj_ba": "ssm_in_ba",
     "linear_attn.in_proj_qkv": "ssm_in_qkv", "linear_attn.in_proj_z": "ssm_in_z", "linear_attn.in_proj_b": "ssm_in_b",
-    "linear_attn.in_proj_a": "ssm_in_a", "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm", "linear_attn.out_proj": "ssm_out",
+    "linear_attn.in_proj_a": "ssm_in_a", "linear_attn.conv1d": "ssm_conv1d", "linear_attn.norm": "ssm_norm",
+    "linear_attn.out_proj": "ssm_out",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
@@ -184,7 +185,8 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     dense = cfg.get("moe_intermediate_size") if arch == "qwen3_5_moe" else None
     sizes = dict(vocab_size=count("vocab_size"), num_layers=count("num_hidden_layers"),
                  num_kv_heads=count("num_key_value_heads", heads), head_dim=count("head_dim", hidden // heads or 1),
-                 intermediate_size=count("intermediate_size", dense), max_position=count("max_position_embeddings", 4096))
+                 intermediate_size=count("intermediate_size", dense),
+                 max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
     kinds = ("llama3", "linear", "yarn") if arch == "deepseek_v3" else ("linear",) if arch in HYBRIDS else (

@@ -61,7 +61,8 @@ def mlp_shapes(prefix: str, hidden: int, inter: int, suffix: str = "") -> dict[s
 
 def _expert_shapes(prefix: str, hidden: int, num_experts: int, inter: int, shared_inter: int) -> dict[str, tuple]:
     """The router's, the shared expert's and each routed expert's weights."""
-    shapes = {f"{prefix}ffn_gate_inp.weight": (num_experts, hidden), **mlp_shapes(prefix, hidden, shared_inter, "_shexp")}
+    shapes = {f"{prefix}ffn_gate_inp.weight": (num_experts, hidden),
+              **mlp_shapes(prefix, hidden, shared_inter, "_shexp")}
     for j in range(num_experts):
         shapes.update(mlp_shapes(prefix, hidden, inter, f"_exps.{j}"))
     return shapes
