@@ -25,7 +25,7 @@ class EngineBuild:
                              f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
         check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
-        if getattr(self.model, "state_shapes", None) is not None:
+        if hasattr(self.model, "state_shapes"):
             self._recurrent_state_limits()
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position
         if self.max_model_len > ckpt.config.max_position:
@@ -57,9 +57,12 @@ class EngineBuild:
         if a.speculative_method != "draft_model":
             return None
         from .loader import load_checkpoint
-        from .models.registry import build_model
+        from .models.registry import build_model, model_class
 
         ckpt = load_checkpoint(a.speculative_model)
+        if hasattr(model_class(ckpt.config), "state_shapes"):
+            raise ValueError(f"speculative_model: architecture {ckpt.config.architecture!r} cannot draft: its recurrent "
+                             "state cannot roll back rejected draft tokens")
         if ckpt.config.vocab_size != self.config.vocab_size:
             raise ValueError(f"speculative_model: its vocabulary of {ckpt.config.vocab_size} tokens differs from "
                              f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
