@@ -16,7 +16,7 @@ from .helpers import full_logits, load_reference_model
 from .qwen3_next_checkpoints import REFERENCE, VARIANTS, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
                                  greedy_ids, logits_error, write_folder)
-from .seeded_checkpoints import TOKENIZER as TINY_LLAMA    # a Llama model of the same vocabulary
+from .seeded_checkpoints import TOKENIZER as TINY_LLAMA    # a Llama model (fixture) of the same vocabulary
 
 REF = np.load(REFERENCE)
 
@@ -156,9 +156,11 @@ def test_tensor_parallel_refused(tmp_path):
         Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, tensor_parallel_size=2)
 
 
-def test_speculative_decoding_refused(tmp_path):
+@pytest.mark.parametrize("spec", [dict(speculative_method="ngram"),
+                                  dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2})])
+def test_speculative_decoding_refused(tmp_path, spec):
     with pytest.raises(ValueError, match="speculative_method: 'ngram' is not supported for architecture 'qwen3_next'"):
-        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, speculative_method="ngram")
+        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, **spec)
 
 
 def test_as_draft_model_refused(tmp_path):
