@@ -119,8 +119,11 @@ class Engine(EngineBuild, EngineOutputs):
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
         self.load_time_s = time.monotonic() - t0
-        log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)", path, self.device,
-                 self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20)
+        states = getattr(self.runner, "states", None)   # a hybrid model's (state_slots.py)
+        log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)%s", path, self.device,
+                 self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20,
+                 "" if states is None else
+                 f"; recurrent state {states.num_slots} slots ({states.nbytes / 2**20:.0f} MiB)")
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (nothing to do on one rank); no steps after this."""

@@ -20,6 +20,7 @@ class StateSlots:
         """shapes: per state layer, the shape of each of its arrays for one sequence."""
         self.layers = [tuple(ops.asarray(np.zeros((num_slots, *s), np.float32)) for s in layer) for layer in shapes]
         self.num_slots = num_slots
+        self.nbytes = sum(a.nbytes for arrays in self.layers for a in arrays)
         self.free = list(range(num_slots - 1, -1, -1))   # popped from the end: slot 0 first
         self.slot_of: dict[str, int] = {}
         self.rows = np.zeros(0, np.int64)                # the step's slot of each scheduled request

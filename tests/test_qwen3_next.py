@@ -41,6 +41,8 @@ def test_greedy_matches_transformers(variant, caplog):
     with caplog.at_level(logging.INFO, logger="pocketcupy"):
         engine = Engine(folder, device="cpu", progress=False, max_num_seqs=4)
     assert f"prefix caching is off for architecture {engine.config.architecture!r}" in caplog.text
+    # 2 DeltaNet layers x 4 slots x (128 x 3 conv + 4 x 16 x 16 recurrent) float32 values
+    assert "recurrent state 4 slots (0 MiB)" in caplog.text and engine.runner.states.nbytes == 2 * 4 * 1408 * 4
     assert not engine.args.enable_prefix_caching
     assert len(engine.runner.kv_caches) == 2                # the full-attention layers only
     conv, state = engine.runner.states.layers[0]
