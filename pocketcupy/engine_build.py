@@ -94,7 +94,8 @@ class EngineBuild:
         total = 0
         for m in (self.model, getattr(self, "draft_model", None)):
             if m is not None:
-                pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes)
+                pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes,
+                                     getattr(m, "KV_VALUES", True))
                 total += m.config.num_kv_layers * self.args.block_size * m.layout.num_kv_heads * pair
         return total
 

@@ -89,7 +89,8 @@ class ModelRunner:
         # one block past the pool: a scratch block where padded graph rows write their K/V; the KV
         # heads of this tensor-parallel rank only, for the layers with K/V (not a hybrid's recurrent ones)
         kv = (num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim)
-        self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype) for _ in range(c.num_kv_layers)]
+        values = getattr(model, "KV_VALUES", True)   # False: the K pages serve as values too (MLA)
+        self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype, values) for _ in range(c.num_kv_layers)]
         # a hybrid model's per-sequence recurrent state (its forward takes them after the caches)
         shapes = getattr(model, "state_shapes", None)
         self.states = None if shapes is None else StateSlots(ops, shapes, max_num_seqs)

@@ -35,6 +35,8 @@ def test_greedy_matches_transformers(variant):
     engine = Engine(folder, device="cpu", progress=False)
     assert engine.config.num_kv_heads == 1 and engine.config.head_dim == 48      # the latent: 32 + 16
     assert engine.runner.kv_caches[0][0].shape[1:] == (16, 1, 48)
+    assert engine.runner.kv_caches[0][1] is None                                  # no V pages: the latents serve
+    assert engine._kv_block_bytes() == engine.config.num_layers * 16 * 48 * 4     # K pages only, float32
     out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
     assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
 

@@ -41,17 +41,20 @@ class KvArgs(NamedTuple):
         return f"{name}.cu" if self.tag == "f16" else f"{name}_kv8.cu"
 
 
-def empty_kv_pages(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "auto"):
-    """One layer's K and V pages, zeroed (so never-written slots hold finite values)."""
+def empty_kv_pages(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: str = "auto",
+                   values: bool = True):
+    """One layer's K and V pages (V None where not values), zeroed (so never-written slots hold
+    finite values)."""
     import cupy
 
     if dtype not in KV_CACHE_DTYPES:
         raise ValueError(f"kv_cache_dtype: {dtype!r} is not implemented on the CUDA backend (have "
                          f"{', '.join(map(repr, KV_CACHE_DTYPES))})")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    if dtype == "auto":
-        return cupy.zeros(shape, np.float16), cupy.zeros(shape, np.float16)
-    return tuple(QuantKVCache.zeros(shape, kind, cupy) for kind in KV_KINDS[dtype])
+    kinds = (None, None) if dtype == "auto" else KV_KINDS[dtype]
+    pages = [cupy.zeros(shape, np.float16) if kind is None else QuantKVCache.zeros(shape, kind, cupy)
+             for kind in kinds[:1 + values]]
+    return pages[0], pages[1] if values else None
 
 
 def kv_args(op: str, k_cache, v_cache) -> KvArgs:

@@ -64,9 +64,10 @@ class CudaOps:
         return attn_cuda.device_meta(meta)
 
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                       dtype: str = "auto"):
-        """One layer's K and V pages: fp16, or codes with their scales per row (kv_pages_cuda.py)."""
-        return empty_kv_pages(num_blocks, block_size, num_kv_heads, head_dim, dtype)
+                       dtype: str = "auto", values: bool = True):
+        """One layer's K and V pages (V None where not values): fp16, or codes with their scales per
+        row (kv_pages_cuda.py)."""
+        return empty_kv_pages(num_blocks, block_size, num_kv_heads, head_dim, dtype, values)
 
     # --- elementwise / normalisation -----------------------------------------------------
     def embedding(self, table, ids):

@@ -58,12 +58,14 @@ class NumpyOps:
         return meta
 
     def empty_kv_cache(self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
-                       dtype: str = "auto"):
-        """One layer's K and V pages: float32, or QuantKVCache codes and scales (quant/kv_quant.py)."""
+                       dtype: str = "auto", values: bool = True):
+        """One layer's K and V pages (V None where not values): float32, or QuantKVCache codes and
+        scales (quant/kv_quant.py)."""
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        if dtype != "auto":
-            return tuple(QuantKVCache.zeros(shape, kind) for kind in KV_KINDS[dtype])
-        return np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        kinds = (None, None) if dtype == "auto" else KV_KINDS[dtype]
+        pages = [np.zeros(shape, np.float32) if kind is None else QuantKVCache.zeros(shape, kind)
+                 for kind in kinds[:1 + values]]
+        return pages[0], pages[1] if values else None
 
     # --- elementwise / normalisation -----------------------------------------------------
     def embedding(self, table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -192,7 +194,7 @@ class NumpyOps:
                       meta: AttentionMetadata, scale: float) -> np.ndarray:
         """Multi-head latent attention (DeepSeek-V2/V3) in the absorbed form, over paged K pages of
         one KV head whose row for a token is its latent [rope(k_pe), c_kv] (the same rows serve as
-        values; the layer's V pages are not used). q [N, H, dn + r]: per head the part without
+        values; the layer has no V pages). q [N, H, dn + r]: per head the part without
         position, then the rotary part (r = 2 * len(inv_freq)); c_kv [N, R]: the normalised latent;
         k_pe [N, r]; w_kv_b [H * (dn + dv), R]: per head W_UK (dn rows), then W_UV (dv rows). W_UK
         goes into the query (q_nope W_UK scores against c_kv as q_nope against the keys W_UK c_kv)

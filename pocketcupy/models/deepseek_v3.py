@@ -64,6 +64,7 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
 
 class DeepseekV3Model:
     TP_SPLITS = TP_SPLITS
+    KV_VALUES = False   # the latent rows in the K pages serve as values: the runner allocates no V pages
 
     @staticmethod
     def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
@@ -109,7 +110,7 @@ class DeepseekV3Model:
         ops, c = self.ops, self.config
         x = ops.embedding(self.embed, input_ids)
         residual = None
-        for layer, (cache, _) in zip(self.layers, kv_caches):   # the V pages stay unused (ops.mla_attention)
+        for layer, (cache, _) in zip(self.layers, kv_caches):   # no V pages (KV_VALUES)
             if residual is None:
                 residual, h = x, ops.rms_norm(x, layer.attn_norm, c.rms_eps)
             else:

@@ -55,12 +55,13 @@ def encode_e4m3(v: np.ndarray) -> np.ndarray:
     return np.where(np.signbit(v) & (v != 0), code | np.uint8(0x80), code).astype(np.uint8)
 
 
-def kv_pair_bytes(dtype: str, head_dim: int, auto_bytes: int) -> int:
-    """Bytes a (token, KV head) takes in the K and V pages together: head_dim values of auto_bytes
-    each (the backend's own cache type) for "auto", else each row's codes and parameters."""
+def kv_pair_bytes(dtype: str, head_dim: int, auto_bytes: int, values: bool = True) -> int:
+    """Bytes a (token, KV head) takes in the K and V pages together (the K pages alone where not
+    values): head_dim values of auto_bytes each (the backend's own cache type) for "auto", else each
+    row's codes and parameters."""
     if dtype == "auto":
-        return 2 * head_dim * auto_bytes
-    return sum(_code_bytes(kind, head_dim) + 4 * _num_params(kind, head_dim) for kind in KV_KINDS[dtype])
+        return (1 + values) * head_dim * auto_bytes
+    return sum(_code_bytes(kind, head_dim) + 4 * _num_params(kind, head_dim) for kind in KV_KINDS[dtype][:1 + values])
 
 
 def _code_bytes(kind: str, head_dim: int) -> int:
