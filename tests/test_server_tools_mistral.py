@@ -130,3 +130,14 @@ def test_bad_chat_template_is_a_startup_error(tmp_path):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", arg],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_inline_chat_template_escapes_decoded():
+    """An inline --chat-template has its backslash escapes decoded, as vLLM's (a shell passes "\\n" as
+    two characters); other text, non-ASCII included, stays as written."""
+    from .helpers import load_script
+
+    read = load_script("serve").read_chat_template
+    assert read(r"{{ messages[0].content }}\n\t\u00bfé—") == "{{ messages[0].content }}\n\t¿é—"
+    with pytest.raises(ValueError, match=r"chat-template: a bad backslash escape in the template \(truncated"):
+        read(r"{{ x }}\x4")
