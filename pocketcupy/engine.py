@@ -96,8 +96,9 @@ class Engine(EngineBuild, EngineOutputs):
             if self.ranks is not None:
                 self.ranks.close()
             raise
+        args = self.args   # (_load_shard turns prefix caching off for a model with recurrent state)
         self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                                   enable_prefix_caching=self.args.enable_prefix_caching, policy=args.scheduling_policy)
+                                   enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy)
         if self.device == "cuda":
             from .backend.sampler_cuda import CudaSampler
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)

@@ -182,7 +182,7 @@ class Scheduler:
             drafts = drafts[:budget - n] if n == gap else []
             if drafts and kv.allocate_slots(req, n + len(drafts)) is None:
                 drafts = []   # speculation never preempts
-            while kv.allocate_slots(req, n) is None:
+            while not drafts and kv.allocate_slots(req, n) is None:   # (drafts left: their slots are allocated)
                 victim = max(self.running, key=self._key)
                 if victim.request_id in scheduled:   # a newer request placed before it in `running`
                     budget += self._unschedule(victim, out)
