@@ -118,28 +118,31 @@ class ModelRunner:
         if dst and feed is None:
             raise RuntimeError("a pending token without the previous step's sampled ids")
         fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
-        if (self.graphs is not None and meta.decode_only and self.graphs.bucket_for(len(ids))
-                and not any(s.prompt_logits for s in out.scheduled)):
-            rows = [i for i, s in enumerate(out.scheduled) if s.sample]
-            params = sample_params(self.model.config.vocab_size) if sample_params and len(rows) == len(ids) else None
+        drafts = any(s.num_draft for s in out.scheduled)
+        if (self.graphs is not None and self.graphs.bucket_for(len(ids)) and (meta.decode_only or drafts)
+                and not any(s.prompt_logits for s in out.scheduled)
+                and (meta.decode_only or all(s.sample and len(s.token_ids) == 1 + s.num_draft for s in out.scheduled))):
+            rows = _sample_rows(out, meta.query_start)
+            if drafts:      # a verification step: each token a row of the decode graph
+                meta = per_token_rows(meta, pos)
+            params = (sample_params(self.model.config.vocab_size)
+                      if sample_params and len(rows) == len(ids) and not drafts else None)
             logits, sampled = self.graphs.run(ids, pos, meta, fed, params)
             if len(rows) < len(ids):  # a prompt chunk of one token that does not end the prompt
                 logits = logits[ops.asarray(np.asarray(rows, np.int64))]
-            return RunnerOutput([out.scheduled[i].request_id for i in rows], logits, {}, sampled)
+            return RunnerOutput([s.request_id for s in out.scheduled if s.sample], logits, {}, sampled)
         ids_dev = ops.asarray(ids)
         if fed is not None:
             ops.scatter_tokens(ids_dev, *fed)
         states = () if self.states is None else (self.states,)
         hidden = self.model.forward(ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches, *states)
-        sample_rows, sample_ids, prompt_logits = [], [], {}
+        prompt_logits = {}
         query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):
             if s.prompt_logits:
                 q0, q1 = query_start[i], query_start[i + 1]
                 prompt_logits[s.request_id] = ops.to_host(self.model.compute_logits(hidden[q0:q1]))
-            if s.sample:   # the last row, and before it one per draft token
-                sample_rows.extend(range(query_start[i + 1] - 1 - s.num_draft, query_start[i + 1]))
-                sample_ids.append(s.request_id)
+        sample_rows, sample_ids = _sample_rows(out, meta.query_start), [s.request_id for s in out.scheduled if s.sample]
         if not sample_rows:
             logits = None
         elif len(sample_rows) == len(ids):  # every row (rows only increase): no gather
@@ -147,3 +150,20 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))])
         return RunnerOutput(sample_ids, logits, prompt_logits)
+
+
+def _sample_rows(out: SchedulerOutput, query_start: np.ndarray) -> list[int]:
+    """The flat batch rows whose logits are sampled: each sampled request's last row, and before it
+    one per draft token."""
+    ends = query_start[1:].tolist()
+    return [r for s, end in zip(out.scheduled, ends) if s.sample for r in range(end - 1 - s.num_draft, end)]
+
+
+def per_token_rows(meta: AttentionMetadata, pos: np.ndarray) -> AttentionMetadata:
+    """The step's tokens as sequences of one query row each, every row reading its request's blocks
+    up to its own position (its K/V and that of the rows before it are stored first): a verification
+    step (each request's last token and its drafts) in the decode graphs' layout."""
+    counts = np.diff(meta.query_start)
+    owner = np.repeat(np.arange(len(counts)), counts)
+    return AttentionMetadata(np.arange(len(pos) + 1, dtype=np.int32), (pos + 1).astype(np.int32),
+                             meta.block_tables[owner], meta.slot_mapping, meta.block_size, decode_only=True)

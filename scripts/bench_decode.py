@@ -49,9 +49,10 @@ def weight_bytes(engine) -> int:
     from pocketcupy.loader import load_checkpoint
 
     ck = load_checkpoint(engine.model_path)
-    total = sum(t.data.nbytes for name, t in ck.tensors.items() if name != "token_embd.weight")
+    nbytes = {name: t.data.nbytes + (0 if t.scales is None else t.scales.nbytes) for name, t in ck.tensors.items()}
+    total = sum(n for name, n in nbytes.items() if name != "token_embd.weight")
     if engine.config.tie_word_embeddings:
-        total += ck.tensors["token_embd.weight"].data.nbytes
+        total += nbytes["token_embd.weight"]
     return total
 
 

@@ -8,9 +8,10 @@ import pytest
 from pocketcupy import Engine, SamplingParams
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.loader.safetensors_loader import gguf_name
+from pocketcupy.models.registry import build_model
 from pocketcupy.quant.dequant import f32_to_bf16
 from pocketcupy.quant import minifloat_weights
-from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values, scaled_to_bf16
+from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values, fp8_to_bf16, scaled_to_bf16
 
 from .fp8_checkpoints import (TINY, bf16_reference, e2m1_reference, e4m3_decode, e4m3_reference, float_weight,
                               linear_names, pack_e2m1, quantize_fp8, quantize_nvfp4, reference_dequant, tiny_tensors,
@@ -117,16 +118,17 @@ def original():
     return load_checkpoint(TINY).tensors, full_logits(model, ops, PROMPT)
 
 
-def check_loaded(path, expected, original, max_rel):
-    """The loaded weights equal the expected bits, the rest tiny_llama's own; the logits are within
-    max_rel of the original's (relative to their largest magnitude)."""
+def check_loaded(path, expected, original, max_rel, qtype="BF16"):
+    """The loaded weights are of qtype and their BF16 rounding equals the expected bits, the rest are
+    tiny_llama's own; the logits are within max_rel of the original's (relative to their largest
+    magnitude)."""
     tensors, ref_logits = original
     loaded = load_checkpoint(path).tensors
     assert set(loaded) == set(tensors)          # no scale mapped as a model tensor
     for hf_name, bits in expected.items():
         t = loaded[gguf_name(hf_name)]
-        assert t.qtype == "BF16" and t.shape == bits.shape and t.data.dtype == np.uint16
-        np.testing.assert_array_equal(t.data, bits, err_msg=hf_name)
+        assert t.qtype == qtype and t.shape == bits.shape
+        np.testing.assert_array_equal(fp8_to_bf16(t) if qtype == "FP8" else t.data, bits, err_msg=hf_name)
     quantized = {gguf_name(n) for n in expected}
     for name, t in tensors.items():
         if name not in quantized:
@@ -145,8 +147,12 @@ FP8_MAX_REL = 0.0625
 
 @pytest.mark.parametrize("case", FP8_CASES)
 def test_fp8_checkpoint(tmp_path, case, original):
+    """Scales that cover whole groups of 128 columns (tensor, channel, 128-column blocks) keep the weights
+    as E4M3 codes with a scale per row and 128 columns; other blocks are dequantized to BF16."""
     path, expected = build_fp8(tmp_path, case)
-    check_loaded(path, expected, original, FP8_MAX_REL)
+    layout = FP8_CASES[case][2]
+    codes = layout in ("tensor", "channel") or layout[1] % 128 == 0
+    check_loaded(path, expected, original, FP8_MAX_REL, "FP8" if codes else "BF16")
 
 
 def test_modelopt_hf_quant_config_json(tmp_path, original):
@@ -154,7 +160,7 @@ def test_modelopt_hf_quant_config_json(tmp_path, original):
     path, expected = build_fp8(tmp_path, "modelopt-fp8", edit_config=lambda qc: None)
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({
         "producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": ["lm_head"]}}))
-    check_loaded(path, expected, original, FP8_MAX_REL)
+    check_loaded(path, expected, original, FP8_MAX_REL, "FP8")
 
 
 def check_engine_greedy(path, n=8):
@@ -302,3 +308,33 @@ def test_u8_weight_in_an_fp8_checkpoint(tmp_path):
         {K0 + "weight": ("U8", np.zeros((32, 32), np.uint8))}))
     with pytest.raises(ValueError, match=rf"'{K0}weight' is U8, which only NVFP4 checkpoints hold as weights"):
         load_checkpoint(path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["fp8-block-128", "fp8-channel-autofp8-name"])
+def test_fp8_codes_on_cuda(tmp_path, case):
+    """The CUDA backend keeps the codes (gemv_fp8.cu for up to 16 rows, fp16 tiles into cuBLAS past them)
+    and its logits agree with the NumPy backend's BF16-rounded weights over a 12- and a 36-token prefill
+    and the 12 single-token decode steps after one."""
+    from pocketcupy.backend.ops_cuda import CudaOps
+    from pocketcupy.backend.weight_cuda import CudaWeight
+
+    from .helpers import PagedRun
+
+    path = build_fp8(tmp_path, case)[0]
+    ck = load_checkpoint(path)
+    ops = CudaOps()
+    model = build_model(ck.config, ck.tensors, ops)
+    layer = model.layers[0]
+    assert all(isinstance(w, CudaWeight) and w.qtype == "FP8" for w in (layer.w_gate_up, layer.w_down, layer.wo))
+    ref_model, ref_ops = load_reference_model(path)
+    long = PROMPT * 3
+    for ids in (PROMPT, long):
+        err = rel_err(full_logits(model, ops, ids), full_logits(ref_model, ref_ops, ids))
+        assert err <= 1e-2, f"{len(ids)} tokens: relative error {err:.2e}"
+    run = PagedRun(model, ops)
+    got = run.step([("a", long[:24], 0)])
+    for p in range(24, 36):
+        got += run.step([("a", long[p:p + 1], p)], decode_only=True)
+    err = rel_err(np.concatenate(got), full_logits(ref_model, ref_ops, long))
+    assert err <= 1e-2, f"prefill + decode: relative error {err:.2e}"

@@ -68,3 +68,31 @@ def test_token_feed_maps_pending_rows_to_the_previous_samples():
     ids, _, meta = FlatBatchBuilder(16)(mid)
     with pytest.raises(RuntimeError, match="d: a pending token"):
         TokenFeed(np.array([11], np.int32), {"d": 0}).rows_for(mid, [0], meta.query_start)
+
+
+def test_per_token_rows_compute_what_the_chunks_do():
+    """A verification step (each request's last token and its drafts) laid out as sequences of one
+    row each (runner.per_token_rows, the decode graphs' layout) gives the logits of the same tokens
+    as chunks: every row reads its request's K/V up to its own position, the step's earlier rows
+    included."""
+    import os
+
+    from pocketcupy.runner import ModelRunner, per_token_rows
+
+    from .conftest import FIXTURES
+    from .helpers import load_reference_model
+
+    model, ops = load_reference_model(os.path.join(FIXTURES, "tiny_llama"))
+    runner = ModelRunner(model, ops, num_blocks=24, block_size=4)
+    rng = np.random.default_rng(5)
+    prompts = {"a": rng.integers(0, 256, 21).tolist(), "b": rng.integers(0, 256, 6).tolist()}
+    blocks = {"a": [9, 3, 17, 1, 12, 5, 20, 8], "b": [2, 14, 7, 22]}
+    runner.execute(SchedulerOutput([ScheduledRequest(r, p, 0, blocks[r], False, False) for r, p in prompts.items()]))
+    step = SchedulerOutput([ScheduledRequest(r, rng.integers(0, 256, 1 + k).tolist(), len(prompts[r]), blocks[r],
+                                             True, False, num_draft=k) for r, k in (("a", 4), ("b", 3))])
+    ids, pos, meta = runner.build_batch(step)
+    chunks = runner.execute(step).logits
+    rows = per_token_rows(meta, pos)
+    assert rows.decode_only and rows.num_seqs == len(ids) == 9
+    hidden = model.forward(ops.asarray(ids), ops.asarray(pos), ops.upload_meta(rows), runner.kv_caches)
+    np.testing.assert_allclose(model.compute_logits(hidden), chunks, rtol=1e-5, atol=1e-5)

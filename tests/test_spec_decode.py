@@ -177,12 +177,13 @@ def test_bench_spec_compares_against_plain_decoding(smollm2_gguf):
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [True, False], ids=["graphs", "eager"])
 def test_cuda_same_tokens_as_without_drafts(smollm2_gguf, graphs):
-    """On CUDA a step with drafts runs eagerly through the prefill kernels over the cached prefix:
-    greedy and seeded tokens agree with plain decoding on the same GPU up to the first near tie."""
+    """On CUDA a step with drafts replays the decode graph with a row per token (eagerly: the prefill
+    kernels over the cached prefix): greedy and seeded tokens agree with plain decoding on the same
+    GPU up to the first near tie."""
     p = SamplingParams(temperature=0, max_tokens=64, logprobs=2)
-    want = [o.outputs[0] for o in Engine(smollm2_gguf, device="cuda", progress=False,
-                                         cuda_graphs=graphs).chat(CHATS, p)]
-    e = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs, **SPEC)
+    kw = dict(device="cuda", progress=False, cuda_graphs=graphs, kv_cache_memory=256 << 20)  # two engines at once
+    want = [o.outputs[0] for o in Engine(smollm2_gguf, **kw).chat(CHATS, p)]
+    e = Engine(smollm2_gguf, **kw, **SPEC)
     got = [o.outputs[0] for o in e.chat(CHATS, p)]
     for g, w in zip(got, want):
         for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
@@ -191,6 +192,6 @@ def test_cuda_same_tokens_as_without_drafts(smollm2_gguf, graphs):
             assert a == b, f"position {i}"
     assert e.stats()["spec_num_accepted_tokens"] > 0
     seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=48, repetition_penalty=1.1)
-    plain = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
+    plain = Engine(smollm2_gguf, **kw)
     assert [o.outputs[0].token_ids[:8] for o in e.chat(CHATS, seeded)] == \
         [o.outputs[0].token_ids[:8] for o in plain.chat(CHATS, seeded)]

@@ -6,8 +6,9 @@
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
     still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 2-64 on int8 tensor cores
     (kquant_mma_cuda.py);
+  - FP8 weights, N <= 16: the tensor-core GEMV over the E4M3 codes (gemv_fp8.cu);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
-    quantized weights dequantized to fp16 in row tiles first (dequant.cu).
+    quantized and FP8 weights dequantized to fp16 in row tiles first (dequant.cu, gemv_fp8.cu).
 `get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
 CuPy is imported lazily: importing this module needs only NumPy."""
 from __future__ import annotations
@@ -21,10 +22,14 @@ from .cublas_graph import gemm_ex
 from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg, opt_arg
 from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
                               launch_gemv_kquant_mma3, quantize_x_q8k)
-from .weight_cuda import DENSE_QTYPES, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, Q8Rows, joined_segments
+from ..quant.kv_quant import E4M3_VALUES
+from ..quant.qtensor import FP8_GROUP
+from .weight_cuda import (DENSE_QTYPES, FP8_SCALE_FACTOR, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, Q8Rows,
+                          joined_segments)
 
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
+FP8_GEMV_MAX_BATCH = 16         # gemv_fp8_mma<NT> instances: NT 1, 2 tiles of 8 rows
 DENSE_MMA_MIN_BATCH = 1         # fp16 / bf16 weights from this batch on take the tensor-core GEMV
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
@@ -75,6 +80,8 @@ def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1, gemv_bf16_mma_bs4;
     dense_kind: as gemv_dense's kind."""
+    if w.qtype == "FP8":
+        return f"gemv_fp8_mma_nt{-(-nb // 8)}_bs{nb}"
     if nt := gguf_mma_tiles(w, nb):
         return f"gemv_{w.qtype.lower()}_q8mma_nt{nt}_bs{nb}"
     if w.act_q8:
@@ -299,7 +306,7 @@ def norm_linear_lanes(w, n: int) -> F32Gemv | None:
     768 -> 694 us, batch 4 1,862 -> 2,328); None elsewhere."""
     from .elementwise_cuda import norm_warp_dim
 
-    if not (isinstance(w, CudaWeight) and not w.is_dense and not w.act_q8 and n == 1
+    if not (isinstance(w, CudaWeight) and w.is_gguf and not w.act_q8 and n == 1
             and w.cols % 32 == 0 and norm_warp_dim(w.cols) is not None):
         return None
     cfg = weight_f32_gemv_config(w, n)
@@ -393,8 +400,20 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
        (w.data, np.int32(w.rows), np.int32(k), x, opt_arg(bias), out))
 
 
+FP8_UNROLL = 2         # U of gemv_fp8_mma: 64-code chunks a warp loads at once (2 or 4)
+_FP8_MMA_EXPRS = tuple(f"gemv_fp8_mma<{nt}, {u}>" for nt in (1, 2) for u in (2, 4))
+
+
+def gemv_fp8(x, w: CudaWeight, bias, out) -> None:
+    """out [n, rows] = x [n, K] @ w.T (+ bias) for FP8 w, n <= FP8_GEMV_MAX_BATCH (tensor cores)."""
+    n, k = x.shape
+    kernel("gemv_fp8.cu", f"gemv_fp8_mma<{-(-n // 8)}, {FP8_UNROLL}>", name_expressions=_FP8_MMA_EXPRS)(
+        (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
+        (w.data, w.scales, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
+
+
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
-DENSE_MMA_THREADS = 256                                   # GM_WARPS * 32 in gemv_dense_mma.cu
+DENSE_MMA_THREADS = 256                                   # GM_WARPS (F8_WARPS) * 32 in gemv_dense_mma.cu (gemv_fp8.cu)
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>",
                    "quantize_q8_x<true, true>")
 
@@ -558,7 +577,11 @@ def dequant_tile_rows(rows: int, k: int) -> int:
 
 
 def dequant_tile(w: CudaWeight, r0: int, nr: int, scratch) -> None:
-    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized w as fp16 (nr * cols < 2^31)."""
+    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized or FP8 w as fp16 (nr * cols < 2^31)."""
+    if w.qtype == "FP8":
+        kernel("gemv_fp8.cu", "dequant_fp8_f16")((grid_blocks(nr * w.cols // 8, 256, 8192),), (256,),
+                                                 (w.data, w.scales, np.int32(w.cols), np.int64(r0), np.int32(nr), scratch))
+        return
     _dequant(w.kernel_qtype, "tile")((-(-nr * (w.cols // 32) // 256),), (256,),
                                      (w.data[r0:], np.int64(w.data.shape[1]), np.int32(nr), np.int32(w.cols), scratch))
 
@@ -627,7 +650,9 @@ def linear(x, w, bias=None, out=None):
             gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
-    elif _gemv_gguf_takes(w, n):
+    elif w.qtype == "FP8" and n <= FP8_GEMV_MAX_BATCH:
+        gemv_fp8(x, w, bias, y)
+    elif w.is_gguf and _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
         _gemm(x, w, bias, y)
@@ -754,13 +779,13 @@ def silu_mul_linear(gate, up, w, out=None):
     if not fits:
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-    gemm = n > GEMV_MAX_BATCH if w.is_dense else not _gemv_gguf_takes(w, n)
+    gemm = n > (GEMV_MAX_BATCH if w.is_dense else FP8_GEMV_MAX_BATCH) if not w.is_gguf else not _gemv_gguf_takes(w, n)
     vec4 = _vec4(gate) and _vec4(up)
     if gemm:
         _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w, vec4))
-    elif not w.is_dense and w.act_q8 and vec4:
+    elif w.is_gguf and w.act_q8 and vec4:
         _gemv_gguf(gate, w, None, out, up=up)
-    elif not w.is_dense and not w.act_q8 and n <= GEMV_MAX_BATCH and vec4 \
+    elif w.is_gguf and not w.act_q8 and n <= GEMV_MAX_BATCH and vec4 \
             and (cfg := weight_f32_gemv_config(w, n)).kind == "lanes":
         launch_gemv_f32(w, gate, None, out, n, cfg, up=up)
     else:
@@ -789,7 +814,11 @@ def get_rows(w, ids, out=None):
     if n == 0:
         return out
     idx64 = ids.dtype == cp.int64
-    if w.is_dense:
+    if w.qtype == "FP8":      # (FP8 embeddings are rare: checkpoints keep them BF16)
+        codes = w.data[ids]
+        scales = cp.repeat(w.scales[ids], FP8_GROUP, axis=1)[:, :w.cols] / FP8_SCALE_FACTOR
+        out[...] = cp.asarray(E4M3_VALUES)[codes] * scales
+    elif w.is_dense:
         fn = _get_rows_dense(w.qtype, idx64)
         fn((grid_blocks(n * w.cols, 256, 8192),), (256,),
            (w.data, np.int32(w.rows), np.int32(w.cols), ids, np.int32(n), out))

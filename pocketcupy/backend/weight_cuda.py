@@ -1,6 +1,7 @@
 """Weights on the GPU in their stored format: `prepare_weight` uploads a QTensor -- 2-D F16/BF16
 stay dense (bf16 as uint16 bits), GGUF block types stay raw uint8 blocks [rows, bytes_per_row] (and
-note whether their activations are quantized to int8, quant/act_q8.py), 1-D tensors become
+note whether their activations are quantized to int8, quant/act_q8.py), FP8 stays E4M3 codes with
+their scales (gemv_fp8.cu; BF16 where its kernels cannot run), 1-D tensors become
 float32 -- and `concat_rows` joins projections of one input. Also the activation wrappers a fused
 kernel hands the linears (Q8Rows, Half16Rows). CuPy is imported lazily."""
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from ..quant.act_q8 import uses_q8
 from ..quant.qtensor import QTensor
-from .kernels import cuda_op, null_arg
+from .kernels import cuda_op, has_tensor_cores, null_arg
 
 # GGUF block types the kernels read: ggml type id, values per block, bytes per block
 GGUF_QTYPES = {
@@ -32,6 +33,9 @@ RELAID_QTYPES = {"Q6_K": ("Q6_KR", 115)}
 KERNEL_TYPE_IDS = {**{q: v[0] for q, v in GGUF_QTYPES.items()}, **dict(RELAID_QTYPES.values())}
 RELAY_Q6K = os.environ.get("POCKETCUPY_RELAY_Q6K", "1") != "0"   # default of prepare_weight's relay ("0": raw, for comparisons)
 DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dense kernels
+# "0": FP8 weights uploaded as BF16 (for comparisons; also where the FP8 kernels cannot run)
+FP8_CODES = os.environ.get("POCKETCUPY_FP8_CODES", "1") != "0"
+FP8_SCALE_FACTOR = 256.0    # gemv_fp8.cu reads a code as the fp16 of its value times 2^-8
 _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
 
 
@@ -65,11 +69,12 @@ class Half16Rows:
 
 @dataclass
 class CudaWeight:
-    qtype: str            # "F16", "BF16" or a GGUF block type name
+    qtype: str            # "F16", "BF16", a GGUF block type name or "FP8"
     shape: tuple          # (rows, cols), torch order
-    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits), or uint8 [rows, bytes_per_row]
+    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits) / uint8 (E4M3), or uint8 [rows, bytes_per_row]
     act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
     relaid: bool = False  # blocks re-laid as RELAID_QTYPES says (kernel_qtype names that layout)
+    scales: Any = None    # FP8: float32 [rows, ceil(cols / 128)], times FP8_SCALE_FACTOR
 
     @property
     def rows(self) -> int:
@@ -82,6 +87,10 @@ class CudaWeight:
     @property
     def is_dense(self) -> bool:
         return self.qtype in DENSE_QTYPES
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.qtype in GGUF_QTYPES
 
     @property
     def kernel_qtype(self) -> str:
@@ -132,6 +141,13 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | No
         buf[:n].set(raw.reshape(-1))
         return CudaWeight(t.qtype, (rows, cols), buf[:n].reshape(rows, raw.shape[1]),
                           uses_q8(t.qtype, cols, quant_activations), relaid)
+    if t.qtype == "FP8":
+        if FP8_CODES and cols % 64 == 0 and has_tensor_cores():
+            return CudaWeight("FP8", (rows, cols), cp.asarray(np.ascontiguousarray(t.data, dtype=np.uint8)),
+                              scales=cp.asarray(np.asarray(t.scales, np.float32) * np.float32(FP8_SCALE_FACTOR)))
+        from ..quant.minifloat_weights import fp8_to_bf16
+
+        return CudaWeight("BF16", (rows, cols), cp.asarray(fp8_to_bf16(t)))
     # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
     w = t.dequantize().astype(np.float32)
     if np.abs(w).max(initial=0.0) < 65000.0:
@@ -156,6 +172,9 @@ def concat_rows(ws):
     rows = sum(w.rows for w in ws)
     if ws[0].is_dense:
         return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0))
+    if qtype == "FP8":
+        return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0),
+                          scales=cp.concatenate([w.scales for w in ws], axis=0))
     bpr = int(ws[0].data.shape[1])
     buf = cp.zeros(rows * bpr + _PAD, dtype=cp.uint8)
     r0 = 0

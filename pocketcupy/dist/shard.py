@@ -2,21 +2,24 @@
 
 The loaders hand out QTensors over memory maps, so a row shard is a view (only its pages are
 ever read) and a column shard copies just its own columns. GGUF block types are cut per row of
-blocks: rows anywhere, columns only on block boundaries (32 or 256 values)."""
+blocks: rows anywhere, columns only on block boundaries (32 or 256 values); FP8 codes with their
+scales, columns on boundaries of the scales' 128-column groups."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..loader.gguf import GGML_TYPES
-from ..quant.qtensor import QTensor
+from ..quant.qtensor import FP8_GROUP, QTensor
 from .layout import ShardLayout
 
 BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
+BLOCKS["FP8"] = (FP8_GROUP, FP8_GROUP)      # a column split keeps whole scale groups
 
 
 def take_rows(t: QTensor, start: int, stop: int) -> QTensor:
     """Rows [start, stop) of a 2-D weight, or elements of a 1-D one (a bias): a view."""
-    return QTensor(t.qtype, (stop - start,) + tuple(t.shape[1:]), t.data[start:stop])
+    return QTensor(t.qtype, (stop - start,) + tuple(t.shape[1:]), t.data[start:stop],
+                   None if t.scales is None else t.scales[start:stop])
 
 
 def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTensor:
@@ -25,11 +28,14 @@ def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTenso
     if problem:
         raise ValueError(problem)
     per_block, nbytes = BLOCKS[t.qtype]
+    scales = None
     if t.is_dense:
         data = t.data[:, start:stop]
+    elif t.qtype == "FP8":
+        data, scales = t.data[:, start:stop], np.ascontiguousarray(t.scales[:, start // per_block:-(-stop // per_block)])
     else:
         data = t.data[:, start // per_block * nbytes:stop // per_block * nbytes]
-    return QTensor(t.qtype, (t.shape[0], stop - start), np.ascontiguousarray(data))
+    return QTensor(t.qtype, (t.shape[0], stop - start), np.ascontiguousarray(data), scales)
 
 
 def pad_rows(t: QTensor, rows: int) -> QTensor:
@@ -38,7 +44,11 @@ def pad_rows(t: QTensor, rows: int) -> QTensor:
         return t
     data = np.zeros((rows,) + t.data.shape[1:], t.data.dtype)
     data[:t.shape[0]] = t.data
-    return QTensor(t.qtype, (rows,) + tuple(t.shape[1:]), data)
+    scales = None
+    if t.scales is not None:
+        scales = np.zeros((rows,) + t.scales.shape[1:], np.float32)
+        scales[:t.shape[0]] = t.scales
+    return QTensor(t.qtype, (rows,) + tuple(t.shape[1:]), data, scales)
 
 
 def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = "weight") -> QTensor:

@@ -1,5 +1,7 @@
-"""FP8 and NVFP4 weights of Hugging Face checkpoints, dequantized to BF16 at load so that both
-backends run them through their BF16 paths (twice the FP8 bytes in memory; no FP8 kernels yet).
+"""FP8 and NVFP4 weights of Hugging Face checkpoints. FP8 weights whose scales cover whole groups of
+128 columns (tensor, channel and 128 x 128 block scales) stay E4M3 codes with a scale per row and
+128 columns (QTensor "FP8"): the CUDA backend reads the codes (gemv_fp8.cu), the NumPy backend rounds
+them to BF16. Other FP8 scale blocks and NVFP4 are dequantized to BF16 at load.
 
 quantization_config (config.json, or ModelOpt's older hf_quant_config.json) -> WeightQuantization;
 each quantized `X.weight` is then read with its scale tensors (never mapped as model tensors):
@@ -23,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..quant.minifloat_weights import e2m1_values, e4m3_values, scaled_to_bf16
-from ..quant.qtensor import QTensor
+from ..quant.minifloat_weights import e2m1_values, e4m3_values, fp8_row_scales, scaled_to_bf16
+from ..quant.qtensor import FP8_GROUP, QTensor
 
 QUANTIZED_DTYPES = ("F8_E4M3", "U8")   # safetensors dtypes read as raw bytes for this module
 _DENSE = ("F32", "BF16", "F16")
@@ -112,9 +114,9 @@ def _modelopt(qc: dict, source: str) -> WeightQuantization:
     raise ValueError(f"{source}: modelopt quant_algo {q.get('quant_algo')!r} is not supported (supported: FP8, NVFP4)")
 
 
-def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) -> QTensor:
-    """BF16 QTensor of the quantized weight raw[name] (safetensors dtype in QUANTIZED_DTYPES), read
-    with its scales from raw (tensor name -> (safetensors dtype, array), all shards)."""
+def read_quantized_weight(name: str, raw: dict, quant: WeightQuantization | None) -> QTensor:
+    """FP8 or BF16 QTensor of the quantized weight raw[name] (safetensors dtype in QUANTIZED_DTYPES),
+    read with its scales from raw (tensor name -> (safetensors dtype, array), all shards)."""
     dtype, data = raw[name]
     if quant is None:
         raise ValueError(f"tensor {name!r} is {dtype}, but config.json has no quantization_config")
@@ -130,6 +132,9 @@ def dequantize_weight(name: str, raw: dict, quant: WeightQuantization | None) ->
         raise ValueError(f"FP8 tensor {name!r} has no scale tensor ({' or '.join(names)})")
     scales, block = _fp8_scale_blocks(name, data.shape, scale_name, _finite("FP8", scale_name, _dense(scale_name, raw)),
                                       quant)
+    row_scales = fp8_row_scales(scales, block, data.shape, FP8_GROUP)
+    if row_scales is not None:
+        return QTensor("FP8", data.shape, data, row_scales)
     bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
     return QTensor("BF16", data.shape, bits)
 

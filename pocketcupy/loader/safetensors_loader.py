@@ -11,7 +11,7 @@ import numpy as np
 from ..config import (GatedDeltaNetConfig, MLAConfig, ModelConfig, MoEConfig, RopeScaling, SparseMoEConfig, is_count,
                       is_number, is_size)
 from ..quant.qtensor import QTensor
-from .hf_quantized import QUANTIZED_DTYPES, dequantize_weight, weight_quantization
+from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
          "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
@@ -307,7 +307,7 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
             continue                                     # (read with their weight)
         if qtype in QUANTIZED_DTYPES:
             try:
-                tensors[target] = dequantize_weight(name, raw, quant)
+                tensors[target] = read_quantized_weight(name, raw, quant)
             except ValueError as e:
                 raise ValueError(f"model: {folder}: {e}") from None
         else:

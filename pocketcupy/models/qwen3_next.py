@@ -148,7 +148,7 @@ class Qwen3NextModel:
         def rows(names, order=None):
             """The weights' rows stacked (in order: regrouped), as one weight."""
             ts = [raw(p + name) for name in names]
-            if len({t.qtype for t in ts}) > 1:
+            if len({t.qtype for t in ts}) > 1 or ts[0].scales is not None:   # mixed, or FP8 codes and scales
                 ts = [QTensor("F32", t.shape, t.dequantize()) for t in ts]
             data = np.concatenate([np.asarray(t.data) for t in ts])
             data = data if order is None else data[order]

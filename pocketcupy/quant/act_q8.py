@@ -27,7 +27,7 @@ def check_mode(mode) -> str:
 
 def uses_q8(qtype: str, cols: int, mode: str) -> bool:
     """Whether a weight of this type and row length gets int8 activations under mode."""
-    if check_mode(mode) == "f32" or qtype in DENSE or cols % 32:
+    if check_mode(mode) == "f32" or qtype in DENSE or qtype == "FP8" or cols % 32:
         return False
     return mode == "q8" or cols >= AUTO_MIN_COLS
 

@@ -17,13 +17,17 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
 
 def dequantize(t) -> np.ndarray:
     """QTensor -> float32 array of its logical shape. GGUF block types use the `gguf`
-    package's reference dequantizers."""
+    package's reference dequantizers; FP8 codes times their scales are rounded to BF16 first."""
     if t.qtype == "F32":
         return np.asarray(t.data, dtype=np.float32)
     if t.qtype == "F16":
         return np.asarray(t.data).astype(np.float32)
     if t.qtype == "BF16":
         return bf16_to_f32(np.asarray(t.data))
+    if t.qtype == "FP8":      # rounded to BF16, as the checkpoint's dequantized weights are
+        from .minifloat_weights import fp8_to_bf16
+
+        return bf16_to_f32(fp8_to_bf16(t))
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize as gguf_dequantize
 

@@ -45,3 +45,23 @@ def scaled_to_bf16(shape: tuple[int, int], decode_rows: Callable[[int, int], np.
             values *= np.float32(factor)
         out[r0:r1] = f32_to_bf16(values)
     return out
+
+
+def fp8_row_scales(scales: np.ndarray, block: tuple[int, int], shape: tuple[int, int], group: int) -> np.ndarray | None:
+    """The scale grid of blocks `block` ([rows / br, cols / bc]) as one scale per row and `group`
+    columns ([rows, ceil(cols / group)]), or None where a group would straddle two scales (bc
+    neither a multiple of group nor the whole row)."""
+    rows, cols = shape
+    br, bc = block
+    if bc % group and bc < cols:
+        return None
+    ng = -(-cols // group)
+    col_block = np.minimum(np.arange(ng) * group // bc, scales.shape[1] - 1)
+    return np.ascontiguousarray(np.asarray(scales, np.float32)[np.arange(rows) // br][:, col_block])
+
+
+def fp8_to_bf16(t) -> np.ndarray:
+    """BF16 bits of an FP8 QTensor (E4M3 codes times scales per row and FP8_GROUP columns)."""
+    from .qtensor import FP8_GROUP
+
+    return scaled_to_bf16(t.shape, lambda r0, r1: e4m3_values(t.data[r0:r1]), t.scales, (1, FP8_GROUP))
