@@ -11,7 +11,8 @@ from .quant.act_q8 import check_mode
 from .quant.kv_quant import check_kv_cache_dtype
 
 ENV_PREFIX = "POCKETCUPY_"
-SPECULATIVE_METHODS = ("none", "ngram", "draft_model")
+SPECULATIVE_METHODS = ("none", "ngram", "draft_model", "mtp")
+SPECULATIVE_ALIASES = {"deepseek_mtp": "mtp"}   # vLLM's name
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
@@ -38,8 +39,9 @@ class EngineArgs:
     quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
     async_scheduling: str = "auto"         # launch step N+1 before step N's tokens reach the host: "auto" (on
                                            # for CUDA on one rank) | "on" | "off"
-    speculative_method: str = "none"       # "none" | "ngram" | "draft_model": draft tokens verified in one
-                                           # forward (spec/)
+    speculative_method: str = "none"       # "none" | "ngram" | "draft_model" | "mtp" (the checkpoint's multi-
+                                           # token-prediction layer; "deepseek_mtp" too): draft tokens verified
+                                           # in one forward (spec/)
     speculative_model: str | None = None   # draft_model: the draft model's file or folder (same vocabulary)
     num_speculative_tokens: int = 4        # draft tokens a request proposes per step
     prompt_lookup_min: int = 2             # ngram: shortest suffix looked up in the request's tokens
@@ -85,6 +87,8 @@ class EngineArgs:
         if self.async_scheduling == "on" and self.tensor_parallel_size > 1:
             raise ValueError("async_scheduling: 'on' needs one rank (tensor-parallel ranks get their input "
                              "tokens from the host)")
+        if isinstance(self.speculative_method, str):
+            self.speculative_method = SPECULATIVE_ALIASES.get(self.speculative_method, self.speculative_method)
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_method: must be one of {', '.join(map(repr, SPECULATIVE_METHODS))}, "
                              f"got {self.speculative_method!r}")
@@ -95,6 +99,9 @@ class EngineArgs:
         if self.speculative_model is not None and (not isinstance(self.speculative_model, str)
                                                    or not self.speculative_model):
             raise ValueError(f"speculative_model: must be a path, got {self.speculative_model!r}")
+        if self.speculative_method == "mtp" and (self.device == "cuda" or self.tensor_parallel_size > 1):
+            raise ValueError("speculative_method: 'mtp' runs on the NumPy (cpu) backend on one rank only for now, "
+                             f"not with device={self.device!r}, tensor_parallel_size={self.tensor_parallel_size}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min: {self.prompt_lookup_min} exceeds prompt_lookup_max "
                              f"{self.prompt_lookup_max}")

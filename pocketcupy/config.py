@@ -188,6 +188,7 @@ class ModelConfig:
     mla: MLAConfig | None = None       # DeepSeek-V3: num_kv_heads 1, head_dim the latent cache row
     moe: MoEConfig | SparseMoEConfig | None = None
     gdn: GatedDeltaNetConfig | None = None   # Qwen3-Next: the hybrid's layer types and Gated DeltaNet sizes
+    num_nextn_predict_layers: int = 0  # DeepSeek-V3: multi-token-prediction layers stored after the decoder layers
 
     def __post_init__(self):
         """Values a damaged or unusual config holds, refused here rather than as a division by zero
@@ -208,6 +209,9 @@ class ModelConfig:
             raise ValueError(f"model: rope_theta must be positive, got {self.rope_theta}")
         if not (math.isfinite(self.rms_eps) and self.rms_eps >= 0):
             raise ValueError(f"model: rms_eps must be a finite number >= 0, got {self.rms_eps}")
+        if not is_size(self.num_nextn_predict_layers):
+            raise ValueError(f"model: num_nextn_predict_layers must be an integer >= 0, got "
+                             f"{self.num_nextn_predict_layers!r}")
         if self.gdn is not None and len(self.gdn.layer_types) != self.num_layers:
             raise ValueError(f"model: layer_types has {len(self.gdn.layer_types)} entries for {self.num_layers} layers")
 

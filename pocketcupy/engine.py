@@ -78,13 +78,16 @@ class Engine(EngineBuild, EngineOutputs):
         self.device = resolve_device(args.device)
         t0 = time.monotonic()
         path = args.model or default_model_path(args.cache_dir)
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, mtp=args.speculative_method == "mtp")
         self.model_path, self.config = ckpt.path, ckpt.config
+        if args.speculative_method == "mtp":
+            self._check_mtp(ckpt.config)
         self.tokenizer = Tokenizer.from_checkpoint(ckpt)
         self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
         try:
             self._load_shard(ckpt, None if self.ranks is None else self.ranks.tp)
             self.draft_model = self._load_draft_model()   # whole, on rank 0 only
+            self.mtp_model = self._load_mtp_model(ckpt)
             num_blocks = self._num_kv_blocks()
             if self.ranks is not None:
                 num_blocks = self.ranks.agree_num_blocks(num_blocks)  # once every rank is ready
@@ -111,7 +114,7 @@ class Engine(EngineBuild, EngineOutputs):
         # generate()/stream() requests' outputs, filled by whichever thread's step() produces them
         self._mailboxes: dict[str, collections.deque] = {}
         self._lock = EngineLock()
-        self.proposer = self._make_proposer()
+        self.proposer = self._make_proposer(num_blocks)
         self.backoff = DraftBackoff()
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
@@ -311,6 +314,8 @@ class Engine(EngineBuild, EngineOutputs):
         with draft tokens is verified here, at once (None then)."""
         feed = None if prev is None else prev.feed()
         run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
+        if run_out.pre_norm_hidden is not None:   # for the MTP layer, once the step's tokens are known
+            self.proposer.take_hidden(sched_out, run_out.pre_norm_hidden)
         seqs = [self._seqs[i] for i in run_out.sample_ids]
         self._constrain_rows(seqs)  # on the CPU while the device runs the forward
         self.scheduler.on_step_done(sched_out)

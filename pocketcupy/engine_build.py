@@ -45,12 +45,34 @@ class EngineBuild:
             self.args = dataclasses.replace(a, enable_prefix_caching=False)
 
     def _make_runner(self, num_blocks: int, model=None):
+        """The target's runner (model None), or the draft model's."""
         from .runner import ModelRunner
 
         a = self.args
         return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
                            a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
-                           kv_cache_dtype=a.kv_cache_dtype)
+                           kv_cache_dtype=a.kv_cache_dtype,
+                           pre_norm_hidden=model is None and a.speculative_method == "mtp")
+
+    def _check_mtp(self, config) -> None:
+        """Before anything is built: MTP drafts need the NumPy backend and a checkpoint with an MTP layer."""
+        from .models.deepseek_mtp import check_mtp_config
+
+        if self.device != "cpu":
+            raise ValueError(f"speculative_method: 'mtp' runs on the NumPy (cpu) backend only for now, not on "
+                             f"{self.device}")
+        check_mtp_config(config)
+
+    def _load_mtp_model(self, ckpt):
+        """The checkpoint's first multi-token-prediction layer (mtp.0.*), over the target's weights."""
+        if self.args.speculative_method != "mtp":
+            return None
+        from .models.deepseek_mtp import DeepseekMTP
+
+        if self.config.num_nextn_predict_layers > 1:
+            log.info("speculative_method 'mtp': drafting with the first of %d multi-token-prediction layers",
+                     self.config.num_nextn_predict_layers)
+        return DeepseekMTP(self.model, ckpt.tensors, self.ops)
 
     def _load_draft_model(self):
         a = self.args
@@ -69,7 +91,7 @@ class EngineBuild:
         check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
         return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
 
-    def _make_proposer(self):
+    def _make_proposer(self, num_blocks: int):
         a = self.args
         if a.speculative_method == "ngram":
             from .spec import NgramProposer
@@ -79,6 +101,10 @@ class EngineBuild:
             return DraftModelProposer(self.draft_runner, self.ops.argmax_rows, a.num_speculative_tokens,
                                       self.draft_model.config.max_position, self.scheduler.reserve_slots,
                                       a.max_num_batched_tokens)
+        if a.speculative_method == "mtp":
+            from .spec import MTPProposer
+            return MTPProposer(self.mtp_model, self.ops, num_blocks, a.block_size, a.kv_cache_dtype,
+                               a.num_speculative_tokens, self.scheduler.reserve_slots, self.scheduler.requests.get)
         return None
 
     def _make_ops(self):
@@ -89,14 +115,15 @@ class EngineBuild:
         return CudaOps(self.args.quant_activations)
 
     def _kv_block_bytes(self) -> int:
-        """One block's K/V over the layers: this rank's KV heads, and the draft model's, which
-        shares the blocks."""
+        """One block's K/V over the layers: this rank's KV heads, and the draft model's or MTP
+        layer's, which shares the blocks."""
         total = 0
-        for m in (self.model, getattr(self, "draft_model", None)):
+        for m in (self.model, getattr(self, "draft_model", None), getattr(self, "mtp_model", None)):
             if m is not None:
                 pair = kv_pair_bytes(self.args.kv_cache_dtype, m.config.head_dim, self.ops.kv_dtype_bytes,
                                      getattr(m, "KV_VALUES", True))
-                total += m.config.num_kv_layers * self.args.block_size * m.layout.num_kv_heads * pair
+                layers = getattr(m, "num_kv_layers", m.config.num_kv_layers)   # an MTP layer: one
+                total += layers * self.args.block_size * m.layout.num_kv_heads * pair
         return total
 
     def _default_kv_bytes(self) -> int:

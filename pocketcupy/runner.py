@@ -21,6 +21,8 @@ class RunnerOutput:
     prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
     sampled: object = None                  # [len(sample_ids), SO_WORDS] results of a sampler run
                                             # inside the decode graph (logits None then)
+    pre_norm_hidden: object = None          # [scheduled tokens, hidden] the last layer's output before
+                                            # the final norm, flat batch order (for an MTP layer to read)
 
 
 @dataclass
@@ -83,8 +85,12 @@ class FlatBatchBuilder:
 
 class ModelRunner:
     def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
-                 max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto"):
+                 max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto",
+                 pre_norm_hidden: bool = False):
+        """pre_norm_hidden: return the pre-norm hidden state of every row (the model's
+        forward_with_hidden; eager steps only)."""
         c = model.config
+        self.pre_norm_hidden = pre_norm_hidden
         self.model, self.ops, self.block_size = model, ops, block_size
         # one block past the pool: a scratch block where padded graph rows write their K/V; the KV
         # heads of this tensor-parallel rank only, for the layers with K/V (not a hybrid's recurrent ones)
@@ -135,7 +141,12 @@ class ModelRunner:
         if fed is not None:
             ops.scatter_tokens(ids_dev, *fed)
         states = () if self.states is None else (self.states,)
-        hidden = self.model.forward(ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches, *states)
+        args = (ids_dev, ops.asarray(pos), ops.upload_meta(meta), self.kv_caches, *states)
+        pre_norm = None
+        if self.pre_norm_hidden:
+            hidden, pre_norm = self.model.forward_with_hidden(*args)
+        else:
+            hidden = self.model.forward(*args)
         prompt_logits = {}
         query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):
@@ -149,7 +160,7 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden)
         else:
             logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))])
-        return RunnerOutput(sample_ids, logits, prompt_logits)
+        return RunnerOutput(sample_ids, logits, prompt_logits, pre_norm_hidden=pre_norm)
 
 
 def _sample_rows(out: SchedulerOutput, query_start: np.ndarray) -> list[int]:

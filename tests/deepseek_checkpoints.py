@@ -6,7 +6,9 @@ computes for them in tests/fixtures/deepseek_v3_logits.npz (see tests/fixtures/R
 Both variants: hidden 64, 3 decoder layers (the first dense, intermediate 96), 4 heads, kv_lora_rank
 32, qk_nope_head_dim 16, qk_rope_head_dim 16, v_head_dim 16, 8 routed experts of 32 in 2 groups
 (topk_group 1, 2 experts a token), 1 shared expert, and one multi-token-prediction layer (layer 3,
-never run). The tokenizer is tiny_llama's (vocab 320)."""
+run only for speculative_method "mtp"). The tokenizer is tiny_llama's (vocab 320).
+
+bigram_tensors(name) turns a variant into one whose MTP layer guesses the model's greedy tokens."""
 import os
 
 import numpy as np
@@ -78,7 +80,7 @@ def _shapes(cfg: dict) -> dict[str, tuple]:
                        **mlp(p + "mlp.shared_experts", im * cfg["n_shared_experts"])})
         for j in range(e):
             shapes.update(mlp(f"{p}mlp.experts.{j}", im))
-        if i >= cfg["num_hidden_layers"]:   # DeepSeek-V3's MTP layer: ignored by transformers and by us
+        if i >= cfg["num_hidden_layers"]:   # DeepSeek-V3's MTP layer: ignored by transformers
             shapes.update({p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
                            p + "embed_tokens.weight": (v, h), p + "shared_head.norm.weight": (h,),
                            p + "shared_head.head.weight": (v, h)})
@@ -110,3 +112,28 @@ def write_checkpoint(folder, name: str, tensor_map=None, config_changes=None) ->
     """The variant's folder in folder; tensor_map replaces its tensors, config_changes updates its
     config.json."""
     return write_folder(folder, {**config(name), **(config_changes or {})}, tensor_map or tensors(name))
+
+
+def bigram_tensors(name: str) -> dict[str, tuple[str, np.ndarray]]:
+    """The variant with every attention output and MLP down projection zeroed (each layer adds
+    nothing: the model's hidden state is the token's embedding, its logits a function of the last
+    token alone), and an MTP layer that reads only the token (eh_proj = [I 0], enorm ones) and ends
+    in the model's final norm and head: its logits at position p are the model's at p + 1, so its
+    greedy drafts are the model's greedy tokens."""
+    cfg = config(name)
+    out = tensors(name)
+    dtype = out["model.embed_tokens.weight"][0]
+    h, mtp = cfg["hidden_size"], f"model.layers.{cfg['num_hidden_layers']}."
+
+    def stored(x):
+        return (dtype, f32_to_bf16(x)) if dtype == "BF16" else ("F32", x.astype(np.float32))
+
+    for key, (qtype, a) in out.items():
+        if key.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight")):
+            out[key] = (qtype, np.zeros_like(a))
+    out[mtp + "eh_proj.weight"] = stored(np.eye(h, 2 * h, dtype=np.float32))
+    out[mtp + "enorm.weight"] = stored(np.ones(h, np.float32))
+    out[mtp + "shared_head.norm.weight"] = out["model.norm.weight"]
+    out[mtp + "shared_head.head.weight"] = out["model.embed_tokens.weight" if cfg["tie_word_embeddings"]
+                                               else "lm_head.weight"]
+    return out

@@ -17,14 +17,15 @@ class LoadedCheckpoint:
     gguf_metadata: dict | None     # the tokenizer is built from this (GGUF) or from the folder
 
 
-def load_checkpoint(path: str) -> LoadedCheckpoint:
+def load_checkpoint(path: str, mtp: bool = False) -> LoadedCheckpoint:
+    """mtp: load a DeepSeek-V3 folder's multi-token-prediction layers too (weights mtp.<i>.*)."""
     if not isinstance(path, str) or not path:
         raise ValueError("model: must be a path to a .gguf file or a Hugging Face checkpoint folder")
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(path):
         from .safetensors_loader import read_safetensors_folder
 
-        config, tensors = read_safetensors_folder(path)
+        config, tensors = read_safetensors_folder(path, mtp)
         ckpt = LoadedCheckpoint(path, "safetensors", config, tensors, None)
     elif not os.path.exists(path):
         raise ValueError(f"model: {path} does not exist")

@@ -9,7 +9,7 @@ import re
 import numpy as np
 
 from ..config import (GatedDeltaNetConfig, MLAConfig, ModelConfig, MoEConfig, RopeScaling, SparseMoEConfig, is_count,
-                      is_number, is_size)
+                      is_number)
 from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, weight_quantization
 
@@ -37,6 +37,9 @@ _LAYER_MAP = {
     "linear_attn.out_proj": "ssm_out",
     "mlp.shared_expert.gate_proj": "ffn_gate_shexp", "mlp.shared_expert.up_proj": "ffn_up_shexp",
     "mlp.shared_expert.down_proj": "ffn_down_shexp", "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    # DeepSeek-V3's multi-token-prediction layers (their own embed_tokens is the model's: not read)
+    "enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "shared_head.norm": "shared_head_norm",
+    "shared_head.head": "shared_head_head",
 }
 _GLOBAL_MAP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias|e_score_correction_bias|dt_bias|A_log)$")
@@ -203,6 +206,7 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
             rms_eps=number("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=scaling,
+            num_nextn_predict_layers=cfg.get("num_nextn_predict_layers", 0),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
         )
@@ -210,13 +214,11 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
         raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
 
 
-def _mtp_layers(cfg: dict, config: ModelConfig, source: str) -> tuple[str, ...]:
-    """The name prefixes of DeepSeek-V3's multi-token-prediction layers, stored after the decoder
-    layers: never run, so never loaded (nor dequantized)."""
-    n = cfg.get("num_nextn_predict_layers", 0)
-    if not is_size(n):
-        raise ValueError(f"model: {source}: num_nextn_predict_layers must be an integer >= 0, got {n!r}")
-    return tuple(f"blk.{i}." for i in range(config.num_layers, config.num_layers + n))
+def _mtp_layers(config: ModelConfig) -> dict[str, str]:
+    """DeepSeek-V3's multi-token-prediction layers, stored after the decoder layers: the prefix of
+    each (blk.N.) -> the one its weights are loaded under (mtp.0. for the first)."""
+    n = config.num_layers
+    return {f"blk.{n + i}.": f"mtp.{i}." for i in range(config.num_nextn_predict_layers)}
 
 
 def _shard_files(folder: str) -> list[str]:
@@ -284,7 +286,9 @@ def _quantization_config(folder: str, cfg: dict, cfg_path: str) -> tuple[dict | 
     return None, cfg_path
 
 
-def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor]]:
+def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig, dict[str, QTensor]]:
+    """mtp: load the multi-token-prediction layers too (as mtp.<i>.*); else they are neither loaded
+    nor dequantized."""
     cfg_path = os.path.join(folder, "config.json")
     if not os.path.isfile(cfg_path):
         raise ValueError(f"model: {folder} has no config.json")
@@ -294,7 +298,7 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
         quant = weight_quantization(*_quantization_config(folder, cfg, cfg_path))
     except ValueError as e:
         raise ValueError(f"model: {e}") from None
-    mtp = _mtp_layers(cfg, config, cfg_path)
+    mtp_prefixes = _mtp_layers(config)
     raw: dict[str, tuple[str, np.ndarray]] = {}     # every shard's tensors: a weight's scales may sit in another
     for path in _shard_files(folder):
         if not os.path.isfile(path):
@@ -303,8 +307,13 @@ def read_safetensors_folder(folder: str) -> tuple[ModelConfig, dict[str, QTensor
     tensors: dict[str, QTensor] = {}
     for name, (qtype, data) in raw.items():
         target = gguf_name(name)
-        if target is None or target.startswith(mtp):  # skips e.g. rotary inv_freq buffers, and scales
-            continue                                     # (read with their weight)
+        if target is None:   # e.g. rotary inv_freq buffers, and scales (read with their weight)
+            continue
+        prefix = target[:target.index(".", 4) + 1] if target.startswith("blk.") else ""
+        if prefix in mtp_prefixes:
+            if not mtp:
+                continue
+            target = mtp_prefixes[prefix] + target[len(prefix):]
         if qtype in QUANTIZED_DTYPES:
             try:
                 tensors[target] = read_quantized_weight(name, raw, quant)

@@ -40,26 +40,63 @@ class DeepseekLayer:
     mlp: GatedMLP | MoE
 
 
-def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
-    """Name -> shape (torch order) of every weight the model may read, from the config."""
+def layer_shapes(c: ModelConfig, p: str, dense: bool) -> dict[str, tuple]:
+    """Name -> shape (torch order) of the weights of one decoder layer, its names prefixed by p."""
     m, h, heads, r = c.mla, c.hidden_size, c.num_heads, c.rope_dim
     q_rows = heads * (m.qk_nope_head_dim + r)
+    shapes = {}
+    if m.q_lora_rank is None:
+        shapes[p + "attn_q.weight"] = (q_rows, h)
+    else:
+        shapes.update({p + "attn_q_a.weight": (m.q_lora_rank, h), p + "attn_q_a.bias": (m.q_lora_rank,),
+                       p + "attn_q_a_norm.weight": (m.q_lora_rank,), p + "attn_q_b.weight": (q_rows, m.q_lora_rank)})
+    shapes.update({p + "attn_norm.weight": (h,), p + "attn_kv_a_mqa.weight": (c.head_dim, h),
+                   p + "attn_kv_a_mqa.bias": (c.head_dim,), p + "attn_kv_a_norm.weight": (m.kv_lora_rank,),
+                   p + "attn_kv_b.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                   p + "attn_output.weight": (h, heads * m.v_head_dim), p + "attn_output.bias": (h,),
+                   p + "ffn_norm.weight": (h,)})
+    shapes.update(mlp_shapes(p, h, c.intermediate_size) if dense else moe_shapes(p, h, c.moe))
+    return shapes
+
+
+def mtp_shapes(c: ModelConfig, i: int) -> dict[str, tuple]:
+    """Multi-token-prediction layer i's weights (loaded under mtp.<i>.): its own norms, eh_proj and
+    head, and a decoder layer (stored as layer num_layers + i)."""
+    h, p = c.hidden_size, f"mtp.{i}."
+    return {p + "enorm.weight": (h,), p + "hnorm.weight": (h,), p + "eh_proj.weight": (h, 2 * h),
+            p + "shared_head_norm.weight": (h,), p + "shared_head_head.weight": (c.vocab_size, h),
+            **layer_shapes(c, p, is_dense(c, c.num_layers + i))}
+
+
+def is_dense(c: ModelConfig, index: int) -> bool:
+    """Whether decoder layer index (counting the multi-token-prediction ones after the others) has a
+    dense MLP rather than experts."""
+    return index < c.moe.first_k_dense_replace
+
+
+def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
+    """Name -> shape (torch order) of every weight the model may read, from the config."""
+    h = c.hidden_size
     shapes = {"token_embd.weight": (c.vocab_size, h), "output.weight": (c.vocab_size, h), "output_norm.weight": (h,)}
     for i in range(c.num_layers):
-        p = f"blk.{i}."
-        if m.q_lora_rank is None:
-            shapes[p + "attn_q.weight"] = (q_rows, h)
-        else:
-            shapes.update({p + "attn_q_a.weight": (m.q_lora_rank, h), p + "attn_q_a.bias": (m.q_lora_rank,),
-                           p + "attn_q_a_norm.weight": (m.q_lora_rank,), p + "attn_q_b.weight": (q_rows, m.q_lora_rank)})
-        shapes.update({p + "attn_norm.weight": (h,), p + "attn_kv_a_mqa.weight": (c.head_dim, h),
-                       p + "attn_kv_a_mqa.bias": (c.head_dim,), p + "attn_kv_a_norm.weight": (m.kv_lora_rank,),
-                       p + "attn_kv_b.weight": (heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
-                       p + "attn_output.weight": (h, heads * m.v_head_dim), p + "attn_output.bias": (h,),
-                       p + "ffn_norm.weight": (h,)})
-        shapes.update(mlp_shapes(p, h, c.intermediate_size) if i < c.moe.first_k_dense_replace
-                      else moe_shapes(p, h, c.moe))
+        shapes.update(layer_shapes(c, f"blk.{i}.", is_dense(c, i)))
+    for i in range(c.num_nextn_predict_layers):
+        shapes.update(mtp_shapes(c, i))
     return shapes
+
+
+def load_layer(w, config: ModelConfig, p: str, dense: bool) -> DeepseekLayer:
+    """w(name, required=True) -> the backend's weight; p: the layer's name prefix."""
+    m, bias = config.mla, config.mla.attention_bias
+    lora = m.q_lora_rank is not None
+    attn = MLAttention(
+        wq=w(p + ("attn_q_b.weight" if lora else "attn_q.weight")), wkv_a=w(p + "attn_kv_a_mqa.weight"),
+        kv_a_norm=w(p + "attn_kv_a_norm.weight"), wkv_b=w(p + "attn_kv_b.weight"),
+        wo=w(p + "attn_output.weight"), wq_a=w(p + "attn_q_a.weight", lora),
+        q_a_norm=w(p + "attn_q_a_norm.weight", lora), bq_a=w(p + "attn_q_a.bias", lora and bias),
+        bkv_a=w(p + "attn_kv_a_mqa.bias", bias), bo=w(p + "attn_output.bias", bias))
+    mlp = load_mlp(w, p) if dense else load_moe(w, p, config.moe)
+    return DeepseekLayer(w(p + "attn_norm.weight"), attn, w(p + "ffn_norm.weight"), mlp)
 
 
 class DeepseekV3Model:
@@ -84,42 +121,39 @@ class DeepseekV3Model:
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")
-        m, bias = config.mla, config.mla.attention_bias
-        lora = m.q_lora_rank is not None
-        self.layers = []
-        for i in range(config.num_layers):
-            p = f"blk.{i}."
-            attn = MLAttention(
-                wq=w(p + ("attn_q_b.weight" if lora else "attn_q.weight")), wkv_a=w(p + "attn_kv_a_mqa.weight"),
-                kv_a_norm=w(p + "attn_kv_a_norm.weight"), wkv_b=w(p + "attn_kv_b.weight"),
-                wo=w(p + "attn_output.weight"), wq_a=w(p + "attn_q_a.weight", lora),
-                q_a_norm=w(p + "attn_q_a_norm.weight", lora), bq_a=w(p + "attn_q_a.bias", lora and bias),
-                bkv_a=w(p + "attn_kv_a_mqa.bias", bias), bo=w(p + "attn_output.bias", bias))
-            mlp = load_mlp(w, p) if i < config.moe.first_k_dense_replace else load_moe(w, p, config.moe)
-            self.layers.append(DeepseekLayer(w(p + "attn_norm.weight"), attn, w(p + "ffn_norm.weight"), mlp))
+        self.layers = [load_layer(w, config, f"blk.{i}.", is_dense(config, i)) for i in range(config.num_layers)]
         self.inv_freq = ops.asarray(inv_freq(config))
         s = config.rope_scaling
         # yarn multiplies cos and sin, so the rotated q and k, by attention_factor: their one product
         # (q_pe . k_pe) takes it squared, put on q
         self.q_rope_scale = attention_factor(s) ** 2
         mscale = yarn_mscale(s.factor, s.mscale_all_dim) if s.kind == "yarn" and s.mscale_all_dim else 1.0
-        self.scale = mscale * mscale / float(np.sqrt(m.qk_nope_head_dim + config.rope_dim))
+        self.scale = mscale * mscale / float(np.sqrt(config.mla.qk_nope_head_dim + config.rope_dim))
 
     def forward(self, input_ids, positions, meta, kv_caches):
         """input_ids, positions [N] (flat batch) -> final hidden states [N, hidden]."""
+        return self.forward_with_hidden(input_ids, positions, meta, kv_caches)[0]
+
+    def forward_with_hidden(self, input_ids, positions, meta, kv_caches):
+        """(final hidden states, the last layer's output before the final norm): [N, hidden] each;
+        the multi-token-prediction layer reads the second."""
         ops, c = self.ops, self.config
-        x = ops.embedding(self.embed, input_ids)
-        residual = None
+        x, residual = ops.embedding(self.embed, input_ids), None
         for layer, (cache, _) in zip(self.layers, kv_caches):   # no V pages (KV_VALUES)
-            if residual is None:
-                residual, h = x, ops.rms_norm(x, layer.attn_norm, c.rms_eps)
-            else:
-                h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
-            x = self._attention(layer.attn, h, positions, meta, cache)
-            h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
-            x = layer.mlp(ops, h)
-        h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
-        return h
+            x, residual = self.decoder_layer(layer, x, residual, positions, meta, cache)
+        return ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
+
+    def decoder_layer(self, layer: DeepseekLayer, x, residual, positions, meta, cache):
+        """One layer: (x, residual) -> its (output, residual), their sum the hidden state after it
+        (residual None before the first layer: x is the input)."""
+        ops, c = self.ops, self.config
+        if residual is None:
+            residual, h = x, ops.rms_norm(x, layer.attn_norm, c.rms_eps)
+        else:
+            h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
+        x = self._attention(layer.attn, h, positions, meta, cache)
+        h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
+        return layer.mlp(ops, h), residual
 
     def _attention(self, a: MLAttention, h, positions, meta, cache):
         ops, c, m = self.ops, self.config, self.config.mla

@@ -1,0 +1,284 @@
+"""Speculative decoding with DeepSeek-V3's multi-token-prediction layer (speculative_method "mtp")
+on the tiny random checkpoints of tests/deepseek_checkpoints.py: the MTP layer's draft logits
+against a plain NumPy computation from the checkpoint's tensors (itself checked against
+transformers' logits), every request's tokens equal to plain decoding's (greedy, seeded sampling,
+batched with preemption and prefix caching), nearly every draft kept where the MTP layer guesses the
+model's greedy tokens (bigram_tensors), its K/V in the block size, and the refused cases."""
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, EngineArgs, SamplingParams
+from pocketcupy.loader import load_checkpoint
+from pocketcupy.loader.safetensors_loader import config_from_hf
+from pocketcupy.models.rope import attention_factor, inv_freq, yarn_mscale
+from pocketcupy.quant.dequant import bf16_to_f32
+
+from .deepseek_checkpoints import REFERENCE, VARIANTS, bigram_tensors, config, tensors, write_checkpoint
+from .seeded_checkpoints import (BATCH, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, TOKENIZER, batch_alone, batch_tiny,
+                                 greedy)
+from .test_spec_decode import assert_same
+
+MTP = dict(speculative_method="mtp", num_speculative_tokens=3)
+
+
+def engine(folder, **kw):
+    return Engine(folder, device="cpu", progress=False, **kw)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def variant(request, tmp_path_factory):
+    """(name, checkpoint folder)."""
+    name = request.param
+    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def bigram(request, tmp_path_factory):
+    """(name, folder) of a checkpoint whose MTP layer drafts the model's greedy tokens."""
+    name = request.param
+    return name, write_checkpoint(tmp_path_factory.mktemp(name + "_bigram"), name, bigram_tensors(name))
+
+
+# --- a plain NumPy DeepSeek-V3 and its MTP layer, from the checkpoint's tensors -----------------
+class Reference:
+    """transformers' DeepseekV3 written out over whole sequences (no cache), float32."""
+
+    def __init__(self, name: str, tensor_map=None):
+        self.cfg = config(name)
+        self.w = {k: (bf16_to_f32(a) if dtype == "BF16" else a).astype(np.float32)
+                  for k, (dtype, a) in (tensor_map or tensors(name)).items()}
+        self.mc = config_from_hf(self.cfg)   # rotary frequencies and yarn factors (pocketcupy.models.rope)
+
+    def rms(self, x, key):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.cfg["rms_norm_eps"]) * self.w[key]
+
+    def lin(self, x, key):
+        y = x @ self.w[key + ".weight"].T
+        return y + self.w[key + ".bias"] if key + ".bias" in self.w else y
+
+    def rope(self, x, pos):
+        """x [T, heads, r]: transformers' rotate-half, after de-interleaving where rope_interleave."""
+        if self.cfg["rope_interleave"]:
+            x = np.concatenate([x[..., 0::2], x[..., 1::2]], axis=-1)
+        f = pos[:, None] * inv_freq(self.mc)[None]
+        cos = np.cos(np.concatenate([f, f], -1))[:, None] * attention_factor(self.mc.rope_scaling)
+        sin = np.sin(np.concatenate([f, f], -1))[:, None] * attention_factor(self.mc.rope_scaling)
+        half = x.shape[-1] // 2
+        return x * cos + np.concatenate([-x[..., half:], x[..., :half]], -1) * sin
+
+    def attention(self, p, x, pos):
+        c, T = self.cfg, len(x)
+        nope, r, vd, heads = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["num_attention_heads"]
+        a = p + "self_attn."
+        if c["q_lora_rank"] is None:
+            q = self.lin(x, a + "q_proj")
+        else:
+            q = self.lin(self.rms(self.lin(x, a + "q_a_proj"), a + "q_a_layernorm.weight"), a + "q_b_proj")
+        q = q.reshape(T, heads, nope + r)
+        kv = self.lin(x, a + "kv_a_proj_with_mqa")
+        kvb = self.lin(self.rms(kv[:, :c["kv_lora_rank"]], a + "kv_a_layernorm.weight"), a + "kv_b_proj")
+        kvb = kvb.reshape(T, heads, nope + vd)
+        k_pe = np.broadcast_to(self.rope(kv[:, None, c["kv_lora_rank"]:], pos), (T, heads, r))
+        qq = np.concatenate([q[..., :nope], self.rope(q[..., nope:], pos)], -1)
+        kk = np.concatenate([kvb[..., :nope], k_pe], -1)
+        s = self.mc.rope_scaling
+        mscale = yarn_mscale(s.factor, s.mscale_all_dim) if s.kind == "yarn" and s.mscale_all_dim else 1.0
+        scores = np.einsum("thd,shd->hts", qq, kk) * mscale ** 2 / np.sqrt(nope + r)
+        scores = np.where(np.tril(np.ones((T, T), bool)), scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        out = np.einsum("hts,shd->thd", probs, kvb[..., nope:]).reshape(T, heads * vd)
+        return self.lin(out, a + "o_proj")
+
+    def mlp(self, p, x):
+        g, u = self.lin(x, p + ".gate_proj"), self.lin(x, p + ".up_proj")
+        return self.lin(g / (1 + np.exp(-g)) * u, p + ".down_proj")
+
+    def moe(self, p, x):
+        c = self.cfg
+        scores = 1 / (1 + np.exp(-(x @ self.w[p + "mlp.gate.weight"].T)))
+        choice = scores + self.w[p + "mlp.gate.e_score_correction_bias"]
+        groups = choice.reshape(len(x), c["n_group"], -1)
+        group_scores = np.sort(groups, -1)[..., -2:].sum(-1)
+        best = np.argsort(-group_scores, -1, kind="stable")[:, :c["topk_group"]]
+        keep = np.zeros_like(group_scores, bool)
+        np.put_along_axis(keep, best, True, -1)
+        choice = np.where(np.repeat(keep, groups.shape[-1], -1), choice, 0.0)
+        top = np.argsort(-choice, -1, kind="stable")[:, :c["num_experts_per_tok"]]
+        wts = np.take_along_axis(scores, top, -1)
+        if c["norm_topk_prob"]:
+            wts = wts / (wts.sum(-1, keepdims=True) + 1e-20)
+        wts = wts * c["routed_scaling_factor"]
+        out = self.mlp(p + "mlp.shared_experts", x)
+        for t in range(len(x)):
+            for e, wt in zip(top[t], wts[t]):
+                out[t] += wt * self.mlp(f"{p}mlp.experts.{e}", x[t:t + 1])[0]
+        return out
+
+    def layer(self, i, x, pos):
+        p = f"model.layers.{i}."
+        x = x + self.attention(p, self.rms(x, p + "input_layernorm.weight"), pos)
+        h = self.rms(x, p + "post_attention_layernorm.weight")
+        return x + (self.mlp(p + "mlp", h) if i < self.cfg["first_k_dense_replace"] else self.moe(p, h))
+
+    def hidden(self, ids):
+        """The last layer's output before the final norm, at every position."""
+        x, pos = self.w["model.embed_tokens.weight"][ids], np.arange(len(ids))
+        for i in range(self.cfg["num_hidden_layers"]):
+            x = self.layer(i, x, pos)
+        return x
+
+    def logits(self, ids):
+        head = self.w["model.embed_tokens.weight" if self.cfg["tie_word_embeddings"] else "lm_head.weight"]
+        return self.rms(self.hidden(ids), "model.norm.weight") @ head.T
+
+    def mtp_logits(self, next_ids, hidden):
+        """The MTP layer over a whole sequence: next_ids[p], the token after position p, and
+        hidden[p] -> its logits at every position (vLLM's deepseek_mtp: [enorm(embedding);
+        hnorm(hidden)], the embedding zeroed at position 0)."""
+        i = self.cfg["num_hidden_layers"]
+        p = f"model.layers.{i}."
+        emb = self.w["model.embed_tokens.weight"][next_ids]
+        emb[0] = 0
+        x = self.lin(np.concatenate([self.rms(emb, p + "enorm.weight"), self.rms(hidden, p + "hnorm.weight")], -1),
+                     p + "eh_proj")
+        y = self.layer(i, x, np.arange(len(x)))
+        return self.rms(y, p + "shared_head.norm.weight") @ self.w[p + "shared_head.head.weight"].T
+
+
+def test_reference_matches_transformers(variant):
+    """The plain NumPy model above gives transformers' logits (so its hidden states are the model's)."""
+    name, _ = variant
+    ref = np.load(REFERENCE)
+    model = Reference(name)
+    for k, ids in enumerate(PROMPTS[:2]):
+        want = ref[f"{name}__logits{k}"]
+        assert np.abs(model.logits(ids) - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_draft_logits_match_the_formula(variant):
+    """The proposer's logits for a prompt's first two drafts (k = 2: the MTP layer over the prompt,
+    then its one-token step on the first draft, with its own output as the hidden state) against
+    the reference MTP layer over the same positions."""
+    name, folder = variant
+    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2)
+    got = []
+    compute = e.proposer.model.compute_logits
+    e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
+    first = e.generate(GREEDY_PROMPT, greedy(8))[0].outputs[0].token_ids[0]
+    ref = Reference(name)
+    ids = GREEDY_PROMPT + [first]
+    h = ref.hidden(GREEDY_PROMPT)                       # the target's, positions 0..L-1
+    want0 = ref.mtp_logits(ids[1:], h)[-1]             # at L - 1: the token at L, h at L - 1
+    assert got[0].shape == (1, 320)
+    np.testing.assert_allclose(got[0][0], want0, atol=2e-4 * np.abs(want0).max())
+    draft = int(got[0][0].argmax())
+    # the second: at L, the first draft and the MTP layer's own pre-norm output at L - 1; the
+    # reference's layer 3 over L + 1 rows (causal: the first L unchanged), its last row
+    p = f"model.layers.{ref.cfg['num_hidden_layers']}."
+    emb = ref.w["model.embed_tokens.weight"][ids[1:] + [draft]]
+    emb[0] = 0
+    x = ref.lin(np.concatenate([ref.rms(emb[:-1], p + "enorm.weight"), ref.rms(h, p + "hnorm.weight")], -1),
+                p + "eh_proj")
+    y = ref.layer(ref.cfg["num_hidden_layers"], x, np.arange(len(x)))
+    x1 = ref.lin(np.concatenate([ref.rms(emb[-1:], p + "enorm.weight"), ref.rms(y[-1:], p + "hnorm.weight")], -1),
+                 p + "eh_proj")
+    y1 = ref.layer(ref.cfg["num_hidden_layers"], np.concatenate([x, x1]), np.arange(len(x) + 1))[-1]
+    want1 = ref.rms(y1, p + "shared_head.norm.weight") @ ref.w[p + "shared_head.head.weight"].T
+    np.testing.assert_allclose(got[1][0], want1, atol=2e-4 * np.abs(want1).max())
+
+
+@pytest.mark.parametrize("params", [
+    [greedy(m) for m in MAX_TOKENS],
+    [SamplingParams(temperature=0.8, top_p=0.9, seed=7 + i, max_tokens=m, ignore_eos=True, logprobs=2)
+     for i, m in enumerate(MAX_TOKENS)],
+], ids=["greedy", "seeded"])
+def test_same_tokens_as_plain_decoding(variant, params):
+    _, folder = variant
+    plain, mtp = engine(folder), engine(folder, **MTP)
+    assert_same(mtp.generate(BATCH, params), plain.generate(BATCH, params))
+    s = mtp.stats()
+    assert s["spec_num_draft_tokens"] > 0 and 0 <= s["spec_num_accepted_tokens"] <= s["spec_num_draft_tokens"]
+
+
+def test_batched_with_preemption_and_prefix_cache(variant):
+    _, folder = variant
+    tiny, got = batch_tiny(folder, **MTP)
+    assert got == batch_alone(folder)
+    s = tiny.stats()
+    assert s["num_preemptions"] > 0 and s["prefix_cache_hits"] > 0 and s["kv_blocks_used"] == 0
+    assert s["spec_num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=1),
+    SamplingParams(temperature=0.7, seed=3, max_tokens=24, ignore_eos=True, n=2),
+], ids=["greedy", "seeded"])
+def test_mtp_that_guesses_the_greedy_tokens(bigram, params):
+    """bigram_tensors: the MTP layer's logits are the model's at the next position, so greedy drafts
+    are kept (all but where float noise breaks a tie), which only holds if the MTP layer reads the
+    token after each position and chains its drafts; batched and with a small pool too."""
+    _, folder = bigram
+    plain = engine(folder)
+    prompts = [GREEDY_PROMPT, BATCH[1], BATCH[4]]
+    want = plain.generate(prompts, params)
+    for small_pool in (False, True):
+        kw = dict(num_kv_blocks=16, block_size=4, max_num_batched_tokens=40) if small_pool else {}
+        e = engine(folder, **kw, **MTP)
+        assert_same(e.generate(prompts, params), want)
+        s = e.stats()
+        drafted, kept = s["spec_num_draft_tokens"], s["spec_num_accepted_tokens"]
+        assert drafted >= 20 and kept <= drafted and (s["num_preemptions"] > 0) == small_pool
+        if params.temperature == 0:
+            assert kept >= 0.9 * drafted
+
+
+def test_mtp_kv_counted_in_the_block_size(variant):
+    _, folder = variant
+    mem = 1 << 20
+    alone, mtp = engine(folder, kv_cache_memory=mem), engine(folder, kv_cache_memory=mem, **MTP)
+    latent = 16 * 48 * 4    # a block of 16 tokens' latent rows (32 + 16), float32, K pages only
+    assert alone._kv_block_bytes() == 3 * latent and mtp._kv_block_bytes() == 4 * latent
+    assert mtp.scheduler.num_blocks_total == mem // (4 * latent) - 1
+    assert mtp.proposer.kv_cache[0].shape == mtp.runner.kv_caches[0][0].shape and mtp.proposer.kv_cache[1] is None
+
+
+def test_loaded_only_when_asked(tmp_path):
+    folder = write_checkpoint(tmp_path, "ds_lora_yarn")
+    assert not any(k.startswith(("blk.3.", "mtp.")) for k in load_checkpoint(folder).tensors)
+    names = set(load_checkpoint(folder, mtp=True).tensors)
+    assert {"mtp.0.eh_proj.weight", "mtp.0.enorm.weight", "mtp.0.shared_head_head.weight",
+            "mtp.0.attn_kv_b.weight", "mtp.0.ffn_gate_exps.7.weight"} <= names
+    assert not any(k.startswith("blk.3.") or "embed_tokens" in k for k in names)
+
+
+def test_vllm_names(variant):
+    _, folder = variant
+    for args in (dict(speculative_method="deepseek_mtp"),
+                 dict(speculative_config={"method": "deepseek_mtp", "num_speculative_tokens": 2}),
+                 dict(speculative_config='{"method": "mtp", "num_speculative_tokens": 2}')):
+        assert EngineArgs(**args).speculative_method == "mtp"
+    e = engine(folder, speculative_config={"method": "deepseek_mtp", "num_speculative_tokens": 2})
+    assert e.args.num_speculative_tokens == 2 and type(e.proposer).__name__ == "MTPProposer"
+
+
+def test_refused_without_mtp_layers(tmp_path):
+    with pytest.raises(ValueError, match="speculative_method: 'mtp' needs a model with multi-token-prediction "
+                                         "layers .*architecture 'llama' has none"):
+        engine(TOKENIZER, **MTP)
+    no_mtp = {k: v for k, v in tensors("ds_plain").items() if not k.startswith("model.layers.3.")}
+    folder = write_checkpoint(tmp_path / "none", "ds_plain", no_mtp, {"num_nextn_predict_layers": 0})
+    with pytest.raises(ValueError, match="speculative_method: 'mtp' needs the checkpoint's multi-token-prediction "
+                                         "layers, but its config.json has num_nextn_predict_layers 0"):
+        engine(folder, **MTP)
+    engine(folder)   # fine without MTP
+    missing = write_checkpoint(tmp_path / "missing", "ds_plain", no_mtp)   # declared, not stored
+    with pytest.raises(ValueError, match="speculative_method: 'mtp': weight 'mtp.0.enorm.weight' is missing"):
+        engine(missing, **MTP)
+
+
+@pytest.mark.parametrize("args", [dict(device="cuda"), dict(tensor_parallel_size=2)])
+def test_refused_on_cuda_and_tensor_parallel(args):
+    with pytest.raises(ValueError, match="speculative_method: 'mtp' runs on the NumPy \\(cpu\\) backend on one rank "
+                                         "only"):
+        EngineArgs(**MTP, **args)
