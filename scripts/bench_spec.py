@@ -1,10 +1,10 @@
 """Speculative decoding against plain decoding in the same run: single-stream decode tok/s of chat
 prompts (text to copy or repeat, and an open question) without drafts and with n-gram drafts (and
-with --draft-model's drafts) of each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
+with --draft-model's drafts, and with --mtp the model's own multi-token-prediction layer's) of each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
 run's (greedy), and the weight-bandwidth equivalent of the tok/s as a fraction of the measured copy
 bandwidth (CUDA: above 1 only when drafts are kept). Prints one JSON object.
 
-    python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128] [--draft-model PATH]
+    python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128] [--draft-model PATH] [--mtp]
 """
 import argparse
 import json
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--prompt-lookup-min", type=int, default=2)
     ap.add_argument("--prompt-lookup-max", type=int, default=4)
     ap.add_argument("--draft-model", help="also draft with this model (same vocabulary) at each --k")
+    ap.add_argument("--mtp", action="store_true", help="also draft with the model's MTP layer (DeepSeek-V3) at each --k")
     args = ap.parse_args()
     args.device = "cuda" if args.device == "auto" and _has_cuda() else args.device
     bw = copy_bandwidth(args.device)
@@ -101,6 +102,9 @@ def main() -> None:
             spec = dict(speculative_method="draft_model", speculative_model=args.draft_model,
                         num_speculative_tokens=k)
             out[f"draft_model_k{k}"] = run(args.model, args, spec, bw, baseline=plain)
+        if args.mtp:
+            out[f"mtp_k{k}"] = run(args.model, args, dict(speculative_method="mtp", num_speculative_tokens=k), bw,
+                                   baseline=plain)
     print(json.dumps(out))
 
 

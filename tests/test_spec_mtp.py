@@ -156,12 +156,14 @@ def test_reference_matches_transformers(variant):
         assert np.abs(model.logits(ids) - want).max() <= 1e-4 * np.abs(want).max()
 
 
-def test_draft_logits_match_the_formula(variant):
+@pytest.mark.parametrize("chunks", [{}, dict(max_num_batched_tokens=3, block_size=4)], ids=["one_prefill", "chunked"])
+def test_draft_logits_match_the_formula(variant, chunks):
     """The proposer's logits for a prompt's first two drafts (k = 2: the MTP layer over the prompt,
     then its one-token step on the first draft, with its own output as the hidden state) against
-    the reference MTP layer over the same positions."""
+    the reference MTP layer over the same positions; chunked: the prompt prefilled 3 tokens a step,
+    the MTP layer following each chunk over the K/V of the earlier ones."""
     name, folder = variant
-    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2)
+    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, **chunks)
     got = []
     compute = e.proposer.model.compute_logits
     e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
@@ -231,6 +233,15 @@ def test_mtp_that_guesses_the_greedy_tokens(bigram, params):
         assert drafted >= 20 and kept <= drafted and (s["num_preemptions"] > 0) == small_pool
         if params.temperature == 0:
             assert kept >= 0.9 * drafted
+
+
+def test_quantized_kv_cache(variant):
+    """kv_cache_dtype quantizes the MTP layer's latent rows as the target's."""
+    _, folder = variant
+    e = engine(folder, kv_cache_dtype="int8", **MTP)
+    out = e.generate(BATCH, [greedy(m) for m in MAX_TOKENS])
+    assert [len(o.outputs[0].token_ids) for o in out] == MAX_TOKENS
+    assert type(e.proposer.kv_cache[0]) is type(e.runner.kv_caches[0][0]) and e.stats()["spec_num_draft_tokens"] > 0
 
 
 def test_mtp_kv_counted_in_the_block_size(variant):
