@@ -315,7 +315,8 @@ class Engine(EngineBuild, EngineOutputs):
         feed = None if prev is None else prev.feed()
         run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
         if run_out.pre_norm_hidden is not None:   # for the MTP layer, once the step's tokens are known
-            self.proposer.take_hidden(sched_out, run_out.pre_norm_hidden)
+            self.proposer.take_hidden(sched_out, run_out.pre_norm_hidden,
+                                      [self._seqs[item.request_id].req for item in sched_out.scheduled])
         seqs = [self._seqs[i] for i in run_out.sample_ids]
         self._constrain_rows(seqs)  # on the CPU while the device runs the forward
         self.scheduler.on_step_done(sched_out)

@@ -104,7 +104,7 @@ class EngineBuild:
         if a.speculative_method == "mtp":
             from .spec import MTPProposer
             return MTPProposer(self.mtp_model, self.ops, num_blocks, a.block_size, a.kv_cache_dtype,
-                               a.num_speculative_tokens, self.scheduler.reserve_slots, self.scheduler.requests.get)
+                               a.num_speculative_tokens, self.scheduler.reserve_slots)
         return None
 
     def _make_ops(self):

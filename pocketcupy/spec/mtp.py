@@ -8,36 +8,39 @@ state (one layer reused for k drafts, as vLLM does).
 Its K/V (one latent row a token) lives in pages of its own with the target's block tables, like a
 draft model's. Positions the target takes from the prefix cache are not recomputed: their MTP rows
 are those the request that computed them wrote (the row at a cached block's last position saw that
-request's next token, which may differ; drafts only, the outputs are verified)."""
+request's next token, which may differ; drafts only, the outputs are verified). A request that
+finished in a step still gets its MTP rows for it, in the blocks it held (before they can change
+hands), so that its cached blocks serve a later request whole."""
 from __future__ import annotations
 
 from ..runner import FlatBatchBuilder
 from ..sched.output import ScheduledRequest, SchedulerOutput
-from ..sched.request import Request, RequestStatus
+from ..sched.request import Request
 
 
 class MTPProposer:
     def __init__(self, model, ops, num_blocks: int, block_size: int, kv_cache_dtype: str,
-                 num_speculative_tokens: int, reserve_slots, lookup):
+                 num_speculative_tokens: int, reserve_slots):
         """model: a DeepseekMTP; num_blocks: the target's pool (its pages have one more block, the
         runner's scratch block, so that a slot means the same in both); reserve_slots(req, n) ->
-        bool: room in the request's blocks for n tokens past its computed ones; lookup(request_id)
-        -> the scheduler's unfinished Request, or None."""
+        bool: room in the request's blocks for n tokens past its computed ones."""
         c = model.config
         self.model, self.ops, self.k = model, ops, num_speculative_tokens
-        self.reserve_slots, self.lookup = reserve_slots, lookup
+        self.reserve_slots = reserve_slots
         self.kv_cache = ops.empty_kv_cache(num_blocks + 1, block_size, model.layout.num_kv_heads, c.head_dim,
                                            kv_cache_dtype, values=False)
         self.build_batch = FlatBatchBuilder(block_size)
-        self._hidden: dict[str, tuple[int, object]] = {}   # request id -> (first position, rows) of the last step
+        # the last step's requests: (request, its scheduled item, the hidden states of the item's rows)
+        self._steps: list[tuple[Request, ScheduledRequest, object]] = []
 
-    def take_hidden(self, out: SchedulerOutput, hidden) -> None:
+    def take_hidden(self, out: SchedulerOutput, hidden, reqs: list[Request]) -> None:
         """The target's step just run: its pre-norm hidden states [out.num_tokens, hidden], flat batch
-        order (read at the next propose, once the step's tokens are known)."""
+        order, and the request of each scheduled item (read at the next propose, once the step's
+        tokens are known)."""
         row = 0
-        for item in out.scheduled:
+        for r, item in zip(reqs, out.scheduled):
             n = len(item.token_ids)
-            self._hidden[item.request_id] = (item.start_position, hidden[row:row + n])
+            self._steps.append((r, item, hidden[row:row + n]))
             row += n
 
     def propose(self, reqs: list[Request]) -> None:
@@ -45,24 +48,24 @@ class MTPProposer:
         draft_token_ids of each request of reqs (all at the decode point)."""
         ready = {r.request_id for r in reqs}
         items, rows, room = [], [], {}
-        for rid, (start, hidden) in self._hidden.items():
-            r = self.lookup(rid)
-            if r is None or r.status != RequestStatus.RUNNING:
-                continue
-            n = min(len(hidden), r.num_computed_tokens - start)   # rejected drafts' rows dropped
+        for r, item, hidden in self._steps:
+            # the positions whose next token is known (a rejected draft's is not); a request that
+            # finished this step too, into the blocks it held, which may serve a prefix-cache hit
+            start = item.start_position
+            n = min(len(hidden), r.num_tokens - 1 - start)
             if n <= 0:
                 continue
             k = 0
-            if rid in ready and start + n == r.num_tokens - 1:
+            if r.request_id in ready and start + n == r.num_tokens - 1:
                 k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
                 k = k if k > 0 and self.reserve_slots(r, k) else 0
             # at position p: the token at p + 1, the hidden state at p
-            items.append(ScheduledRequest(rid, r.token_slice(start + 1, start + n + 1), start, r.block_ids,
-                                          sample=k > 0, prompt_logits=False))
+            items.append(ScheduledRequest(r.request_id, r.token_slice(start + 1, start + n + 1), start,
+                                          item.block_ids, sample=k > 0, prompt_logits=False))
             rows.append(hidden[:n])
             if k:
-                room[rid] = (r, k)
-        self._hidden = {}
+                room[r.request_id] = (r, k)
+        self._steps = []
         drafts: dict[str, list[int]] = {}
         while items:
             y, last = self._run(items, rows)
