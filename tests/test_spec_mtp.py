@@ -312,3 +312,21 @@ def test_refused_on_cuda_and_tensor_parallel(args):
     with pytest.raises(ValueError, match="speculative_method: 'mtp' runs on the NumPy \\(cpu\\) backend on one rank "
                                          "only"):
         EngineArgs(**MTP, **args)
+
+
+def test_metrics_count_mtp_drafts(bigram):
+    """/metrics reads the drafts' counters from Engine.stats(): MTP drafts are counted as any."""
+    from types import SimpleNamespace
+
+    from pocketcupy.server.metrics import _EngineCollector
+
+    _, folder = bigram
+    e = engine(folder, **MTP)
+    e.generate(GREEDY_PROMPT, greedy(12))
+    s = e.stats()
+    got = {m.name: m.samples[0].value for m in _EngineCollector(SimpleNamespace(engine=e, ready=True)).collect()
+           if m.name.startswith("pocketcupy_spec_decode")}
+    assert got == {"pocketcupy_spec_decode_num_drafts": s["spec_num_drafts"],
+                   "pocketcupy_spec_decode_num_draft_tokens": s["spec_num_draft_tokens"],
+                   "pocketcupy_spec_decode_num_accepted_tokens": s["spec_num_accepted_tokens"]}
+    assert 0 < s["spec_num_accepted_tokens"] <= s["spec_num_draft_tokens"]
