@@ -101,7 +101,8 @@ class Engine(EngineBuild, EngineOutputs):
             raise
         args = self.args   # (_load_shard turns prefix caching off for a model with recurrent state)
         self.scheduler = Scheduler(num_blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens,
-                                   enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy)
+                                   enable_prefix_caching=args.enable_prefix_caching, policy=args.scheduling_policy,
+                                   recompute_last_hit_block=args.speculative_method == "mtp")
         if self.device == "cuda":
             from .backend.sampler_cuda import CudaSampler
             self.sampler = CudaSampler(self.tokenizer.eos_token_ids)

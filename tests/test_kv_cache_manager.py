@@ -68,6 +68,15 @@ def test_hit_never_covers_the_last_token():
     assert [h.block_id for h in hits] == [1, 2] and n == 8
 
 
+def test_recompute_last_hit_block():
+    """For MTP drafts: a hit's last block is computed again (a hit of one block is none)."""
+    kv = KVCacheManager(10, BS, recompute_last_hit_block=True)
+    admit(kv, req("a", range(10)))
+    hits, n = kv.get_computed_blocks(req("b", list(range(8)) + [50]))
+    assert [h.block_id for h in hits] == [1] and n == 4
+    assert kv.get_computed_blocks(req("c", list(range(4)) + [50])) == ([], 0)
+
+
 def test_eviction_drops_lru_tail_first():
     kv = KVCacheManager(7, BS)   # 6 usable blocks
     a = req("a", range(12))      # blocks 1, 2, 3: all full and cached

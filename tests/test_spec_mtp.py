@@ -14,8 +14,8 @@ from pocketcupy.models.rope import attention_factor, inv_freq, yarn_mscale
 from pocketcupy.quant.dequant import bf16_to_f32
 
 from .deepseek_checkpoints import REFERENCE, VARIANTS, bigram_tensors, config, tensors, write_checkpoint
-from .seeded_checkpoints import (BATCH, GREEDY_PROMPT, MAX_TOKENS, PREFIX, PROMPTS, TOKENIZER, batch_alone,
-                                 batch_tiny, greedy)
+from .seeded_checkpoints import (BATCH, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, TOKENIZER, batch_alone, batch_tiny,
+                                 greedy)
 from .test_spec_decode import assert_same
 
 MTP = dict(speculative_method="mtp", num_speculative_tokens=3)
@@ -191,21 +191,20 @@ def test_draft_logits_match_the_formula(variant, chunks):
 
 
 def test_prefix_hit_reads_the_rows_its_first_request_wrote(variant):
-    """A request whose prompt extends a finished one's tokens takes their blocks from the prefix
-    cache, with the MTP rows the first request wrote, those of its last step included (a block it
-    filled as it finished): its first draft's logits are still those of the reference over its whole
-    prompt."""
+    """A request that shares a finished one's 24-token prefix takes its blocks from the prefix cache
+    with the MTP rows the first wrote (in its one step, which ended it), but for the last block,
+    computed again: its last row saw the first request's next token (17), not this one's (200).
+    Its first draft's logits are those of the reference over its whole prompt."""
     name, folder = variant
     e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, block_size=4)
-    first = e.generate(PREFIX, greedy(5))[0].outputs[0].token_ids   # its last step fills block 6 (24..27)
+    e.generate(BATCH[1], greedy(1))      # PREFIX + [17, 5, 9]
     got = []
     compute = e.proposer.model.compute_logits
     e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
-    prompt = PREFIX + first + [5, 9]
-    out = e.generate(prompt, greedy(3))[0]
-    assert out.num_cached_tokens == 28
+    out = e.generate(BATCH[3], greedy(3))[0]    # PREFIX + [200, 3]
+    assert out.num_cached_tokens == 20
     ref = Reference(name)
-    want = ref.mtp_logits(prompt[1:] + out.outputs[0].token_ids[:1], ref.hidden(prompt))[-1]
+    want = ref.mtp_logits(BATCH[3][1:] + out.outputs[0].token_ids[:1], ref.hidden(BATCH[3]))[-1]
     np.testing.assert_allclose(got[0][0], want, atol=2e-4 * np.abs(want).max())
 
 

@@ -15,11 +15,16 @@ def hash_block_tokens(parent_hash: int | None, token_ids: tuple[int, ...]) -> in
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 recompute_last_hit_block: bool = False):
+        """recompute_last_hit_block: a hit leaves its last block to compute again (vLLM does so for
+        EAGLE / MTP drafts: a drafter that reads the target's hidden states gets them for that
+        block's positions, the last of which its cached rows saw with the computing request's next
+        token, which may not be this request's)."""
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size: must be a positive integer, got {block_size!r}")
         self.block_size = block_size
-        self.enable_caching = enable_caching
+        self.enable_caching, self.recompute_last_hit_block = enable_caching, recompute_last_hit_block
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}    # leading blocks of a request already hashed
@@ -66,6 +71,8 @@ class KVCacheManager:
                 break
             hits.append(b)
             parent = hashes[i]
+        if self.recompute_last_hit_block and hits:
+            hits.pop()
         return hits, len(hits) * self.block_size
 
     def record_lookup(self, req: Request, num_hit_tokens: int) -> None:

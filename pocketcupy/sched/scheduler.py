@@ -72,14 +72,14 @@ class RequestQueue:
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_prefix_caching: bool = True, policy: str = "fcfs"):
+                 enable_prefix_caching: bool = True, policy: str = "fcfs", recompute_last_hit_block: bool = False):
         if policy not in POLICIES:
             raise ValueError(f"scheduling_policy: must be 'fcfs' or 'priority', got {policy!r}")
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.policy = policy
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching, recompute_last_hit_block)
         self.pool = self.kv_cache_manager.block_pool
         self.waiting = RequestQueue(self._key)
         self.running: list[Request] = []
