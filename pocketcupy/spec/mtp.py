@@ -7,10 +7,11 @@ state (one layer reused for k drafts, as vLLM does).
 
 Its K/V (one latent row a token) lives in pages of its own with the target's block tables, like a
 draft model's. Positions the target takes from the prefix cache are not recomputed: their MTP rows
-are those the request that computed them wrote (the row at a cached block's last position saw that
-request's next token, which may differ; drafts only, the outputs are verified). A request that
-finished in a step still gets its MTP rows for it, in the blocks it held (before they can change
-hands), so that its cached blocks serve a later request whole."""
+are those the request that computed them wrote, but for the hit's last block, which the scheduler
+leaves to compute again (recompute_last_hit_block: its last row saw that request's next token). A
+request that finished in a step still gets its MTP rows for it, in the blocks it held, so that its
+cached blocks serve a later request whole (a block freed there and handed to another request's
+drafts below is written by those after)."""
 from __future__ import annotations
 
 from ..runner import FlatBatchBuilder
