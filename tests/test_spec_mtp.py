@@ -329,3 +329,14 @@ def test_metrics_count_mtp_drafts(bigram):
                    "pocketcupy_spec_decode_num_draft_tokens": s["spec_num_draft_tokens"],
                    "pocketcupy_spec_decode_num_accepted_tokens": s["spec_num_accepted_tokens"]}
     assert 0 < s["spec_num_accepted_tokens"] <= s["spec_num_draft_tokens"]
+
+
+def test_without_its_own_head_the_models(tmp_path):
+    """A checkpoint without shared_head.head: the MTP layer's logits come from the model's lm_head."""
+    t = bigram_tensors("ds_lora_yarn")
+    del t["model.layers.3.shared_head.head.weight"]
+    e = engine(write_checkpoint(tmp_path, "ds_lora_yarn", t), **MTP)
+    assert e.mtp_model.head is e.model.lm_head
+    e.generate(GREEDY_PROMPT, greedy(16))
+    s = e.stats()
+    assert s["spec_num_draft_tokens"] >= 9 and s["spec_num_accepted_tokens"] == s["spec_num_draft_tokens"]

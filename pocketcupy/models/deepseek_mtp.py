@@ -36,12 +36,11 @@ class DeepseekMTP:
         check_mtp_config(target.config)
         self.target, self.ops, self.config, self.layout = target, ops, target.config, target.layout
 
-        def load(name, t):
-            return ops.weight(t)
+        load = weight_loader(tensors, lambda _, t: ops.weight(t))
 
         def w(name, required=True):
             try:
-                return weight_loader(tensors, load)(name, required)
+                return load(name, required)
             except ValueError as e:
                 raise ValueError(f"speculative_method: 'mtp': {str(e).removeprefix('model: ')}") from None
 
