@@ -229,6 +229,37 @@ def test_fp8_checkpoint_errors(tmp_path, case, edit_config, edit_tensors, match)
     assert str(e.value).startswith("model: ") and path in str(e.value)
 
 
+def _bf16_weight_with_scale(scale_name, weight=K0 + "weight"):
+    """The weight back to tiny_llama's BF16, its scale (scale_name) left in place."""
+    def edit(t):
+        t[weight] = tiny_tensors()[weight]
+        t.setdefault(weight.removesuffix("weight") + scale_name, ("F32", np.array(2.0, np.float32)))
+    return edit
+
+
+@pytest.mark.parametrize("case, scale_name", [("fp8-tensor", "weight_scale_inv"),
+                                              ("compressed-tensors-tensor", "weight_scale"),
+                                              ("fp8-channel-autofp8-name", "weight_scale")])
+def test_scale_of_a_dense_weight_is_refused(tmp_path, case, scale_name):
+    """A weight scale whose weight is BF16, not F8_E4M3, was ignored: the weight ran unscaled."""
+    path, _ = build_fp8(tmp_path, case, edit_tensors=_bf16_weight_with_scale(scale_name))
+    with pytest.raises(ValueError, match=rf"^model: .*: scale tensor '{K0}{scale_name}' belongs to '{K0}weight', "
+                                         r"which is BF16, not F8_E4M3: the weight would be used unscaled"):
+        load_checkpoint(path)
+
+
+def test_scale_of_a_skipped_weight_is_ignored(tmp_path, original):
+    """A scale beside a weight the loader does not load (no model tensor of that name) stays ignored."""
+    skipped = "model.layers.0.self_attn.rotary_emb.weight"
+    assert gguf_name(skipped) is None
+
+    def edit(t):
+        t[skipped] = ("BF16", np.zeros(4, np.uint16))
+        t[skipped + "_scale"] = ("F32", np.array(2.0, np.float32))
+    path, expected = build_fp8(tmp_path, "fp8-tensor", edit_tensors=edit)
+    check_loaded(path, expected, original, FP8_MAX_REL)
+
+
 def test_scale_names_are_not_model_tensors():
     assert gguf_name("lm_head.weight_scale") is None and gguf_name("lm_head.input_scale") is None
     assert gguf_name("model.layers.3.mlp.up_proj.weight_scale_inv") is None

@@ -30,6 +30,7 @@ from ..quant.qtensor import FP8_GROUP, QTensor
 
 QUANTIZED_DTYPES = ("F8_E4M3", "U8")   # safetensors dtypes read as raw bytes for this module
 _DENSE = ("F32", "BF16", "F16")
+WEIGHT_SCALES = ("weight_scale_inv", "weight_scale", "weight_scale_2")   # X.<name> scales X.weight
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,16 @@ def read_quantized_weight(name: str, raw: dict, quant: WeightQuantization | None
         return QTensor("FP8", data.shape, data, row_scales)
     bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
     return QTensor("BF16", data.shape, bits)
+
+
+def scaled_weight(name: str, raw: dict) -> str | None:
+    """For a weight scale tensor X.weight_scale(_inv, _2) whose weight X.weight is stored in a dense
+    dtype (BF16, ...), that weight's name: it would be used unscaled (raw: tensor name -> (dtype, array))."""
+    prefix, _, suffix = name.rpartition(".")
+    weight = prefix + ".weight"
+    if suffix in WEIGHT_SCALES and weight in raw and raw[weight][0] not in QUANTIZED_DTYPES:
+        return weight
+    return None
 
 
 def _nvfp4_weight(name: str, raw: dict, quant: WeightQuantization) -> QTensor:

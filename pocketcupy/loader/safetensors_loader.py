@@ -11,7 +11,7 @@ import numpy as np
 from ..config import (GatedDeltaNetConfig, MLAConfig, ModelConfig, MoEConfig, RopeScaling, SparseMoEConfig, is_count,
                       is_number)
 from ..quant.qtensor import QTensor
-from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, weight_quantization
+from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, scaled_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
          "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
@@ -286,6 +286,17 @@ def _quantization_config(folder: str, cfg: dict, cfg_path: str) -> tuple[dict | 
     return None, cfg_path
 
 
+def _loaded_name(target: str | None, mtp_prefixes: dict[str, str], mtp: bool) -> str | None:
+    """The name a mapped tensor is loaded as (an MTP layer's as mtp.<i>.*), or None where it is
+    not loaded (unmapped, or an MTP layer without mtp)."""
+    if target is None:
+        return None
+    prefix = target[:target.index(".", 4) + 1] if target.startswith("blk.") else ""
+    if prefix in mtp_prefixes:
+        return mtp_prefixes[prefix] + target[len(prefix):] if mtp else None
+    return target
+
+
 def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig, dict[str, QTensor]]:
     """mtp: load the multi-token-prediction layers too (as mtp.<i>.*); else they are neither loaded
     nor dequantized."""
@@ -308,12 +319,14 @@ def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig
     for name, (qtype, data) in raw.items():
         target = gguf_name(name)
         if target is None:   # e.g. rotary inv_freq buffers, and scales (read with their weight)
+            weight = scaled_weight(name, raw)
+            if weight is not None and _loaded_name(gguf_name(weight), mtp_prefixes, mtp) is not None:
+                raise ValueError(f"model: {folder}: scale tensor {name!r} belongs to {weight!r}, which is "
+                                 f"{raw[weight][0]}, not F8_E4M3: the weight would be used unscaled")
             continue
-        prefix = target[:target.index(".", 4) + 1] if target.startswith("blk.") else ""
-        if prefix in mtp_prefixes:
-            if not mtp:
-                continue
-            target = mtp_prefixes[prefix] + target[len(prefix):]
+        target = _loaded_name(target, mtp_prefixes, mtp)
+        if target is None:
+            continue
         if qtype in QUANTIZED_DTYPES:
             try:
                 tensors[target] = read_quantized_weight(name, raw, quant)
