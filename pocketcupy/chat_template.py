@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from datetime import datetime
 
 import jinja2
@@ -60,6 +61,48 @@ def check_template(template: str) -> None:
         raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
     except RecursionError:      # Jinja's parser recurses once an expression level
         raise ValueError("chat template: nested too deeply for Jinja's parser") from None
+
+
+TEMPLATE_FILE_SUFFIXES = (".jinja", ".jinja2", ".j2")
+
+
+def looks_like_path(value: str) -> bool:
+    """vLLM's rule: a path separator or a template file's suffix makes a value a path. Not where it
+    holds a Jinja delimiter ({{, {%, {#) or a newline: inline templates are full of '/' ('</s>', '[/INST]')."""
+    if "\n" in value or any(d in value for d in ("{{", "{%", "{#")):
+        return False
+    seps = ("/", os.sep) + ((os.altsep,) if os.altsep else ())
+    return any(s in value for s in seps) or value.lower().endswith(TEMPLATE_FILE_SUFFIXES)
+
+
+def load_chat_template(value: str, field: str = "chat_template") -> str:
+    """A chat template given as a file or as the text itself (vLLM's --chat-template): an existing
+    file is read; a value that looks like a path (looks_like_path) but is no file is an error (it was
+    taken as template text when it held a '{'); other text with a '{' is the template, its backslash
+    escapes decoded as vLLM does (a shell's "\\n" is a newline). Checked for Jinja syntax. Errors:
+    ValueError naming `field`."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field}: must be a non-empty string (a template or a file), got {value!r:.60}")
+    if os.path.isfile(value):
+        try:
+            with open(value, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{field}: {value} is not UTF-8 text ({e})") from None
+        except OSError as e:
+            raise ValueError(f"{field}: {value} cannot be read ({e.strerror or e})") from None
+    elif looks_like_path(value):
+        what = "is not a file" if os.path.exists(value) else "does not exist"
+        raise ValueError(f"{field}: {value} looks like a template file's path, but it {what}")
+    elif "{" in value:   # (non-Latin-1 characters pass as \u escapes: non-ASCII text survives)
+        try:
+            text = value.encode("latin-1", "backslashreplace").decode("unicode_escape")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{field}: a bad backslash escape in the template ({e.reason})") from None
+    else:
+        raise ValueError(f"{field}: {value} is neither a file nor a template")
+    check_template(text)
+    return text
 
 
 # what render_chat sets itself; chat_template_kwargs (extra template variables) may not

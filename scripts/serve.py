@@ -65,25 +65,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def read_chat_template(arg: str) -> str:
-    """--chat-template: a file's text, or the argument itself when it is a template (has '{'), its
-    backslash escapes decoded as vLLM does (a shell's "\\n" is a newline); checked for Jinja syntax."""
-    from pocketcupy.chat_template import check_template
+    """--chat-template: a file's text, or the argument itself when it is a template (chat_template.py's
+    load_chat_template: a missing file is an error, not template text); checked for Jinja syntax."""
+    from pocketcupy.chat_template import load_chat_template
 
-    if os.path.isfile(arg):
-        try:
-            with open(arg, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError as e:
-            raise ValueError(f"chat-template: {arg} is not UTF-8 text ({e})") from None
-    elif "{" in arg:   # (non-Latin-1 characters pass as \u escapes: non-ASCII text survives)
-        try:
-            text = arg.encode("latin-1", "backslashreplace").decode("unicode_escape")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"chat-template: a bad backslash escape in the template ({e.reason})") from None
-    else:
-        raise ValueError(f"chat-template: {arg} is neither a file nor a template")
-    check_template(text)
-    return text
+    return load_chat_template(arg, "--chat-template")
 
 
 def main(argv=None) -> int:

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from pocketcupy.chat_template import CHATML_TEMPLATE, render_chat
+from pocketcupy.chat_template import CHATML_TEMPLATE, load_chat_template, render_chat
 from pocketcupy.tokenizer import Tokenizer
 
 SMOL_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
@@ -160,3 +160,31 @@ def test_messages_not_mutated():
     msgs = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
     render_chat(None, msgs)
     assert msgs == [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+
+
+@pytest.mark.parametrize("value", ["no/such/{dir}/template.jinja", "templates/{model}", "{name}.jinja",
+                                   "missing-{x}.j2", "chat-{v}.JINJA2"])
+def test_missing_template_file_is_an_error(value):
+    """A value that looks like a path (a separator, or a .jinja / .jinja2 / .j2 name), but names no
+    file, was taken as the template text itself when it held a '{' (vLLM: a path that does not exist
+    is an error)."""
+    with pytest.raises(ValueError, match=rf"^chat_template: {re.escape(value)} looks like a template file's "
+                                         r"path, but it does not exist$"):
+        load_chat_template(value)
+
+
+def test_template_file_or_text(tmp_path):
+    """Existing files are read (a folder is refused); text with Jinja delimiters stays a template
+    whatever '/' it holds; text with neither is refused."""
+    f = tmp_path / "t.jinja"
+    f.write_text("F:{{ messages[0].content }}")
+    assert load_chat_template(str(f)) == "F:{{ messages[0].content }}"
+    with pytest.raises(ValueError, match=r"^chat_template: .* looks like a template file's path, but it is not a file"):
+        load_chat_template(str(tmp_path))
+    for text in ("{{ messages[0].content }}</s>", "[INST] {{ messages[0].content }} [/INST]",
+                 "{% for m in messages %}{{ m.content }}/{% endfor %}.jinja"):
+        assert load_chat_template(text) == text
+    with pytest.raises(ValueError, match=r"^--chat-template: hello is neither a file nor a template"):
+        load_chat_template("hello", "--chat-template")
+    with pytest.raises(ValueError, match=r"^chat template: line 1"):
+        load_chat_template("{% if %}")

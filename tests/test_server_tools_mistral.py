@@ -124,12 +124,25 @@ def test_bad_chat_template_is_a_startup_error(tmp_path):
     latin1.write_bytes("{{ 'caf\u00e9' }}".encode("latin-1"))
     deep = tmp_path / "deep.jinja"          # Jinja's parser recurses once a parenthesis
     deep.write_text("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}")
-    for arg, says in ((str(broken), "chat template: line 1"), ("no/such/template.jinja", "neither a file"),
+    for arg, says in ((str(broken), "chat template: line 1"),
+                      ("no/such/template.jinja", "--chat-template: no/such/template.jinja looks like a template "
+                                                 "file's path, but it does not exist"),
+                      ("hello", "--chat-template: hello is neither a file nor a template"),
                       (str(latin1), f"chat-template: {latin1} is not UTF-8 text"),
                       (str(deep), "chat template: nested too deeply")):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", arg],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_missing_chat_template_file_with_a_brace_is_a_startup_error(tmp_path):
+    """A --chat-template path that does not exist but holds a '{' was served as the template text
+    itself (startup went on: here it would have stopped at --port 0 instead)."""
+    missing = str(tmp_path / "templates-{model}" / "chat.jinja")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", missing,
+                          "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert f"error: --chat-template: {missing} looks like a template file's path, but it does not exist" in out.stderr
 
 
 def test_inline_chat_template_escapes_decoded():
