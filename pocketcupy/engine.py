@@ -110,10 +110,10 @@ class Engine(EngineBuild, EngineOutputs):
             self.sampler = Sampler(self.tokenizer.eos_token_ids)
         from .structured import StructuredOutputManager
         self.structured = StructuredOutputManager(self.tokenizer, self.config.vocab_size)
+        # live requests by id (an id is free again once its request finished or was aborted)
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
-        # generate()/stream() requests' outputs, filled by whichever thread's step() produces them
-        self._mailboxes: dict[str, collections.deque] = {}
+        self._ended: list[RequestGroup] = []   # aborted, owing their final output to the next step()
         self._lock = EngineLock()
         self.proposer = self._make_proposer(num_blocks)
         self.backoff = DraftBackoff()
@@ -157,7 +157,14 @@ class Engine(EngineBuild, EngineOutputs):
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
                     prompt_token_ids: list[int] | None = None) -> None:
         """Queue a request. `prompt` is text or token ids; `prompt_token_ids` overrides the tokenization
-        of a text prompt (the text is then only echoed back)."""
+        of a text prompt (the text is then only echoed back). The id of a request that finished or
+        was aborted may be used again at once (its last output still comes, from the next step())."""
+        self._add_request(request_id, prompt, params, priority, prompt_token_ids)
+
+    def _add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
+                     prompt_token_ids: list[int] | None = None, mailbox=None) -> None:
+        """mailbox: an object whose append() gets each of this request's outputs as step() makes them
+        (whichever thread runs it), so that outputs never go by id to a later request of that id."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
@@ -191,7 +198,7 @@ class Engine(EngineBuild, EngineOutputs):
             if params.structured_outputs is not None:
                 self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
             group = RequestGroup(request_id, text, ids, params, allowed_mask=self._allowed_mask(params),
-                                 bad_words=bad_words_token_ids(self.tokenizer, params.bad_words))
+                                 bad_words=bad_words_token_ids(self.tokenizer, params.bad_words), mailbox=mailbox)
             for i, seq_id in enumerate(seq_ids):
                 req = Request(seq_id, list(ids), max_tokens, priority=priority,
                               want_prompt_logits=(params.prompt_logprobs is not None and i == 0))
@@ -241,7 +248,8 @@ class Engine(EngineBuild, EngineOutputs):
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Aborts a request, or each of an iterable of them (as vLLM's); unknown ids are ignored.
-        Their final outputs (finish_reason "abort") come from the next step()."""
+        Their final outputs (finish_reason "abort") come from the next step(); their ids are free
+        at once."""
         try:
             ids = [request_id] if isinstance(request_id, str) else list(request_id)
         except TypeError:
@@ -252,9 +260,22 @@ class Engine(EngineBuild, EngineOutputs):
         with self._lock:
             for rid in ids:
                 group = self._groups.get(rid)
-                for s in () if group is None else group.seqs:
-                    if not s.output.finished:
-                        self._finish(s, RequestStatus.FINISHED_ABORTED)
+                if group is not None:
+                    self._abort(group)
+
+    def _abort_request_of(self, request_id: str, mailbox) -> None:
+        """Aborts the request of that id if its outputs go to mailbox (the id may be another's by now)."""
+        with self._lock:
+            group = self._groups.get(request_id)
+            if group is not None and group.mailbox is mailbox:
+                self._abort(group)
+
+    def _abort(self, group: RequestGroup) -> None:
+        for s in group.seqs:
+            if not s.output.finished:
+                self._finish(s, RequestStatus.FINISHED_ABORTED)
+        self._forget(group)
+        self._ended.append(group)
 
     def has_unfinished_requests(self) -> bool:
         with self._lock:
@@ -263,7 +284,7 @@ class Engine(EngineBuild, EngineOutputs):
     def has_pending_outputs(self) -> bool:
         """True when an aborted request still owes its final output to the next step()."""
         with self._lock:
-            return any(g.finished for g in self._groups.values())
+            return bool(self._ended)
 
     def stats(self) -> dict:
         """Counters a server exports (see server/metrics.py): the scheduler's, and the structured
@@ -279,7 +300,10 @@ class Engine(EngineBuild, EngineOutputs):
         request that stopped at a token then computed one step in vain, whose token is dropped."""
         self._lock.yield_to_waiters()
         with self._lock:
-            touched = {gid: g for gid, g in self._groups.items() if g.finished}  # aborted since the last step
+            # the requests with an output this step, by id(group): an aborted request and a new one
+            # of the same id may both have one
+            touched = {id(g): g for g in self._ended}
+            self._ended = []
             prev, self._inflight = self._inflight, None
             if prev is not None and not prev.overlappable():
                 self._resolve(prev, touched)
@@ -300,14 +324,19 @@ class Engine(EngineBuild, EngineOutputs):
                 self._propose(touched.values())
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
-                box = self._mailboxes.get(g.request_id)
-                if box is not None:
-                    box.append(out)
+                if g.mailbox is not None:
+                    g.mailbox.append(out)
                 if out.finished:
-                    self._groups.pop(g.request_id, None)
-                    for s in g.seqs:
-                        self._seqs.pop(s.req.request_id, None)
+                    self._forget(g)
             return outputs
+
+    def _forget(self, g: RequestGroup) -> None:
+        """A finished request's id and sequence ids freed (unless a new request holds them already)."""
+        if self._groups.get(g.request_id) is g:
+            del self._groups[g.request_id]
+        for s in g.seqs:
+            if self._seqs.get(s.req.request_id) is s:
+                del self._seqs[s.req.request_id]
 
     def _launch(self, sched_out, prev: LaunchedStep | None, touched: dict) -> LaunchedStep | None:
         """Runs the forward and launches sampling; each sampled sequence gets a PENDING_TOKEN
@@ -368,7 +397,7 @@ class Engine(EngineBuild, EngineOutputs):
                 continue
             s.req.output_token_ids[slot] = tok
             self._append(s, tok, lp)
-            touched[s.group.request_id] = s.group
+            touched[id(s.group)] = s.group
 
     def _verify(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:
         """Samples a step with draft tokens (logits: 1 + num_draft rows a sequence) one depth at a
@@ -409,7 +438,7 @@ class Engine(EngineBuild, EngineOutputs):
         draft token and the sequence goes on (then its next row is sampled)."""
         self.scheduler.append_token(s.req.request_id, tok)
         self._append(s, tok, logprobs)
-        touched[s.group.request_id] = s.group
+        touched[id(s.group)] = s.group
         kept = depth < len(draft) and tok == draft[depth]
         if kept and not s.output.finished:
             return True
@@ -448,11 +477,11 @@ class Engine(EngineBuild, EngineOutputs):
         step loop) may produce them: each request's go to its mailbox. Aborts what is left when the
         caller stops early (an exception, a stream closed)."""
         boxes = {rid: collections.deque() for rid, _, _ in requests}
-        self._mailboxes.update(boxes)
-        pending = set(boxes)
+        pending = set()
         try:
             for rid, prompt, params in requests:
-                self.add_request(rid, prompt, params)
+                self._add_request(rid, prompt, params, mailbox=boxes[rid])
+                pending.add(rid)
             while pending:
                 self.step()
                 for rid, box in boxes.items():
@@ -462,10 +491,8 @@ class Engine(EngineBuild, EngineOutputs):
                             pending.discard(rid)
                         yield out
         finally:
-            for rid in boxes:
-                self._mailboxes.pop(rid, None)
-                if rid in pending:
-                    self.abort_request(rid)
+            for rid in pending:
+                self._abort_request_of(rid, boxes[rid])
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:

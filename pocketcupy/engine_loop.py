@@ -25,9 +25,15 @@ class RequestStream:
         self._shared = outputs is not None
         self._queue: queue.Queue = outputs if self._shared else queue.Queue()
         self._key = key
-        self.finished = False
+        self.finished = False    # the reader has taken the last item
+        self._closed = False     # the last item is queued
 
-    def _put(self, item) -> None:
+    def append(self, item) -> None:
+        """The engine's mailbox: an output of this request (or the error that ended it) queued;
+        nothing after the last."""
+        if self._closed:
+            return
+        self._closed = isinstance(item, BaseException) or item.finished
         self._queue.put((self._key, item) if self._shared else item)
 
     def get(self, timeout: float | None = None) -> RequestOutput:
@@ -53,14 +59,14 @@ class RequestStream:
         return last
 
     def abort(self) -> None:
-        if not self.finished:
-            self.loop.abort(self.request_id)
+        if not self._closed:
+            self.loop.abort(self)
 
 
 class EngineLoop:
     def __init__(self, engine):
         self.engine = engine
-        self._streams: dict[str, RequestStream] = {}
+        self._streams: set[RequestStream] = set()   # not closed yet
         self._wake = threading.Condition()
         self._stopping = False
         self._ids = itertools.count()
@@ -77,17 +83,18 @@ class EngineLoop:
         request_id = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(self, request_id, outputs, key)
         with self._wake:
-            self._streams[request_id] = stream
-            try:
-                self.engine.add_request(request_id, prompt, params, priority, prompt_token_ids=prompt_token_ids)
-            except BaseException:
-                self._streams.pop(request_id, None)
-                raise
+            # the stream is the request's mailbox: its outputs reach it and no later request's of its id
+            self.engine._add_request(request_id, prompt, params, priority, prompt_token_ids, mailbox=stream)
+            self._streams.add(stream)
             self._wake.notify()
         return stream
 
-    def abort(self, request_id: str) -> None:
-        self.engine.abort_request(request_id)
+    def abort(self, stream: RequestStream | str) -> None:
+        """Aborts a stream's request (a request id: the live request of that id)."""
+        if isinstance(stream, str):
+            self.engine.abort_request(stream)
+        else:
+            self.engine._abort_request_of(stream.request_id, stream)
         with self._wake:
             self._wake.notify()
 
@@ -100,22 +107,17 @@ class EngineLoop:
                 if self._stopping and not self.engine.has_unfinished_requests():
                     return
             try:
-                outputs = self.engine.step()
+                self.engine.step()   # (its outputs go to the streams, the requests' mailboxes)
             except BaseException as e:  # fail every waiting request instead of hanging it
                 log.exception("engine step failed")
                 with self._wake:
-                    streams, self._streams = list(self._streams.values()), {}
+                    streams, self._streams = [s for s in self._streams if not s._closed], set()
                 for s in streams:
-                    s._put(e)
-                    self.engine.abort_request(s.request_id)
+                    s.append(e)
+                    self.abort(s)
                 continue
             with self._wake:
-                for out in outputs:
-                    stream = self._streams.get(out.request_id)
-                    if stream is not None:
-                        stream._put(out)
-                        if out.finished:
-                            del self._streams[out.request_id]
+                self._streams = {s for s in self._streams if not s._closed}
 
     @property
     def num_open_streams(self) -> int:

@@ -457,6 +457,38 @@ def test_duplicate_request_id(engine):
     engine.step()
 
 
+def test_request_id_reusable_at_once_after_abort(engine):
+    """An aborted request's id is free at once, as in vLLM (it was refused until the step that emitted
+    the abort's output); that output still comes, apart from the new request's. A live id is refused."""
+    alone = text_of(engine, "The capital of France is", GREEDY)
+    engine.add_request("again", "Once upon a time", SamplingParams(max_tokens=50))
+    engine.add_request("pair", "Once upon a time", SamplingParams(max_tokens=50, n=2))
+    engine.step()
+    with pytest.raises(ValueError, match="^request_id: 'again' is already in use"):
+        engine.add_request("again", "hi", GREEDY)
+    engine.abort_request(["again", "pair"])
+    engine.add_request("again", "The capital of France is", GREEDY)
+    engine.add_request("pair", "hi", SamplingParams(max_tokens=2, n=2))
+    outs = {"again": [], "pair": []}
+    while engine.has_unfinished_requests() or engine.has_pending_outputs():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    old, *new = outs["again"]
+    assert old.finished and old.outputs[0].finish_reason == "abort" and len(old.outputs[0].token_ids) == 1
+    assert [o.finished for o in new] == [False] * (len(new) - 1) + [True]
+    assert new[-1].outputs[0].token_ids == alone.token_ids
+    assert [t for o in new for t in o.outputs[0].delta_token_ids] == alone.token_ids
+    assert [o.outputs[0].finish_reason for o in outs["pair"] if o.finished] == ["abort", "length"]
+    assert engine.scheduler.num_blocks_used == 0
+
+
+def test_request_id_reusable_after_it_finished(engine):
+    engine.add_request("done", "hi", SamplingParams(max_tokens=1))
+    assert engine.step()[0].finished
+    engine.add_request("done", "hi", SamplingParams(max_tokens=1))
+    assert engine.step()[0].finished and not engine.has_unfinished_requests()
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(device="tpu"), "device"),
     (dict(model="/nonexistent/model.gguf"), "model"),

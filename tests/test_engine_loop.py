@@ -57,3 +57,34 @@ def test_bad_submission_raises_in_caller(engine):
     ok = loop.submit("hi", SamplingParams(max_tokens=2)).result()
     assert ok.finished and len(ok.outputs[0].token_ids) == 2
     loop.shutdown(10)
+
+
+def drain(stream, timeout=60):
+    """The stream's outputs to the last (queue.Empty if one does not come in time, not a hang)."""
+    outs = []
+    while not stream.finished:
+        outs.append(stream.get(timeout=timeout))
+    return outs
+
+
+def test_request_id_reused_right_after_abort(engine):
+    """A request id is free as soon as its request is aborted; the old request's last output goes to
+    its own stream, never to the new request's (the loop used to route outputs by id)."""
+    p = SamplingParams(temperature=0, max_tokens=8)
+    alone = engine.generate("The capital of France is", p)[0].outputs[0].token_ids
+    loop = EngineLoop(engine)
+    old = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True),
+                      request_id="same")
+    assert not old.get(timeout=30).finished
+    with pytest.raises(ValueError, match="^request_id: 'same' is already in use"):
+        loop.submit("hi", p, request_id="same")
+    old.abort()
+    new = loop.submit("The capital of France is", p, request_id="same")
+    assert drain(old)[-1].outputs[0].finish_reason == "abort"
+    outs = drain(new)
+    assert [t for o in outs for t in o.outputs[0].delta_token_ids] == alone == outs[-1].outputs[0].token_ids
+    assert outs[-1].outputs[0].finish_reason == "length"
+    again = drain(loop.submit("The capital of France is", p, request_id="same"))   # after it finished
+    assert again[-1].outputs[0].token_ids == alone
+    loop.shutdown(10)
+    assert loop.num_open_streams == 0 and engine.scheduler.num_blocks_used == 0
