@@ -18,7 +18,7 @@ from .engine_build import EngineBuild
 from .engine_lock import EngineLock
 from .engine_outputs import EngineOutputs
 from .outputs import CompletionOutput, RequestOutput
-from .sampler import Sampler, SamplingRow, make_generator
+from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
@@ -33,8 +33,9 @@ class LaunchedStep:
     """A step whose forward and sampling are queued on the backend: its sampled sequences, the
     index of each one's PENDING_TOKEN in its output ids, and the pending sample."""
 
-    def __init__(self, seqs: list, slots: list[int], sample):
+    def __init__(self, seqs: list, slots: list, sample, sync: bool = False):
         self.seqs, self.slots, self.sample = seqs, slots, sample
+        self.sync = sync   # its tokens are on the host already (no device ids to feed the next step)
 
     def feed(self):
         from .runner import TokenFeed
@@ -45,8 +46,8 @@ class LaunchedStep:
         """Whether the next step may be scheduled and launched before this one's tokens reach the
         host: not when sampling the next token needs this one on the host (penalties over the
         output so far, a structured-output matcher, bad words of several tokens)."""
-        return all(s.matcher is None and not s.group.params.has_penalties
-                   and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
+        return not self.sync and all(s.matcher is None and not s.group.params.has_penalties
+                                     and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
 
 
 class Engine(EngineBuild, EngineOutputs):
@@ -297,38 +298,53 @@ class Engine(EngineBuild, EngineOutputs):
         """One scheduling step: returns an output for every request that progressed or finished.
         With async scheduling the step's sampled tokens reach the host during the next call, which
         has already launched the step after it (so the device never waits for the host); a
-        request that stopped at a token then computed one step in vain, whose token is dropped."""
+        request that stopped at a token then computed one step in vain, whose token is dropped.
+
+        An error of one request's own (its sampling row, grammar, detokenizer, stop strings, prompt
+        logprobs) ends that request alone, with finish_reason "error" (its mailbox, e.g. a server's
+        stream, gets the exception); any other error (the batch's forward) ends every request so,
+        and the engine goes on with new ones."""
         self._lock.yield_to_waiters()
         with self._lock:
             # the requests with an output this step, by id(group): an aborted request and a new one
             # of the same id may both have one
             touched = {id(g): g for g in self._ended}
             self._ended = []
-            prev, self._inflight = self._inflight, None
-            if prev is not None and not prev.overlappable():
-                self._resolve(prev, touched)
-                prev = None
-            sched_out = self.scheduler.schedule()
-            for seq_id in sched_out.preempted_ids:
-                self._seqs[seq_id].prompt_chunks.clear()
-            cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
-            if not sched_out.scheduled and sched_out.finished_ids:
-                self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
-            if prev is not None:
-                self._resolve(prev, touched)
-            if cur is not None and cur.seqs and self._async and cur.overlappable():
-                self._inflight = cur
-            elif cur is not None:
-                self._resolve(cur, touched)
-            if self.proposer is not None:
-                self._propose(touched.values())
+            try:
+                self._step(touched)
+            except Exception as e:   # not one request's: none can go on, and none may hang
+                log.exception("engine step failed: every request ends")
+                self._inflight = None
+                for g in list(self._groups.values()):
+                    self._fail(g, e)
+                    touched[id(g)] = g
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
                 if g.mailbox is not None:
-                    g.mailbox.append(out)
+                    g.mailbox.append(g.error if out.finished and g.error is not None else out)
                 if out.finished:
                     self._forget(g)
             return outputs
+
+    def _step(self, touched: dict) -> None:
+        prev, self._inflight = self._inflight, None
+        if prev is not None and not prev.overlappable():
+            self._resolve(prev, touched)
+            prev = None
+        sched_out = self.scheduler.schedule()
+        for seq_id in sched_out.preempted_ids:
+            self._seqs[seq_id].prompt_chunks.clear()
+        cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
+        if not sched_out.scheduled and sched_out.finished_ids:
+            self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
+        if prev is not None:
+            self._resolve(prev, touched)
+        if cur is not None and cur.seqs and self._async and cur.overlappable():
+            self._inflight = cur
+        elif cur is not None:
+            self._resolve(cur, touched)
+        if self.proposer is not None:
+            self._propose(touched.values())
 
     def _forget(self, g: RequestGroup) -> None:
         """A finished request's id and sequence ids freed (unless a new request holds them already)."""
@@ -348,25 +364,64 @@ class Engine(EngineBuild, EngineOutputs):
             self.proposer.take_hidden(sched_out, run_out.pre_norm_hidden,
                                       [self._seqs[item.request_id].req for item in sched_out.scheduled])
         seqs = [self._seqs[i] for i in run_out.sample_ids]
-        self._constrain_rows(seqs)  # on the CPU while the device runs the forward
+        self._constrain_rows(seqs, touched)  # on the CPU while the device runs the forward
         self.scheduler.on_step_done(sched_out)
         for seq_id, chunk in run_out.prompt_logits.items():
-            self._collect_prompt_logits(self._seqs[seq_id], chunk)
+            s = self._seqs[seq_id]
+            try:
+                self._collect_prompt_logits(s, chunk)
+            except Exception as e:   # (its prompt logprobs)
+                self._fail(s.group, e, touched)
         if any(item.num_draft for item in sched_out.scheduled):
             self._verify(sched_out, run_out.logits, seqs, touched)
             return None
+        sync = False
         if run_out.sampled is not None:
             sample = self.sampler.pending(run_out.sampled, [s.row for s in seqs])
+        elif not seqs:
+            sample = None
         else:
-            sample = self.sampler.launch(run_out.logits, [s.row for s in seqs]) if seqs else None
+            try:
+                sample = self.sampler.launch(run_out.logits, [s.row for s in seqs])
+            except Exception:   # find the rows at fault: each sampled alone
+                sample, sync = self._sample_apart(run_out.logits, seqs, touched), True
         slots = []
         for s in seqs:
             slots.append(s.req.num_output_tokens)
-            self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
-        return LaunchedStep(seqs, slots, sample)
+            if not s.output.finished:   # (unless it failed in this step)
+                self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
+        return LaunchedStep(seqs, slots, sample, sync)
 
-    def _constrain_rows(self, seqs: list[SequenceState]) -> None:
-        """The sampling rows' structured-output masks and bad words for the sequences' next token."""
+    def _sample_apart(self, logits, seqs: list[SequenceState], touched: dict) -> PendingSample:
+        """For a step whose sampling raised: each row sampled alone, the requests whose row raises
+        failed, the others' tokens kept (already on the host)."""
+        toks, lps = [], []
+        for i, s in enumerate(seqs):
+            tok, lp = 0, None
+            if not s.output.finished:
+                try:
+                    out = self.sampler.launch(logits[i:i + 1], [s.row]).result()
+                    tok, lp = int(out.token_ids[0]), out.logprobs[0]
+                except Exception as e:
+                    self._fail(s.group, e, touched)
+            toks.append(tok)
+            lps.append(lp)
+        result = SamplerOutput(np.asarray(toks, np.int64), lps)
+        return PendingSample(None, lambda: result)
+
+    def _constrain_rows(self, seqs: list[SequenceState], touched: dict) -> None:
+        """The sampling rows' structured-output masks and bad words for the sequences' next token;
+        a sequence whose grammar or bad words raise fails its request."""
+        try:
+            self._constrain(seqs)
+        except Exception:
+            for s in seqs:
+                try:
+                    self._constrain([s])
+                except Exception as e:
+                    self._fail(s.group, e, touched)
+
+    def _constrain(self, seqs: list[SequenceState]) -> None:
         self.structured.fill_masks(seqs)
         for s in seqs:
             if s.group.bad_words:
@@ -417,16 +472,21 @@ class Engine(EngineBuild, EngineOutputs):
             result = self.sampler.launch(logits, [s.row for s, d in zip(seqs, drafts) for _ in range(1 + len(d))]).result()
             toks = result.token_ids.tolist()
             for i, s in enumerate(seqs):
+                if s.output.finished:   # (failed in this step)
+                    continue
                 for depth in range(1 + len(drafts[i])):
                     j = offsets[i] + depth
                     if not self._keep(s, drafts[i], depth, toks[j], result.logprobs[j], touched):
                         break
             return
-        alive, depth = list(range(len(seqs))), 0
+        alive, depth = [i for i, s in enumerate(seqs) if not s.output.finished], 0
         while alive:
-            live = [seqs[i] for i in alive]
             if depth:
-                self._constrain_rows(live)   # after the tokens kept so far
+                self._constrain_rows([seqs[i] for i in alive], touched)   # after the tokens kept so far
+                alive = [i for i in alive if not seqs[i].output.finished]
+                if not alive:
+                    break
+            live = [seqs[i] for i in alive]
             rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
             result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
             alive = [i for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs)
@@ -487,6 +547,9 @@ class Engine(EngineBuild, EngineOutputs):
                 for rid, box in boxes.items():
                     while box:
                         out = box.popleft()
+                        if isinstance(out, BaseException):   # what failed this request (step())
+                            pending.discard(rid)
+                            raise out
                         if out.finished:
                             pending.discard(rid)
                         yield out

@@ -2,12 +2,16 @@
 RequestOutputs (a part of Engine)."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from .outputs import CompletionOutput, RequestOutput
 from .request_state import RequestGroup, SequenceState
 from .sampler import prompt_logprobs
 from .sched.request import RequestStatus
+
+log = logging.getLogger("pocketcupy")
 
 
 class EngineOutputs:
@@ -26,7 +30,14 @@ class EngineOutputs:
         return positions
 
     def _append(self, s: SequenceState, tok: int, logprobs) -> None:
-        """tok (already in the request's token ids) into the sequence's output; stop checks."""
+        """tok (already in the request's token ids) into the sequence's output; stop checks. An
+        error there (its grammar, logprobs, detokenizer, stop strings) fails the request alone."""
+        try:
+            self._append_token(s, tok, logprobs)
+        except Exception as e:
+            self._fail(s.group, e)
+
+    def _append_token(self, s: SequenceState, tok: int, logprobs) -> None:
         p, out = s.group.params, s.output
         structure_done = s.matcher is not None and s.matcher.accept(tok)
         out.token_ids.append(tok)
@@ -74,6 +85,21 @@ class EngineOutputs:
             s.output.delta_text += tail
         s.output.finish_reason = status.value
         self.scheduler.finish(s.req.request_id, status)
+
+    def _fail(self, g: RequestGroup, error: Exception, touched: dict | None = None) -> None:
+        """Ends the request's unfinished sequences with finish_reason "error" (nothing held back is
+        flushed: that could raise again); error goes to its mailbox instead of the last output."""
+        live = [s for s in g.seqs if not s.output.finished]
+        if not live:
+            return
+        if g.error is None:
+            g.error = error
+            log.error("request %s failed: %s: %s", g.request_id, type(error).__name__, error, exc_info=error)
+        for s in live:
+            s.output.finish_reason = RequestStatus.FINISHED_ERROR.value
+            self.scheduler.finish(s.req.request_id, RequestStatus.FINISHED_ERROR)
+        if touched is not None:
+            touched[id(g)] = g
 
     def _request_output(self, g: RequestGroup) -> RequestOutput:
         outs = []

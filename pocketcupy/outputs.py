@@ -10,7 +10,7 @@ class CompletionOutput:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None           # one {token_id: Logprob} dict per generated token
-    finish_reason: str | None = None       # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None       # "stop" | "length" | "abort" | "error" | None while running
     stop_reason: int | str | None = None   # the stop string or stop token id that ended it
     # what this step added (for streaming)
     delta_text: str = ""

@@ -36,6 +36,7 @@ class RequestGroup:
     allowed_mask: object = None  # bool [vocab] of params.allowed_token_ids, shared by the sequences' rows
     bad_words: tuple = ()  # bad_words.bad_words_token_ids of params.bad_words
     mailbox: object = None  # Engine._add_request's: gets the request's outputs
+    error: Exception | None = None  # what failed the request (finish_reason "error")
 
     @property
     def finished(self) -> bool:

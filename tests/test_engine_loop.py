@@ -1,6 +1,7 @@
 """The background step loop: concurrent submission from threads, abort, failures surface."""
 import threading
 
+import numpy as np
 import pytest
 
 from pocketcupy import Engine, SamplingParams
@@ -88,3 +89,106 @@ def test_request_id_reused_right_after_abort(engine):
     assert again[-1].outputs[0].token_ids == alone
     loop.shutdown(10)
     assert loop.num_open_streams == 0 and engine.scheduler.num_blocks_used == 0
+
+
+def fail_detokenizer(engine, request_id):
+    """Makes the live request's own detokenizer raise from its next token on: the one fault injected
+    here (an attribute of that request's SequenceState, nothing shared), as no input makes the real
+    engine's per-request code fail (grammars, stop strings, logprobs and the rest are checked first)."""
+    with engine._lock:
+        seq = engine._seqs[request_id]
+
+        def push(token_id):
+            raise RuntimeError(f"detokenizer of {request_id} failed at token {token_id}")
+        seq.detok.push = push
+
+
+def test_one_request_failing_leaves_the_others(engine):
+    """An error of one request's own (here its detokenizer) ends that request alone, with finish_reason
+    "error"; the request beside it in the same steps runs on as if alone (it got the error too)."""
+    p = SamplingParams(temperature=0, max_tokens=10)
+    alone = engine.generate("The capital of France is", p)[0].outputs[0].token_ids
+    engine.add_request("good", "The capital of France is", p)
+    engine.add_request("bad", "Write a long story about a dragon.", SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    fail_detokenizer(engine, "bad")
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert finals["bad"].outputs[0].finish_reason == "error" and len(finals["bad"].outputs[0].token_ids) == 2
+    assert finals["good"].outputs[0].token_ids == alone and finals["good"].outputs[0].finish_reason == "length"
+    assert engine.scheduler.num_blocks_used == 0
+    assert engine.generate("The capital of France is", p)[0].outputs[0].token_ids == alone
+
+
+def test_one_sampling_row_failing_leaves_the_others(engine):
+    """A batch whose sampling raises because of one row (here a request's allowed-token mask emptied
+    in its own SamplingRow, which the sampler refuses) is sampled again row by row: that request
+    fails, the others keep their tokens (seeded sampling included)."""
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    seeded = SamplingParams(temperature=0.8, seed=7, max_tokens=8)
+    alone = [engine.generate("The capital of France is", greedy)[0].outputs[0].token_ids,
+             engine.generate("My favourite animal is", seeded)[0].outputs[0].token_ids]
+    engine.add_request("greedy", "The capital of France is", greedy)
+    engine.add_request("bad", "Write a long story about a dragon.", SamplingParams(max_tokens=50))
+    engine.add_request("seeded", "My favourite animal is", seeded)
+    engine.step()
+    with engine._lock:
+        engine._seqs["bad"].row.allowed_mask = np.zeros(engine.config.vocab_size, bool)
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert finals["bad"].outputs[0].finish_reason == "error"
+    assert [finals[r].outputs[0].token_ids for r in ("greedy", "seeded")] == alone
+    assert engine.scheduler.num_blocks_used == 0
+
+
+def test_one_stream_failing_leaves_the_others(engine):
+    """Through the step loop (as the server uses it): the failed request's stream raises its error,
+    a concurrent stream finishes as if alone, and new requests are served."""
+    p = SamplingParams(temperature=0, max_tokens=12)
+    alone = engine.generate("The capital of France is", p)[0].outputs[0].token_ids
+    loop = EngineLoop(engine)
+    bad = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True),
+                      request_id="bad")
+    assert not bad.get(timeout=30).finished
+    good = loop.submit("The capital of France is", p)
+    fail_detokenizer(engine, "bad")
+    with pytest.raises(RuntimeError, match="detokenizer of bad failed"):
+        drain(bad)
+    outs = drain(good)
+    assert outs[-1].outputs[0].token_ids == alone and outs[-1].outputs[0].finish_reason == "length"
+    assert drain(loop.submit("The capital of France is", p))[-1].outputs[0].token_ids == alone
+    loop.shutdown(10)
+    assert loop.num_open_streams == 0 and engine.scheduler.num_blocks_used == 0
+
+
+def test_failed_forward_ends_every_request_and_the_engine_goes_on(engine, monkeypatch):
+    """An error no request owns (the batch's forward; injected by making the runner raise once) ends
+    every request with finish_reason "error" and step() returns; nothing is left half-stepped (a
+    request whose step raised used to stay scheduled with no token, and never progressed)."""
+    execute = engine.runner.execute
+    calls = []
+
+    def fail_once(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("forward failed")
+        return execute(*a, **kw)
+    monkeypatch.setattr(engine.runner, "execute", fail_once)
+    engine.add_request("x", "Once upon a time", SamplingParams(max_tokens=20))
+    engine.add_request("y", "The sky is", SamplingParams(max_tokens=20))
+    finals = {}
+    for _ in range(5):
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert {r: o.outputs[0].finish_reason for r, o in finals.items()} == {"x": "error", "y": "error"}
+    assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
+    p = SamplingParams(temperature=0, max_tokens=4)
+    assert engine.generate("hi", p)[0].outputs[0].finish_reason == "length"
+    loop = EngineLoop(engine)   # a stream gets the error, no hang
+    calls.clear()
+    calls.append(1)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        drain(loop.submit("hi", p))
+    assert drain(loop.submit("hi", p))[-1].outputs[0].finish_reason == "length"
+    loop.shutdown(10)

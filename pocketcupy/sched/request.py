@@ -2,7 +2,7 @@
 
 Life cycle: WAITING -> RUNNING -> FINISHED_* ; a RUNNING request may be PREEMPTED (its blocks
 are freed and it goes back to the waiting queue to be recomputed) and any request may be
-aborted (FINISHED_ABORTED) at any time.
+aborted (FINISHED_ABORTED) at any time, or fail (FINISHED_ERROR).
 """
 from __future__ import annotations
 
@@ -24,11 +24,12 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"     # an error of the request's own (vLLM's), or of its step's forward
 
     @property
     def finished(self) -> bool:
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
 
 
 @dataclass(eq=False)
