@@ -257,7 +257,7 @@ def test_scale_of_a_skipped_weight_is_ignored(tmp_path, original):
         t[skipped] = ("BF16", np.zeros(4, np.uint16))
         t[skipped + "_scale"] = ("F32", np.array(2.0, np.float32))
     path, expected = build_fp8(tmp_path, "fp8-tensor", edit_tensors=edit)
-    check_loaded(path, expected, original, FP8_MAX_REL)
+    check_loaded(path, expected, original, FP8_MAX_REL, "FP8")
 
 
 def test_scale_names_are_not_model_tensors():
