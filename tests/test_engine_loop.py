@@ -130,7 +130,7 @@ def test_one_sampling_row_failing_leaves_the_others(engine):
     alone = [engine.generate("The capital of France is", greedy)[0].outputs[0].token_ids,
              engine.generate("My favourite animal is", seeded)[0].outputs[0].token_ids]
     engine.add_request("greedy", "The capital of France is", greedy)
-    engine.add_request("bad", "Write a long story about a dragon.", SamplingParams(max_tokens=50))
+    engine.add_request("bad", "Write a long story about a dragon.", SamplingParams(max_tokens=50, ignore_eos=True))
     engine.add_request("seeded", "My favourite animal is", seeded)
     engine.step()
     with engine._lock:

@@ -400,7 +400,7 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
        (w.data, np.int32(w.rows), np.int32(k), x, opt_arg(bias), out))
 
 
-FP8_UNROLL = 2         # U of gemv_fp8_mma: 64-code chunks a warp loads at once (2 or 4)
+FP8_UNROLL = 4         # U of gemv_fp8_mma: 64-code chunks a warp loads at once (2 or 4)
 _FP8_MMA_EXPRS = tuple(f"gemv_fp8_mma<{nt}, {u}>" for nt in (1, 2) for u in (2, 4))
 
 
