@@ -68,15 +68,21 @@ def drain(stream, timeout=60):
     return outs
 
 
+def long_stream(loop, request_id):
+    """A stream that runs until it is aborted or fails, past its first output."""
+    stream = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True),
+                         request_id=request_id)
+    assert not stream.get(timeout=30).finished
+    return stream
+
+
 def test_request_id_reused_right_after_abort(engine):
     """A request id is free as soon as its request is aborted; the old request's last output goes to
     its own stream, never to the new request's (the loop used to route outputs by id)."""
     p = SamplingParams(temperature=0, max_tokens=8)
     alone = engine.generate("The capital of France is", p)[0].outputs[0].token_ids
     loop = EngineLoop(engine)
-    old = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True),
-                      request_id="same")
-    assert not old.get(timeout=30).finished
+    old = long_stream(loop, "same")
     with pytest.raises(ValueError, match="^request_id: 'same' is already in use"):
         loop.submit("hi", p, request_id="same")
     old.abort()
@@ -149,9 +155,7 @@ def test_one_stream_failing_leaves_the_others(engine):
     p = SamplingParams(temperature=0, max_tokens=12)
     alone = engine.generate("The capital of France is", p)[0].outputs[0].token_ids
     loop = EngineLoop(engine)
-    bad = loop.submit("Write a long story about a dragon.", SamplingParams(max_tokens=3000, ignore_eos=True),
-                      request_id="bad")
-    assert not bad.get(timeout=30).finished
+    bad = long_stream(loop, "bad")
     good = loop.submit("The capital of France is", p)
     fail_detokenizer(engine, "bad")
     with pytest.raises(RuntimeError, match="detokenizer of bad failed"):
