@@ -45,6 +45,27 @@ def test_shards_reassemble(qtype, world):
     assert all(p.shape == (6 * world, col_w) and p.data.flags.c_contiguous for p in col_parts)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_fp8_shards_carry_their_scales(world):
+    """FP8 codes are cut with their scales (a scale per row and 128 columns): rows anywhere, columns
+    on 128-column groups (elsewhere the columns as BF16); padded rows are zero."""
+    rng = np.random.default_rng(world)
+    rows, cols = 5 * world, 256 * world
+    t = QTensor("FP8", (rows, cols), rng.integers(0, 0x7F, (rows, cols), dtype=np.uint8),
+                rng.uniform(0.5, 2.0, (rows, cols // 128)).astype(np.float32))
+    full = t.dequantize()
+    rows_w, col_w = rows // world, cols // world
+    assert np.array_equal(np.concatenate([take_rows(t, r * rows_w, (r + 1) * rows_w).dequantize()
+                                          for r in range(world)]), full)
+    assert np.array_equal(np.concatenate([take_cols(t, r * col_w, (r + 1) * col_w).dequantize()
+                                          for r in range(world)], axis=1), full)
+    padded = pad_rows(t, rows + 3).dequantize()
+    assert np.array_equal(padded[:rows], full) and not padded[rows:].any()
+    assert all(take_cols(t, r * col_w, (r + 1) * col_w).qtype == "FP8" for r in range(world))
+    off = take_cols(t, 64, 192)
+    assert off.qtype == "BF16" and np.array_equal(off.dequantize(), full[:, 64:192])
+
+
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "IQ4_XS", "BF16"])
 def test_padded_vocab_rows_are_zero(qtype):
     t = make_tensor(qtype, 5, 256)

@@ -369,3 +369,17 @@ def test_fp8_codes_on_cuda(tmp_path, case):
         got += run.step([("a", long[p:p + 1], p)], decode_only=True)
     err = rel_err(np.concatenate(got), full_logits(ref_model, ref_ops, long))
     assert err <= 1e-2, f"prefill + decode: relative error {err:.2e}"
+
+
+def test_fp8_tensor_parallel_equals_one_rank(tmp_path):
+    """Two ranks cut the FP8 codes with their scales (tiny_llama's row-parallel columns, 32 and 64 of
+    them a rank, fall off the 128-column groups and are cut as BF16): the same greedy tokens."""
+    path = build_fp8(tmp_path, "fp8-block-128")[0]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    want = Engine(path, device="cpu", progress=False).generate([PROMPT], params)[0].outputs[0].token_ids
+    e = Engine(path, device="cpu", progress=False, tensor_parallel_size=2)
+    try:
+        got = e.generate([PROMPT], params)[0].outputs[0].token_ids
+    finally:
+        e.close()
+    assert got == want

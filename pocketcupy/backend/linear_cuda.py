@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..quant.kv_quant import E4M3_VALUES
+from ..quant.qtensor import FP8_GROUP
 from .cublas_graph import gemm_ex
 from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg, opt_arg
 from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
                               launch_gemv_kquant_mma3, quantize_x_q8k)
-from ..quant.kv_quant import E4M3_VALUES
-from ..quant.qtensor import FP8_GROUP
 from .weight_cuda import (DENSE_QTYPES, FP8_SCALE_FACTOR, KERNEL_TYPE_IDS, CudaWeight, Half16Rows, Q8Rows,
                           joined_segments)
 
@@ -779,7 +779,7 @@ def silu_mul_linear(gate, up, w, out=None):
     if not fits:
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-    gemm = n > (GEMV_MAX_BATCH if w.is_dense else FP8_GEMV_MAX_BATCH) if not w.is_gguf else not _gemv_gguf_takes(w, n)
+    gemm = not _gemv_gguf_takes(w, n) if w.is_gguf else n > (FP8_GEMV_MAX_BATCH if w.qtype == "FP8" else GEMV_MAX_BATCH)
     vec4 = _vec4(gate) and _vec4(up)
     if gemm:
         _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w, vec4))

@@ -2,18 +2,19 @@
 
 The loaders hand out QTensors over memory maps, so a row shard is a view (only its pages are
 ever read) and a column shard copies just its own columns. GGUF block types are cut per row of
-blocks: rows anywhere, columns only on block boundaries (32 or 256 values); FP8 codes with their
-scales, columns on boundaries of the scales' 128-column groups."""
+blocks: rows anywhere, columns only on block boundaries (32 or 256 values). FP8 codes are cut with
+their scales; a column split off the scales' 128-column groups gets the columns as BF16."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..loader.gguf import GGML_TYPES
+from ..quant.minifloat_weights import fp8_to_bf16
 from ..quant.qtensor import FP8_GROUP, QTensor
 from .layout import ShardLayout
 
 BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
-BLOCKS["FP8"] = (FP8_GROUP, FP8_GROUP)      # a column split keeps whole scale groups
+BLOCKS["FP8"] = (1, 1)      # any column (take_cols)
 
 
 def take_rows(t: QTensor, start: int, stop: int) -> QTensor:
@@ -29,10 +30,12 @@ def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTenso
         raise ValueError(problem)
     per_block, nbytes = BLOCKS[t.qtype]
     scales = None
+    if t.qtype == "FP8" and (start % FP8_GROUP or stop % FP8_GROUP and stop != t.shape[1]):
+        return QTensor("BF16", (t.shape[0], stop - start), np.ascontiguousarray(fp8_to_bf16(t)[:, start:stop]))
     if t.is_dense:
         data = t.data[:, start:stop]
     elif t.qtype == "FP8":
-        data, scales = t.data[:, start:stop], np.ascontiguousarray(t.scales[:, start // per_block:-(-stop // per_block)])
+        data, scales = t.data[:, start:stop], np.ascontiguousarray(t.scales[:, start // FP8_GROUP:-(-stop // FP8_GROUP)])
     else:
         data = t.data[:, start // per_block * nbytes:stop // per_block * nbytes]
     return QTensor(t.qtype, (t.shape[0], stop - start), np.ascontiguousarray(data), scales)
