@@ -23,7 +23,7 @@ class EngineArgs:
     max_model_len: int | None = None       # default: the model's context length
     block_size: int = 16                   # tokens per KV block
     num_kv_blocks: int | None = None       # explicit KV pool size (overrides kv_cache_memory)
-    kv_cache_memory: int | None = None     # bytes for the KV pool (default: 512 MiB on the CPU)
+    kv_cache_memory: int | None = None     # bytes for the KV pool + recurrent state slots (default: 512 MiB on CPU)
     kv_cache_dtype: str = "auto"           # "auto" (the backend's float type) | "int8" | "fp8" (E4M3) | "k8v4"
                                            # (int8 K, int4 V): codes + a scale per token and KV head (quant/kv_quant.py)
     max_num_seqs: int = 64                 # requests running at once

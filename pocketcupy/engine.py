@@ -288,10 +288,12 @@ class Engine(EngineBuild, EngineOutputs):
             return bool(self._ended)
 
     def stats(self) -> dict:
-        """Counters a server exports (see server/metrics.py): the scheduler's, and the structured
-        output's (constrained requests, mask-fill times)."""
+        """Counters a server exports (see server/metrics.py): the scheduler's, the recurrent state
+        slots' bytes (a hybrid model's; else 0), and the structured output's (constrained requests,
+        mask-fill times)."""
         with self._lock:
-            return {**self.scheduler.get_stats(), "structured": self.structured.stats.snapshot()}
+            return {**self.scheduler.get_stats(), "recurrent_state_bytes": self._state_slot_bytes(),
+                    "structured": self.structured.stats.snapshot()}
 
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:

@@ -7,6 +7,7 @@ import logging
 
 from .progress import ProgressDict
 from .quant.kv_quant import check_kv_head_dim, kv_pair_bytes
+from .state_slots import state_slot_bytes
 
 CPU_KV_BYTES = 512 << 20
 log = logging.getLogger("pocketcupy")
@@ -142,14 +143,28 @@ class EngineBuild:
         activations = 64 * self.args.max_num_batched_tokens * max(c.hidden_size, c.intermediate_size, c.vocab_size // 8)
         return int(free - (1 - self.args.gpu_memory_utilization) * total - activations)
 
+    def _state_slot_bytes(self) -> int:
+        """The recurrent state slots of a hybrid model (state_slots.py), max_num_seqs of them; 0 for
+        a model without."""
+        shapes = getattr(self.model, "state_shapes", None)
+        return 0 if shapes is None else state_slot_bytes(shapes, self.args.max_num_seqs)
+
     def _num_kv_blocks(self) -> int:
+        """num_kv_blocks, or the blocks kv_cache_memory (default: _default_kv_bytes) holds beside the
+        recurrent state slots."""
         a = self.args
         if a.num_kv_blocks is not None:
             return a.num_kv_blocks
-        blocks = max(a.kv_cache_memory or self._default_kv_bytes(), 0) // self._kv_block_bytes()
+        memory, states = max(a.kv_cache_memory or self._default_kv_bytes(), 0), self._state_slot_bytes()
+        if states > memory:
+            raise ValueError(f"kv_cache_memory: {memory} bytes cannot hold the recurrent state slots of "
+                             f"max_num_seqs={a.max_num_seqs} sequences ({states} bytes, {states // a.max_num_seqs} "
+                             "a sequence); raise kv_cache_memory or lower max_num_seqs")
+        blocks = (memory - states) // self._kv_block_bytes()
         need = -(-self.max_model_len // a.block_size) + 1  # + the reserved null block
         if blocks < need:
-            raise ValueError(f"kv_cache_memory: {blocks} KV blocks cannot hold one max_model_len="
-                             f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory "
-                             "or lower max_model_len")
+            beside = f" beside the recurrent state slots of max_num_seqs={a.max_num_seqs} sequences" if states else ""
+            raise ValueError(f"kv_cache_memory: {blocks} KV blocks{beside} cannot hold one max_model_len="
+                             f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory or lower "
+                             f"max_model_len{' or max_num_seqs' if states else ''}")
         return int(blocks)

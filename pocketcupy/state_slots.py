@@ -1,5 +1,6 @@
 """Recurrent state slots: a hybrid model's per-sequence state (e.g. Qwen3-Next's conv and gated
-delta rule states), beside the paged KV cache, in arrays preallocated for max_num_seqs sequences.
+delta rule states), beside the paged KV cache, in arrays preallocated for max_num_seqs sequences
+within kv_cache_memory (the KV pool gets what they leave: EngineBuild._num_kv_blocks).
 
 A request takes a free slot when it is first scheduled and keeps it through chunked prefill and
 decode; its state is zeroed whenever its computation starts at position 0 (new, or recomputed
@@ -15,12 +16,20 @@ import numpy as np
 from .sched.output import SchedulerOutput
 
 
+STATE_DTYPE = np.float32
+
+
+def state_slot_bytes(shapes: list[tuple[tuple, ...]], num_slots: int) -> int:
+    """The bytes StateSlots(ops, shapes, num_slots) allocates."""
+    return num_slots * sum(int(np.prod(s)) for layer in shapes for s in layer) * np.dtype(STATE_DTYPE).itemsize
+
+
 class StateSlots:
     def __init__(self, ops, shapes: list[tuple[tuple, ...]], num_slots: int):
         """shapes: per state layer, the shape of each of its arrays for one sequence."""
-        self.layers = [tuple(ops.asarray(np.zeros((num_slots, *s), np.float32)) for s in layer) for layer in shapes]
+        self.layers = [tuple(ops.asarray(np.zeros((num_slots, *s), STATE_DTYPE)) for s in layer) for layer in shapes]
         self.num_slots = num_slots
-        self.nbytes = sum(a.nbytes for arrays in self.layers for a in arrays)
+        self.nbytes = state_slot_bytes(shapes, num_slots)
         self.free = list(range(num_slots - 1, -1, -1))   # popped from the end: slot 0 first
         self.slot_of: dict[str, int] = {}
         self.rows = np.zeros(0, np.int64)                # the step's slot of each scheduled request

@@ -12,6 +12,7 @@ from pocketcupy.backend.ops_ref import CHUNK, CHUNKED_FROM, NumpyOps
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
+from pocketcupy.server.state import _kv_text
 
 from .helpers import full_logits, load_reference_model, rel_err
 from .qwen3_next_checkpoints import REFERENCE, VARIANTS, config, tensors, write_checkpoint
@@ -100,12 +101,34 @@ def test_multimodal_folder_reads_its_text_model(tmp_path):
     assert greedy_ids(folder) == REF["q35_dense__greedy_ids"].tolist()
 
 
-def test_kv_pool_counts_attention_layers_only(variant):
+def test_kv_pool_counts_attention_layers_only_beside_the_state_slots(variant):
+    """kv_cache_memory holds the state slots and the KV blocks: the pool has the slots' bytes / a
+    block's bytes (here 11) fewer blocks than the same memory alone would give."""
     _, folder = variant
-    engine = Engine(folder, device="cpu", progress=False, kv_cache_memory=1 << 20, block_size=16)
+    memory = 1 << 20
+    engine = Engine(folder, device="cpu", progress=False, kv_cache_memory=memory, block_size=16, max_num_seqs=8)
     # 2 attention layers x 16 tokens x 2 KV heads x (K + V) 16 float32 values
-    assert engine._kv_block_bytes() == 2 * 16 * 2 * 2 * 16 * 4
-    assert engine.scheduler.num_blocks_total == (1 << 20) // engine._kv_block_bytes() - 1
+    block = engine._kv_block_bytes()
+    assert block == 2 * 16 * 2 * 2 * 16 * 4
+    slots = engine.runner.states
+    assert slots.nbytes == sum(a.nbytes for arrays in slots.layers for a in arrays) == 2 * 8 * 1408 * 4 == 11 * block
+    assert engine.scheduler.num_blocks_total + 1 == memory // block - slots.nbytes // block    # + the null block
+    assert engine.stats()["recurrent_state_bytes"] == slots.nbytes
+    assert _kv_text(engine) == "116 blocks x 16 tokens = 1 MiB + recurrent state slots 0 MiB"
+
+
+def test_state_slots_beyond_kv_cache_memory_refused(tmp_path):
+    folder = write_checkpoint(tmp_path, "q3n_moe")
+    with pytest.raises(ValueError, match=r"kv_cache_memory: 90000 bytes cannot hold the recurrent state slots of "
+                                         r"max_num_seqs=8 sequences \(90112 bytes, 11264 a sequence\); raise "
+                                         r"kv_cache_memory or lower max_num_seqs"):
+        Engine(folder, device="cpu", progress=False, kv_cache_memory=90000, max_num_seqs=8)
+    # 16 blocks of 8192 bytes beside the slots: one 256-token sequence needs 17
+    with pytest.raises(ValueError, match=r"kv_cache_memory: 16 KV blocks beside the recurrent state slots of "
+                                         r"max_num_seqs=8 sequences cannot hold one max_model_len=256 sequence "
+                                         r"\(17 blocks\); raise kv_cache_memory or lower max_model_len or "
+                                         r"max_num_seqs"):
+        Engine(folder, device="cpu", progress=False, kv_cache_memory=90112 + 16 * 8192, max_num_seqs=8, block_size=16)
 
 
 def test_chunked_prefill_carries_the_state(variant):

@@ -94,8 +94,10 @@ class ServerState:
 def _kv_text(engine) -> str:
     s = engine.stats()
     per_block = getattr(engine, "_kv_block_bytes", lambda: 0)()
+    states = s.get("recurrent_state_bytes", 0)
     return f"{s.get('kv_blocks_total', 0)} blocks x {engine.args.block_size} tokens = " \
-           f"{s.get('kv_blocks_total', 0) * per_block / 2**20:.0f} MiB"
+           f"{s.get('kv_blocks_total', 0) * per_block / 2**20:.0f} MiB" + \
+           (f" + recurrent state slots {states / 2**20:.0f} MiB" if states else "")
 
 
 def _rss_text() -> str:
