@@ -53,7 +53,8 @@ class EngineBuild:
         return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
                            a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
                            kv_cache_dtype=a.kv_cache_dtype,
-                           pre_norm_hidden=model is None and a.speculative_method == "mtp")
+                           pre_norm_hidden=model is None and a.speculative_method == "mtp",
+                           graph_rows=decode_graph_rows(a) if model is None else a.max_num_seqs)
 
     def _check_mtp(self, config) -> None:
         """Before anything is built: MTP drafts need the NumPy backend and a checkpoint with an MTP layer."""
@@ -168,3 +169,10 @@ class EngineBuild:
                              f"{self.max_model_len} sequence ({need} blocks); raise kv_cache_memory or lower "
                              f"max_model_len{' or max_num_seqs' if states else ''}")
         return int(blocks)
+
+
+def decode_graph_rows(a) -> int:
+    """Rows of the target's largest decode graph: one a sequence, and with drafts verified on the GPU
+    1 + num_speculative_tokens a sequence (runner.per_token_rows); graphs are captured when first used."""
+    drafts = a.num_speculative_tokens if a.speculative_method in ("ngram", "draft_model") else 0
+    return a.max_num_seqs * (1 + drafts)

@@ -86,9 +86,10 @@ class FlatBatchBuilder:
 class ModelRunner:
     def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
                  max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto",
-                 pre_norm_hidden: bool = False):
+                 pre_norm_hidden: bool = False, graph_rows: int | None = None):
         """pre_norm_hidden: return the pre-norm hidden state of every row (the model's
-        forward_with_hidden; eager steps only)."""
+        forward_with_hidden; eager steps only); graph_rows: the largest decode graph's rows (default
+        max_num_seqs)."""
         c = model.config
         self.pre_norm_hidden = pre_norm_hidden
         self.model, self.ops, self.block_size = model, ops, block_size
@@ -105,7 +106,7 @@ class ModelRunner:
         if cuda_graphs:
             from .backend.graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, self.kv_caches, max_num_seqs, -(-max_model_len // block_size),
+            self.graphs = DecodeGraphs(model, self.kv_caches, graph_rows or max_num_seqs, -(-max_model_len // block_size),
                                        block_size, scratch_slot=num_blocks * block_size)
 
     def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None,

@@ -219,3 +219,16 @@ def test_cuda_verification_replays_the_decode_graph():
         if _margin(want.logprobs[i]) < 0.01:
             break
         assert a == b, f"position {i}"
+
+
+def test_decode_graphs_hold_the_verification_rows():
+    """The target's decode graphs go up to 1 + k rows a sequence where drafts are verified through
+    them (n-gram, draft model); MTP drafts (NumPy only) and plain decoding keep one a sequence."""
+    from pocketcupy import EngineArgs
+    from pocketcupy.engine_build import decode_graph_rows
+
+    assert decode_graph_rows(EngineArgs(max_num_seqs=16)) == 16
+    assert decode_graph_rows(EngineArgs(max_num_seqs=16, **SPEC)) == 16 * 5
+    assert decode_graph_rows(EngineArgs(max_num_seqs=8, speculative_method="draft_model", speculative_model="m",
+                                        num_speculative_tokens=2)) == 24
+    assert decode_graph_rows(EngineArgs(max_num_seqs=8, speculative_method="mtp")) == 8
