@@ -18,7 +18,7 @@ class LoadedCheckpoint:
 
 
 def load_checkpoint(path: str, mtp: bool = False) -> LoadedCheckpoint:
-    """mtp: load a DeepSeek-V3 folder's multi-token-prediction layers too (weights mtp.<i>.*)."""
+    """mtp: load a DeepSeek-V3 checkpoint's multi-token-prediction layers too (weights mtp.<i>.*)."""
     if not isinstance(path, str) or not path:
         raise ValueError("model: must be a path to a .gguf file or a Hugging Face checkpoint folder")
     path = os.path.abspath(os.path.expanduser(path))
@@ -31,10 +31,11 @@ def load_checkpoint(path: str, mtp: bool = False) -> LoadedCheckpoint:
         raise ValueError(f"model: {path} does not exist")
     else:
         from .gguf import read_gguf
-        from .gguf_config import config_from_gguf
+        from .gguf_config import model_from_gguf
 
         meta, tensors = read_gguf(path)
-        ckpt = LoadedCheckpoint(path, "gguf", config_from_gguf(meta, tensors, path), tensors, meta)
+        config, tensors = model_from_gguf(meta, tensors, path, mtp)
+        ckpt = LoadedCheckpoint(path, "gguf", config, tensors, meta)
     from ..models.registry import model_class
 
     try:
