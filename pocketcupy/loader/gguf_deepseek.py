@@ -130,6 +130,10 @@ def deepseek_tensors(c: ModelConfig, tensors: dict[str, QTensor], mtp: bool, r: 
                           f"(experts, rows, cols)")
         for j in range(t.shape[0]):
             out[f"{prefix}ffn_{experts.group(1)}_exps.{j}.weight"] = QTensor(t.qtype, tuple(t.shape[1:]), t.data[j])
+    for i in range(c.moe.first_k_dense_replace, c.num_layers):
+        if f"blk.{i}.ffn_gate_inp.e_score_correction_bias" not in out:
+            raise r.error(f"tensor 'blk.{i}.exp_probs_b.bias' is missing: DeepSeek-V3's router needs its expert "
+                          f"score correction bias (e_score_correction_bias)")
     for prefix, parts in split_kv.items():
         if prefix + "attn_kv_b.weight" in out:
             raise r.error(f"tensor {prefix}attn_kv_b.weight and the split attn_k_b / attn_v_b are both present")
