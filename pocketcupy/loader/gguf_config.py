@@ -1,7 +1,7 @@
 """GGUF metadata -> ModelConfig, and GGUF tensor names (which the models use as-is)."""
 from __future__ import annotations
 
-from ..config import ModelConfig, RopeScaling, is_count, is_number
+from ..config import ModelConfig, RopeScaling, is_count, is_number, is_size
 from ..quant.qtensor import QTensor
 from .gguf import GGUFError
 
@@ -37,6 +37,13 @@ class MetaReader:
             raise self.error(f"per-layer values of {self.arch}.{key} ({v}) are not supported")
         if not is_count(v):
             raise self.error(f"{self.arch}.{key} must be a positive integer, got {v!r}")
+        return v
+
+    def size(self, key, default: int) -> int:
+        """An integer >= 0."""
+        v = self.get(key, default)
+        if not is_size(v):
+            raise self.error(f"{self.arch}.{key} must be an integer >= 0, got {v!r}")
         return v
 
     def number(self, key, default):

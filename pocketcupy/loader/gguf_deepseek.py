@@ -12,24 +12,14 @@ multi-token-prediction layers, where a file has them, as layers block_count - ne
 on with their own weights under blk.N.nextn.*."""
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from ..config import MLAConfig, ModelConfig, MoEConfig, is_size
+from ..config import MLAConfig, ModelConfig, MoEConfig
 from ..quant.qtensor import QTensor
 from .gguf_config import MetaReader
+from .gguf_layout import as_f32, expert_views, layer_of
 
 SIGMOID = 2     # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (1: softmax, DeepSeek-V2's)
-_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
-_EXPERTS = re.compile(r"^ffn_(gate|up|down)_exps\.weight$")
-
-
-def _size(r: MetaReader, key: str, default: int) -> int:
-    v = r.get(key, default)
-    if not is_size(v):
-        raise r.error(f"{r.arch}.{key} must be an integer >= 0, got {v!r}")
-    return v
 
 
 def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
@@ -51,7 +41,7 @@ def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
         raise r.error(f"{r.arch}.{qk_key} {qk_head} must exceed the rope dimension {rope_dim} "
                       f"({r.arch}.rope.dimension_count): it is qk_nope_head_dim + qk_rope_head_dim")
     q_rank = r.count("attention.q_lora_rank") if f"{r.arch}.attention.q_lora_rank" in r.meta else None
-    nextn, layers = _size(r, "nextn_predict_layers", 0), r.count("block_count")
+    nextn, layers = r.size("nextn_predict_layers", 0), r.count("block_count")
     if nextn >= layers:
         raise r.error(f"{r.arch}.nextn_predict_layers {nextn} leaves no decoder layers of {r.arch}.block_count "
                       f"{layers}")
@@ -60,7 +50,7 @@ def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
         num_experts_per_tok=r.count("expert_used_count", required=True),
         moe_intermediate_size=r.count("expert_feed_forward_length", required=True),
         n_shared_experts=r.count("expert_shared_count", required=True),
-        first_k_dense_replace=_size(r, "leading_dense_block_count", 0),
+        first_k_dense_replace=r.size("leading_dense_block_count", 0),
         n_group=r.count("expert_group_count", 1), topk_group=r.count("expert_group_used_count", 1),
         norm_topk_prob=r.flag("expert_weights_norm", False),
         routed_scaling_factor=r.number("expert_weights_scale", 1.0))
@@ -69,12 +59,6 @@ def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
     return dict(num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim, rope_interleaved=True,
                 num_layers=layers - nextn,
                 num_nextn_predict_layers=nextn, mla=mla, moe=moe, qkv_bias=mla.attention_bias)
-
-
-def _rows(t: QTensor) -> np.ndarray:
-    """A tensor of [..., rows, cols] as float32 [..., rows, cols]."""
-    flat = QTensor(t.qtype, (int(np.prod(t.shape[:-1])), t.shape[-1]), t.data.reshape(-1, t.data.shape[-1]))
-    return flat.dequantize().reshape(t.shape)
 
 
 def _kv_b(c: ModelConfig, k_b: QTensor | None, v_b: QTensor | None, prefix: str, r: MetaReader) -> QTensor:
@@ -89,7 +73,7 @@ def _kv_b(c: ModelConfig, k_b: QTensor | None, v_b: QTensor | None, prefix: str,
         if tuple(t.shape) != want[part]:
             raise r.error(f"tensor {name!r} has shape {tuple(t.shape)}, but the metadata needs {want[part]} "
                           f"(heads, {'kv_lora_rank, qk_nope_head_dim' if part == 'attn_k_b' else 'v_head_dim, kv_lora_rank'})")
-    kv = np.concatenate([_rows(k_b).transpose(0, 2, 1), _rows(v_b)], axis=1)
+    kv = np.concatenate([as_f32(k_b).transpose(0, 2, 1), as_f32(v_b)], axis=1)
     kv = np.ascontiguousarray(kv.reshape(-1, m.kv_lora_rank))
     return QTensor("F32", kv.shape, kv)
 
@@ -97,13 +81,13 @@ def _kv_b(c: ModelConfig, k_b: QTensor | None, v_b: QTensor | None, prefix: str,
 def _target(name: str, n_layers: int, mtp: bool) -> str | None:
     """The name a tensor is read under, or None where it is not read: a multi-token-prediction
     layer's (layer n_layers + i -> mtp.<i>.*) without mtp, and its embedding (the model's own)."""
-    m = _LAYER.match(name)
-    if m is None or int(m.group(1)) < n_layers:
+    layer, rest = layer_of(name)
+    if layer is None or layer < n_layers:
         return name
     if not mtp:
         return None
-    rest = m.group(2).removeprefix("nextn.")
-    return None if rest.startswith("embed_tokens.") else f"mtp.{int(m.group(1)) - n_layers}.{rest}"
+    rest = rest.removeprefix("nextn.")
+    return None if rest.startswith("embed_tokens.") else f"mtp.{layer - n_layers}.{rest}"
 
 
 def deepseek_tensors(c: ModelConfig, tensors: dict[str, QTensor], mtp: bool, r: MetaReader) -> dict[str, QTensor]:
@@ -117,19 +101,10 @@ def deepseek_tensors(c: ModelConfig, tensors: dict[str, QTensor], mtp: bool, r: 
         prefix, rest = target[:cut], target[cut:]      # prefix: "blk.N." / "mtp.I.", or "" (not a layer's)
         if rest in ("attn_k_b.weight", "attn_v_b.weight"):
             split_kv.setdefault(prefix, {})[rest.split(".")[0]] = t
-            continue
-        if rest == "exp_probs_b.bias":
+        elif rest == "exp_probs_b.bias":
             out[prefix + "ffn_gate_inp.e_score_correction_bias"] = t
-            continue
-        experts = _EXPERTS.match(rest)
-        if experts is None:
-            out[target] = t
-            continue
-        if len(t.shape) != 3:
-            raise r.error(f"tensor {name!r} has shape {tuple(t.shape)}: stacked experts are 3-D "
-                          f"(experts, rows, cols)")
-        for j in range(t.shape[0]):
-            out[f"{prefix}ffn_{experts.group(1)}_exps.{j}.weight"] = QTensor(t.qtype, tuple(t.shape[1:]), t.data[j])
+        else:
+            out.update(expert_views(name, prefix, rest, t, r) or {target: t})
     for i in range(c.moe.first_k_dense_replace, c.num_layers):
         if f"blk.{i}.ffn_gate_inp.e_score_correction_bias" not in out:
             raise r.error(f"tensor 'blk.{i}.exp_probs_b.bias' is missing: DeepSeek-V3's router needs its expert "
