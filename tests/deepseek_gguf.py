@@ -4,39 +4,17 @@ writes DeepseekV3ForCausalLM: names from the gguf package's own TensorNameMap, t
 stacked into one [expert, rows, cols] tensor a projection, kv_b_proj split per head into attn_k_b
 (transposed) and attn_v_b, e_score_correction_bias as exp_probs_b.bias, no Q/K permutation, 1-D
 tensors and the router in F32 and a row length the block type cannot take in F16 (as the
-converter falls back), the MTP layer left out unless nextn; tiny_llama's byte-level BPE as a
-"gpt2" tokenizer."""
-import json
-import os
-
+converter falls back), the MTP layer left out unless nextn (tests/gguf_writing.py: the tokenizer
+and the file)."""
 import gguf
 import numpy as np
 
-from pocketcupy.quant.dequant import bf16_to_f32
-from pocketcupy.quant.quantize import quantize
-
 from .deepseek_checkpoints import config, tensors
-from .seeded_checkpoints import TOKENIZER
+from .gguf_writing import as_f32, write_file
 
 _NEXTN = {"enorm": "nextn.enorm", "hnorm": "nextn.hnorm", "eh_proj": "nextn.eh_proj",
           "embed_tokens": "nextn.embed_tokens", "shared_head.norm": "nextn.shared_head_norm",
           "shared_head.head": "nextn.shared_head_head"}
-
-
-def _tokenizer(w) -> None:
-    with open(os.path.join(TOKENIZER, "tokenizer.json"), encoding="utf-8") as f:
-        tok = json.load(f)
-    vocab = {**tok["model"]["vocab"], **{a["content"]: a["id"] for a in tok["added_tokens"]}}
-    special = {a["id"] for a in tok["added_tokens"] if a["special"]}
-    tokens = sorted(vocab, key=vocab.get)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if vocab[t] in special else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
-    w.add_eos_token_id(319)
-    w.add_pad_token_id(317)
-    w.add_add_bos_token(False)
 
 
 def _metadata(w, cfg: dict, nextn: int) -> None:
@@ -87,7 +65,7 @@ def converted(cfg: dict, hf: dict, nextn: int = 0, split_kv_b: bool = True) -> d
     turns them (split_kv_b=False: an older converter's single attn_kv_b)."""
     n, e = cfg["num_hidden_layers"], cfg["n_routed_experts"]
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.DEEPSEEK2, n + nextn)
-    f32 = {k: (bf16_to_f32(a) if dt == "BF16" else a).astype(np.float32) for k, (dt, a) in hf.items()}
+    f32 = as_f32(hf)
     out = {}
     for name, a in f32.items():
         parts = name.split(".")
@@ -116,37 +94,12 @@ def converted(cfg: dict, hf: dict, nextn: int = 0, split_kv_b: bool = True) -> d
     return out
 
 
-def _stored(name: str, a: np.ndarray, qtype: str):
-    """(array, raw GGML type or None) as the converter stores it in qtype."""
-    if a.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight")) or qtype == "F32":
-        return a.astype(np.float32), None
-    if qtype == "F16" or a.shape[-1] % 32:
-        return a.astype(np.float16), None
-    return quantize(a, qtype), gguf.GGMLQuantizationType[qtype]
-
-
 def write_gguf(path, name: str, qtype: str = "F32", config_changes=None, tensor_map=None, nextn: int = 0,
                split_kv_b: bool = True, metadata=None, drop=()) -> str:
     """The variant name (its config updated by config_changes, its tensors tensor_map's) as a GGUF
     file at path in qtype (F32, F16 or a block type of ours); metadata: keys overridden (None:
     removed); drop: GGUF tensor names left out."""
     cfg = {**config(name), **(config_changes or {})}
-    w = gguf.GGUFWriter(str(path), "deepseek2")
-    _metadata(w, cfg, nextn)
-    _tokenizer(w)
-    for key, value in (metadata or {}).items():
-        if key in w.kv_data[0]:
-            del w.kv_data[0][key]
-        if value is not None:
-            adder = {int: w.add_uint32, float: w.add_float32, bool: w.add_bool, str: w.add_string}[type(value)]
-            adder(key, value)
-    for tname, a in converted(cfg, tensor_map or tensors(name), nextn, split_kv_b).items():
-        if tname in drop:
-            continue
-        data, raw = _stored(tname, a, qtype)
-        w.add_tensor(tname, data, raw_dtype=raw)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return str(path)
+    return write_file(path, "deepseek2", lambda w: _metadata(w, cfg, nextn),
+                      converted(cfg, tensor_map or tensors(name), nextn, split_kv_b), qtype, ("ffn_gate_inp.weight",),
+                      metadata, drop)

@@ -87,7 +87,7 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
     return shapes
 
 
-def _regroup(groups: int, sizes: list[int]) -> np.ndarray:
+def regroup(groups: int, sizes: list[int]) -> np.ndarray:
     """Row order taking rows stored per group (each group: parts of `sizes` rows in turn) to part
     by part (each part: its rows of every group in turn): transformers'
     fix_query_key_value_ordering for in_proj_qkvz (q, k, v, z per key head) and in_proj_ba."""
@@ -157,8 +157,8 @@ class Qwen3NextModel:
         if self.config.architecture in SPLIT_PROJECTIONS:
             w_qkvz, w_ba = rows(["ssm_in_qkv.weight", "ssm_in_z.weight"]), rows(["ssm_in_b.weight", "ssm_in_a.weight"])
         else:
-            w_qkvz = rows(["ssm_in_qkvz.weight"], _regroup(hk, [dk, dk, rdv, rdv]))
-            w_ba = rows(["ssm_in_ba.weight"], _regroup(hk, [ratio, ratio]))
+            w_qkvz = rows(["ssm_in_qkvz.weight"], regroup(hk, [dk, dk, rdv, rdv]))
+            w_ba = rows(["ssm_in_ba.weight"], regroup(hk, [ratio, ratio]))
         conv = raw(p + "ssm_conv1d.weight")
         c_dim, kernel = conv.shape[0], conv.shape[2]
         return GatedDeltaNet(
