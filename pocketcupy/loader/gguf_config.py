@@ -5,8 +5,8 @@ from ..config import ModelConfig, RopeScaling, is_count, is_number, is_size
 from ..quant.qtensor import QTensor
 from .gguf import GGUFError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "deepseek2")
-MODEL_ARCHS = {"deepseek2": "deepseek_v3"}    # GGUF architecture -> ours, where the names differ
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "deepseek2", "qwen3next")
+MODEL_ARCHS = {"deepseek2": "deepseek_v3", "qwen3next": "qwen3_next"}   # GGUF architecture -> ours, where they differ
 ROPE_SCALINGS = {"deepseek2": ("linear", "yarn")}   # rope.scaling.type values (others: linear)
 
 
@@ -90,6 +90,10 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
             from .gguf_deepseek import deepseek_fields
 
             fields.update(deepseek_fields(r, tensors))
+        elif arch == "qwen3next":
+            from .gguf_qwen3_next import qwen3_next_fields
+
+            fields.update(qwen3_next_fields(r, tensors))
         return ModelConfig(**fields)
     except ValueError as e:   # ModelConfig's checks
         raise GGUFError(f"model: {path}: {str(e).removeprefix('model: ').removeprefix(f'{path}: ')}") from None
@@ -119,11 +123,16 @@ def rope_scaling(r: MetaReader, kinds: tuple[str, ...]) -> RopeScaling:
 
 def model_from_gguf(meta: dict, tensors: dict[str, QTensor], path: str,
                     mtp: bool = False) -> tuple[ModelConfig, dict[str, QTensor]]:
-    """The config and the tensors under the names the model reads (a DeepSeek GGUF's stacked
-    experts and split kv_b rearranged; its multi-token-prediction layers only where mtp)."""
+    """The config and the tensors under the names the model reads (the MoE architectures'
+    stacked experts and split projections rearranged; DeepSeek's multi-token-prediction layers
+    only where mtp)."""
     config = config_from_gguf(meta, tensors, path)
     if config.architecture == "deepseek_v3":
         from .gguf_deepseek import deepseek_tensors
 
         tensors = deepseek_tensors(config, tensors, mtp, MetaReader(meta, meta["general.architecture"], path))
+    elif config.architecture == "qwen3_next":
+        from .gguf_qwen3_next import qwen3_next_tensors
+
+        tensors = qwen3_next_tensors(config, tensors, MetaReader(meta, meta["general.architecture"], path))
     return config, tensors

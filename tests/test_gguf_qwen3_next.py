@@ -1,0 +1,106 @@
+"""Qwen3-Next GGUF files (llama.cpp's "qwen3next"): the tiny all-MoE checkpoint of
+tests/qwen3_next_checkpoints.py written as llama.cpp's converter writes it
+(tests/qwen3_next_gguf.py), against transformers' logits and greedy tokens for it and the same
+checkpoint's safetensors folder; the older single ssm_in; a Q8_0 file near them; the refused
+variants, each naming its key or tensor."""
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from pocketcupy import Engine  # noqa: E402
+from pocketcupy.loader import load_checkpoint  # noqa: E402
+from pocketcupy.models.registry import build_model  # noqa: E402
+
+from .helpers import full_logits, load_reference_model, rel_err  # noqa: E402
+from .qwen3_next_checkpoints import REFERENCE, write_checkpoint  # noqa: E402
+from .qwen3_next_gguf import write_gguf  # noqa: E402
+from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, PROMPTS, greedy  # noqa: E402
+
+NAME = "q3n_moe"     # llama.cpp converts MoE on every layer only
+REF = np.load(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """(safetensors folder, F32 GGUF, F32 GGUF with the older ssm_in)."""
+    d = tmp_path_factory.mktemp("q3n")
+    return (write_checkpoint(d / "hf", NAME), write_gguf(d / "f32.gguf", NAME), write_gguf(d / "old.gguf", NAME,
+                                                                                            legacy=True))
+
+
+def _logits(path) -> list[np.ndarray]:
+    model, ops = load_reference_model(path)
+    return [full_logits(model, ops, ids) for ids in PROMPTS]
+
+
+def test_same_weights_and_config_as_the_folder(files):
+    """Every tensor the model reads under its name, to float32 rounding of the 1 + w norms and
+    of -exp(A_log) (its weights are bfloat16)."""
+    folder, path, _ = files
+    want, got = load_checkpoint(folder), load_checkpoint(path)
+    assert got.config.architecture == "qwen3_next" and sorted(got.tensors) == sorted(want.tensors)
+    for k, t in want.tensors.items():
+        np.testing.assert_allclose(got.tensors[k].dequantize(), t.dequantize(), rtol=1e-6, atol=1e-7, err_msg=k)
+    c, w = got.config, want.config
+    assert (c.gdn, c.moe, c.rope_dim, c.rope_interleaved, c.qk_norm, c.head_dim) == (w.gdn, w.moe, 4, False, True, 16)
+
+
+@pytest.mark.parametrize("which", [1, 2], ids=["attn_qkv_gate", "ssm_in"])
+def test_logits_match_transformers(files, which):
+    path = files[which]
+    model, ops = load_reference_model(path)
+    for k, ids in enumerate(PROMPTS):
+        want = REF[f"{NAME}__logits{k}"]
+        assert rel_err(full_logits(model, ops, ids)[-len(want):], want) <= 1e-5
+
+
+def test_engine_greedy_tokens_and_tokenizer(files):
+    folder, path, _ = files
+    a, b = (Engine(p, device="cpu", progress=False) for p in (path, folder))
+    assert a.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0].outputs[0].token_ids == REF[f"{NAME}__greedy_ids"].tolist()
+    text = "the history of the world, and then some"
+    assert a.tokenizer.encode(text) == b.tokenizer.encode(text)
+
+
+def test_q8_0_file(files, tmp_path):
+    """Matrices in Q8_0 (attn_qkv and attn_gate joined as blocks, the experts as views of theirs):
+    each weight within Q8_0's rounding of the folder's. The logits (activations rounded to int8
+    too, as llama.cpp's Q8_0 products) drift further through the recurrent state and where a token
+    turns to other experts: the median row is compared, loosely."""
+    folder = files[0]
+    path = write_gguf(tmp_path / "q8.gguf", NAME, "Q8_0")
+    t, want = load_checkpoint(path).tensors, load_checkpoint(folder).tensors
+    assert t["blk.0.ssm_in_qkvz.weight"].qtype == "Q8_0" and t["blk.0.ffn_up_exps.5.weight"].qtype == "Q8_0"
+    for k, w in want.items():   # each weight within Q8_0's rounding of its own (rows in place)
+        w = w.dequantize()
+        assert np.abs(t[k].dequantize() - w).max() <= 0.01 * np.abs(w).max() + 1e-6, k
+    for got, ref in zip(_logits(path), _logits(folder)):
+        assert np.median(np.abs(got - ref).max(axis=1)) / np.abs(ref).max() <= 0.2
+
+
+def test_cuda_backend_refused(files):
+    from pocketcupy.backend.ops_cuda import CudaOps
+
+    ck = load_checkpoint(files[1])
+    with pytest.raises(ValueError, match=r"'qwen3_next' .* NumPy \(cpu\) backend only for now"):
+        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
+
+
+@pytest.mark.parametrize("metadata, drop, match", [
+    ({"qwen3next.ssm.time_step_rank": None}, (), "lacks qwen3next.ssm.time_step_rank"),
+    ({"qwen3next.ssm.inner_size": 62}, (), "ssm.inner_size 62 is not a multiple of qwen3next.ssm.time_step_rank 4"),
+    ({"qwen3next.ssm.group_count": 3}, (), "linear_num_value_heads 4 is not a multiple of linear_num_key_heads 3"),
+    ({"qwen3next.nextn_predict_layers": 4}, (), "nextn_predict_layers 4 leaves no decoder layers"),
+    ({"qwen3next.full_attention_interval": 8}, (), "layer_types has no 'full_attention' layer"),
+    ({"qwen3next.expert_count": None}, (), "lacks qwen3next.expert_count"),
+    ({}, ("blk.2.attn_gate.weight",), r"'blk.2.attn_gate.weight' is missing \(attn_qkv and attn_gate come in pairs"),
+    ({"qwen3next.ssm.state_size": 8}, (), r"'blk.0.attn_qkv.weight' has shape \(128, 64\), but the metadata needs "
+                                          r"\(96, 64\)"),
+    ({"qwen3next.rope.dimension_count": 18}, (), "rope dimension 18 must be even and at most the head dimension 16"),
+])
+def test_refused_variants_name_the_key_or_tensor(tmp_path, metadata, drop, match):
+    path = write_gguf(tmp_path / "m.gguf", NAME, metadata=metadata, drop=drop)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert path in str(e.value)
