@@ -82,7 +82,8 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
         rms_eps=r.number("attention.layer_norm_rms_epsilon", 1e-5), rope_theta=r.number("rope.freq_base", 10000.0),
         rope_dim=r.get("rope.dimension_count", head_dim),
         # llama.cpp's converter permutes llama Q/K rows so that rotation pairs are adjacent
-        rope_interleaved=(arch == "llama"), rope_scaling=rope_scaling(r, ROPE_SCALINGS.get(arch, ("linear",))), max_position=context,
+        rope_interleaved=(arch == "llama"), rope_scaling=rope_scaling(r, ROPE_SCALINGS.get(arch, ("linear",))),
+        max_position=context,
         tie_word_embeddings="output.weight" not in tensors, qk_norm=(arch == "qwen3"),
         qkv_bias=("blk.0.attn_q.bias" in tensors))
     try:

@@ -57,22 +57,21 @@ def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
     mla = MLAConfig(q_rank, kv_rank, qk_head - rope_dim, v_head,
                     attention_bias="blk.0.attn_kv_a_mqa.bias" in tensors)
     return dict(num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim, rope_interleaved=True,
-                num_layers=layers - nextn,
-                num_nextn_predict_layers=nextn, mla=mla, moe=moe, qkv_bias=mla.attention_bias)
+                num_layers=layers - nextn, num_nextn_predict_layers=nextn, mla=mla, moe=moe,
+                qkv_bias=mla.attention_bias)
 
 
 def _kv_b(c: ModelConfig, k_b: QTensor | None, v_b: QTensor | None, prefix: str, r: MetaReader) -> QTensor:
     """attn_kv_b (per head: W_UK rows, then W_UV rows) from llama.cpp's attn_k_b and attn_v_b."""
     m = c.mla
-    want = {"attn_k_b": (c.num_heads, m.kv_lora_rank, m.qk_nope_head_dim),
-            "attn_v_b": (c.num_heads, m.v_head_dim, m.kv_lora_rank)}
+    want = {"attn_k_b": ((c.num_heads, m.kv_lora_rank, m.qk_nope_head_dim), "heads, kv_lora_rank, qk_nope_head_dim"),
+            "attn_v_b": ((c.num_heads, m.v_head_dim, m.kv_lora_rank), "heads, v_head_dim, kv_lora_rank")}
     for part, t in (("attn_k_b", k_b), ("attn_v_b", v_b)):
-        name = f"{prefix}{part}.weight"
+        name, (shape, dims) = f"{prefix}{part}.weight", want[part]
         if t is None:
             raise r.error(f"tensor {name!r} is missing (attn_k_b and attn_v_b come in pairs)")
-        if tuple(t.shape) != want[part]:
-            raise r.error(f"tensor {name!r} has shape {tuple(t.shape)}, but the metadata needs {want[part]} "
-                          f"(heads, {'kv_lora_rank, qk_nope_head_dim' if part == 'attn_k_b' else 'v_head_dim, kv_lora_rank'})")
+        if tuple(t.shape) != shape:
+            raise r.error(f"tensor {name!r} has shape {tuple(t.shape)}, but the metadata needs {shape} ({dims})")
     kv = np.concatenate([as_f32(k_b).transpose(0, 2, 1), as_f32(v_b)], axis=1)
     kv = np.ascontiguousarray(kv.reshape(-1, m.kv_lora_rank))
     return QTensor("F32", kv.shape, kv)
