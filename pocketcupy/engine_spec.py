@@ -1,0 +1,81 @@
+"""Speculative decoding in the engine: each step's drafts proposed, and a step with drafts verified
+one depth at a time (a part of Engine)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .request_state import SequenceState
+from .sched.request import RequestStatus
+
+
+class EngineSpec:
+    def _verify(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:
+        """Samples a step with draft tokens (logits: 1 + num_draft rows a sequence) one depth at a
+        time: a sequence samples its next row only while each token drawn equals its draft token,
+        with penalties, masks and its generator advanced by the tokens kept, so it draws exactly the
+        tokens it would draw without drafts (a draft chosen without sampling makes the acceptance
+        test of speculative sampling this comparison). When every sequence is greedy with nothing
+        that reads its output so far, every row is sampled in one launch instead."""
+        items = {item.request_id: item for item in sched_out.scheduled if item.sample}
+        drafts, offsets, row = [], [], 0   # each sequence's draft tokens and first logits row
+        for s in seqs:
+            item = items[s.req.request_id]
+            drafts.append(item.token_ids[len(item.token_ids) - item.num_draft:])
+            offsets.append(row)
+            row += 1 + item.num_draft
+        if all(_greedy_alone(s) for s in seqs):
+            result = self.sampler.launch(logits, [s.row for s, d in zip(seqs, drafts) for _ in range(1 + len(d))]).result()
+            toks = result.token_ids.tolist()
+            for i, s in enumerate(seqs):
+                if s.output.finished:   # (failed in this step)
+                    continue
+                for depth in range(1 + len(drafts[i])):
+                    j = offsets[i] + depth
+                    if not self._keep(s, drafts[i], depth, toks[j], result.logprobs[j], touched):
+                        break
+            return
+        alive, depth = [i for i, s in enumerate(seqs) if not s.output.finished], 0
+        while alive:
+            if depth:
+                self._constrain_rows([seqs[i] for i in alive], touched)   # after the tokens kept so far
+                alive = [i for i in alive if not seqs[i].output.finished]
+                if not alive:
+                    break
+            live = [seqs[i] for i in alive]
+            rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
+            result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
+            alive = [i for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs)
+                     if self._keep(s, drafts[i], depth, tok, lp, touched)]
+            depth += 1
+
+    def _keep(self, s: SequenceState, draft: list[int], depth: int, tok: int, logprobs, touched: dict) -> bool:
+        """tok, drawn at this depth of a verification, into the sequence; True while it equals its
+        draft token and the sequence goes on (then its next row is sampled)."""
+        self.scheduler.append_token(s.req.request_id, tok)
+        self._append(s, tok, logprobs)
+        touched[id(s.group)] = s.group
+        kept = depth < len(draft) and tok == draft[depth]
+        if kept and not s.output.finished:
+            return True
+        if draft:
+            self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)
+            self.backoff.record(s.req, depth + kept)
+        return False
+
+    def _propose(self, groups) -> None:
+        """Draft tokens for the next step of each sequence that just got its token; a structured
+        output's are cut where its grammar would refuse them."""
+        ready = [s for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
+                 and s.req.num_computed_tokens == s.req.num_tokens - 1 and self.backoff.allow(s.req)]
+        self.proposer.propose([s.req for s in ready])
+        for s in ready:
+            if s.matcher is not None and s.req.draft_token_ids:
+                s.req.draft_token_ids = s.req.draft_token_ids[:s.matcher.valid_prefix(s.req.draft_token_ids)]
+
+
+def _greedy_alone(s: SequenceState) -> bool:
+    """Whether the sequence's next tokens are each its logits row's argmax, whatever tokens come
+    before (no penalties, structured output, bad words or min_tokens still to reach)."""
+    p = s.group.params
+    return (p.greedy and not p.has_penalties and s.matcher is None and not s.group.bad_words
+            and s.req.num_output_tokens >= p.min_tokens)
