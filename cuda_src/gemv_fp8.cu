@@ -4,10 +4,11 @@
 // and whose 7 exponent + mantissa bits go to bits 7..13 is the fp16 of its value times 2^-8,
 // subnormals included (NaN codes 0x7f / 0xff, which checkpoints do not hold, become 1.875 * 2^-8).
 //
-// gemv_fp8_mma<NT, U>: y[n, r] = sum_k x[n, k] W[r, k] S[r, k / 128] (+ bias[r]) for batch nb <= 8 NT
+// gemv_fp8_mma<NT, U, HW>: y[n, r] = sum_k x[n, k] W[r, k] S[r, k / 128] (+ bias[r]) for batch nb <= 8 NT
 // on tensor cores (sm_80+), laid out as gemv_dense_mma.cu: a block of F8_WARPS warps on 16 rows, each
 // warp a strided share of the 64-wide chunks of K, U chunks' loads in flight together (a chunk is
-// half the bytes of a 16-bit weight's); lane (g, t) reads the 16 codes of rows g and
+// half the bytes of a 16-bit weight's), HW: codes converted by the hardware's cvt.rn.f16x2.e4m3x2
+// on sm_89+ (elsewhere as HW = false); lane (g, t) reads the 16 codes of rows g and
 // g + 8 at k = 64c + 16t and the activations of batch rows 8j + g at the same k; a chunk's products
 // are summed from zero and added times the rows' scales.  x is rounded to fp16 (saturated at
 // +-65504); accumulation fp32.  Needs K % 64 == 0.  Grid: ceil(rows / 16).
@@ -23,18 +24,38 @@ __device__ __forceinline__ void e4m3x4_to_h2x2(u32 w, u32& lo, u32& hi) {
     hi = ((b & 0x00800080u) << 8) | ((b & 0x007f007fu) << 7);
 }
 
+// Whether gemv_fp8_mma<.., HW = true> converts with the hardware's cvt (sm_89+): its fp16 are the
+// codes' values themselves, not times 2^-8
+template <bool HW>
+__device__ __forceinline__ constexpr bool hw_cvt() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return HW;
+#else
+    return false;
+#endif
+}
+
+template <bool HW>
 __device__ __forceinline__ void e4m3x16_to_h2x8(const uint4& w, u32 (&h)[8]) {
-    e4m3x4_to_h2x2(w.x, h[0], h[1]);
-    e4m3x4_to_h2x2(w.y, h[2], h[3]);
-    e4m3x4_to_h2x2(w.z, h[4], h[5]);
-    e4m3x4_to_h2x2(w.w, h[6], h[7]);
+    const u32 v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        if constexpr (HW) {
+            asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+                : "=r"(h[2 * i]), "=r"(h[2 * i + 1]) : "r"(v[i]));
+            continue;
+        }
+#endif
+        e4m3x4_to_h2x2(v[i], h[2 * i], h[2 * i + 1]);
+    }
 }
 
 __device__ __forceinline__ u32 pack_f2h2_sat(float lo, float hi) {
     return pack_f2h2(fminf(fmaxf(lo, -65504.0f), 65504.0f), fminf(fmaxf(hi, -65504.0f), 65504.0f));
 }
 
-template <int NT, int U>
+template <int NT, int U, bool HW>
 __global__ void __launch_bounds__(F8_WARPS * 32, 2)
 gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, int K,
              const float* __restrict__ x, int nb, const float* __restrict__ bias, float* __restrict__ y) {
@@ -68,9 +89,10 @@ gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, in
             const int ch = c0 + u * F8_WARPS;
             if (ch >= nchunks) break;
             u32 ha[8], hb[8];
-            e4m3x16_to_h2x8(a[u][0], ha);
-            e4m3x16_to_h2x8(a[u][1], hb);
-            const float s0 = sa[ch >> 1], s1 = sb[ch >> 1];
+            e4m3x16_to_h2x8<HW>(a[u][0], ha);
+            e4m3x16_to_h2x8<HW>(a[u][1], hb);
+            constexpr float unit = hw_cvt<HW>() ? 1.0f / 256.0f : 1.0f;   // the scales hold the 256
+            const float s0 = sa[ch >> 1] * unit, s1 = sb[ch >> 1] * unit;
 #pragma unroll
             for (int j = 0; j < NT; ++j) {
                 const int n = 8 * j + g;
@@ -143,8 +165,12 @@ extern "C" __global__ void dequant_fp8_f16(const u8* __restrict__ W, const float
 }
 
 #ifndef __CUDACC_RTC__
-template __global__ void gemv_fp8_mma<1, 2>(const u8*, const float*, int, int, const float*, int, const float*, float*);
-template __global__ void gemv_fp8_mma<1, 4>(const u8*, const float*, int, int, const float*, int, const float*, float*);
-template __global__ void gemv_fp8_mma<2, 2>(const u8*, const float*, int, int, const float*, int, const float*, float*);
-template __global__ void gemv_fp8_mma<2, 4>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<1, 2, false>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<1, 2, true>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<1, 4, false>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<1, 4, true>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<2, 2, false>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<2, 2, true>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<2, 4, false>(const u8*, const float*, int, int, const float*, int, const float*, float*);
+template __global__ void gemv_fp8_mma<2, 4, true>(const u8*, const float*, int, int, const float*, int, const float*, float*);
 #endif

@@ -73,16 +73,18 @@ def _cuda_linear(inp, poison):
     return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
 
 
-def _cuda_linear_unroll(u: int):
-    """linear with gemv_fp8_mma's U (64-code chunks in flight a warp) set to u."""
+def _cuda_linear_variant(u: int, hw: bool = False):
+    """linear with gemv_fp8_mma's U (64-code chunks in flight a warp) set to u and its HW (the
+    hardware's conversion on sm_89+) to hw."""
     def run(inp, poison):
         from pocketcupy.backend import linear_cuda
 
-        saved, linear_cuda.FP8_UNROLL = linear_cuda.FP8_UNROLL, u
+        saved = linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT
+        linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT = u, hw
         try:
             return _cuda_linear(inp, poison)
         finally:
-            linear_cuda.FP8_UNROLL = saved
+            linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT = saved
     return run
 
 
@@ -142,7 +144,10 @@ _GEMV_TOL, _GEMM_TOL = 1e-3, 2e-3
 ROWS = [KernelRow("linear", f"gemv_fp8_mma_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 3), _ref_linear,
                   _cuda_linear, _GEMV_TOL) for n in (1, 3, 8, 9, 16)]
 ROWS += [KernelRow("linear", f"gemv_fp8_mma_u{u}_bs{n}-{ROWS_OUT}x{COLS}", _make(n), _ref_linear,
-                   _cuda_linear_unroll(u), _GEMV_TOL) for u in (2, 4) for n in (2, 11)]
+                   _cuda_linear_variant(u), _GEMV_TOL) for u in (2, 4) for n in (2, 11)]
+ROWS += [KernelRow("linear", f"gemv_fp8_mma_hw_cvt{'_small_codes' * small}_bs{n}-{ROWS_OUT}x{COLS}",
+                   _make(n, small=small), _ref_linear, _cuda_linear_variant(4, hw=True), _GEMV_TOL)
+         for n, small in ((1, False), (11, False), (3, True))]
 ROWS += [KernelRow("linear", f"gemv_fp8_mma_small_codes_bs{n}-{ROWS_OUT}x{COLS}", _make(n, small=True),
                    _ref_linear, _cuda_linear, _GEMV_TOL) for n in (1, 12)]
 ROWS += [KernelRow("linear", f"gemm_fp8_n{n}-{ROWS_OUT}x{COLS}", _make(n, small=n == 40, bias=n == 17), _ref_linear,

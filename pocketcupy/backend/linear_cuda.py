@@ -401,13 +401,15 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 
 FP8_UNROLL = 4         # U of gemv_fp8_mma: 64-code chunks a warp loads at once (2 or 4)
-_FP8_MMA_EXPRS = tuple(f"gemv_fp8_mma<{nt}, {u}>" for nt in (1, 2) for u in (2, 4))
+FP8_HW_CVT = False     # HW of gemv_fp8_mma: codes to fp16 by sm_89+'s cvt (a variant not yet timed)
+_FP8_MMA_EXPRS = tuple(f"gemv_fp8_mma<{nt}, {u}, {hw}>" for nt in (1, 2) for u in (2, 4) for hw in ("false", "true"))
 
 
 def gemv_fp8(x, w: CudaWeight, bias, out) -> None:
     """out [n, rows] = x [n, K] @ w.T (+ bias) for FP8 w, n <= FP8_GEMV_MAX_BATCH (tensor cores)."""
     n, k = x.shape
-    kernel("gemv_fp8.cu", f"gemv_fp8_mma<{-(-n // 8)}, {FP8_UNROLL}>", name_expressions=_FP8_MMA_EXPRS)(
+    expr = f"gemv_fp8_mma<{-(-n // 8)}, {FP8_UNROLL}, {'true' if FP8_HW_CVT else 'false'}>"
+    kernel("gemv_fp8.cu", expr, name_expressions=_FP8_MMA_EXPRS)(
         (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
         (w.data, w.scales, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
 
