@@ -427,6 +427,7 @@ def test_metrics_move(client, server):
     assert metric(m1, "pocketcupy_kv_blocks_total") > 0 and metric(m1, "pocketcupy_model_ready") == 1
     assert metric(m1, "pocketcupy_cache_config_info", block_size="16", cache_dtype="auto",
                   num_blocks=str(int(metric(m1, "pocketcupy_kv_blocks_total")))) == 1
+    assert metric(m1, "pocketcupy_recurrent_state_bytes") == 0       # SmolLM2 has no recurrent layers
     for name in ("pocketcupy_num_requests_waiting", "pocketcupy_num_preemptions_total",
                  "pocketcupy_prefix_cache_hit_rate"):
         assert (name, frozenset()) in m1

@@ -29,7 +29,9 @@ class _EngineCollector:
         gauges = [("num_requests_running", "requests in the running batch", s.get("num_running", 0)),
                   ("num_requests_waiting", "requests waiting to be scheduled", s.get("num_waiting", 0)),
                   ("kv_blocks_used", "KV cache blocks in use", s.get("kv_blocks_used", 0)),
-                  ("kv_blocks_total", "KV cache blocks in the pool", s.get("kv_blocks_total", 0))]
+                  ("kv_blocks_total", "KV cache blocks in the pool", s.get("kv_blocks_total", 0)),
+                  ("recurrent_state_bytes", "bytes of the recurrent state slots of hybrid models (Qwen3-Next), "
+                   "inside kv_cache_memory", s.get("recurrent_state_bytes", 0))]
         total = s.get("kv_blocks_total", 0)
         gauges.append(("kv_cache_usage_ratio", "fraction of KV cache blocks in use",
                        s.get("kv_blocks_used", 0) / total if total else 0.0))
