@@ -126,7 +126,8 @@ class ModelRunner:
             raise RuntimeError("a pending token without the previous step's sampled ids")
         fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
         drafts = any(s.num_draft for s in out.scheduled)
-        if (self.graphs is not None and self.graphs.bucket_for(len(ids)) and (meta.decode_only or drafts)
+        # a decode step, or a verification step: every request its last token and its drafts
+        if (self.graphs is not None and self.graphs.bucket_for(len(ids))
                 and not any(s.prompt_logits for s in out.scheduled)
                 and (meta.decode_only or all(s.sample and len(s.token_ids) == 1 + s.num_draft for s in out.scheduled))):
             rows = _sample_rows(out, meta.query_start)
