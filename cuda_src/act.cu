@@ -1,4 +1,4 @@
-// Elementwise ops: SiLU(gate) * up (float32 or 16-bit inputs), and a + b.
+// Elementwise ops: SiLU(gate) * up (float32 or 16-bit inputs), x * sigmoid(gate), and a + b.
 #include "common.cuh"
 #include "gguf_prims.cuh"
 
@@ -78,4 +78,17 @@ extern "C" __global__ void add_f32(const float* a, const float* b, float* out, i
     pdl_wait();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = a[i] + b[i];
+}
+
+// out [rows, cols] = x * sigmoid(gate): gate [rows, gate_cols] (gate_cols 1: one gate a row, or
+// cols), x and gate at their row strides. grid ceil(rows * cols / 256), block 256.
+extern "C" __global__ void sigmoid_mul_f32(const float* __restrict__ gate, i64 gate_stride, int gate_cols,
+                                           const float* __restrict__ x, i64 x_stride, float* __restrict__ out,
+                                           int rows, int cols) {
+    pdl_wait();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * cols) return;
+    const i64 r = i / cols, c = i - r * cols;
+    const float g = gate[r * gate_stride + (gate_cols == 1 ? 0 : c)];
+    out[i] = x[r * x_stride + c] / (1.0f + expf(-g));
 }

@@ -51,7 +51,7 @@ class EngineBuild:
 
         a = self.args
         return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
-                           a.max_num_seqs, cuda_graphs=self.device == "cuda" and a.cuda_graphs,
+                           a.max_num_seqs, cuda_graphs=self._cuda_graphs(model or self.model),
                            kv_cache_dtype=a.kv_cache_dtype,
                            pre_norm_hidden=model is None and a.speculative_method == "mtp",
                            graph_rows=decode_graph_rows(a) if model is None else a.max_num_seqs)
@@ -144,11 +144,17 @@ class EngineBuild:
         activations = 64 * self.args.max_num_batched_tokens * max(c.hidden_size, c.intermediate_size, c.vocab_size // 8)
         return int(free - (1 - self.args.gpu_memory_utilization) * total - activations)
 
+    def _cuda_graphs(self, model) -> bool:
+        """Whether the runner of `model` replays decode steps as CUDA graphs: on CUDA unless turned off
+        (cuda_graphs) or the model's forward cannot be captured (its CAPTURABLE)."""
+        return self.device == "cuda" and self.args.cuda_graphs and getattr(model, "CAPTURABLE", True)
+
     def _state_slot_bytes(self) -> int:
-        """The recurrent state slots of a hybrid model (state_slots.py), max_num_seqs of them; 0 for
-        a model without."""
+        """The recurrent state slots of a hybrid model (state_slots.py), max_num_seqs of them and the
+        decode graphs' scratch slot; 0 for a model without."""
         shapes = getattr(self.model, "state_shapes", None)
-        return 0 if shapes is None else state_slot_bytes(shapes, self.args.max_num_seqs)
+        slots = self.args.max_num_seqs + self._cuda_graphs(self.model)
+        return 0 if shapes is None else state_slot_bytes(shapes, slots)
 
     def _num_kv_blocks(self) -> int:
         """num_kv_blocks, or the blocks kv_cache_memory (default: _default_kv_bytes) holds beside the

@@ -87,7 +87,8 @@ class ModelRunner:
     def __init__(self, model, ops, num_blocks: int, block_size: int, max_model_len: int = 0,
                  max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto",
                  pre_norm_hidden: bool = False, graph_rows: int | None = None):
-        """pre_norm_hidden: return the pre-norm hidden state of every row (the model's
+        """cuda_graphs: decode steps replay CUDA graphs (the caller checks the model can be captured:
+        capturable()); pre_norm_hidden: return the pre-norm hidden state of every row (the model's
         forward_with_hidden; eager steps only); graph_rows: the largest decode graph's rows (default
         max_num_seqs)."""
         c = model.config
@@ -100,14 +101,14 @@ class ModelRunner:
         self.kv_caches = [ops.empty_kv_cache(*kv, kv_cache_dtype, values) for _ in range(c.num_kv_layers)]
         # a hybrid model's per-sequence recurrent state (its forward takes them after the caches)
         shapes = getattr(model, "state_shapes", None)
-        self.states = None if shapes is None else StateSlots(ops, shapes, max_num_seqs)
+        self.states = None if shapes is None else StateSlots(ops, shapes, max_num_seqs, scratch=cuda_graphs)
         self.build_batch = FlatBatchBuilder(block_size)
         self.graphs = None
         if cuda_graphs:
             from .backend.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.kv_caches, graph_rows or max_num_seqs, -(-max_model_len // block_size),
-                                       block_size, scratch_slot=num_blocks * block_size)
+                                       block_size, scratch_slot=num_blocks * block_size, states=self.states)
 
     def execute(self, out: SchedulerOutput, feed: TokenFeed | None = None,
                 sample_params: Callable[[int], np.ndarray | None] | None = None) -> RunnerOutput:
@@ -135,7 +136,8 @@ class ModelRunner:
                 meta = per_token_rows(meta, pos)
             params = (sample_params(self.model.config.vocab_size)
                       if sample_params and len(rows) == len(ids) and not drafts else None)
-            logits, sampled = self.graphs.run(ids, pos, meta, fed, params)
+            state_rows = None if self.states is None else self.states.host_rows
+            logits, sampled = self.graphs.run(ids, pos, meta, fed, params, state_rows)
             if len(rows) < len(ids):  # a prompt chunk of one token that does not end the prompt
                 logits = logits[ops.asarray(np.asarray(rows, np.int64))]
             return RunnerOutput([s.request_id for s in out.scheduled if s.sample], logits, {}, sampled)

@@ -25,17 +25,21 @@ def state_slot_bytes(shapes: list[tuple[tuple, ...]], num_slots: int) -> int:
 
 
 class StateSlots:
-    def __init__(self, ops, shapes: list[tuple[tuple, ...]], num_slots: int):
-        """shapes: per state layer, the shape of each of its arrays for one sequence."""
-        self.layers = [tuple(ops.asarray(np.zeros((num_slots, *s), STATE_DTYPE)) for s in layer) for layer in shapes]
-        self.num_slots = num_slots
-        self.nbytes = state_slot_bytes(shapes, num_slots)
+    def __init__(self, ops, shapes: list[tuple[tuple, ...]], num_slots: int, scratch: bool = False):
+        """shapes: per state layer, the shape of each of its arrays for one sequence. scratch: one
+        more slot, never handed out, where a decode graph's padding rows write (scratch_slot)."""
+        self.ops = ops
+        rows = num_slots + scratch
+        self.layers = [tuple(ops.asarray(np.zeros((rows, *s), STATE_DTYPE)) for s in layer) for layer in shapes]
+        self.num_slots, self.scratch_slot = num_slots, num_slots if scratch else None
+        self.nbytes = state_slot_bytes(shapes, rows)
         self.free = list(range(num_slots - 1, -1, -1))   # popped from the end: slot 0 first
         self.slot_of: dict[str, int] = {}
-        self.rows = np.zeros(0, np.int64)                # the step's slot of each scheduled request
+        self.host_rows = np.zeros(0, np.int64)           # the step's slot of each scheduled request
+        self._rows = None
 
     def prepare(self, out: SchedulerOutput) -> None:
-        """Frees the slots of the requests that ended or were preempted, then sets `rows` for the
+        """Frees the slots of the requests that ended or were preempted, then sets `host_rows` for the
         step's scheduled requests (a new one takes a free slot; one starting at position 0 has its
         state zeroed)."""
         for rid in itertools.chain(out.finished_ids, out.preempted_ids):
@@ -55,7 +59,15 @@ class StateSlots:
                     for a in arrays:
                         a[slot] = 0
             rows.append(slot)
-        self.rows = np.asarray(rows, np.int64)
+        self.host_rows, self._rows = np.asarray(rows, np.int64), None
+
+    @property
+    def rows(self):
+        """host_rows as the backend's array (what the model's ops read), uploaded when first asked for
+        (a step replaying a decode graph passes host_rows with the graph's inputs instead)."""
+        if self._rows is None:
+            self._rows = self.ops.asarray(self.host_rows)
+        return self._rows
 
     @property
     def num_used(self) -> int:

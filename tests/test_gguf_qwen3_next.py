@@ -10,7 +10,6 @@ pytest.importorskip("gguf")
 
 from pocketcupy import Engine  # noqa: E402
 from pocketcupy.loader import load_checkpoint  # noqa: E402
-from pocketcupy.models.registry import build_model  # noqa: E402
 
 from .helpers import full_logits, load_reference_model, rel_err  # noqa: E402
 from .qwen3_next_checkpoints import REFERENCE, write_checkpoint  # noqa: E402
@@ -77,14 +76,6 @@ def test_q8_0_file(files, tmp_path):
         assert np.abs(t[k].dequantize() - w).max() <= 0.01 * np.abs(w).max() + 1e-6, k
     for got, ref in zip(_logits(path), _logits(folder)):
         assert np.median(np.abs(got - ref).max(axis=1)) / np.abs(ref).max() <= 0.2
-
-
-def test_cuda_backend_refused(files):
-    from pocketcupy.backend.ops_cuda import CudaOps
-
-    ck = load_checkpoint(files[1])
-    with pytest.raises(ValueError, match=r"'qwen3_next' .* NumPy \(cpu\) backend only for now"):
-        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
 
 
 @pytest.mark.parametrize("metadata, drop, match", [

@@ -10,7 +10,6 @@ import pytest
 from pocketcupy import Engine
 from pocketcupy.backend.ops_ref import CHUNK, CHUNKED_FROM, NumpyOps
 from pocketcupy.loader import load_checkpoint
-from pocketcupy.models.registry import build_model
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 from pocketcupy.server.state import _kv_text
 
@@ -196,15 +195,6 @@ def test_config_and_names(tmp_path):
     c = load_checkpoint(write_checkpoint(tmp_path / "q35_moe", "q35_moe")).config
     assert c.architecture == "qwen3_5_moe" and c.intermediate_size == 32       # none given: the experts'
     assert c.moe.norm_topk_prob and all(c.moe.is_sparse(i) for i in range(4))
-
-
-def test_cuda_backend_refused(tmp_path):
-    from pocketcupy.backend.ops_cuda import CudaOps
-
-    ck = load_checkpoint(write_checkpoint(tmp_path, "q3n_moe"))
-    with pytest.raises(ValueError, match=r"'qwen3_next' .* NumPy \(cpu\) backend only for now; the cuda backend "
-                                         r"has no causal_conv1d_silu, gated_delta_rule, moe_route_softmax"):
-        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
 
 
 def test_tensor_parallel_refused(tmp_path):

@@ -1,6 +1,6 @@
-"""CuPy launchers for the small ops: RMSNorm (+ fused residual add), SiLU*up, add, RoPE, the
-paged KV store, and RoPE fused with the KV store (kernels in cuda_src/norm.cu, act.cu, rope.cu,
-kv_store.cu, rope_store.cu).
+"""CuPy launchers for the small ops: RMSNorm (+ fused residual add), SiLU*up, x*sigmoid(gate), add,
+RoPE, the paged KV store, and RoPE fused with the KV store (kernels in cuda_src/norm.cu, act.cu,
+rope.cu, kv_store.cu, rope_store.cu).
 
 Activations are float32 cupy arrays. Every launcher takes `out=` and returns it; none reads
 device values on the host, so all of them can be captured in a CUDA graph."""
@@ -274,6 +274,25 @@ def silu_mul_h16in(gate, up, qtype: str, out=None):
     out = _out(out, gate.shape, dt)
     if rows and cols:
         _silu_mul4("silu_mul4_f16in" if qtype == "F16" else "silu_mul4_bf16in", gate, up, out, gs, us)
+    return out
+
+
+@cuda_op("sigmoid_mul")
+def sigmoid_mul(gate, x, out=None):
+    """x * sigmoid(gate) for x [N, C] float32 and gate [N, C] or [N, 1] (one gate a row); either may
+    be a column view of a wider array."""
+    check_f32("sigmoid_mul", gate)
+    check_f32("sigmoid_mul", x)
+    rows, cols = x.shape
+    if gate.shape not in ((rows, cols), (rows, 1)):
+        raise ValueError(f"sigmoid_mul: gate {gate.shape} is neither x's shape {x.shape} nor ({rows}, 1)")
+    gate, gs = row_view(gate, gate.shape[1])
+    x, xs = row_view(x, cols)
+    out = _out(out, (rows, cols))
+    if rows and cols:
+        _k("act.cu", "sigmoid_mul_f32")(((rows * cols + 255) // 256,), (256,),
+                                        (gate, _I64(gs), _I32(gate.shape[1]), x, _I64(xs), out, _I32(rows),
+                                         _I32(cols)))
     return out
 
 

@@ -10,6 +10,8 @@ two replays is a wait on a copy long done. Kernels in a graph overlap their pred
 (pdl.py, sm_90+)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import pdl
@@ -24,10 +26,11 @@ GRAPH_MAX_BATCH = 256
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, max_batch: int, max_blocks_per_seq: int, block_size: int,
-                 scratch_slot: int):
+                 scratch_slot: int, states=None):
+        """states: a hybrid model's StateSlots (with its scratch slot), whose rows become graph inputs."""
         import cupy
 
-        self.cp, self.model, self.kv_caches = cupy, model, kv_caches
+        self.cp, self.model, self.kv_caches, self.states = cupy, model, kv_caches, states
         self.block_size, self.scratch_slot = block_size, scratch_slot
         max_batch = min(max_batch, GRAPH_MAX_BATCH)
         self.buckets = [b for b in BUCKETS if b < max_batch] + [max_batch]
@@ -59,7 +62,8 @@ class DecodeGraphs:
 
     def _forward(self, inp: _Inputs, b: int, sample: bool):
         feed_tokens(inp.feed, b, inp.ids)
-        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b), self.kv_caches)
+        states = () if self.states is None else (_GraphStates(self.states.layers, inp.state_rows[:b]),)
+        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b), self.kv_caches, *states)
         logits = self.model.compute_logits(hidden)
         if sample:
             sample_rows_at(logits, inp.params, self._work, inp.out_at)
@@ -77,6 +81,8 @@ class DecodeGraphs:
         h["params"][n:b] = 0
         h["params"][n:b, SP_FLAGS] = F_GREEDY
         h["params"][n:b, SP_MASK] = h["params"][n:b, SP_CNT] = -1
+        if self.states is not None:
+            h["state_rows"][n:b] = self.states.scratch_slot
 
     def capture(self, b: int, sample: bool = False, slot: int = 0) -> None:
         cp, inp = self.cp, self.inputs[slot]
@@ -102,12 +108,14 @@ class DecodeGraphs:
             self.logits[b, sample, slot] = logits
         self.stream.synchronize()
 
-    def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None):
+    def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None,
+            state_rows=None):
         """Replay the bucket's graph for a decode batch of len(ids) rows on the current stream;
         returns (logits [n, vocab], None), or with params (the rows' sampler parameters, int32
         [n, SP_WORDS]) (None, results [n, SO_WORDS]) of the sampler run inside the graph.
         fed: (rows, tokens, token rows): ids[rows] = tokens[token rows], taken by the graph's first
-        kernel (the previous step's sampled ids, async scheduling). The inputs are copied on the
+        kernel (the previous step's sampled ids, async scheduling). state_rows: each row's state
+        slot (a hybrid model's, StateSlots.host_rows). The inputs are copied on the
         side stream once the last replay of the slot's graphs has finished."""
         cp, n = self.cp, len(ids)
         b, sample = self.bucket_for(n), params is not None
@@ -126,6 +134,8 @@ class DecodeGraphs:
         h["tables"][:n, :width] = meta.block_tables
         h["tables"][:n, width:] = 0
         fill_feed(h["feed"], n, fed)
+        if state_rows is not None:
+            h["state_rows"][:n] = state_rows
         self._set_padding(h, n, b)
         if sample:
             h["params"][:n] = params
@@ -142,12 +152,13 @@ class DecodeGraphs:
 
 class _Inputs:
     """One set of a decode graph's inputs: views of one device buffer, filled by one copy a step
-    from a pinned host twin: ids, pos, slots int64 [top], feed int64 (elementwise_cuda.fill_feed),
+    from a pinned host twin: ids, pos, slots, state_rows int64 [top], feed int64 (elementwise_cuda.fill_feed),
     out_at int64 [1] (the address the graph's sampler writes to), seq_lens int32 [top], params
     int32 [top, SP_WORDS] (the sampler's rows), tables int32 [top, W]."""
 
     def __init__(self, cp, top: int, max_blocks_per_seq: int):
         fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
+                  ("state_rows", np.int64, (top,)),
                   ("feed", np.int64, (feed_row_count(top),)), ("out_at", np.int64, (1,)),
                   ("seq_lens", np.int32, (top,)), ("params", np.int32, (top, SP_WORDS)),
                   ("tables", np.int32, (top, max_blocks_per_seq))]
@@ -180,3 +191,10 @@ class _Inputs:
         cp.cuda.runtime.memcpyAsync(self._dev.data.ptr, self._host_mem.ptr, nbytes,
                                     cp.cuda.runtime.memcpyHostToDevice, stream.ptr)
         self.copied.record(stream)
+
+
+@dataclass
+class _GraphStates:
+    """What a hybrid model's forward reads of its StateSlots, with the rows from the graph's inputs."""
+    layers: list
+    rows: object

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attn_cuda, elementwise_cuda, linear_cuda, linear_norm_cuda
+from . import attn_cuda, elementwise_cuda, linear_cuda, linear_norm_cuda, moe_cuda, recurrent_cuda
 from .attention_meta import AttentionMetadata
 from .kquant_mma_cuda import gguf_mma_tiles
 from .kv_pages_cuda import KV_CACHE_DTYPES, empty_kv_pages
@@ -142,6 +142,9 @@ class CudaOps:
     def silu_mul(self, gate, up):
         return elementwise_cuda.silu_mul(gate, up)
 
+    def sigmoid_mul(self, gate, x):
+        return elementwise_cuda.sigmoid_mul(gate, x)
+
     def add(self, a, b):
         return elementwise_cuda.add(a, b)
 
@@ -224,3 +227,17 @@ class CudaOps:
                 return None
         out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope)
         return out if feeds is None else out.reshape(n, hq * d)
+
+    # --- mixtures of experts and Gated DeltaNet (moe_cuda, recurrent_cuda) -----------------
+    def moe_route_softmax(self, logits, top_k: int, norm: bool):
+        return moe_cuda.moe_route_softmax(logits, top_k, norm)
+
+    def moe_experts(self, x, ids, weights, w_gate, w_up, w_down):
+        """The routed experts; reads the routing on the host (no graph capture)."""
+        return moe_cuda.moe_experts(x, ids, weights, w_gate, w_up, w_down)
+
+    def causal_conv1d_silu(self, x, w, conv_states, slots, query_start):
+        return recurrent_cuda.causal_conv1d_silu(x, w, conv_states, slots, query_start)
+
+    def gated_delta_rule(self, q, k, v, b, a, a_log, dt_bias, states, slots, query_start):
+        return recurrent_cuda.gated_delta_rule(q, k, v, b, a, a_log, dt_bias, states, slots, query_start)

@@ -130,6 +130,9 @@ class Qwen3NextModel:
             mlp = (load_sparse_moe(w, p, config.moe) if config.moe is not None and config.moe.is_sparse(i)
                    else load_mlp(w, p))
             self.layers.append(Qwen3NextLayer(w(p + "attn_norm.weight"), mixer, w(p + "ffn_norm.weight"), mlp))
+        # decode steps captured in CUDA graphs unless a layer has routed experts, whose row counts the
+        # CUDA backend reads on the host (backend/moe_cuda.py)
+        self.CAPTURABLE = not any(isinstance(layer.mlp, SparseMoE) for layer in self.layers)
         self.inv_freq = ops.asarray(inv_freq(config))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 
@@ -162,8 +165,7 @@ class Qwen3NextModel:
         conv = raw(p + "ssm_conv1d.weight")
         c_dim, kernel = conv.shape[0], conv.shape[2]
         return GatedDeltaNet(
-            w_qkvz, w_ba,
-            self.ops.weight(QTensor(conv.qtype, (c_dim, kernel), np.asarray(conv.data).reshape(c_dim, kernel))),
+            w_qkvz, w_ba, self.ops.asarray(conv.dequantize().reshape(c_dim, kernel), np.float32),   # float32 taps
             w(p + "ssm.dt_bias"), w(p + "ssm.A_log"), w(p + "ssm_norm.weight"), w(p + "ssm_out.weight"))
 
     @property
