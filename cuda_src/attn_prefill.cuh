@@ -80,8 +80,17 @@ __device__ __forceinline__ bool block_key_range(int kmax, int ctx, float* __rest
 
 // ---------------------------------------------------------------------------------------------
 // Plain kernel (any arch): BQ = 16 rows (4 per warp), BK = 32 keys (lane = key for the scores).
+// Past head dim 128 the query tile is kept in fp16 (as the mma kernel rounds it) so the three tiles
+// fit the 48 KB of static shared memory: 16 x 256 floats would take 16 KB of it.
 #define PF_BQ 16
 #define PF_BK 32
+
+template <bool HALF> struct PrefillQTile { typedef float T; };
+template <> struct PrefillQTile<true> { typedef __half T; };
+__device__ __forceinline__ float q_tile_value(float x) { return x; }
+__device__ __forceinline__ float q_tile_value(__half x) { return __half2float(x); }
+__device__ __forceinline__ void q_tile_store(float& dst, float x) { dst = x; }
+__device__ __forceinline__ void q_tile_store(__half& dst, float x) { dst = __float2half_rn(x); }
 
 template <typename C, typename CV, int D, bool SPLIT>
 __device__ __forceinline__ void prefill_plain_body(
@@ -93,7 +102,7 @@ __device__ __forceinline__ void prefill_plain_body(
     constexpr int EPL = D >= 32 ? D / 32 : 1;         // output columns per lane: d = lane + 32 * e
     constexpr int RPW = PF_BQ / 4;                    // rows per warp
     typedef __half T;                                 // the shared-memory tiles' values
-    __shared__ float q_s[PF_BQ][D];
+    __shared__ typename PrefillQTile<(D > 128)>::T q_s[PF_BQ][D];
     __shared__ __align__(16) T k_s[PF_BK][KSTR];
     __shared__ __align__(16) T v_s[PF_BK][D];
 
@@ -111,7 +120,7 @@ __device__ __forceinline__ void prefill_plain_body(
 
     for (int i = tid; i < PF_BQ * D; i += blockDim.x) {
         const int r = i / D, d = i % D;
-        q_s[r][d] = r < rows ? q[(i64)(q0 + r0 + r) * q_stride + (i64)h * D + d] * scale_log2 : 0.0f;
+        q_tile_store(q_s[r][d], r < rows ? q[(i64)(q0 + r0 + r) * q_stride + (i64)h * D + d] * scale_log2 : 0.0f);
     }
     float m[RPW], l[RPW], acc[RPW][EPL];
 #pragma unroll
@@ -149,7 +158,7 @@ __device__ __forceinline__ void prefill_plain_body(
             const int key = k0 + lane;
             float s = 0.0f;
 #pragma unroll 8
-            for (int d = 0; d < D; ++d) s += q_s[r][d] * KvType<T>::load(k_s[lane][d]);
+            for (int d = 0; d < D; ++d) s += q_tile_value(q_s[r][d]) * KvType<T>::load(k_s[lane][d]);
             if (key > qpos || key >= key_lim) s = pc_neg_inf();
             const float m_new = fmaxf(m[i], warp_max(s));      // finite: key k0 <= qpos is valid
             const float p = exp2f(s - m_new);
@@ -220,6 +229,11 @@ __device__ __forceinline__ void prefill_plain_body(
 
 // Both variants' kernels for one cache type at head dim D (attn_prefill.cu: fp16;
 // attn_prefill_kv8.cu: the codes, a module of their own that fp16 caches never compile)
+// The plain kernels alone (head dims past the mma kernel's shared memory: 256).
+#define PREFILL_PLAIN_KERNELS(KV, C, CV, D)                                                           \
+    PREFILL_KERNEL_PAIR(plain, KV, D, C, CV, (prefill_plain_body<C, CV, D, false>),                    \
+                        (prefill_plain_body<C, CV, D, true>))
+
 #define PREFILL_KERNELS(KV, C, CV, D)                                                                 \
     PREFILL_KERNEL_PAIR(plain, KV, D, C, CV, (prefill_plain_body<C, CV, D, false>),                    \
                         (prefill_plain_body<C, CV, D, true>))                                         \

@@ -108,9 +108,14 @@ PREFILL = [  # id, seqs [(ctx, nq)], hkv, group, head_dim, block_size
     ("b2-hkv2-g2-d32", [(21, 7), (50, 50)], 2, 2, 32, 16),
     ("b2-bs32-hkv2-g1-d64", [(90, 90), (75, 11)], 2, 1, 64, 32),
     ("b1-single-row-hkv4-g1-d128", [(1, 1)], 4, 1, 128, 16),
+    ("b3-mixed-hkv2-g4-d256", [(100, 100), (300, 45), (17, 1)], 2, 4, 256, 16),   # plain only: q tile in fp16
 ]
+MMA_MAX_HEAD_DIM = 128      # attn_cuda.PREFILL_MMA_HEAD_DIMS
+PLAIN_TOL = {256: 1e-3}     # the plain kernel's fp16 query tile past head dim 128
 for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
     for name, seqs, hkv, group, d, bs in PREFILL:
+        if variant == "mma" and d > MMA_MAX_HEAD_DIM:
+            continue
         def cuda(i, poison, variant=variant):
             kc, vc = stored_caches(i)
             cp = _cp()
@@ -120,7 +125,7 @@ for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
         ROWS.append(KernelRow(
             "attn_prefill", f"{variant}-{name}",
             lambda rng, seqs=seqs, hkv=hkv, group=group, d=d, bs=bs: make_case(rng, seqs, hkv, group, d, bs),
-            reference, cuda, tol))
+            reference, cuda, PLAIN_TOL.get(d, tol) if variant == "plain" else tol))
 
 # Split-KV prefill (a short chunk over a long prefix): the *_split_* kernels + the decode combine.
 # num_splits None = the launcher's choice (splits on any GPU: 1-4 tiles x 8 heads, 2K context).
@@ -136,9 +141,12 @@ PREFILL_SPLIT = [  # id, seqs [(ctx, nq)], hkv, group, head_dim, num_splits
     ("split2-b1-hkv2-g2-d32", [(700, 30)], 2, 2, 32, 2),
     ("splitauto-b1-48-over-2k-hkv2-g4-d128", [(2100, 48)], 2, 4, 128, None),
     ("splitauto-b2-hkv2-g4-d64", [(2100, 48), (300, 300)], 2, 4, 64, None),
+    ("split3-b3-prefix-hkv2-g4-d256", [(2000, 40), (700, 33), (50, 50)], 2, 4, 256, 3),
 ]
 for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
     for name, seqs, hkv, group, d, splits in PREFILL_SPLIT:
+        if variant == "mma" and d > MMA_MAX_HEAD_DIM:
+            continue
         def cuda(i, poison, variant=variant, splits=splits):
             kc, vc = stored_caches(i)
             cp = _cp()
@@ -148,7 +156,7 @@ for variant, tol in [("plain", 1e-4), ("mma", 3e-3)]:
         ROWS.append(KernelRow(
             "attn_prefill", f"{variant}-{name}",
             lambda rng, seqs=seqs, hkv=hkv, group=group, d=d: make_case(rng, seqs, hkv, group, d),
-            reference, cuda, tol))
+            reference, cuda, PLAIN_TOL.get(d, tol) if variant == "plain" else tol))
 
 DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits (None = the launcher's choice)
     ("b1-ctx1-hkv2-g1-d64", [1], 2, 1, 64, None),
@@ -265,6 +273,7 @@ OPS = [  # CudaOps.attention: stores the new K/V, then picks decode or prefill
     ("decode-flag-b3-hkv2-g4-d128", [(1, 1), (40, 1), (300, 1)], 2, 4, 128, True),
     ("decode-implicit-b2-hkv2-g2-d32", [(10, 1), (20, 1)], 2, 2, 32, False),
     ("prefill-split-chunk-over-prefix-b2-hkv2-g4-d128", [(2100, 48), (1500, 1)], 2, 4, 128, False),
+    ("decode-flag-b3-hkv2-g4-d256", [(1, 1), (40, 1), (300, 1)], 2, 4, 256, True),   # no decode kernel: prefill's
 ]
 for name, seqs, hkv, group, d, decode_only in OPS:
     def make(rng, seqs=seqs, hkv=hkv, group=group, d=d, decode_only=decode_only):

@@ -23,7 +23,9 @@ from .kv_pages_cuda import KvArgs, kv_args
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
 LOG2E = 1.4426950408889634
-HEAD_DIMS = (16, 32, 64, 128)       # instantiated in the .cu files
+HEAD_DIMS = (16, 32, 64, 128, 256)  # the prefill kernels', instantiated in the .cu files
+PREFILL_MMA_HEAD_DIMS = (16, 32, 64, 128)   # 256: the plain kernel (the mma one's tiles outgrow shared memory)
+DECODE_HEAD_DIMS = (16, 32, 64, 128)        # the decode kernels'; decode rows of other head dims take the prefill kernel
 DECODE_MAX_GROUP = 16               # DEC_MAXG in attn_decode.cu
 DECODE_MAX_SPLITS = 64
 DECODE_MIN_CHUNK = {"plain": 32, "mma": 64}   # DEC_MIN_CHUNK / DM_MIN_CHUNK: fewer keys per split is not worth one
@@ -89,8 +91,8 @@ def _out(out, shape):
 
 
 def prefill_variant(head_dim: int) -> str:
-    """Tensor cores (mma.sync m16n8k16) from sm_80 on; the plain kernel elsewhere."""
-    return "mma" if has_tensor_cores() and head_dim in HEAD_DIMS else "plain"
+    """Tensor cores (mma.sync m16n8k16) from sm_80 on up to head dim 128; the plain kernel elsewhere."""
+    return "mma" if has_tensor_cores() and head_dim in PREFILL_MMA_HEAD_DIMS else "plain"
 
 
 def prefill_splits(tiles: int, num_heads: int, max_context: int, sms: int) -> int:

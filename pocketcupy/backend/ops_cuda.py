@@ -195,13 +195,14 @@ class CudaOps:
 
     def paged_attention(self, q, k_cache, v_cache, meta: AttentionMetadata, scale: float, feeds=None):
         """Causal attention over the paged cache (the new tokens already stored). Decode kernel
-        when every sequence has one row. feeds: the weights that read the output; then it comes
-        as [N, Hq * D] rows, with their int8 blocks (Q8Rows, written by the decode kernel itself:
-        per 32, or per 256 when they all run on the K-quant tensor-core kernel at this batch) when
-        every weight in feeds takes int8 activations."""
+        when every sequence has one row and the head dim has one (attn_cuda.DECODE_HEAD_DIMS).
+        feeds: the weights that read the output; then it comes as [N, Hq * D] rows, with their int8
+        blocks (Q8Rows, written by the decode kernel itself: per 32, or per 256 when they all run on
+        the K-quant tensor-core kernel at this batch) when every weight in feeds takes int8
+        activations."""
         meta = attn_cuda.device_meta(meta)
         n, hq, d = q.shape
-        if not _decode_batch(q, meta):
+        if not _decode_batch(q, meta) or d not in attn_cuda.DECODE_HEAD_DIMS:
             out = attn_cuda.attn_prefill(q, k_cache, v_cache, meta, scale)
             return out if feeds is None else out.reshape(n, hq * d)
         return self._decode_attention(q, k_cache, v_cache, meta, scale, feeds)
