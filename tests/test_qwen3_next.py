@@ -14,19 +14,14 @@ from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 from pocketcupy.server.state import _kv_text
 
 from .helpers import full_logits, load_reference_model, rel_err
-from .qwen3_next_checkpoints import REFERENCE, VARIANTS, config, tensors, write_checkpoint
+from . import qwen3_next_checkpoints
+from .qwen3_next_checkpoints import REFERENCE, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
                                  greedy_ids, logits_error, write_folder)
 from .seeded_checkpoints import TOKENIZER as TINY_LLAMA    # a Llama model (fixture) of the same vocabulary
 
 REF = np.load(REFERENCE)
-
-
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+variant = qwen3_next_checkpoints.variant     # the fixture: (name, folder) of each variant
 
 
 def test_logits_match_transformers(variant):

@@ -10,22 +10,17 @@ from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
 from .helpers import full_logits, rel_err
-from .qwen3_next_checkpoints import REFERENCE, VARIANTS, write_checkpoint
+from . import qwen3_next_checkpoints
+from .qwen3_next_checkpoints import REFERENCE
 from .seeded_checkpoints import BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, greedy
 
 REF = np.load(REFERENCE)
+variant = qwen3_next_checkpoints.variant     # the fixture: (name, folder) of each variant
 # max |cuda - ref| / max |ref|: fp16 K/V pages, float32 weights kept as fp16 (prepare_weight) and
 # 16-bit activations into cuBLAS past the GEMVs' batches
 TOL = 1e-2
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
 
 
 def test_logits_match_transformers(variant):
