@@ -13,8 +13,8 @@ from pocketcupy.loader import load_checkpoint
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 from pocketcupy.server.state import _kv_text
 
-from .helpers import full_logits, load_reference_model, rel_err
 from . import qwen3_next_checkpoints
+from .helpers import full_logits, load_reference_model, rel_err
 from .qwen3_next_checkpoints import REFERENCE, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
                                  greedy_ids, logits_error, write_folder)

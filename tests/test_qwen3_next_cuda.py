@@ -9,8 +9,8 @@ from pocketcupy import Engine
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
-from .helpers import full_logits, rel_err
 from . import qwen3_next_checkpoints
+from .helpers import full_logits, rel_err
 from .qwen3_next_checkpoints import REFERENCE
 from .seeded_checkpoints import BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, greedy
 
