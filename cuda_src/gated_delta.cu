@@ -27,6 +27,7 @@ extern "C" __global__ void causal_conv1d_silu_f32(const float* __restrict__ x, i
     }
     const float wlast = w[(i64)c * K + K - 1];
     const int t0 = query_start[b], t1 = query_start[b + 1];
+#pragma unroll 4     // a prefill's loads of the next tokens go out before this one's sum
     for (int t = t0; t < t1; ++t) {
         const float xt = x[(i64)t * x_stride + c];
         float acc = xt * wlast;
@@ -104,6 +105,7 @@ __global__ void gated_delta_rule_f32(const float* __restrict__ qn, const float* 
 #pragma unroll
     for (int r = 0; r < R; ++r) s[r] = live ? st[(i64)r * Dv] : 0.0f;
     const int t0 = query_start[b], t1 = query_start[b + 1];
+#pragma unroll 2     // the next token's loads overlap this one's products
     for (int t = t0; t < t1; ++t) {
         const float* kt = kn + ((i64)t * Hk + hk) * DK + part * R;
         const float* qt = qn + ((i64)t * Hk + hk) * DK + part * R;
