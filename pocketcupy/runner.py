@@ -88,7 +88,7 @@ class ModelRunner:
                  max_num_seqs: int = 1, cuda_graphs: bool = False, kv_cache_dtype: str = "auto",
                  pre_norm_hidden: bool = False, graph_rows: int | None = None):
         """cuda_graphs: decode steps replay CUDA graphs (the caller checks the model can be captured:
-        capturable()); pre_norm_hidden: return the pre-norm hidden state of every row (the model's
+        its CAPTURABLE); pre_norm_hidden: return the pre-norm hidden state of every row (the model's
         forward_with_hidden; eager steps only); graph_rows: the largest decode graph's rows (default
         max_num_seqs)."""
         c = model.config
