@@ -134,34 +134,43 @@ def _cuda_route(inp, poison):
 EXPERTS, HIDDEN, INTER = 6, 96, 64
 
 
-def _make_experts(rows: int, top_k: int):
+def _make_experts(rows: int, top_k: int, qtype: str = "BF16"):
     def make(rng):
         ids = np.stack([rng.choice(EXPERTS, top_k, replace=False) for _ in range(rows)])
         ws = {part: [rng.standard_normal(shape, dtype=np.float32) * 0.1 for _ in range(EXPERTS)]
               for part, shape in (("gate", (INTER, HIDDEN)), ("up", (INTER, HIDDEN)), ("down", (HIDDEN, INTER)))}
         return {"x": rng.standard_normal((rows, HIDDEN), dtype=np.float32), "ids": ids.astype(np.int32),
-                "weights": rng.uniform(0.1, 1.0, (rows, top_k)).astype(np.float32), **ws}
+                "weights": rng.uniform(0.1, 1.0, (rows, top_k)).astype(np.float32), "qtype": qtype, **ws}
     return make
 
 
-def _bf16(w):
-    return QTensor("BF16", w.shape, f32_to_bf16(w))
+def _stored(w, qtype: str) -> QTensor:
+    return QTensor(qtype, w.shape, f32_to_bf16(w) if qtype == "BF16" else w.astype(np.float16))
 
 
 def _ref_experts(inp):
     ops = NumpyOps()
-    parts = [[ops.weight(_bf16(w)) for w in inp[p]] for p in ("gate", "up", "down")]
+    parts = [[ops.weight(_stored(w, inp["qtype"])) for w in inp[p]] for p in ("gate", "up", "down")]
     return ops.moe_experts(inp["x"], inp["ids"], inp["weights"], *parts)
 
 
-def _cuda_experts(inp, poison):
-    import cupy as cp
+def _cuda_experts(pairs: bool):
+    """moe_experts per (row, pick) pair (pairs) or sorted by expert on the host."""
+    def run(inp, poison):
+        import cupy as cp
 
-    from pocketcupy.backend import moe_cuda
-    from pocketcupy.backend.weight_cuda import prepare_weight
+        from pocketcupy.backend import moe_cuda
+        from pocketcupy.backend.weight_cuda import prepare_weight
 
-    parts = [[prepare_weight(_bf16(w)) for w in inp[p]] for p in ("gate", "up", "down")]
-    return moe_cuda.moe_experts(cp.asarray(inp["x"]), cp.asarray(inp["ids"]), cp.asarray(inp["weights"]), *parts)
+        parts = [[prepare_weight(_stored(w, inp["qtype"])) for w in inp[p]] for p in ("gate", "up", "down")]
+        saved, moe_cuda.PAIR_GEMV = moe_cuda.PAIR_GEMV, pairs
+        try:
+            assert moe_cuda.experts_capturable(*parts) == pairs
+            return moe_cuda.moe_experts(cp.asarray(inp["x"]), cp.asarray(inp["ids"]), cp.asarray(inp["weights"]),
+                                        *parts)
+        finally:
+            moe_cuda.PAIR_GEMV = saved
+    return run
 
 
 ROWS = [KernelRow("causal_conv1d_silu", f"c{c}_k{k}", _make_conv(c, k), _ref_conv, _cuda_conv, 1e-6)
@@ -175,6 +184,9 @@ ROWS += [KernelRow("sigmoid_mul", f"{r}x{c}_gate{g}", _make_sigmoid_mul(r, c, g)
          for r, c, g in ((7, 300, 300), (9, 64, 1))]
 ROWS += [KernelRow("moe_route_softmax", f"n{n}_e{e}_k{k}{'_norm' * norm}", _make_route(n, e, k, norm), _ref_route,
                    _cuda_route, (1e-6, 0.0)) for n, e, k, norm in ((5, 8, 2, True), (33, 512, 10, True), (3, 64, 8, False))]
-# bf16 weights on the GEMV (fp32 activations) and, past its batch, cuBLAS over bf16 activations
-ROWS += [KernelRow("moe_experts", f"n{n}_top{k}", _make_experts(n, k), _ref_experts, _cuda_experts, 5e-3)
+# sorted: bf16 weights on the GEMV (fp32 activations) and, past its batch, cuBLAS over bf16
+# activations; per pair: fp32 activations, fp32 sums
+ROWS += [KernelRow("moe_experts", f"sorted_n{n}_top{k}", _make_experts(n, k), _ref_experts, _cuda_experts(False), 5e-3)
          for n, k in ((1, 2), (7, 2), (40, 4))]
+ROWS += [KernelRow("moe_experts", f"pairs_{q.lower()}_n{n}_top{k}", _make_experts(n, k, q), _ref_experts,
+                   _cuda_experts(True), 1e-5) for n, k, q in ((1, 2, "BF16"), (7, 2, "F16"), (40, 4, "BF16"))]

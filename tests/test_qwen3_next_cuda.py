@@ -36,19 +36,30 @@ def test_logits_match_transformers(variant):
         assert err <= TOL, f"{name} prompt {k}: relative error {err:.2e}"
 
 
-def test_greedy_matches_transformers(variant):
-    """Decode steps replay CUDA graphs (the state slots among their inputs) but where routed experts
-    make the forward uncapturable (Qwen3NextModel.CAPTURABLE): then they run eagerly."""
+@pytest.fixture(params=[False, True], ids=["sorted", "pairs"])
+def pair_gemv(request, monkeypatch):
+    """moe_cuda.PAIR_GEMV: the experts per (row, pick) pair (decode captured in graphs) or sorted
+    by expert on the host (eager decode for a model with experts)."""
+    from pocketcupy.backend import moe_cuda
+
+    monkeypatch.setattr(moe_cuda, "PAIR_GEMV", request.param)
+    return request.param
+
+
+def test_greedy_matches_transformers(variant, pair_gemv):
+    """Decode steps replay CUDA graphs (the state slots among their inputs) unless routed experts
+    read their routing on the host (Qwen3NextModel.CAPTURABLE): then they run eagerly."""
     name, folder = variant
     engine = Engine(folder, device="cuda", progress=False, max_num_seqs=4, kv_cache_memory=1 << 24)
-    assert (engine.runner.graphs is not None) == (name == "q35_dense")      # the one variant without experts
-    assert engine.runner.states.layers[0][0].shape[0] == 4 + (name == "q35_dense")   # + the graphs' scratch slot
+    graphs = name == "q35_dense" or pair_gemv                 # the one variant without experts, or experts per pair
+    assert (engine.runner.graphs is not None) == graphs
+    assert engine.runner.states.layers[0][0].shape[0] == 4 + graphs   # + the graphs' scratch slot
     out = engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0]
     assert out.outputs[0].token_ids == REF[f"{name}__greedy_ids"].tolist()
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_batched_with_preemption_matches_the_numpy_backend(variant, cuda_graphs):
+def test_batched_with_preemption_matches_the_numpy_backend(variant, cuda_graphs, pair_gemv):
     """BATCH at once in 11 usable blocks of 4 tokens, prefills in chunks of at most 40 tokens a step,
     decode rows beside prefill chunks (graph padding rows in the scratch state slot): each request's
     tokens as the NumPy backend gives it alone."""

@@ -234,8 +234,13 @@ class CudaOps:
         return moe_cuda.moe_route_softmax(logits, top_k, norm)
 
     def moe_experts(self, x, ids, weights, w_gate, w_up, w_down):
-        """The routed experts; reads the routing on the host (no graph capture)."""
+        """The routed experts: per (row, pick) pair where experts_capturable, else sorted by expert
+        on the host (moe_cuda)."""
         return moe_cuda.moe_experts(x, ids, weights, w_gate, w_up, w_down)
+
+    def experts_capturable(self, w_gate, w_up, w_down) -> bool:
+        """Whether moe_experts reads nothing on the host at decode batches (so graphs can hold it)."""
+        return moe_cuda.experts_capturable(w_gate, w_up, w_down)
 
     def causal_conv1d_silu(self, x, w, conv_states, slots, query_start):
         return recurrent_cuda.causal_conv1d_silu(x, w, conv_states, slots, query_start)

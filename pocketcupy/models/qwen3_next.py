@@ -130,9 +130,11 @@ class Qwen3NextModel:
             mlp = (load_sparse_moe(w, p, config.moe) if config.moe is not None and config.moe.is_sparse(i)
                    else load_mlp(w, p))
             self.layers.append(Qwen3NextLayer(w(p + "attn_norm.weight"), mixer, w(p + "ffn_norm.weight"), mlp))
-        # decode steps captured in CUDA graphs unless a layer has routed experts, whose row counts the
-        # CUDA backend reads on the host (backend/moe_cuda.py)
-        self.CAPTURABLE = not any(isinstance(layer.mlp, SparseMoE) for layer in self.layers)
+        # decode steps captured in CUDA graphs unless the backend reads the routing of some layer's
+        # experts on the host (CudaOps.experts_capturable)
+        capturable = getattr(ops, "experts_capturable", lambda *ws: False)
+        self.CAPTURABLE = all(capturable(layer.mlp.w_gate, layer.mlp.w_up, layer.mlp.w_down)
+                              for layer in self.layers if isinstance(layer.mlp, SparseMoE))
         self.inv_freq = ops.asarray(inv_freq(config))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 
