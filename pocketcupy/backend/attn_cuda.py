@@ -142,9 +142,14 @@ def attn_prefill(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out
     part_lse = cp.empty((n, hq, num_splits), np.float32)
     _k(kv.source("attn_prefill"), f"attn_prefill_{variant}_split_{kv.tag}_hd{d}")(
         (tiles, hq, num_splits), (128,), args + (part_o, part_lse))
-    _k("attn_decode.cu", "attn_decode_combine_f32")(
-        (hq, n), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
+    _combine_splits(part_o, part_lse, out, n, hq, d, num_splits)
     return out
+
+
+def _combine_splits(part_o, part_lse, out, rows: int, hq: int, d: int, num_splits: int) -> None:
+    """attn_decode_combine_f32: each row's and head's splits merged into out (a thread a column)."""
+    _k("attn_decode.cu", "attn_decode_combine_f32")(
+        (hq, rows), (max(128, d),), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
 
 
 def decode_variant(head_dim: int) -> str:
@@ -277,6 +282,5 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     else:
         _k("attn_decode.cu", f"attn_decode_split_f16_hd{d}")((num_splits, hkv, b), (128,), head + tail)
     if num_splits > 1 and not fused:
-        _k("attn_decode.cu", "attn_decode_combine_f32")(
-            (hq, b), (128,), (part_o, part_lse, out, _I64(hq * d), _I32(hq), _I32(d), _I32(num_splits)))
+        _combine_splits(part_o, part_lse, out, b, hq, d, num_splits)
     return out
