@@ -4,8 +4,8 @@
 - per (row, pick) pair (cuda_src/moe_experts.cu): each pair's row through its expert's fp16 / bf16
   weights, found in a device table of the experts' addresses, then each row's picks summed. Nothing
   is read on the host, so decode steps with experts can be captured in CUDA graphs
-  (experts_capturable; batches of up to PAIR_MAX_ROWS rows, every decode graph's). Off
-  (PAIR_GEMV) until its kernel rows have run on a GPU.
+  (experts_capturable; batches of up to PAIR_MAX_ROWS rows, every decode graph's, so a short
+  prefill chunk takes it too). PAIR_GEMV = False turns it off.
 - sorted by expert on the host: the pairs sorted by expert, the rows gathered once in that order,
   each expert's gate / up and down linears over its run of them (any weight format; prefill)."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .kernels import cuda_op, kernel
 from .weight_cuda import DENSE_QTYPES, CudaWeight
 
 ROUTE_MAX_TOP_K = 32        # a lane of the router's warp holds each pick
-PAIR_GEMV = False           # the per-pair kernels (see above)
+PAIR_GEMV = True            # the per-pair kernels (see above)
 PAIR_MAX_ROWS = 256         # graphs.GRAPH_MAX_BATCH: longer batches (prefill) go sorted by expert
 PAIR_WARPS = 4              # output rows a block of moe_pair_gemv16 (a warp each)
 _PAIR_EXPRS = ("moe_pair_gemv16<0>", "moe_pair_gemv16<1>")
