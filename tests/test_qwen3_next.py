@@ -14,7 +14,7 @@ from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 from pocketcupy.server.state import _kv_text
 
 from . import qwen3_next_checkpoints
-from .helpers import full_logits, load_reference_model, rel_err
+from .helpers import full_logits, load_reference_model, load_script, rel_err
 from .qwen3_next_checkpoints import REFERENCE, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
                                  greedy_ids, logits_error, write_folder)
@@ -249,3 +249,17 @@ def test_split_projection_missing_named(tmp_path):
     stored = {k: v for k, v in tensors("q35_dense").items() if k != "model.layers.2.linear_attn.in_proj_z.weight"}
     with pytest.raises(ValueError, match="'blk.2.ssm_in_z.weight' is missing from the checkpoint"):
         load_reference_model(write_checkpoint(tmp_path, "q35_dense", stored))
+
+
+def test_synthetic_benchmark_checkpoint_loads_and_generates(tmp_path):
+    """scripts/make_synthetic_qwen35.py (the CUDA benchmark's Qwen3.5-dense shape), made small: it
+    loads as qwen3_5 with head dim 256 and a quarter rotary, and generates."""
+    script = load_script("make_synthetic_qwen35")
+    folder = script.main(["--out", str(tmp_path), "--layers", "4", "--hidden", "256", "--intermediate", "512",
+                          "--vocab", "1000"])
+    engine = Engine(folder, device="cpu", progress=False, max_num_seqs=2)
+    c = engine.config
+    assert (c.architecture, c.head_dim, c.gdn.layer_types.count("full_attention")) == ("qwen3_5", 256, 1)
+    assert len(engine.generate([5, 6, 7], greedy(4))[0].outputs[0].token_ids) == 4
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "x"), "--layers", "6"])
