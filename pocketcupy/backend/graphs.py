@@ -152,9 +152,9 @@ class DecodeGraphs:
 
 class _Inputs:
     """One set of a decode graph's inputs: views of one device buffer, filled by one copy a step
-    from a pinned host twin: ids, pos, slots, state_rows int64 [top], feed int64 (elementwise_cuda.fill_feed),
-    out_at int64 [1] (the address the graph's sampler writes to), seq_lens int32 [top], params
-    int32 [top, SP_WORDS] (the sampler's rows), tables int32 [top, W]."""
+    from a pinned host twin: ids, pos, slots, state_rows int64 [top], feed int64
+    (elementwise_cuda.fill_feed), out_at int64 [1] (the address the graph's sampler writes to),
+    seq_lens int32 [top], params int32 [top, SP_WORDS] (the sampler's rows), tables int32 [top, W]."""
 
     def __init__(self, cp, top: int, max_blocks_per_seq: int):
         fields = [("ids", np.int64, (top,)), ("pos", np.int64, (top,)), ("slots", np.int64, (top,)),
