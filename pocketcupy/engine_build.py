@@ -26,6 +26,7 @@ class EngineBuild:
                              f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
         check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
         self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
+        self.ops.check_config(ckpt.config)
         if hasattr(self.model, "state_shapes"):
             self._recurrent_state_limits()
         self.max_model_len = self.args.max_model_len or ckpt.config.max_position
@@ -91,6 +92,7 @@ class EngineBuild:
             raise ValueError(f"speculative_model: its vocabulary of {ckpt.config.vocab_size} tokens differs from "
                              f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
         check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
+        self.ops.check_config(ckpt.config)
         return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
 
     def _make_proposer(self, num_blocks: int):

@@ -263,3 +263,23 @@ def test_synthetic_benchmark_checkpoint_loads_and_generates(tmp_path):
     assert len(engine.generate([5, 6, 7], greedy(4))[0].outputs[0].token_ids) == 4
     with pytest.raises(SystemExit):
         script.main(["--out", str(tmp_path / "x"), "--layers", "6"])
+
+
+@pytest.mark.parametrize("part, changes, match", [
+    ("gdn", dict(linear_key_head_dim=12), r"linear_key_head_dim 12 has no CUDA kernel \(they take 4, 8, 16, 32, 64, 128, 256\)"),
+    ("gdn", dict(linear_conv_kernel_dim=9), r"linear_conv_kernel_dim 9 has no CUDA kernel \(they take 1 to 8\)"),
+    (None, dict(head_dim=24), r"head_dim 24 has no CUDA kernel \(they take 16, 32, 64, 128, 256\)"),
+    ("moe", dict(num_experts=64, num_experts_per_tok=33), r"num_experts_per_tok 33 has no CUDA kernel \(they take 1 to 32\)"),
+])
+def test_sizes_without_cuda_kernels_refused(tmp_path, part, changes, match):
+    """CudaOps.check_config (engine build, after the model): the fields the kernels cannot take."""
+    import dataclasses
+
+    from pocketcupy.backend.ops_cuda import CudaOps
+
+    c = load_checkpoint(write_checkpoint(tmp_path, "q3n_moe")).config
+    c = (dataclasses.replace(c, **changes) if part is None
+         else dataclasses.replace(c, **{part: dataclasses.replace(getattr(c, part), **changes)}))
+    with pytest.raises(ValueError, match=match + "; device='cpu' runs it"):
+        object.__new__(CudaOps).check_config(c)
+    NumpyOps().check_config(c)

@@ -47,6 +47,27 @@ class CudaOps:
     def asarray(self, a, dtype=None):
         return self.xp.asarray(a, dtype=dtype)
 
+    def check_config(self, config) -> None:
+        """A ValueError naming the field where the kernels do not take a model's sizes: the attention
+        head dim, a Gated DeltaNet's key head dim and conv width, the softmax router's top-k."""
+        checks = []
+        if config.num_kv_layers:
+            checks.append(("head_dim", config.head_dim, attn_cuda.HEAD_DIMS))
+        if config.gdn is not None:
+            checks += [("linear_key_head_dim", config.gdn.linear_key_head_dim,
+                        tuple(4 * r for r in recurrent_cuda.DELTA_ROWS)),
+                       ("linear_conv_kernel_dim", config.gdn.linear_conv_kernel_dim,
+                        range(1, recurrent_cuda.CONV_MAX_K + 1))]
+        if config.moe is not None and hasattr(config.moe, "num_experts"):     # Qwen3-Next's router
+            checks.append(("num_experts_per_tok", config.moe.num_experts_per_tok,
+                           range(1, moe_cuda.ROUTE_MAX_TOP_K + 1)))
+        for field, value, allowed in checks:
+            if value not in allowed:
+                takes = (f"{allowed.start} to {allowed.stop - 1}" if isinstance(allowed, range)
+                         else ", ".join(map(str, allowed)))
+                raise ValueError(f"model: {field} {value} has no CUDA kernel (they take {takes}); "
+                                 f"device='cpu' runs it")
+
     def to_host(self, a) -> np.ndarray:
         return self.xp.asnumpy(a) if isinstance(a, self.xp.ndarray) else np.asarray(a)
 

@@ -42,6 +42,10 @@ class NumpyOps:
     def asarray(self, a, dtype=None):
         return np.asarray(a, dtype=dtype)
 
+    def check_config(self, config) -> None:
+        """A ValueError naming the field where the backend has no kernel for a model's sizes (none
+        here: NumPy takes any)."""
+
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
 
