@@ -376,7 +376,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             except Exception as e:   # (its prompt logprobs)
                 self._fail(s.group, e, touched)
         if any(item.num_draft for item in sched_out.scheduled):
-            self._verify(sched_out, run_out.logits, seqs, touched)
+            self._verify_and_roll_back(sched_out, run_out.logits, seqs, touched)
             return None
         sync = False
         if run_out.sampled is not None:

@@ -35,12 +35,10 @@ class EngineBuild:
                              f"{ckpt.config.max_position}")
 
     def _recurrent_state_limits(self) -> None:
-        """A model with recurrent state (state_slots.py) cannot restore it to an earlier position:
-        no speculative decoding (rejected drafts) and no prefix caching (cached blocks)."""
+        """A model with recurrent state (state_slots.py) cannot restore it from cached blocks: no
+        prefix caching. (Rejected drafts are rolled back by running the kept tokens again from the
+        state saved before the step: ModelRunner.roll_back.)"""
         a, arch = self.args, self.model.config.architecture
-        if a.speculative_method != "none":
-            raise ValueError(f"speculative_method: {a.speculative_method!r} is not supported for architecture "
-                             f"{arch!r}: its recurrent state cannot roll back rejected draft tokens")
         if a.enable_prefix_caching:
             log.info("prefix caching is off for architecture %r: its recurrent state cannot be restored from "
                      "cached blocks", arch)

@@ -9,6 +9,14 @@ from .sched.request import RequestStatus
 
 
 class EngineSpec:
+    def _verify_and_roll_back(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:
+        """_verify, then a hybrid model's recurrent states rolled back to the tokens each request kept
+        (ModelRunner.roll_back; K/V pages need nothing: a rejected draft's slots are written again)."""
+        self._rejected = {}
+        self._verify(sched_out, logits, seqs, touched)
+        if self.runner.states is not None and self._rejected:
+            self.runner.roll_back(sched_out, self._rejected)
+
     def _verify(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:
         """Samples a step with draft tokens (logits: 1 + num_draft rows a sequence) one depth at a
         time: a sequence samples its next row only while each token drawn equals its draft token,
@@ -60,6 +68,8 @@ class EngineSpec:
         if draft:
             self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)
             self.backoff.record(s.req, depth + kept)
+            if depth + kept < len(draft):
+                self._rejected[s.req.request_id] = 1 + depth + kept   # the step's tokens that stand
         return False
 
     def _propose(self, groups) -> None:

@@ -1,6 +1,7 @@
 """SchedulerOutput -> one flat batch -> model forward -> logits for the rows that need them."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,8 +128,10 @@ class ModelRunner:
             raise RuntimeError("a pending token without the previous step's sampled ids")
         fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
         drafts = any(s.num_draft for s in out.scheduled)
+        if drafts and self.states is not None:      # a recurrent state runs its tokens in order: no
+            self.states.save([s.request_id for s in out.scheduled if s.num_draft])   # graph rows
         # a decode step, or a verification step: every request its last token and its drafts
-        if (self.graphs is not None and self.graphs.bucket_for(len(ids))
+        if (self.graphs is not None and self.graphs.bucket_for(len(ids)) and not (drafts and self.states is not None)
                 and not any(s.prompt_logits for s in out.scheduled)
                 and (meta.decode_only or all(s.sample and len(s.token_ids) == 1 + s.num_draft for s in out.scheduled))):
             rows = _sample_rows(out, meta.query_start)
@@ -165,6 +168,23 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))])
         return RunnerOutput(sample_ids, logits, prompt_logits, pre_norm_hidden=pre_norm)
+
+
+    def roll_back(self, out: SchedulerOutput, kept: dict[str, int]) -> None:
+        """After verifying the drafts of step `out`: each request in kept (request id -> the tokens of
+        the step that stand, its last token and the drafts kept) has the recurrent state saved before
+        the step put back and those tokens run again (their K/V is rewritten as it was). The other
+        requests keep the state the step left."""
+        redo = [dataclasses.replace(s, token_ids=s.token_ids[:kept[s.request_id]], sample=False, prompt_logits=False,
+                                    num_draft=0) for s in out.scheduled if s.request_id in kept]
+        if not redo:
+            return
+        rids = [s.request_id for s in redo]
+        self.states.restore(rids)
+        self.states.use_rows(rids)
+        ids, pos, meta = self.build_batch(SchedulerOutput(redo))
+        ops = self.ops
+        self.model.forward(ops.asarray(ids), ops.asarray(pos), ops.upload_meta(meta), self.kv_caches, self.states)
 
 
 def _sample_rows(out: SchedulerOutput, query_start: np.ndarray) -> list[int]:

@@ -6,7 +6,9 @@ A request takes a free slot when it is first scheduled and keeps it through chun
 decode; its state is zeroed whenever its computation starts at position 0 (new, or recomputed
 after preemption), and its slot is freed when the scheduler reports it finished, aborted or
 preempted. Unlike K/V pages, a state cannot be restored to an earlier position: no prefix-cache
-hits and no rolled-back draft tokens (the engine turns both off for such models)."""
+hits (the engine turns prefix caching off for such models). A step verifying draft tokens saves its
+requests' states first; a request whose drafts were not all kept gets its state back and the tokens
+it kept run again (ModelRunner.roll_back)."""
 from __future__ import annotations
 
 import itertools
@@ -37,6 +39,7 @@ class StateSlots:
         self.slot_of: dict[str, int] = {}
         self.host_rows = np.zeros(0, np.int64)           # the step's slot of each scheduled request
         self._rows = None
+        self._saved = ({}, [])                            # save(): request id -> index, the copies
 
     def prepare(self, out: SchedulerOutput) -> None:
         """Frees the slots of the requests that ended or were preempted, then sets `host_rows` for the
@@ -60,6 +63,25 @@ class StateSlots:
                         a[slot] = 0
             rows.append(slot)
         self.host_rows, self._rows = np.asarray(rows, np.int64), None
+
+    def save(self, request_ids: list[str]) -> None:
+        """Copies of these requests' states (a verification step's, before it runs), for restore."""
+        slots = [self.slot_of[r] for r in request_ids]
+        index = self.ops.asarray(np.asarray(slots, np.int64))
+        self._saved = (dict(zip(request_ids, range(len(slots)))), [[a[index] for a in arrays] for arrays in self.layers])
+
+    def restore(self, request_ids: list[str]) -> None:
+        """These requests' states put back as save() copied them."""
+        at, copies = self._saved
+        pick = self.ops.asarray(np.asarray([at[r] for r in request_ids], np.int64))
+        index = self.ops.asarray(np.asarray([self.slot_of[r] for r in request_ids], np.int64))
+        for arrays, saved in zip(self.layers, copies):
+            for a, c in zip(arrays, saved):
+                a[index] = c[pick]
+
+    def use_rows(self, request_ids: list[str]) -> None:
+        """host_rows for a batch of these requests (already holding slots)."""
+        self.host_rows, self._rows = np.asarray([self.slot_of[r] for r in request_ids], np.int64), None
 
     @property
     def rows(self):

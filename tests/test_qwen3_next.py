@@ -197,11 +197,50 @@ def test_tensor_parallel_refused(tmp_path):
         Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, tensor_parallel_size=2)
 
 
-@pytest.mark.parametrize("spec", [dict(speculative_method="ngram"),
-                                  dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2})])
-def test_speculative_decoding_refused(tmp_path, spec):
-    with pytest.raises(ValueError, match="speculative_method: 'ngram' is not supported for architecture 'qwen3_next'"):
-        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, **spec)
+class OracleDrafts:
+    """Drafts the tokens each request is known to draw (expected: prompt -> output), the second one
+    made wrong every other step: steps keep all their drafts, or one and reject the rest."""
+
+    def __init__(self, expected: dict, vocab: int):
+        self.expected, self.vocab, self.calls = expected, vocab, 0
+
+    def propose(self, reqs):
+        for r in reqs:
+            self.calls += 1
+            n = len(r.output_token_ids)
+            drafts = list(self.expected[tuple(r.prompt_token_ids)][n:n + 3])
+            if self.calls % 2 and len(drafts) > 1:
+                drafts[1] = (drafts[1] + 1) % self.vocab
+            r.draft_token_ids = drafts
+
+
+@pytest.mark.parametrize("method", ["oracle", "draft_model"])
+def test_speculative_decoding_rolls_the_state_back(variant, method):
+    """Drafts verified in one forward: a request whose drafts were not all kept gets its recurrent
+    state back as saved before the step and its kept tokens run again (ModelRunner.roll_back), so
+    every request draws the tokens it draws without drafts, batched with preemption. The oracle's
+    drafts are kept whole or in part; tiny_llama's, drafting for a model it knows nothing of, are
+    mostly rejected."""
+    _, folder = variant
+    alone = batch_alone(folder)
+    spec = (dict(speculative_method="ngram", num_speculative_tokens=3) if method == "oracle" else
+            dict(speculative_method="draft_model", speculative_model=TINY_LLAMA, num_speculative_tokens=2))
+    engine = Engine(folder, device="cpu", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
+                    max_num_seqs=4, **spec)
+    if method == "oracle":
+        engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
+    got = [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+    assert got == alone
+    st = engine.stats()
+    assert st["num_preemptions"] > 0 and st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"]
+    if method == "oracle":
+        assert st["spec_num_accepted_tokens"] > st["spec_num_drafts"]      # some steps kept several
+
+
+def test_mtp_refused(tmp_path):
+    with pytest.raises(ValueError, match="speculative_method: 'mtp' needs a model with multi-token-prediction layers "
+                                         r"\(DeepSeek-V3's num_nextn_predict_layers\); architecture 'qwen3_next' has none"):
+        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, speculative_method="mtp")
 
 
 def test_as_draft_model_refused(tmp_path):

@@ -130,3 +130,22 @@ def test_batched_with_preemption_matches_the_numpy_backend(tmp_path, name, cuda_
     assert engine.stats()["num_preemptions"] > 0
     engine.step()
     assert engine.runner.states.num_used == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FP16_ACTIVATIONS)
+def test_speculative_decoding_rolls_the_state_back(tmp_path, name):
+    """Drafts kept whole or in part (test_qwen3_next.OracleDrafts) verified eagerly on CUDA, the
+    states of the requests that rejected some put back and their kept tokens run again: the NumPy
+    backend's tokens alone."""
+    from .test_qwen3_next import OracleDrafts
+
+    folder = qwen3_next_checkpoints.write_checkpoint(tmp_path, name)
+    alone = batch_alone(folder)
+    engine = Engine(folder, device="cuda", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
+                    max_num_seqs=4, speculative_method="ngram", num_speculative_tokens=3)
+    engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
+    got = [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+    assert got == alone
+    st = engine.stats()
+    assert st["spec_num_drafts"] < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"]
