@@ -128,8 +128,10 @@ class ModelRunner:
             raise RuntimeError("a pending token without the previous step's sampled ids")
         fed = (dst, feed.tokens, feed.rows_for(out, dst, meta.query_start)) if dst else None
         drafts = any(s.num_draft for s in out.scheduled)
-        if drafts and self.states is not None:      # a recurrent state runs its tokens in order: no
-            self.states.save([s.request_id for s in out.scheduled if s.num_draft])   # graph rows
+        # a hybrid's states are saved for roll_back, and its drafts verified eagerly: graph rows of one
+        # token each would not carry the state from one token to the next
+        if drafts and self.states is not None:
+            self.states.save([s.request_id for s in out.scheduled if s.num_draft])
         # a decode step, or a verification step: every request its last token and its drafts
         if (self.graphs is not None and self.graphs.bucket_for(len(ids)) and not (drafts and self.states is not None)
                 and not any(s.prompt_logits for s in out.scheduled)
@@ -168,7 +170,6 @@ class ModelRunner:
         else:
             logits = self.model.compute_logits(hidden[ops.asarray(np.asarray(sample_rows, np.int64))])
         return RunnerOutput(sample_ids, logits, prompt_logits, pre_norm_hidden=pre_norm)
-
 
     def roll_back(self, out: SchedulerOutput, kept: dict[str, int]) -> None:
         """After verifying the drafts of step `out`: each request in kept (request id -> the tokens of
