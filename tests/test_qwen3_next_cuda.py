@@ -149,3 +149,20 @@ def test_speculative_decoding_rolls_the_state_back(tmp_path, name):
     assert got == alone
     st = engine.stats()
     assert st["spec_num_drafts"] < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"]
+
+
+def test_experts_go_per_pair_when_fp16_or_bf16_of_one_shape(monkeypatch):
+    """moe_cuda.experts_capturable (no GPU needed: it reads the weights' types and shapes)."""
+    from pocketcupy.backend import moe_cuda
+    from pocketcupy.backend.weight_cuda import CudaWeight
+
+    def experts(qtype="BF16", shape=(64, 96), n=3):
+        return [CudaWeight(qtype, shape, None) for _ in range(n)]
+
+    dense = (experts(), experts(), experts(shape=(96, 64)))
+    assert moe_cuda.experts_capturable(*dense)
+    assert not moe_cuda.experts_capturable(experts(), experts("Q4_K"), experts(shape=(96, 64)))
+    assert not moe_cuda.experts_capturable(experts(), experts(), experts(shape=(96, 60)))     # rows of 60 values
+    assert not moe_cuda.experts_capturable(experts(), experts("F16"), experts(shape=(96, 64)))  # mixed types
+    monkeypatch.setattr(moe_cuda, "PAIR_GEMV", False)
+    assert not moe_cuda.experts_capturable(*dense)

@@ -23,6 +23,7 @@ PAIR_MAX_ROWS = 256         # graphs.GRAPH_MAX_BATCH: longer batches (prefill) g
 PAIR_WARPS = 4              # output rows a block of moe_pair_gemv16 (a warp each)
 _PAIR_EXPRS = ("moe_pair_gemv16<0>", "moe_pair_gemv16<1>")
 _tables: dict[int, tuple] = {}   # id(expert weight list) -> (the list, its device address table)
+_pairable: dict[int, tuple] = {}   # id(a layer's gate list) -> (the list, whether its experts can go per pair)
 
 
 @cuda_op("moe_route_softmax")
@@ -47,21 +48,27 @@ def moe_route_softmax(logits, top_k: int, norm: bool):
 
 def experts_capturable(w_gate, w_up, w_down) -> bool:
     """Whether moe_experts runs these experts per pair (nothing read on the host) at decode batches:
-    PAIR_GEMV on, and fp16 or bf16 experts of one type and shape whose rows are multiples of 8 values."""
+    PAIR_GEMV on, and fp16 or bf16 experts of one type and shape whose rows are multiples of 8 values
+    (found once for each list: a layer's experts are hundreds of weights)."""
     lists = (w_gate, w_up, w_down)
-    return PAIR_GEMV and all(
+    return PAIR_GEMV and _per_list(_pairable, w_gate, lambda: all(
         isinstance(w, CudaWeight) and w.is_dense and w.qtype == w_gate[0].qtype and w.shape == ws[0].shape
-        and w.cols % 8 == 0 for ws in lists for w in ws)
+        and w.cols % 8 == 0 for ws in lists for w in ws))
+
+
+def _per_list(cache: dict, ws: list, make):
+    """make(), computed once for the list ws (kept alive beside its value, so its id stays its own)."""
+    hit = cache.get(id(ws))
+    if hit is None or hit[0] is not ws:
+        hit = cache[id(ws)] = (ws, make())
+    return hit[1]
 
 
 def _table(ws):
     """The device table of the weights' addresses (uint64), made once for each list."""
     import cupy as cp
 
-    hit = _tables.get(id(ws))
-    if hit is None or hit[0] is not ws:
-        hit = _tables[id(ws)] = (ws, cp.asarray(np.array([w.data.data.ptr for w in ws], np.uint64)))
-    return hit[1]
+    return _per_list(_tables, ws, lambda: cp.asarray(np.array([w.data.data.ptr for w in ws], np.uint64)))
 
 
 def _pair_gemv(ws, ids, x, x_div: int):
