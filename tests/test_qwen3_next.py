@@ -1,7 +1,7 @@
 """Qwen3-Next and Qwen3.5 (Gated DeltaNet + gated attention hybrids, MoE) on the NumPy backend: tiny random
 checkpoints written here (tests/qwen3_next_checkpoints.py) against transformers' logits and greedy
 tokens (scripts/make_qwen3_next_fixtures.py), the recurrent state slots under chunked prefill,
-batching and preemption, and refused cases."""
+batching, preemption and speculative decoding (the state rolled back), and refused cases."""
 import logging
 
 import numpy as np
