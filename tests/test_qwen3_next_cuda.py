@@ -17,7 +17,7 @@ from pocketcupy import Engine
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
-from pocketcupy.quant.dequant import f32_to_bf16
+from pocketcupy.quant.dequant import bf16_to_f32, f32_to_bf16
 
 from . import qwen3_next_checkpoints
 from .helpers import full_logits
@@ -72,7 +72,7 @@ class SimulatedCudaRounding(NumpyOps):
     def linear(self, x, w, bias=None):
         x = np.asarray(x, np.float32)
         if self.act == "bf16":
-            x = (f32_to_bf16(x).astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
+            x = bf16_to_f32(f32_to_bf16(x))
         else:
             x = x.astype(np.float16).astype(np.float32)
         return super().linear(x, w, bias)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .elementwise_cuda import _out, check_f32, row_view
+from .elementwise_cuda import _cp, _out, check_f32, row_view
 from .kernels import cuda_op, kernel
 
 CONV_MAX_K = 8                              # gated_delta.cu's CONV_MAX_K
@@ -15,12 +15,6 @@ DELTA_ROWS = (1, 2, 4, 8, 16, 32, 64)       # R of gated_delta_rule_f32<R>: key 
 _DELTA_EXPRS = tuple(f"gated_delta_rule_f32<{r}>" for r in DELTA_ROWS)
 DELTA_COLUMNS = 64                          # value columns a block of the recurrence (4 threads each)
 _I32, _I64 = np.int32, np.int64
-
-
-def _cp():
-    import cupy
-
-    return cupy
 
 
 def _seq_arrays(slots, query_start):
