@@ -14,7 +14,7 @@ class EngineSpec:
         (ModelRunner.roll_back; K/V pages need nothing: a rejected draft's slots are written again)."""
         self._rejected = {}
         self._verify(sched_out, logits, seqs, touched)
-        if self.runner.states is not None and self._rejected:
+        if self.runner.states is not None:
             self.runner.roll_back(sched_out, self._rejected)
 
     def _verify(self, sched_out, logits, seqs: list[SequenceState], touched: dict) -> None:

@@ -175,13 +175,14 @@ class ModelRunner:
         """After verifying the drafts of step `out`: each request in kept (request id -> the tokens of
         the step that stand, its last token and the drafts kept) has the recurrent state saved before
         the step put back and those tokens run again (their K/V is rewritten as it was). The other
-        requests keep the state the step left."""
+        requests keep the state the step left. Called after every verification step of a model with
+        recurrent state, so the saved copies never outlive it."""
         redo = [dataclasses.replace(s, token_ids=s.token_ids[:kept[s.request_id]], sample=False, prompt_logits=False,
                                     num_draft=0) for s in out.scheduled if s.request_id in kept]
+        rids = [s.request_id for s in redo]
+        self.states.restore(rids)     # (none: the saved copies are released all the same)
         if not redo:
             return
-        rids = [s.request_id for s in redo]
-        self.states.restore(rids)
         self.states.use_rows(rids)
         ids, pos, meta = self.build_batch(SchedulerOutput(redo))
         ops = self.ops

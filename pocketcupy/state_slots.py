@@ -71,8 +71,12 @@ class StateSlots:
         self._saved = (dict(zip(request_ids, range(len(slots)))), [[a[index] for a in arrays] for arrays in self.layers])
 
     def restore(self, request_ids: list[str]) -> None:
-        """These requests' states put back as save() copied them."""
+        """These requests' states (maybe none) put back as save() copied them; the copies are then
+        released (a verification step's are used once, and are not counted in kv_cache_memory)."""
         at, copies = self._saved
+        self._saved = ({}, [])
+        if not request_ids:
+            return
         pick = self.ops.asarray(np.asarray([at[r] for r in request_ids], np.int64))
         index = self.ops.asarray(np.asarray([self.slot_of[r] for r in request_ids], np.int64))
         for arrays, saved in zip(self.layers, copies):
