@@ -71,9 +71,11 @@ def batch_alone(folder) -> list[list[int]]:
     return [engine.generate(p, greedy(m))[0].outputs[0].token_ids for p, m in zip(BATCH, MAX_TOKENS)]
 
 
-def batch_tiny(folder, **engine_args) -> tuple[Engine, list[list[int]]]:
+def batch_tiny(folder, device: str = "cpu", prepare=None, **engine_args) -> tuple[Engine, list[list[int]]]:
     """BATCH at once in 11 usable blocks of 4 tokens (any one request fits, all five do not): the
-    engine and each request's tokens."""
-    engine = Engine(folder, device="cpu", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
+    engine and each request's tokens. prepare(engine), where given, runs before the requests."""
+    engine = Engine(folder, device=device, progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
                     **engine_args)
+    if prepare is not None:
+        prepare(engine)
     return engine, [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]

@@ -204,6 +204,13 @@ class OracleDrafts:
     def __init__(self, expected: dict, vocab: int):
         self.expected, self.vocab, self.calls = expected, vocab, 0
 
+    @staticmethod
+    def install(alone: list[list[int]]):
+        """batch_tiny's prepare: the engine's proposer made an oracle of BATCH's tokens alone."""
+        def prepare(engine):
+            engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
+        return prepare
+
     def propose(self, reqs):
         for r in reqs:
             self.calls += 1
@@ -225,11 +232,8 @@ def test_speculative_decoding_rolls_the_state_back(variant, method):
     alone = batch_alone(folder)
     spec = (dict(speculative_method="ngram", num_speculative_tokens=3) if method == "oracle" else
             dict(speculative_method="draft_model", speculative_model=TINY_LLAMA, num_speculative_tokens=2))
-    engine = Engine(folder, device="cpu", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
-                    max_num_seqs=4, **spec)
-    if method == "oracle":
-        engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
-    got = [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+    engine, got = batch_tiny(folder, max_num_seqs=4, prepare=OracleDrafts.install(alone) if method == "oracle" else None,
+                             **spec)
     assert got == alone
     st = engine.stats()
     assert st["num_preemptions"] > 0 and st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"]

@@ -22,7 +22,7 @@ from pocketcupy.quant.dequant import bf16_to_f32, f32_to_bf16
 from . import qwen3_next_checkpoints
 from .helpers import full_logits
 from .qwen3_next_checkpoints import REFERENCE, VARIANTS
-from .seeded_checkpoints import BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, greedy
+from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, PROMPTS, batch_alone, batch_tiny, greedy
 
 REF = np.load(REFERENCE)
 variant = qwen3_next_checkpoints.variant     # the fixture: (name, folder) of each variant
@@ -123,9 +123,7 @@ def test_batched_with_preemption_matches_the_numpy_backend(tmp_path, name, cuda_
     decode rows beside prefill chunks (graph padding rows in the scratch state slot): each request's
     tokens as the NumPy backend gives it alone (the variants with fp16 activations on the GPU)."""
     folder = qwen3_next_checkpoints.write_checkpoint(tmp_path, name)
-    engine = Engine(folder, device="cuda", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
-                    max_num_seqs=4, cuda_graphs=cuda_graphs)
-    got = [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+    engine, got = batch_tiny(folder, "cuda", max_num_seqs=4, cuda_graphs=cuda_graphs)
     assert got == batch_alone(folder)
     assert engine.stats()["num_preemptions"] > 0
     engine.step()
@@ -142,10 +140,8 @@ def test_speculative_decoding_rolls_the_state_back(tmp_path, name):
 
     folder = qwen3_next_checkpoints.write_checkpoint(tmp_path, name)
     alone = batch_alone(folder)
-    engine = Engine(folder, device="cuda", progress=False, num_kv_blocks=12, block_size=4, max_num_batched_tokens=40,
-                    max_num_seqs=4, speculative_method="ngram", num_speculative_tokens=3)
-    engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
-    got = [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+    engine, got = batch_tiny(folder, "cuda", OracleDrafts.install(alone), max_num_seqs=4, speculative_method="ngram",
+                             num_speculative_tokens=3)
     assert got == alone
     st = engine.stats()
     assert st["spec_num_drafts"] < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"]
