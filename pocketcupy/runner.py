@@ -203,4 +203,5 @@ def per_token_rows(meta: AttentionMetadata, pos: np.ndarray) -> AttentionMetadat
     counts = np.diff(meta.query_start)
     owner = np.repeat(np.arange(len(counts)), counts)
     return AttentionMetadata(np.arange(len(pos) + 1, dtype=np.int32), (pos + 1).astype(np.int32),
-                             meta.block_tables[owner], meta.slot_mapping, meta.block_size, decode_only=True)
+                             meta.block_tables[owner], meta.slot_mapping, meta.block_size, decode_only=True,
+                             shared_context=True)

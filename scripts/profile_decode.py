@@ -26,7 +26,7 @@ def replay_us(graphs, b: int, reps: int = 200) -> float:
     the sampler inside where greedy or plain sampling steps captured it."""
     import cupy as cp
 
-    graph = graphs.graphs.get((b, True, 0)) or graphs.graphs[b, False, 0]
+    graph = graphs.graphs.get((b, True, 0, False)) or graphs.graphs[b, False, 0, False]
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record(graphs.stream)
     for _ in range(reps):
@@ -40,9 +40,9 @@ def recaptured_us(eng, b: int, reps: int = 200) -> float:
     """Captures the decode graphs of bucket b again (as the engine now launches them), runs two real
     steps to put the steps' inputs into both slots' buffers, and returns replay_us of it."""
     graphs = eng.runner.graphs
-    for bucket, sample, slot in list(graphs.graphs):
+    for bucket, sample, slot, shared in list(graphs.graphs):
         if bucket == b:
-            graphs.capture(b, sample, slot)
+            graphs.capture(b, sample, slot, shared)
     eng.step()
     eng.step()
     graphs.stream.synchronize()

@@ -6,7 +6,6 @@ import pytest
 
 from pocketcupy import Engine
 from pocketcupy.loader import load_checkpoint
-from pocketcupy.models.registry import build_model
 
 from .deepseek_checkpoints import REFERENCE, VARIANTS, tensors, write_checkpoint
 from .fp8_checkpoints import e4m3_decode, quantize_fp8, reference_dequant
@@ -105,21 +104,6 @@ def test_fp8_block_checkpoint(tmp_path):
     model, ops = load_reference_model(fp8_dir)
     want_model, want_ops = load_reference_model(write_checkpoint(tmp_path / "bf16", "ds_plain", bf16))
     assert np.array_equal(full_logits(model, ops, PROMPTS[1]), full_logits(want_model, want_ops, PROMPTS[1]))
-
-
-def test_cuda_backend_refused(tmp_path):
-    from pocketcupy.backend.ops_cuda import CudaOps
-
-    ck = load_checkpoint(write_checkpoint(tmp_path, "ds_plain"))
-    with pytest.raises(ValueError, match=r"'deepseek_v3' .* NumPy \(cpu\) backend only for now; the cuda backend "
-                                         r"has no mla_attention, moe_route$"):
-        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
-
-
-@pytest.mark.gpu
-def test_cuda_engine_refused(tmp_path):
-    with pytest.raises(ValueError, match=r"'deepseek_v3' .* NumPy \(cpu\) backend only"):
-        Engine(write_checkpoint(tmp_path, "ds_plain"), device="cuda", progress=False)
 
 
 def test_tensor_parallel_refused(tmp_path):

@@ -72,7 +72,7 @@ def test_graphs_over_batch_8_match_eager(smollm2_gguf):
         gpu = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
         runs[graphs] = [o.outputs[0].token_ids for o in gpu.generate(prompts, p)]
         if graphs:
-            assert {(24, True, 0), (24, True, 1)} <= set(gpu.runner.graphs.graphs)  # above 8, sampler inside, both slots
+            assert {(24, True, 0, False), (24, True, 1, False)} <= set(gpu.runner.graphs.graphs)  # above 8, sampler inside, both slots
         del gpu                                    # its KV pool goes back before the next engine sizes its own
     assert runs[True] == runs[False]
 

@@ -14,6 +14,9 @@ class AttentionMetadata:
     slot_mapping: np.ndarray   # [N] int64: cache slot (block * block_size + offset) of each new token
     block_size: int
     decode_only: bool = False  # every sequence has exactly one query row (the decode kernels apply)
+    # some row's context holds K/V that other rows of the step store (runner.per_token_rows: a
+    # request's tokens as rows of their own), so no launch may both store K/V and read it
+    shared_context: bool = False
 
     @property
     def num_seqs(self) -> int:

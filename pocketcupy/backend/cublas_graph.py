@@ -42,6 +42,9 @@ def _lib():
     lib.cublasSetStream_v2.argtypes = [vp, vp]
     lib.cublasSetWorkspace_v2.argtypes = [vp, vp, ctypes.c_size_t]
     lib.cublasGemmEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i]
+    ll = ctypes.c_longlong
+    lib.cublasGemmStridedBatchedEx.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll,
+                                               i, i, i]
     return lib
 
 
@@ -91,3 +94,17 @@ def gemm_ex(trans_a: int, trans_b: int, m: int, n: int, k: int, a_ptr: int, a_ty
     _check(_lib().cublasGemmEx(h, trans_a, trans_b, m, n, k, ctypes.byref(_ONE), a_ptr, a_type, lda, b_ptr,
                                b_type, ldb, ctypes.byref(_ZERO), c_ptr, c_type, ldc, compute_type, algo),
            "cublasGemmEx")
+
+
+def gemm_strided_batched_ex(trans_a: int, trans_b: int, m: int, n: int, k: int, a_ptr: int, a_type: int, lda: int,
+                            stride_a: int, b_ptr: int, b_type: int, ldb: int, stride_b: int, c_ptr: int, c_type: int,
+                            ldc: int, stride_c: int, batch: int, compute_type: int, algo: int) -> None:
+    """gemm_ex for `batch` matrices, the i-th of each at its pointer plus i times its stride
+    (elements); safe inside stream capture."""
+    import cupy
+
+    h = _handle(cupy.cuda.get_current_stream().ptr)
+    _check(_lib().cublasGemmStridedBatchedEx(h, trans_a, trans_b, m, n, k, ctypes.byref(_ONE), a_ptr, a_type, lda,
+                                             stride_a, b_ptr, b_type, ldb, stride_b, ctypes.byref(_ZERO), c_ptr,
+                                             c_type, ldc, stride_c, batch, compute_type, algo),
+           "cublasGemmStridedBatchedEx")

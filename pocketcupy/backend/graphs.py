@@ -44,8 +44,9 @@ class DecodeGraphs:
             self.inputs = [_Inputs(cupy, top, max_blocks_per_seq) for _ in range(2)]
             self.query_start = cupy.arange(top + 1, dtype=cupy.int32)
         self._slot = 0
-        self.graphs: dict[tuple[int, bool, int], object] = {}   # (bucket, with the sampler, slot) -> graph
-        self.logits: dict[tuple[int, bool, int], object] = {}
+        # (bucket, with the sampler, slot, shared_context) -> graph
+        self.graphs: dict[tuple[int, bool, int, bool], object] = {}
+        self.logits: dict[tuple[int, bool, int, bool], object] = {}
         # The graph's sampler writes to its slot's result buffer: a step's results are copied to
         # the host while the next step runs (its sampled ids are that step's inputs too).
         self.sampled, self._work = [], None
@@ -56,14 +57,14 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _meta(self, inp: _Inputs, b: int) -> AttentionMetadata:
+    def _meta(self, inp: _Inputs, b: int, shared: bool) -> AttentionMetadata:
         return AttentionMetadata(self.query_start[: b + 1], inp.seq_lens[:b], inp.tables[:b], inp.slots[:b],
-                                 self.block_size, decode_only=True)
+                                 self.block_size, decode_only=True, shared_context=shared)
 
-    def _forward(self, inp: _Inputs, b: int, sample: bool):
+    def _forward(self, inp: _Inputs, b: int, sample: bool, shared: bool):
         feed_tokens(inp.feed, b, inp.ids)
         states = () if self.states is None else (_GraphStates(self.states.layers, inp.state_rows[:b]),)
-        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b), self.kv_caches, *states)
+        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b, shared), self.kv_caches, *states)
         logits = self.model.compute_logits(hidden)
         if sample:
             sample_rows_at(logits, inp.params, self._work, inp.out_at)
@@ -84,7 +85,10 @@ class DecodeGraphs:
         if self.states is not None:
             h["state_rows"][n:b] = self.states.scratch_slot
 
-    def capture(self, b: int, sample: bool = False, slot: int = 0) -> None:
+    def capture(self, b: int, sample: bool = False, slot: int = 0, shared: bool = False) -> None:
+        """The graph of key (b, sample, slot, shared): a bucket's decode step, with the sampler or not,
+        on input slot `slot`, its rows of one request each or (shared) some of one request
+        (AttentionMetadata.shared_context: a verification step)."""
         cp, inp = self.cp, self.inputs[slot]
         top = len(inp.host["ids"])
         cp.cuda.get_current_stream().synchronize()   # the replays queued there share the pool
@@ -99,13 +103,13 @@ class DecodeGraphs:
         self._set_padding(inp.host, 0, top)  # the warm-up forward must write no real KV slot
         inp.upload(top, self.stream)
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self._forward(inp, b, sample)    # compiles kernels and sizes the pool
+            self._forward(inp, b, sample, shared)    # compiles kernels and sizes the pool
             self.stream.synchronize()
             self.stream.begin_capture()
             with pdl.enabled():
-                logits = self._forward(inp, b, sample)
-            self.graphs[b, sample, slot] = self.stream.end_capture()
-            self.logits[b, sample, slot] = logits
+                logits = self._forward(inp, b, sample, shared)
+            self.graphs[b, sample, slot, shared] = self.stream.end_capture()
+            self.logits[b, sample, slot, shared] = logits
         self.stream.synchronize()
 
     def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None,
@@ -121,7 +125,7 @@ class DecodeGraphs:
         b, sample = self.bucket_for(n), params is not None
         self._slot ^= 1
         slot = self._slot
-        key, inp = (b, sample, slot), self.inputs[slot]
+        key, inp = (b, sample, slot, meta.shared_context), self.inputs[slot]
         if key not in self.graphs:
             self.capture(*key)
         inp.wait_copied()

@@ -1,5 +1,6 @@
-"""Mixtures of experts on the CUDA backend: Qwen3-Next's softmax top-k router in one kernel
-(cuda_src/moe_route.cu), and the routed experts, each a gated MLP. Two ways to run the experts:
+"""Mixtures of experts on the CUDA backend: Qwen3-Next's softmax top-k router and DeepSeek-V3's
+grouped sigmoid one, a kernel each (cuda_src/moe_route.cu), and the routed experts, each a gated
+MLP. Two ways to run the experts:
 
 - per (row, pick) pair (cuda_src/moe_experts.cu): each pair's row through its expert's fp16 / bf16
   weights, found in a device table of the experts' addresses, then each row's picks summed. Nothing
@@ -18,6 +19,7 @@ from .kernels import cuda_op, kernel
 from .weight_cuda import DENSE_QTYPES, CudaWeight
 
 ROUTE_MAX_TOP_K = 32        # a lane of the router's warp holds each pick
+ROUTE_MAX_GROUPS = 32       # and each expert group's score (moe_route)
 PAIR_GEMV = True            # the per-pair kernels (see above)
 PAIR_MAX_ROWS = 256         # graphs.GRAPH_MAX_BATCH: longer batches (prefill) go sorted by expert
 PAIR_WARPS = 4              # output rows a block of moe_pair_gemv16 (a warp each)
@@ -43,6 +45,29 @@ def moe_route_softmax(logits, top_k: int, norm: bool):
         kernel("moe_route.cu", "moe_topk_softmax_f32")(
             (n,), (32,), (logits, np.int64(stride), np.int32(e), np.int32(top_k), np.int32(bool(norm)), weights, ids),
             shared_mem=4 * e)
+    return weights, ids
+
+
+@cuda_op("moe_route")
+def moe_route(logits, bias, n_group: int, topk_group: int, top_k: int, norm: bool, scaling: float):
+    """NumpyOps.moe_route (DeepSeek-V3's grouped sigmoid router) over logits [N, E] float32 with the
+    score bias [E]: (weights [N, top_k] float32, expert ids [N, top_k] int32)."""
+    import cupy as cp
+
+    check_f32("moe_route", logits)
+    n, e = logits.shape
+    if not (1 <= n_group <= ROUTE_MAX_GROUPS and e % n_group == 0 and 1 <= topk_group <= n_group
+            and 1 <= top_k <= min(e, ROUTE_MAX_TOP_K)):
+        raise ValueError(f"moe_route: {e} experts in n_group {n_group} (at most {ROUTE_MAX_GROUPS}), topk_group "
+                         f"{topk_group}, top_k {top_k} (at most {ROUTE_MAX_TOP_K}) have no CUDA kernel")
+    logits, stride = row_view(logits, e)
+    bias = cp.ascontiguousarray(cp.asarray(bias, dtype=cp.float32))
+    weights, ids = cp.empty((n, top_k), cp.float32), cp.empty((n, top_k), cp.int32)
+    if n:
+        kernel("moe_route.cu", "moe_topk_sigmoid_group_f32")(
+            (n,), (32,), (logits, np.int64(stride), bias, np.int32(e), np.int32(n_group), np.int32(topk_group),
+                          np.int32(top_k), np.int32(bool(norm)), np.float32(scaling), weights, ids),
+            shared_mem=8 * e)
     return weights, ids
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import attn_cuda, elementwise_cuda, linear_cuda, linear_norm_cuda, moe_cuda, recurrent_cuda
+from . import attn_cuda, elementwise_cuda, linear_cuda, linear_norm_cuda, mla_cuda, moe_cuda, recurrent_cuda
 from .attention_meta import AttentionMetadata
 from .kquant_mma_cuda import gguf_mma_tiles
 from .kv_pages_cuda import KV_CACHE_DTYPES, empty_kv_pages
@@ -35,6 +35,10 @@ class CudaOps:
     def weight(self, t):
         return prepare_weight(t, self.quant_activations)
 
+    def mla_weight(self, t):
+        """kv_b_proj as mla_attention takes it: float32 on the device (mla_cuda.absorbed_weight)."""
+        return mla_cuda.absorbed_weight(t)
+
     def concat_rows(self, ws):
         """Fused QKV / gate+up weights (or their biases): one weight whose rows are those of ws,
         or None when the parts differ in format or column count (separate projections then)."""
@@ -49,18 +53,23 @@ class CudaOps:
 
     def check_config(self, config) -> None:
         """A ValueError naming the field where the kernels do not take a model's sizes: the attention
-        head dim, a Gated DeltaNet's key head dim and conv width, the softmax router's top-k."""
+        head dim (MLA: the latent row's), a Gated DeltaNet's key head dim and conv width, the routers'
+        top-k and groups."""
         checks = []
-        if config.num_kv_layers:
+        if config.mla is not None:
+            mla_cuda.check_dims(config.head_dim)
+        elif config.num_kv_layers:
             checks.append(("head_dim", config.head_dim, attn_cuda.HEAD_DIMS))
         if config.gdn is not None:
             checks += [("linear_key_head_dim", config.gdn.linear_key_head_dim,
                         tuple(4 * r for r in recurrent_cuda.DELTA_ROWS)),
                        ("linear_conv_kernel_dim", config.gdn.linear_conv_kernel_dim,
                         range(1, recurrent_cuda.CONV_MAX_K + 1))]
-        if config.moe is not None and hasattr(config.moe, "num_experts"):     # Qwen3-Next's router
+        if config.moe is not None:
             checks.append(("num_experts_per_tok", config.moe.num_experts_per_tok,
                            range(1, moe_cuda.ROUTE_MAX_TOP_K + 1)))
+            if hasattr(config.moe, "n_group"):                              # DeepSeek-V3's router
+                checks.append(("n_group", config.moe.n_group, range(1, moe_cuda.ROUTE_MAX_GROUPS + 1)))
         for field, value, allowed in checks:
             if value not in allowed:
                 takes = (f"{allowed.start} to {allowed.stop - 1}" if isinstance(allowed, range)
@@ -203,9 +212,10 @@ class CudaOps:
     def rope_attention(self, q, k, v, positions, inv_freq, interleaved: bool, k_cache, v_cache,
                        meta: AttentionMetadata, scale: float, feeds=None):
         """rope_store_kv then paged_attention (same contract); a decode batch on the tensor-core
-        kernel does it in one launch, the kernel rotating q and storing the new K/V itself."""
+        kernel does it in one launch, the kernel rotating q and storing the new K/V itself (not where
+        rows read K/V that other rows store: meta.shared_context)."""
         meta = attn_cuda.device_meta(meta)
-        if _decode_batch(q, meta):
+        if _decode_batch(q, meta) and not meta.shared_context:
             rope = attn_cuda.DecodeRope(k, v, elementwise_cuda.index_array(positions), inv_freq, interleaved)
             if attn_cuda.decode_fuses_rope(q, k_cache, meta, rope):
                 out = self._decode_attention(q, k_cache, v_cache, meta, scale, feeds, rope)
@@ -250,7 +260,15 @@ class CudaOps:
         out = attn_cuda.attn_decode(q, k_cache, v_cache, meta, scale, rope=rope)
         return out if feeds is None else out.reshape(n, hq * d)
 
+    def mla_attention(self, q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b, cache,
+                      meta: AttentionMetadata, scale: float):
+        """Multi-head latent attention, absorbed (mla_cuda); w_kv_b from mla_weight."""
+        return mla_cuda.mla_attention(q, c_kv, k_pe, positions, inv_freq, interleaved, w_kv_b, cache, meta, scale)
+
     # --- mixtures of experts and Gated DeltaNet (moe_cuda, recurrent_cuda) -----------------
+    def moe_route(self, logits, bias, n_group: int, topk_group: int, top_k: int, norm: bool, scaling: float):
+        return moe_cuda.moe_route(logits, bias, n_group, topk_group, top_k, norm, scaling)
+
     def moe_route_softmax(self, logits, top_k: int, norm: bool):
         return moe_cuda.moe_route_softmax(logits, top_k, norm)
 

@@ -28,6 +28,10 @@ class NumpyOps:
             return w.view(Q8ActWeight)
         return w
 
+    def mla_weight(self, t: QTensor) -> np.ndarray:
+        """kv_b_proj (DeepSeek's MLA) as mla_attention takes it: float32."""
+        return t.dequantize()
+
     def concat_rows(self, ws):
         """One weight (or bias) whose rows are those of ws in order: fused QKV / gate+up
         projections whose outputs are split by column views. None if the parts cannot be joined."""

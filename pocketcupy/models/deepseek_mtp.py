@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..quant.qtensor import QTensor
-from .deepseek_v3 import DeepseekV3Model, is_dense, load_layer
+from .deepseek_v3 import DeepseekV3Model, is_dense, load_layer, weight_load
 from .weights import weight_loader
 
 
@@ -36,7 +36,7 @@ class DeepseekMTP:
         check_mtp_config(target.config)
         self.target, self.ops, self.config, self.layout = target, ops, target.config, target.layout
 
-        load = weight_loader(tensors, lambda _, t: ops.weight(t))
+        load = weight_loader(tensors, weight_load(ops))
 
         def w(name, required=True):
             try:

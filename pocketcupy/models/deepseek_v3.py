@@ -1,6 +1,6 @@
 """DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): multi-head latent attention (MLA) over a KV
 cache of one latent row a token, dense gated MLPs in the first first_k_dense_replace layers and a
-mixture of experts after them. Runs on one rank, on a backend with the MLA and MoE ops."""
+mixture of experts after them. Runs on one rank, on a backend with the MLA and MoE ops (NumPy, CUDA)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,12 +10,11 @@ import numpy as np
 from ..config import ModelConfig
 from ..dist.layout import ShardLayout
 from ..quant.qtensor import QTensor
-from .moe import GatedMLP, MoE, load_mlp, load_moe, mlp_shapes, moe_shapes
+from .moe import GatedMLP, MoE, graphs_capture, load_mlp, load_moe, mlp_shapes, moe_shapes
 from .rope import attention_factor, inv_freq, yarn_mscale
-from .weights import check_shapes, require_ops, weight_loader
+from .weights import check_shapes, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
-NEEDS_OPS = ("mla_attention", "moe_route", "moe_experts")
 
 
 @dataclass
@@ -85,6 +84,11 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
     return shapes
 
 
+def weight_load(ops):
+    """load(name, tensor) -> the backend's weight; kv_b_proj in the form its mla_attention takes."""
+    return lambda name, t: ops.mla_weight(t) if name.endswith("attn_kv_b.weight") else ops.weight(t)
+
+
 def load_layer(w, config: ModelConfig, p: str, dense: bool) -> DeepseekLayer:
     """w(name, required=True) -> the backend's weight; p: the layer's name prefix."""
     m, bias = config.mla, config.mla.attention_bias
@@ -113,15 +117,15 @@ class DeepseekV3Model:
                      f"{e.n_routed_experts} experts of {e.moe_intermediate_size}")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
-        require_ops(config, ops, NEEDS_OPS, "MLA attention + MoE")
         self.config, self.ops = config, ops
         self.layout = ShardLayout.of(config)   # one rank: every head, one (latent) KV head
 
-        w = weight_loader(tensors, lambda _, t: ops.weight(t))
+        w = weight_loader(tensors, weight_load(ops))
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")
         self.layers = [load_layer(w, config, f"blk.{i}.", is_dense(config, i)) for i in range(config.num_layers)]
+        self.CAPTURABLE = graphs_capture(ops, [layer.mlp for layer in self.layers])
         self.inv_freq = ops.asarray(inv_freq(config))
         s = config.rope_scaling
         # yarn multiplies cos and sin, so the rotated q and k, by attention_factor: their one product

@@ -53,6 +53,13 @@ class SparseMoE:
         return ops.moe_experts(x, ids, weights, self.w_gate, self.w_up, self.w_down) + shared
 
 
+def graphs_capture(ops, mlps) -> bool:
+    """Whether decode steps through these MLPs can be captured in CUDA graphs: no mixture of experts
+    whose routing the backend reads on the host (CudaOps.experts_capturable)."""
+    capturable = getattr(ops, "experts_capturable", lambda *ws: False)
+    return all(capturable(m.w_gate, m.w_up, m.w_down) for m in mlps if isinstance(m, (MoE, SparseMoE)))
+
+
 def mlp_shapes(prefix: str, hidden: int, inter: int, suffix: str = "") -> dict[str, tuple]:
     """The shapes of a gated MLP's ffn_gate<suffix> / ffn_up<suffix> / ffn_down<suffix> weights."""
     return {f"{prefix}ffn_gate{suffix}.weight": (inter, hidden), f"{prefix}ffn_up{suffix}.weight": (inter, hidden),

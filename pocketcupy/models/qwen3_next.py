@@ -12,12 +12,11 @@ import numpy as np
 from ..config import GatedDeltaNetConfig, ModelConfig
 from ..dist.layout import ShardLayout
 from ..quant.qtensor import QTensor
-from .moe import GatedMLP, SparseMoE, load_mlp, load_sparse_moe, mlp_shapes, sparse_moe_shapes
+from .moe import GatedMLP, SparseMoE, graphs_capture, load_mlp, load_sparse_moe, mlp_shapes, sparse_moe_shapes
 from .rope import inv_freq
-from .weights import check_shapes, require_ops, weight_loader
+from .weights import check_shapes, weight_loader
 
 TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
-NEEDS_OPS = ("causal_conv1d_silu", "gated_delta_rule", "moe_route_softmax", "sigmoid_mul", "moe_experts")
 # Qwen3.5 stores the DeltaNet's input projections apart, in_proj_qkv / _z / _b / _a, in [q; k; v] order
 SPLIT_PROJECTIONS = ("qwen3_5", "qwen3_5_moe")
 # RMSNorms whose stored weight w scales by 1 + w (zero-centred): folded into 1 + w at load
@@ -109,7 +108,6 @@ class Qwen3NextModel:
                      f"value heads of {g.linear_value_head_dim}, conv kernel {g.linear_conv_kernel_dim}")
 
     def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
-        require_ops(config, ops, NEEDS_OPS, "Gated DeltaNet hybrid + MoE")
         self.config, self.ops = config, ops
         self.layout = ShardLayout.of(config)   # one rank: every head
 
@@ -130,11 +128,7 @@ class Qwen3NextModel:
             mlp = (load_sparse_moe(w, p, config.moe) if config.moe is not None and config.moe.is_sparse(i)
                    else load_mlp(w, p))
             self.layers.append(Qwen3NextLayer(w(p + "attn_norm.weight"), mixer, w(p + "ffn_norm.weight"), mlp))
-        # decode steps captured in CUDA graphs unless the backend reads the routing of some layer's
-        # experts on the host (CudaOps.experts_capturable)
-        capturable = getattr(ops, "experts_capturable", lambda *ws: False)
-        self.CAPTURABLE = all(capturable(layer.mlp.w_gate, layer.mlp.w_up, layer.mlp.w_down)
-                              for layer in self.layers if isinstance(layer.mlp, SparseMoE))
+        self.CAPTURABLE = graphs_capture(ops, [layer.mlp for layer in self.layers])
         self.inv_freq = ops.asarray(inv_freq(config))
         self.scale = 1.0 / float(np.sqrt(config.head_dim))
 

@@ -34,12 +34,3 @@ def weight_loader(tensors: dict, load):
             return None
         return load(name, t)
     return w
-
-
-def require_ops(config, ops, needs: tuple[str, ...], what: str) -> None:
-    """A ValueError naming the architecture (what: its distinctive parts) where the backend lacks
-    ops it needs: such models run on the NumPy backend only for now."""
-    missing = [op for op in needs if not hasattr(ops, op)]
-    if missing:
-        raise ValueError(f"model: architecture {config.architecture!r} ({what}) runs on the NumPy (cpu) backend "
-                         f"only for now; the {ops.name} backend has no {', '.join(missing)}")
