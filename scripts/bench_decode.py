@@ -45,15 +45,19 @@ def copy_bandwidth(device: str) -> float | None:
     return 2 * a.nbytes / float(np.median(times))
 
 
-def weight_bytes(engine) -> int:
+def weight_bytes(engine) -> tuple[int, float]:
+    """(the stored weights' bytes, those a decode token reads: a routed expert's times the share of
+    the experts a token picks). The token embedding counts only as a tied LM head."""
     from pocketcupy.loader import load_checkpoint
 
     ck = load_checkpoint(engine.model_path)
     nbytes = {name: t.data.nbytes + (0 if t.scales is None else t.scales.nbytes) for name, t in ck.tensors.items()}
-    total = sum(n for name, n in nbytes.items() if name != "token_embd.weight")
-    if engine.config.tie_word_embeddings:
-        total += nbytes["token_embd.weight"]
-    return total
+    if not engine.config.tie_word_embeddings:
+        nbytes.pop("token_embd.weight", None)
+    moe = engine.config.moe
+    experts = None if moe is None else getattr(moe, "n_routed_experts", None) or moe.num_experts
+    picked = 1.0 if moe is None else moe.num_experts_per_tok / experts
+    return sum(nbytes.values()), sum(n * (picked if "_exps." in name else 1.0) for name, n in nbytes.items())
 
 
 def kv_bytes_per_token(engine) -> int:
@@ -100,8 +104,10 @@ def _bench_engine(engine, path: str, load_s: float, args, bandwidth) -> dict:
     rng = np.random.default_rng(0)
     res = {"model": path, "load_s": round(load_s, 2), "device": engine.device,
            "tensor_parallel_size": args.tensor_parallel_size, "async_scheduling": args.async_scheduling}
-    wbytes = weight_bytes(engine)
-    res["weight_gb"] = round(wbytes / 1e9, 3)
+    stored, wbytes = weight_bytes(engine)
+    res["weight_gb"] = round(stored / 1e9, 3)
+    if wbytes != stored:
+        res["active_weight_gb"] = round(wbytes / 1e9, 3)   # what a decode token reads (GB/s below)
     for n in args.prefill:
         res[f"prefill{n}_tok_s"] = round(time_prefill(engine, n, rng), 1)
     time_decode(engine, 16, 8, rng)  # warm-up: graphs captured, kernels compiled

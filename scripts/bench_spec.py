@@ -46,7 +46,7 @@ def run(path: str, args, spec: dict, bandwidth, baseline=None) -> dict:
     engine = Engine(path, device=args.device, progress=False, max_num_seqs=4, max_model_len=args.max_model_len,
                     **spec)
     try:
-        wbytes = weight_bytes(engine)
+        _, wbytes = weight_bytes(engine)     # the bytes a decode token reads
         decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
         before = engine.stats()
         res = {}

@@ -144,3 +144,20 @@ def test_missing_weight_named(tmp_path):
     folder = write_checkpoint(tmp_path, "ds_plain", config_changes=dict(attention_bias=True))   # no biases stored
     with pytest.raises(ValueError, match="'blk.0.attn_kv_a_mqa.bias' is missing from the checkpoint"):
         load_reference_model(folder)
+
+
+def test_synthetic_benchmark_checkpoint_loads_and_generates(tmp_path):
+    """scripts/make_synthetic_deepseek.py (the CUDA benchmark's DeepSeek-V2-Lite widths), made small:
+    it loads as deepseek_v3 with a 576-value latent row and 6 of the experts a token, and generates."""
+    from .helpers import load_script
+
+    script = load_script("make_synthetic_deepseek")
+    folder = script.main(["--out", str(tmp_path), "--layers", "2", "--experts", "8", "--hidden", "256",
+                          "--vocab", "1000"])
+    engine = Engine(folder, device="cpu", progress=False, max_num_seqs=2)
+    c = engine.config
+    assert (c.architecture, c.head_dim, c.moe.num_experts_per_tok, c.num_nextn_predict_layers) == \
+        ("deepseek_v3", 576, 6, 0)
+    assert len(engine.generate([5, 6, 7], greedy(4))[0].outputs[0].token_ids) == 4
+    with pytest.raises(SystemExit):
+        script.main(["--out", str(tmp_path / "x"), "--experts", "4"])
