@@ -7,9 +7,10 @@
 // sequence b owns rows query_start[b]..[b+1], row i of it at position seq_lens[b] - nq + i
 // attending keys 0..that position. grid (N, ceil(H / MLA_HEADS), S), block MLA_THREADS: a block
 // takes one query row and MLA_HEADS heads (MLA_HPW a warp, scores as warp sums over the lanes'
-// columns), loads MLA_TILE keys at a time into shared memory as float32 and keeps an online softmax
-// per head. S = 1 writes out [N, H, R]; S > 1 splits the keys, each split writing its normalised
-// partial output and log2-sum-exp to part_o [N, H, S, R] / part_lse [N, H, S] (-inf where empty),
+// columns), takes MLA_TILE keys at a time into shared memory as float32 (the next tile's loads in
+// registers meanwhile) and keeps an online softmax per head. S = 1 writes out [N, H, R]; S > 1
+// splits the keys, each split writing its normalised partial output and log2-sum-exp to part_o
+// [N, H, S, R] / part_lse [N, H, S] (-inf where empty),
 // merged by attn_decode_combine_f32 (attn_decode.cu). Rows past query_start[B] (padding) and rows
 // without keys write zeros.
 //
@@ -27,6 +28,48 @@
 #define MLA_MAX_DIM 576                     // D = kv_lora_rank + qk_rope_head_dim (DeepSeek-V3: 512 + 64)
 #define MLA_E (MLA_MAX_DIM / 32)            // columns a lane
 #define MLA_SPLIT_ALIGN MLA_TILE
+
+#define MLA_LOADS ((MLA_TILE * MLA_MAX_DIM / 8 + MLA_THREADS - 1) / MLA_THREADS)   // 8-value loads a thread a tile
+
+// A thread's share of one key tile, loaded into registers while the tile before is used, then
+// written to the shared tile as float32 (scales applied; zeros past the tile's nt keys).
+template <typename C>
+struct TileLoads {
+    typename KvCode<C>::Vec8 raw[MLA_LOADS];
+    typename KvCode<C>::Param prm[MLA_LOADS];
+
+    __device__ __forceinline__ void issue(const C* __restrict__ cache, const float* __restrict__ scales,
+                                          const int* __restrict__ table, int block_size, int D, int t0, int nt) {
+        const int chunks = D / 8;
+#pragma unroll
+        for (int u = 0; u < MLA_LOADS; ++u) {
+            const int i = threadIdx.x + u * MLA_THREADS, j = i / chunks, c = (i % chunks) * 8;
+            if (j < nt) {
+                const i64 slot = cache_slot(table, t0 + j, block_size);
+                raw[u] = *kv_vec8<C>(cache, slot, D, c);
+                if constexpr (KvCode<C>::QUANT) prm[u] = kv_param<C>(scales, slot, D, c);
+            }
+        }
+    }
+
+    __device__ __forceinline__ void store(float (*ks)[MLA_MAX_DIM], int D, int nt) const {
+        const int chunks = D / 8;
+#pragma unroll
+        for (int u = 0; u < MLA_LOADS; ++u) {
+            const int i = threadIdx.x + u * MLA_THREADS, j = i / chunks, c = (i % chunks) * 8;
+            if (j >= MLA_TILE) break;
+            float f[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            if (j < nt) {
+                uint4 h8;
+                if constexpr (KvCode<C>::QUANT) h8 = kv_scaled8<C>(raw[u], prm[u]);
+                else h8 = raw[u];
+                KvType<__half>::unpack16(h8, f);
+            }
+            *reinterpret_cast<float4*>(&ks[j][c]) = make_float4(f[0], f[1], f[2], f[3]);
+            *reinterpret_cast<float4*>(&ks[j][c + 4]) = make_float4(f[4], f[5], f[6], f[7]);
+        }
+    }
+};
 
 template <typename C>
 __device__ __forceinline__ void mla_body(const float* __restrict__ q, const C* __restrict__ cache,
@@ -71,24 +114,15 @@ __device__ __forceinline__ void mla_body(const float* __restrict__ q, const C* _
         l[j] = 0.0f;
     }
 
-    const int chunks = D / 8;                        // 8 values a load
+    TileLoads<C> loads;
+    if (k_begin < k_end) loads.issue(cache, scales, table, block_size, D, k_begin, min(MLA_TILE, k_end - k_begin));
     for (int t0 = k_begin; t0 < k_end; t0 += MLA_TILE) {
         const int nt = min(MLA_TILE, k_end - t0);
         __syncthreads();                             // the previous tile is used
-        for (int i = threadIdx.x; i < MLA_TILE * chunks; i += MLA_THREADS) {
-            const int j = i / chunks, c = (i % chunks) * 8;
-            float f[8];
-            if (j < nt) {
-                const uint4 h8 = kv_load8_scaled<C>(cache, scales, cache_slot(table, t0 + j, block_size), D, c);
-                KvType<__half>::unpack16(h8, f);
-            } else {
-#pragma unroll
-                for (int x = 0; x < 8; ++x) f[x] = 0.0f;
-            }
-            *reinterpret_cast<float4*>(&ks[j][c]) = make_float4(f[0], f[1], f[2], f[3]);
-            *reinterpret_cast<float4*>(&ks[j][c + 4]) = make_float4(f[4], f[5], f[6], f[7]);
-        }
+        loads.store(ks, D, nt);
         __syncthreads();
+        if (t0 + MLA_TILE < k_end)                   // the next tile's loads in flight while this one is used
+            loads.issue(cache, scales, table, block_size, D, t0 + MLA_TILE, min(MLA_TILE, k_end - t0 - MLA_TILE));
 
         float s[MLA_HPW][MLA_TILE];
 #pragma unroll

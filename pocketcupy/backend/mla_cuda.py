@@ -19,9 +19,9 @@ from .kernels import cuda_op, null_arg, num_sms
 
 MLA_MAX_DIM = 576           # MLA_MAX_DIM in attn_mla.cu: kv_lora_rank + qk_rope_head_dim
 MLA_HEADS = 16              # heads a block (MLA_HEADS)
-MLA_MIN_CHUNK = 64          # fewest keys a split
-MLA_MAX_SPLITS = 64
-MLA_BLOCKS_PER_SM = 2       # what the split count aims for (a 256-thread block of ~200 registers a thread)
+MLA_MIN_CHUNK = 32          # fewest keys a split (two tiles)
+MLA_MAX_SPLITS = 128
+MLA_BLOCKS_PER_SM = 1       # what the split count aims for (one 256-thread block of ~220 registers a thread fits)
 PAGE_TAGS = {"int8": "i8", "fp8": "e4m3"}
 _R32F, _COMPUTE_32F, _ALGO_DEFAULT, _OP_N, _OP_T = 0, 68, -1, 0, 1
 
