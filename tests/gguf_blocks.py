@@ -14,20 +14,25 @@ QTYPES = {
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
     "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
 }
+# the IQ types without CUDA kernels (fp16 on that backend): ggml type id, values / bytes per block
+IQ_NO_KERNEL = {"IQ2_XS": (17, 256, 74), "IQ1_S": (19, 256, 50), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110),
+                "IQ2_S": (22, 256, 82), "IQ1_M": (29, 256, 56)}
 GGUF_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of fp16 fields: scales (positive) and mins (either sign)
 _SCALE_FIELDS = {
     "Q4_0": [0], "Q4_1": [0], "Q5_0": [0], "Q5_1": [0], "Q8_0": [0], "Q2_K": [80, 82],
     "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ2_XXS": [0],
-    "IQ3_XXS": [0], "IQ4_XS": [0],
+    "IQ3_XXS": [0], "IQ4_XS": [0], "IQ2_XS": [0], "IQ1_S": [0], "IQ4_NL": [0], "IQ3_S": [0], "IQ2_S": [0],
+    "IQ1_M": [],
 }
 _MIN_FIELDS = {"Q4_1": [2], "Q5_1": [2]}
+IQ1_M_SCALES = 48       # IQ1_M: 4 uint16 scale words whose top nibbles, low word first, are the fp16 d
 
 
 def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int,
                   use_quantizer: bool = True) -> np.ndarray:
     """uint8 [rows, cols / QK * TS] of valid random blocks."""
-    _, qk, ts = QTYPES[qtype]
+    _, qk, ts = QTYPES[qtype] if qtype in QTYPES else IQ_NO_KERNEL[qtype]
     assert cols % qk == 0
     if use_quantizer and qtype in GGUF_QUANTIZABLE:
         from gguf import GGMLQuantizationType
@@ -41,6 +46,11 @@ def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int,
         b[:, off:off + 2] = rng.uniform(0.01, 0.05, nblk).astype(np.float16)[:, None].view(np.uint8)
     for off in _MIN_FIELDS.get(qtype, []):
         b[:, off:off + 2] = rng.uniform(-0.05, 0.05, nblk).astype(np.float16)[:, None].view(np.uint8)
+    if qtype == "IQ1_M":
+        d16 = rng.uniform(0.01, 0.05, nblk).astype(np.float16).view(np.uint16)
+        for k in range(4):          # nibble k of d into the top nibble of word k (its high byte)
+            hi = IQ1_M_SCALES + 2 * k + 1
+            b[:, hi] = (b[:, hi] & 0x0F) | (((d16 >> (4 * k)) & 0xF) << 4).astype(np.uint8)
     return b.reshape(rows, cols // qk * ts)
 
 

@@ -14,9 +14,18 @@ def test_which_weights_take_int8_activations():
     assert uses_q8("Q4_K", 4096, "auto") and uses_q8("Q8_0", 14336, "q8")
     assert not uses_q8("Q4_K", 2048, "auto")            # short rows stay fp32 under auto
     assert uses_q8("Q4_1", 576, "q8") and not uses_q8("Q4_K", 4096, "f32")
-    assert not any(uses_q8(q, 4096, "q8") for q in ("F32", "F16", "BF16"))
+    assert not any(uses_q8(q, 4096, "q8") for q in ("F32", "F16", "BF16", "FP8"))
+    # block types without CUDA kernels go to fp16 there: float32 activations on both backends
+    assert not any(uses_q8(q, 4096, "q8") for q in ("IQ3_S", "IQ2_S", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ4_NL"))
     with pytest.raises(ValueError, match="quant_activations"):
         uses_q8("Q4_K", 4096, "int8")
+
+
+def test_int8_types_are_those_the_cuda_gemvs_read():
+    from pocketcupy.backend.weight_cuda import GGUF_QTYPES
+    from pocketcupy.quant.act_q8 import INT8_QTYPES
+
+    assert INT8_QTYPES == set(GGUF_QTYPES)
 
 
 def test_roundtrip_is_blockwise_int8():

@@ -83,6 +83,24 @@ def test_every_block_type_reads_and_dequantizes(tmp_path, qtype):
         assert t.dequantize().shape == (rows, cols)
 
 
+def test_iq4_nl_values_are_the_non_linear_table_times_d(tmp_path):
+    """IQ4_NL (no quantizer in the gguf package) against its definition in ggml: a block of 32 is an
+    fp16 d and 16 bytes, value j the table entry of byte j's low nibble times d, value j + 16 its
+    high nibble's."""
+    from .gguf_blocks import random_blocks
+
+    table = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+    raw = random_blocks(np.random.default_rng(3), "IQ4_NL", 2, 64, use_quantizer=False)
+    path = tmp_path / "m.gguf"
+    _write(path, tensors=[("w", raw, QT.IQ4_NL)])
+    _, tensors = read_gguf(str(path))
+    blocks = raw.reshape(-1, 18)
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
+    qs = blocks[:, 2:]
+    want = np.concatenate([table[qs & 0xF], table[qs >> 4]], axis=1) * d
+    np.testing.assert_array_equal(tensors["w"].dequantize(), want.reshape(2, 64))
+
+
 def test_bf16_and_f16(tmp_path):
     w = np.random.default_rng(2).standard_normal((4, 32)).astype(np.float32)
     bits = (w.view(np.uint32) >> 16).astype(np.uint16)
@@ -126,9 +144,9 @@ def test_unsupported_architecture(tmp_path):
 
 def test_unsupported_tensor_type(tmp_path):
     p = tmp_path / "m.gguf"
-    raw = np.zeros((2, 50), np.uint8)  # IQ1_S: 256 values in 50 bytes
-    _write(p, tensors=[("w", raw, QT.IQ1_S)])
-    with pytest.raises(ValueError, match="tensor 'w' has unsupported GGUF type IQ1_S") as e:
+    raw = np.zeros((2, 292), np.uint8)  # Q8_K (llama.cpp's activation type): 256 values in 292 bytes
+    _write(p, tensors=[("w", raw, QT.Q8_K)])
+    with pytest.raises(ValueError, match="tensor 'w' has unsupported GGUF type Q8_K") as e:
         read_gguf(str(p))
     assert str(p) in str(e.value)
 

@@ -16,7 +16,10 @@ import numpy as np
 
 MODES = ("auto", "q8", "f32")
 AUTO_MIN_COLS = 2048 + 1     # "auto": int8 activations for rows longer than 2048 values
-DENSE = ("F32", "F16", "BF16")
+# the GGUF block types the CUDA GEMVs read with int8 activations (backend/weight_cuda.GGUF_QTYPES);
+# the others go to fp16 there, with float32 activations on both backends
+INT8_QTYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+                         "IQ2_XXS", "IQ3_XXS", "IQ4_XS"})
 
 
 def check_mode(mode) -> str:
@@ -27,7 +30,7 @@ def check_mode(mode) -> str:
 
 def uses_q8(qtype: str, cols: int, mode: str) -> bool:
     """Whether a weight of this type and row length gets int8 activations under mode."""
-    if check_mode(mode) == "f32" or qtype in DENSE or qtype == "FP8" or cols % 32:
+    if check_mode(mode) == "f32" or qtype not in INT8_QTYPES or cols % 32:
         return False
     return mode == "q8" or cols >= AUTO_MIN_COLS
 
