@@ -19,7 +19,8 @@ namespace pq {
 // ggml type ids (gguf GGMLQuantizationType)
 enum {
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ3_XXS = 18, IQ4_XS = 23,
+    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+    IQ4_XS = 23,
     Q6_KR = 115     // ours, as Q6_K is uploaded: runs of 8 blocks' first 208 bytes, then their fp16 d's (block_at)
 };
 
@@ -42,7 +43,11 @@ PQ_TRAITS(Q5_K, 256, 176, 1, 0)
 PQ_TRAITS(Q6_K, 256, 210, 0, 0)
 PQ_TRAITS(Q6_KR, 256, 208, 0, 0)   // TS: a block's bytes without its d (block_at, block_d)
 PQ_TRAITS(IQ2_XXS, 256, 66, 0, 512)
+PQ_TRAITS(IQ2_XS, 256, 74, 0, 1024)
+PQ_TRAITS(IQ2_S, 256, 82, 0, 2048)
 PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
+PQ_TRAITS(IQ3_S, 256, 110, 0, 512)
+PQ_TRAITS(IQ4_NL, 32, 18, 0, 0)
 PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
 #undef PQ_TRAITS
 
@@ -59,7 +64,10 @@ PQ_DEV u32 ld32_q6(const u8* p) {
 template <int QT>
 PQ_DEV const u32* table_src() {
     if constexpr (QT == IQ2_XXS) return IQ2XXS_GRID;
+    else if constexpr (QT == IQ2_XS) return IQ2XS_GRID;
+    else if constexpr (QT == IQ2_S) return IQ2S_GRID;
     else if constexpr (QT == IQ3_XXS) return IQ3XXS_GRID;
+    else if constexpr (QT == IQ3_S) return IQ3S_GRID;
     else return nullptr;
 }
 
@@ -311,6 +319,59 @@ PQ_DEV void decode(const u8* __restrict__ blk, const u8* __restrict__ dq, int su
             u.w[2 * l + 1] = apply_signs(tab[(gw >> 8) & 0xffu], s >> 4);
         }
         u.a0 = u.a1 = db;
+    } else if constexpr (QT == IQ2_XS) {       // 4 uint16: a 9-bit grid index and 7 sign bits each
+        u32 q[2];
+        ldu<2>(blk + 2 + 8 * sub, q);
+        const u32 sc = blk[66 + sub];
+        const float d = h2f(ld16(blk));
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 v = (q[l >> 1] >> (16 * (l & 1))) & 0xffffu, gi = v & 511u, s = ksign(v >> 9);
+            u.w[2 * l] = apply_signs(tab[2 * gi], s & 0xfu);
+            u.w[2 * l + 1] = apply_signs(tab[2 * gi + 1], s >> 4);
+        }
+        u.a0 = d * (0.5f + (float)(sc & 0xfu)) * 0.25f;
+        u.a1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    } else if constexpr (QT == IQ2_S) {        // grid index: a byte of qs and 2 bits of qh; signs explicit
+        u32 qs, sg;
+        ldu<1>(blk + 2 + 4 * sub, &qs);
+        ldu<1>(blk + 34 + 4 * sub, &sg);
+        const u32 qh = blk[66 + sub], sc = blk[74 + sub];
+        const float d = h2f(ld16(blk));
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 gi = ((qs >> (8 * l)) & 0xffu) | ((qh << (8 - 2 * l)) & 0x300u), s = (sg >> (8 * l)) & 0xffu;
+            u.w[2 * l] = apply_signs(tab[2 * gi], s & 0xfu);
+            u.w[2 * l + 1] = apply_signs(tab[2 * gi + 1], s >> 4);
+        }
+        u.a0 = d * (0.5f + (float)(sc & 0xfu)) * 0.25f;
+        u.a1 = d * (0.5f + (float)(sc >> 4)) * 0.25f;
+    } else if constexpr (QT == IQ3_S) {        // grid index: a byte of qs and a bit of qh; signs explicit
+        u32 qs[2], sg;
+        ldu<2>(blk + 2 + 8 * sub, qs);
+        ldu<1>(blk + 74 + 4 * sub, &sg);
+        const u32 qh = blk[66 + sub], sc = (blk[106 + sub / 2] >> (4 * (sub & 1))) & 0xfu;
+        const float db = h2f(ld16(blk)) * (float)(1 + 2 * sc);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 b2 = qs[l >> 1] >> (16 * (l & 1)), s = (sg >> (8 * l)) & 0xffu;
+            const u32 g1 = (b2 & 0xffu) | ((qh << (8 - 2 * l)) & 256u);
+            const u32 g2 = ((b2 >> 8) & 0xffu) | ((qh << (7 - 2 * l)) & 256u);
+            u.w[2 * l] = apply_signs(tab[g1], s & 0xfu);
+            u.w[2 * l + 1] = apply_signs(tab[g2], s >> 4);
+        }
+        u.a0 = u.a1 = db;
+    } else if constexpr (QT == IQ4_NL) {       // IQ4_XS's values with one fp16 d a block of 32
+        u32 q[4];
+        ldu<4>(blk + 2, q);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            u.w[i] = lut16(q[i] & 0x0f0f0f0fu, PQ_KVALUES_IQ4NL_0, PQ_KVALUES_IQ4NL_1, PQ_KVALUES_IQ4NL_2,
+                           PQ_KVALUES_IQ4NL_3);
+            u.w[4 + i] = lut16((q[i] >> 4) & 0x0f0f0f0fu, PQ_KVALUES_IQ4NL_0, PQ_KVALUES_IQ4NL_1,
+                               PQ_KVALUES_IQ4NL_2, PQ_KVALUES_IQ4NL_3);
+        }
+        u.a0 = u.a1 = h2f(ld16(blk));
     } else if constexpr (QT == IQ4_XS) {
         const u32 sh = ld16(blk + 2), sl = ld32(blk + 4);
         const u32 ls = ((sl >> (4 * sub)) & 0xfu) | (((sh >> (2 * sub)) & 3u) << 4);

@@ -11,12 +11,12 @@ import numpy as np
 QTYPES = {
     "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
     "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
-    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66),
-    "IQ3_XXS": (18, 256, 98), "IQ4_XS": (23, 256, 136),
+    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74),
+    "IQ3_XXS": (18, 256, 98), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110), "IQ2_S": (22, 256, 82),
+    "IQ4_XS": (23, 256, 136),
 }
 # the IQ types without CUDA kernels (fp16 on that backend): ggml type id, values / bytes per block
-IQ_NO_KERNEL = {"IQ2_XS": (17, 256, 74), "IQ1_S": (19, 256, 50), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110),
-                "IQ2_S": (22, 256, 82), "IQ1_M": (29, 256, 56)}
+IQ_NO_KERNEL = {"IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56)}
 GGUF_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of fp16 fields: scales (positive) and mins (either sign)
 _SCALE_FIELDS = {

@@ -16,7 +16,7 @@ def test_which_weights_take_int8_activations():
     assert uses_q8("Q4_1", 576, "q8") and not uses_q8("Q4_K", 4096, "f32")
     assert not any(uses_q8(q, 4096, "q8") for q in ("F32", "F16", "BF16", "FP8"))
     # block types without CUDA kernels go to fp16 there: float32 activations on both backends
-    assert not any(uses_q8(q, 4096, "q8") for q in ("IQ3_S", "IQ2_S", "IQ2_XS", "IQ1_S", "IQ1_M", "IQ4_NL"))
+    assert not any(uses_q8(q, 4096, "q8") for q in ("IQ1_S", "IQ1_M"))
     with pytest.raises(ValueError, match="quant_activations"):
         uses_q8("Q4_K", 4096, "int8")
 
