@@ -12,6 +12,22 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
     }
 }
 
+// The largest of row[0:E] (the lowest index among equals; E where every value is -inf), struck out
+// of row: its index, and its value in v. The whole warp calls it.
+__device__ __forceinline__ int warp_take_max(float* row, int E, float& v) {
+    const int lane = threadIdx.x & 31;
+    v = pc_neg_inf();
+    int i = E;
+    for (int e = lane; e < E; e += PC_WARP) {
+        if (row[e] > v) v = row[e], i = e;
+    }
+    warp_argmax(v, i);
+    __syncwarp();
+    if (lane == 0 && i < E) row[i] = pc_neg_inf();
+    __syncwarp();
+    return i;
+}
+
 // Qwen3-Next's router: softmax over a row of logits [N, E] (row stride `stride`), its K largest
 // probabilities (the lower expert id first among equals), renormalised to sum 1 where `norm`.
 // weights [N, K] float32, ids [N, K] int32. grid N, block 32 (a warp a row), K <= 32, dynamic
@@ -35,15 +51,8 @@ extern "C" __global__ void moe_topk_softmax_f32(const float* __restrict__ logits
     float mine_w = 0.0f, total = 0.0f;
     int mine_id = 0;
     for (int k = 0; k < K; ++k) {
-        float bv = pc_neg_inf();
-        int bi = E;
-        for (int e = lane; e < E; e += PC_WARP) {
-            if (row[e] > bv) bv = row[e], bi = e;
-        }
-        warp_argmax(bv, bi);
-        __syncwarp();
-        if (lane == 0 && bi < E) row[bi] = pc_neg_inf();
-        __syncwarp();
+        float bv;
+        const int bi = warp_take_max(row, E, bv);
         const float w = expf(bv - m) / sum;
         total += w;
         if (lane == k) mine_w = w, mine_id = bi;
@@ -101,15 +110,8 @@ extern "C" __global__ void moe_topk_sigmoid_group_f32(const float* __restrict__ 
     float mine_w = 0.0f, total = 0.0f;
     int mine_id = 0;
     for (int k = 0; k < K; ++k) {
-        float bv = pc_neg_inf();
-        int bi = E;
-        for (int e = lane; e < E; e += PC_WARP) {
-            if (choice[e] > bv) bv = choice[e], bi = e;
-        }
-        warp_argmax(bv, bi);
-        __syncwarp();
-        if (lane == 0 && bi < E) choice[bi] = pc_neg_inf();
-        __syncwarp();
+        float bv;
+        const int bi = warp_take_max(choice, E, bv);
         const float w = bi < E ? score[bi] : 0.0f;
         total += w;
         if (lane == k) mine_w = w, mine_id = bi;

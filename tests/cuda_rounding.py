@@ -33,6 +33,15 @@ def prompts_error(ref, name: str, model, ops) -> float:
     return median_error(np.concatenate(got), np.concatenate(want))
 
 
+def backend_error(ref, name: str, folder, ops) -> float:
+    """prompts_error of the checkpoint folder's model on the backend ops."""
+    from pocketcupy.loader import load_checkpoint
+    from pocketcupy.models.registry import build_model
+
+    ck = load_checkpoint(folder)
+    return prompts_error(ref, name, build_model(ck.config, ck.tensors, ops), ops)
+
+
 class SimulatedCudaRounding(NumpyOps):
     """NumPy with the CUDA backend's roundings: float32 matrices kept as fp16, every linear's
     input rounded to its weight's 16-bit type, K/V pages in fp16."""

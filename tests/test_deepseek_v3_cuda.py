@@ -14,7 +14,7 @@ from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.models.registry import build_model
 
-from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, median_error, prompts_error
+from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error, median_error
 from .deepseek_checkpoints import REFERENCE, VARIANTS, write_checkpoint
 from .helpers import full_logits
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PREFIX, PROMPTS, batch_alone, batch_tiny,
@@ -36,17 +36,14 @@ def test_logits_close_to_transformers(variant):
     from pocketcupy.backend.ops_cuda import CudaOps
 
     name, folder = variant
-    ck = load_checkpoint(folder)
-    ops = CudaOps()
-    err = prompts_error(REF, name, build_model(ck.config, ck.tensors, ops), ops)
+    err = backend_error(REF, name, folder, CudaOps())
     assert err <= MEDIAN_TOL[VARIANTS[name][1]], f"{name}: median relative error {err:.2e}"
 
 
 def test_simulated_cuda_roundings_within_half_the_bound(variant):
     name, folder = variant
-    ck = load_checkpoint(folder)
-    ops = SimulatedCudaRounding(VARIANTS[name][1])
-    assert prompts_error(REF, name, build_model(ck.config, ck.tensors, ops), ops) <= MEDIAN_TOL[VARIANTS[name][1]] / 2
+    stored = VARIANTS[name][1]
+    assert backend_error(REF, name, folder, SimulatedCudaRounding(stored)) <= MEDIAN_TOL[stored] / 2
 
 
 @pytest.mark.gpu

@@ -10,11 +10,9 @@ import numpy as np
 import pytest
 
 from pocketcupy import Engine
-from pocketcupy.loader import load_checkpoint
-from pocketcupy.models.registry import build_model
 
 from . import qwen3_next_checkpoints
-from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, prompts_error
+from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error
 from .qwen3_next_checkpoints import REFERENCE, VARIANTS
 from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy
 
@@ -29,17 +27,14 @@ def test_logits_close_to_transformers(variant):
     from pocketcupy.backend.ops_cuda import CudaOps
 
     name, folder = variant
-    ck = load_checkpoint(folder)
-    ops = CudaOps()
-    err = prompts_error(REF, name, build_model(ck.config, ck.tensors, ops), ops)
+    err = backend_error(REF, name, folder, CudaOps())
     assert err <= MEDIAN_TOL[VARIANTS[name][1]], f"{name}: median relative error {err:.2e}"
 
 
 def test_simulated_cuda_roundings_within_half_the_bound(variant):
     name, folder = variant
-    ck = load_checkpoint(folder)
-    ops = SimulatedCudaRounding(VARIANTS[name][1])
-    assert prompts_error(REF, name, build_model(ck.config, ck.tensors, ops), ops) <= MEDIAN_TOL[VARIANTS[name][1]] / 2
+    stored = VARIANTS[name][1]
+    assert backend_error(REF, name, folder, SimulatedCudaRounding(stored)) <= MEDIAN_TOL[stored] / 2
 
 
 @pytest.fixture(params=[False, True], ids=["sorted", "pairs"])
