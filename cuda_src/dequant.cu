@@ -120,7 +120,7 @@ get_rows_dense(const u16* __restrict__ W, int wrows, int K, const IdxT* __restri
     template __global__ void dequant_tile_f16<T>(const u8*, long long, int, int, u16*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KR) PQ_INST(IQ2_XXS) PQ_INST(IQ2_XS) PQ_INST(IQ2_S)
-PQ_INST(IQ3_XXS) PQ_INST(IQ3_S) PQ_INST(IQ4_NL) PQ_INST(IQ4_XS)
+PQ_INST(IQ3_XXS) PQ_INST(IQ3_S) PQ_INST(IQ4_NL) PQ_INST(IQ4_XS) PQ_INST(IQ1_S) PQ_INST(IQ1_M)
 #undef PQ_INST
 template __global__ void dequant_rows<Q8_0, long long>(const u8*, long long, int, const long long*, int, int,
                                                        float*);

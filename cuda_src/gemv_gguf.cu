@@ -128,7 +128,7 @@ PQ_INST_Q(false, false) PQ_INST_Q(true, false) PQ_INST_Q(false, true) PQ_INST_Q(
                                                 const float4*, const float*, const float*, float*);
 PQ_INST(Q4_0) PQ_INST(Q4_1) PQ_INST(Q5_0) PQ_INST(Q5_1) PQ_INST(Q8_0) PQ_INST(Q2_K) PQ_INST(Q3_K)
 PQ_INST(Q4_K) PQ_INST(Q5_K) PQ_INST(Q6_K) PQ_INST(Q6_KR) PQ_INST(IQ2_XXS) PQ_INST(IQ2_XS) PQ_INST(IQ2_S)
-PQ_INST(IQ3_XXS) PQ_INST(IQ3_S) PQ_INST(IQ4_NL) PQ_INST(IQ4_XS)
+PQ_INST(IQ3_XXS) PQ_INST(IQ3_S) PQ_INST(IQ4_NL) PQ_INST(IQ4_XS) PQ_INST(IQ1_S) PQ_INST(IQ1_M)
 #undef PQ_INST
 #define PQ_INST_N(R, SB)                                                                                   \
     template __global__ void gemv_gguf_norm<Q8_0, R, SB>(const u8*, long long, int, const i8*, const float4*, \

@@ -473,7 +473,7 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
 #ifndef __CUDACC_RTC__
 // nvcc's compile check (tests/test_cuda_compile.py): every decoder through one kernel shape, every
 // shape for a type of each family (their code depends on the type only through decode<QT>; all
-// shapes for all 14 types (now 18) took 3.3 minutes of the CI machine's 2 cores for the 5 architectures).
+// shapes for all 14 types (now 20) took 3.3 minutes of the CI machine's 2 cores for the 5 architectures).
 #define PQ_INST_DECODE(T)                                                                               \
     template __global__ void gemv_gguf_f32_lanes<T, 1, 2, 16, false>(                                 \
         const u8*, long long, int, int, const float*, long long, const float*, long long, const float*, float*);
@@ -497,7 +497,7 @@ gemv_gguf_f32_xs(const u8* __restrict__ W, long long bpr, int rows, int K, const
 PQ_INST_DECODE(Q4_0) PQ_INST_DECODE(Q4_1) PQ_INST_DECODE(Q5_0) PQ_INST_DECODE(Q5_1) PQ_INST_DECODE(Q8_0)
 PQ_INST_DECODE(Q2_K) PQ_INST_DECODE(Q3_K) PQ_INST_DECODE(Q4_K) PQ_INST_DECODE(Q5_K) PQ_INST_DECODE(Q6_K)
 PQ_INST_DECODE(Q6_KR) PQ_INST_DECODE(IQ2_XXS) PQ_INST_DECODE(IQ2_XS) PQ_INST_DECODE(IQ2_S) PQ_INST_DECODE(IQ3_XXS)
-PQ_INST_DECODE(IQ3_S) PQ_INST_DECODE(IQ4_NL) PQ_INST_DECODE(IQ4_XS)
+PQ_INST_DECODE(IQ3_S) PQ_INST_DECODE(IQ4_NL) PQ_INST_DECODE(IQ4_XS) PQ_INST_DECODE(IQ1_S) PQ_INST_DECODE(IQ1_M)
 PQ_INST_SHAPES(Q4_1) PQ_INST_SHAPES(Q8_0) PQ_INST_SHAPES(Q4_K) PQ_INST_SHAPES(Q6_KR) PQ_INST_SHAPES(IQ2_XXS)
 #undef PQ_INST_SHAPES
 #undef PQ_INST_DECODE

@@ -19,8 +19,8 @@ namespace pq {
 // ggml type ids (gguf GGMLQuantizationType)
 enum {
     Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q2_K = 10, Q3_K = 11, Q4_K = 12,
-    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
-    IQ4_XS = 23,
+    Q5_K = 13, Q6_K = 14, IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21,
+    IQ2_S = 22, IQ4_XS = 23, IQ1_M = 29,
     Q6_KR = 115     // ours, as Q6_K is uploaded: runs of 8 blocks' first 208 bytes, then their fp16 d's (block_at)
 };
 
@@ -49,6 +49,8 @@ PQ_TRAITS(IQ3_XXS, 256, 98, 0, 256)
 PQ_TRAITS(IQ3_S, 256, 110, 0, 512)
 PQ_TRAITS(IQ4_NL, 32, 18, 0, 0)
 PQ_TRAITS(IQ4_XS, 256, 136, 0, 0)
+PQ_TRAITS(IQ1_S, 256, 50, 0, 1024)
+PQ_TRAITS(IQ1_M, 256, 56, 0, 1024)
 #undef PQ_TRAITS
 
 // One u32 of a Q6_K block at a 4-byte aligned offset: aligned in Q6_KR's 208-byte blocks (rows
@@ -68,6 +70,7 @@ PQ_DEV const u32* table_src() {
     else if constexpr (QT == IQ2_S) return IQ2S_GRID;
     else if constexpr (QT == IQ3_XXS) return IQ3XXS_GRID;
     else if constexpr (QT == IQ3_S) return IQ3S_GRID;
+    else if constexpr (QT == IQ1_S || QT == IQ1_M) return IQ1S_GRID;
     else return nullptr;
 }
 
@@ -167,6 +170,19 @@ PQ_DEV const u8* block_d(const u8* row, int nblk, int b) {
         return row + (long long)r0 * 210 + run * 208 + 2 * (b & 7);
     } else {
         return block_at<QT>(row, b) + 208;
+    }
+}
+
+// IQ1 grid entry gi (8 values v of -1, 0, 1; 2-bit codes in tab) as 8 int8 values 8 v + 1 (delta
+// +1/8) or 8 v - 1 (-1/8): the unit's scale is the block's / 8, so the delta needs no additive term
+PQ_DEV void iq1_entry(const u32* __restrict__ tab, u32 gi, bool minus, u32& lo, u32& hi) {
+    const u32 h = (tab[gi >> 1] >> (16 * (gi & 1))) & 0xffffu;
+    const u32 off = minus ? 0x09090909u : 0x07070707u;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const u32 x = (h >> (8 * k)) & 0xffu;
+        const u32 codes = (x & 3u) | ((x & 0xcu) << 6) | ((x & 0x30u) << 12) | ((x & 0xc0u) << 18);
+        (k ? hi : lo) = vsub4(codes << 3, off);
     }
 }
 
@@ -372,6 +388,33 @@ PQ_DEV void decode(const u8* __restrict__ blk, const u8* __restrict__ dq, int su
                                PQ_KVALUES_IQ4NL_2, PQ_KVALUES_IQ4NL_3);
         }
         u.a0 = u.a1 = h2f(ld16(blk));
+    } else if constexpr (QT == IQ1_S) {        // 4 grid indices of a byte of qs and 3 bits of qh each
+        u32 qs;
+        ldu<1>(blk + 2 + 4 * sub, &qs);
+        const u32 qh = ld16(blk + 34 + 2 * sub);
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 gi = ((qs >> (8 * l)) & 0xffu) | (((qh >> (3 * l)) & 7u) << 8);
+            iq1_entry(tab, gi, qh & 0x8000u, u.w[2 * l], u.w[2 * l + 1]);
+        }
+        u.a0 = u.a1 = h2f(ld16(blk)) * (float)(2 * ((qh >> 12) & 7u) + 1) * 0.125f;
+    } else if constexpr (QT == IQ1_M) {        // d from the top nibbles of the 4 scale words; a delta per 8 values
+        u32 qs, sw[2];
+        ldu<1>(blk + 4 * sub, &qs);
+        ldu<2>(blk + 48, sw);                  // the 4 uint16 scales
+        const u32 qh = ld16(blk + 32 + 2 * sub);
+        const u32 sc0 = sw[0] & 0xffffu, sc1 = sw[0] >> 16, sc2 = sw[1] & 0xffffu, sc3 = sw[1] >> 16;
+        const float d = h2f((u16)((sc0 >> 12) | ((sc1 >> 8) & 0x00f0u) | ((sc2 >> 4) & 0x0f00u) | (sc3 & 0xf000u)));
+        const u32 sc = (sub >> 1) == 0 ? sc0 : ((sub >> 1) == 1 ? sc1 : ((sub >> 1) == 2 ? sc2 : sc3));
+        const u32 s6 = sc >> (6 * (sub & 1));
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const u32 q8 = (qh >> (8 * (l >> 1))) & 0xffu;           // qh[0] for l 0, 1; qh[1] for 2, 3
+            const u32 gi = ((qs >> (8 * l)) & 0xffu) | (((q8 >> (4 * (l & 1))) & 7u) << 8);
+            iq1_entry(tab, gi, (q8 >> (4 * (l & 1))) & 8u, u.w[2 * l], u.w[2 * l + 1]);
+        }
+        u.a0 = d * (float)(2 * (s6 & 7u) + 1) * 0.125f;
+        u.a1 = d * (float)(2 * ((s6 >> 3) & 7u) + 1) * 0.125f;
     } else if constexpr (QT == IQ4_XS) {
         const u32 sh = ld16(blk + 2), sl = ld32(blk + 4);
         const u32 ls = ((sl >> (4 * sub)) & 0xfu) | (((sh >> (2 * sub)) & 3u) << 4);

@@ -1,6 +1,7 @@
-"""Writes cuda_src/gguf_tables.cuh: the IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S grids and the IQ4
-non-linear values, taken from the `gguf` package (gguf/quants.py), packed as little-endian 32-bit
-words so a kernel reads an 8-value (IQ2) or 4-value (IQ3) grid entry with one or two loads.
+"""Writes cuda_src/gguf_tables.cuh: the IQ1_S / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S grids and the
+IQ4 non-linear values, taken from the `gguf` package (gguf/quants.py), packed as little-endian 32-bit
+words so a kernel reads an 8-value (IQ2) or 4-value (IQ3) grid entry with one or two loads, and an
+IQ1 one (8 values of -1, 0, 1) as 16 bits.
 
     python scripts/gen_gguf_tables.py          # rewrite the header
     python scripts/gen_gguf_tables.py --check  # exit 1 if the header is stale
@@ -46,6 +47,12 @@ def render() -> str:
         g = grid_bytes(cls)
         out += [f"// {name.lower()}_grid: {g.shape[0]} entries of {g.shape[1]} values, one byte each\n",
                 fmt_array(f"{name}_GRID", words(g)), "\n"]
+    q.IQ1_S.init_grid()
+    g = np.asarray(q.IQ1_S.grid).reshape(q.IQ1_S.grid_shape).astype(np.int64) + 1   # -1, 0, 1 -> codes 0-2
+    entries = (g << (2 * np.arange(8))).sum(axis=1).astype(np.uint16)              # 2 bits a value
+    out += ["// iq1s_grid (IQ1_S and IQ1_M): 2048 entries of 8 values in -1..1, as 2-bit codes value + 1;\n"
+            "// entry i is the 16 bits at 16 * (i & 1) of word i >> 1\n",
+            fmt_array("IQ1S_GRID", words(entries)), "\n"]
     out += [
         "// kvalues_iq4nl (int8) as 4 words, for __byte_perm lookups\n",
         "".join(f"#define PQ_KVALUES_IQ4NL_{i} 0x{w:08x}u\n" for i, w in enumerate(kv)),

@@ -13,10 +13,8 @@ QTYPES = {
     "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74),
     "IQ3_XXS": (18, 256, 98), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110), "IQ2_S": (22, 256, 82),
-    "IQ4_XS": (23, 256, 136),
+    "IQ4_XS": (23, 256, 136), "IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56),
 }
-# the IQ types without CUDA kernels (fp16 on that backend): ggml type id, values / bytes per block
-IQ_NO_KERNEL = {"IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56)}
 GGUF_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 # byte offsets of fp16 fields: scales (positive) and mins (either sign)
 _SCALE_FIELDS = {
@@ -32,7 +30,7 @@ IQ1_M_SCALES = 48       # IQ1_M: 4 uint16 scale words whose top nibbles, low wor
 def random_blocks(rng: np.random.Generator, qtype: str, rows: int, cols: int,
                   use_quantizer: bool = True) -> np.ndarray:
     """uint8 [rows, cols / QK * TS] of valid random blocks."""
-    _, qk, ts = QTYPES[qtype] if qtype in QTYPES else IQ_NO_KERNEL[qtype]
+    _, qk, ts = QTYPES[qtype]
     assert cols % qk == 0
     if use_quantizer and qtype in GGUF_QUANTIZABLE:
         from gguf import GGMLQuantizationType

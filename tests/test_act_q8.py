@@ -15,8 +15,7 @@ def test_which_weights_take_int8_activations():
     assert not uses_q8("Q4_K", 2048, "auto")            # short rows stay fp32 under auto
     assert uses_q8("Q4_1", 576, "q8") and not uses_q8("Q4_K", 4096, "f32")
     assert not any(uses_q8(q, 4096, "q8") for q in ("F32", "F16", "BF16", "FP8"))
-    # block types without CUDA kernels go to fp16 there: float32 activations on both backends
-    assert not any(uses_q8(q, 4096, "q8") for q in ("IQ1_S", "IQ1_M"))
+    assert uses_q8("IQ1_M", 4096, "q8") and uses_q8("IQ4_NL", 4096, "auto")
     with pytest.raises(ValueError, match="quant_activations"):
         uses_q8("Q4_K", 4096, "int8")
 

@@ -2,7 +2,7 @@
 tests/deepseek_checkpoints.py written as llama.cpp's converter writes them (tests/deepseek_gguf.py),
 loaded against the same checkpoint's safetensors folder: the same weights (float32: every tensor
 equal), logits, greedy tokens and tokenizer; a Q8_0 file near them; the multi-token-prediction
-layer; the refused variants, each naming its key or tensor."""
+layer; the file on CUDA; the refused variants, each naming its key or tensor."""
 import numpy as np
 import pytest
 
@@ -117,12 +117,21 @@ def test_mtp_layer(tmp_path):
     assert s["spec_num_draft_tokens"] >= 9 and s["spec_num_accepted_tokens"] >= 0.9 * s["spec_num_draft_tokens"]
 
 
-def test_cuda_backend_refused(tmp_path):
+@pytest.mark.gpu
+def test_cuda_logits_match_the_folder(pair):
+    """On CUDA too the F32 file computes what the folder does (kv_b_proj joined back from attn_k_b /
+    attn_v_b, the experts as views of the stacked blocks)."""
     from pocketcupy.backend.ops_cuda import CudaOps
 
-    ck = load_checkpoint(write_gguf(tmp_path / "m.gguf", "ds_plain"))
-    with pytest.raises(ValueError, match=r"'deepseek_v3' .* NumPy \(cpu\) backend only for now"):
-        build_model(ck.config, ck.tensors, object.__new__(CudaOps))
+    _, folder, gguf_path = pair
+    ops = CudaOps()
+    logits = []
+    for path in (folder, gguf_path):
+        ck = load_checkpoint(path)
+        model = build_model(ck.config, ck.tensors, ops)
+        logits.append([full_logits(model, ops, ids) for ids in PROMPTS])
+    for got, want in zip(*logits):
+        assert rel_err(got, want) <= 1e-5
 
 
 @pytest.mark.parametrize("metadata, drop, match", [

@@ -23,7 +23,7 @@ GGUF_QTYPES = {
     "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
     "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74),
     "IQ3_XXS": (18, 256, 98), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110), "IQ2_S": (22, 256, 82),
-    "IQ4_XS": (23, 256, 136),
+    "IQ4_XS": (23, 256, 136), "IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56),
 }
 # Q6_K is uploaded re-laid, kernel type "Q6_KR" (pq::Q6_KR, gguf_units.cuh's block_at): a row's
 # blocks in runs of 8, each run the blocks without their fp16 d (208 bytes: ql, qh, scales) and then

@@ -91,7 +91,7 @@ int main() {
     switch (qt) {
 #define C(T) case T: qk = QTraits<T>::QK; ts = QTraits<T>::TS; break;
         C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KR)
-        C(IQ2_XXS) C(IQ2_XS) C(IQ2_S) C(IQ3_XXS) C(IQ3_S) C(IQ4_NL) C(IQ4_XS)
+        C(IQ2_XXS) C(IQ2_XS) C(IQ2_S) C(IQ3_XXS) C(IQ3_S) C(IQ4_NL) C(IQ4_XS) C(IQ1_S) C(IQ1_M)
 #undef C
         default: return 3;
     }
@@ -109,7 +109,7 @@ int main() {
     switch (qt) {
 #define C(T) case T: run<T>(blocks, nblk, xq.data(), xds.data(), deq.data(), &dot); break;
         C(Q4_0) C(Q4_1) C(Q5_0) C(Q5_1) C(Q8_0) C(Q2_K) C(Q3_K) C(Q4_K) C(Q5_K) C(Q6_K) C(Q6_KR)
-        C(IQ2_XXS) C(IQ2_XS) C(IQ2_S) C(IQ3_XXS) C(IQ3_S) C(IQ4_NL) C(IQ4_XS)
+        C(IQ2_XXS) C(IQ2_XS) C(IQ2_S) C(IQ3_XXS) C(IQ3_S) C(IQ4_NL) C(IQ4_XS) C(IQ1_S) C(IQ1_M)
 #undef C
     }
     std::fwrite(deq.data(), 4, deq.size(), stdout);
