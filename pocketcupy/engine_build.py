@@ -49,19 +49,16 @@ class EngineBuild:
         from .runner import ModelRunner
 
         a = self.args
+        pre_norm = model is None and a.speculative_method == "mtp"   # MTP drafts read every row's (eager steps)
         return ModelRunner(model or self.model, self.ops, num_blocks, a.block_size, self.max_model_len,
-                           a.max_num_seqs, cuda_graphs=self._cuda_graphs(model or self.model),
-                           kv_cache_dtype=a.kv_cache_dtype,
-                           pre_norm_hidden=model is None and a.speculative_method == "mtp",
+                           a.max_num_seqs, cuda_graphs=self._cuda_graphs(model or self.model) and not pre_norm,
+                           kv_cache_dtype=a.kv_cache_dtype, pre_norm_hidden=pre_norm,
                            graph_rows=decode_graph_rows(a) if model is None else a.max_num_seqs)
 
     def _check_mtp(self, config) -> None:
-        """Before anything is built: MTP drafts need the NumPy backend and a checkpoint with an MTP layer."""
+        """Before anything is built: MTP drafts need a checkpoint with an MTP layer."""
         from .models.deepseek_mtp import check_mtp_config
 
-        if self.device != "cpu":
-            raise ValueError(f"speculative_method: 'mtp' runs on the NumPy (cpu) backend only for now, not on "
-                             f"{self.device}")
         check_mtp_config(config)
 
     def _load_mtp_model(self, ckpt):

@@ -3,7 +3,7 @@ on the tiny random checkpoints of tests/deepseek_checkpoints.py: the MTP layer's
 against a plain NumPy computation from the checkpoint's tensors (itself checked against
 transformers' logits), every request's tokens equal to plain decoding's (greedy, seeded sampling,
 batched with preemption and prefix caching), nearly every draft kept where the MTP layer guesses the
-model's greedy tokens (bigram_tensors), its K/V in the block size, and the refused cases."""
+model's greedy tokens (bigram_tensors), its K/V in the block size, the refused cases, and on CUDA."""
 import numpy as np
 import pytest
 
@@ -306,11 +306,27 @@ def test_refused_without_mtp_layers(tmp_path):
         engine(missing, **MTP)
 
 
-@pytest.mark.parametrize("args", [dict(device="cuda"), dict(tensor_parallel_size=2)])
-def test_refused_on_cuda_and_tensor_parallel(args):
-    with pytest.raises(ValueError, match="speculative_method: 'mtp' runs on the NumPy \\(cpu\\) backend on one rank "
-                                         "only"):
-        EngineArgs(**MTP, **args)
+def test_refused_with_tensor_parallel():
+    with pytest.raises(ValueError, match="speculative_method: 'mtp' runs on one rank only for now, not with "
+                                         "tensor_parallel_size=2"):
+        EngineArgs(**MTP, tensor_parallel_size=2)
+    EngineArgs(**MTP, device="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_mtp_keeps_the_greedy_drafts(bigram):
+    """On CUDA (eager steps: the decode graphs return no pre-norm hidden states for the MTP layer):
+    the tokens of plain CUDA decoding, and nearly every draft kept."""
+    _, folder = bigram
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [GREEDY_PROMPT, BATCH[1], BATCH[4]]
+    kw = dict(device="cuda", progress=False, kv_cache_memory=1 << 24)
+    want = [o.outputs[0].token_ids for o in Engine(folder, **kw).generate(prompts, p)]
+    e = Engine(folder, **kw, **MTP)
+    assert e.runner.graphs is None
+    assert [o.outputs[0].token_ids for o in e.generate(prompts, p)] == want
+    s = e.stats()
+    assert s["spec_num_draft_tokens"] >= 20 and s["spec_num_accepted_tokens"] >= 0.8 * s["spec_num_draft_tokens"]
 
 
 def test_metrics_count_mtp_drafts(bigram):
