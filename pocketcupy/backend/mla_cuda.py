@@ -114,7 +114,7 @@ def mla_attention(q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b,
     r, rank = k_pe.shape[1], c_kv.shape[1]
     dn, d = qd - r, r + rank
     dv = w_kv_b.shape[0] // h - dn
-    positions = index_array(positions)
+    positions, meta = index_array(positions), device_meta(meta)
     q = cp.ascontiguousarray(q)
     # q_latent = [q_pe, q_nope W_UK] per head: (W_UK [dn, R] row-major) x q_nope in cuBLAS's column-major terms
     q_lat = cp.empty((n, h, d), np.float32)
@@ -128,7 +128,7 @@ def mla_attention(q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b,
                                 _COMPUTE_32F, _ALGO_DEFAULT)
     rope(q_lat, positions, inv_freq, interleaved, out=q_lat)
     rope(latent, positions, inv_freq, interleaved, out=latent)
-    store_latent(latent.reshape(n, d), cache, device_meta(meta).slot_mapping)
+    store_latent(latent.reshape(n, d), cache, meta.slot_mapping)
     o = attn_mla(q_lat, cache, meta, scale, r)                        # [N, H, R]
     y = cp.empty((n, h * dv), np.float32)
     if n:
