@@ -136,6 +136,9 @@ class GatedDeltaNetConfig:
     linear_value_head_dim: int
     linear_num_key_heads: int
     linear_num_value_heads: int
+    # out_proj's input columns with the value heads in llama.cpp's tiled order (value head j of key
+    # head k at j * key heads + k; qwen35 GGUF files), not grouped by key head (k * value heads a key + j)
+    out_proj_tiled: bool = False
 
     def __post_init__(self):
         for name in ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",

@@ -2,7 +2,8 @@
 tests/qwen3_next_checkpoints.py written as llama.cpp's converter writes it
 (tests/qwen3_next_gguf.py), against transformers' logits and greedy tokens for it and the same
 checkpoint's safetensors folder; the older single ssm_in; a Q8_0 file near them; the refused
-variants, each naming its key or tensor."""
+variants, each naming its key or tensor; Qwen3.5's files ("qwen35", "qwen35moe") with their value
+heads in llama.cpp's tiled order."""
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from pocketcupy.loader import load_checkpoint  # noqa: E402
 
 from .helpers import full_logits, load_reference_model, rel_err  # noqa: E402
 from .qwen3_next_checkpoints import REFERENCE, write_checkpoint  # noqa: E402
-from .qwen3_next_gguf import write_gguf  # noqa: E402
+from .qwen3_next_gguf import tiled, write_gguf  # noqa: E402
 from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, PROMPTS, greedy  # noqa: E402
 
 NAME = "q3n_moe"     # llama.cpp converts MoE on every layer only
@@ -95,3 +96,53 @@ def test_refused_variants_name_the_key_or_tensor(tmp_path, metadata, drop, match
     with pytest.raises(ValueError, match=match) as e:
         load_checkpoint(path)
     assert path in str(e.value)
+
+
+@pytest.fixture(scope="module", params=["q35_dense", "q35_moe"])
+def qwen35(request, tmp_path_factory):
+    """(name, safetensors folder, F32 GGUF) of a Qwen3.5 variant ("qwen35", "qwen35moe")."""
+    name = request.param
+    d = tmp_path_factory.mktemp(name)
+    return name, write_checkpoint(d / "hf", name), write_gguf(d / "f32.gguf", name)
+
+
+def _same_as_the_folder(got: dict, want: dict, config, tol: float) -> None:
+    """Every tensor within tol (relative to its largest) of the folder's; ssm_out with its value
+    heads tiled as llama.cpp stores them."""
+    assert sorted(got) == sorted(want)
+    for k, t in want.items():
+        w = t.dequantize()
+        if k.endswith("ssm_out.weight"):
+            c = config.gdn
+            w = tiled(w, 1, {"linear_num_key_heads": c.linear_num_key_heads,
+                             "linear_num_value_heads": c.linear_num_value_heads}, c.linear_value_head_dim)
+        assert np.abs(got[k].dequantize() - w).max() <= tol * np.abs(w).max() + 1e-7, k
+
+
+def test_qwen35_files_match_transformers(qwen35):
+    """Qwen3.5's value heads come back from llama.cpp's tiled order (the rows of attn_qkv's V part,
+    the conv's V channels, attn_gate, ssm_beta, ssm_alpha, ssm_a, ssm_dt) or are met by the model
+    (ssm_out's columns: out_proj_tiled): transformers' logits and greedy tokens (without either step
+    the logits are off by more than their own size)."""
+    name, folder, path = qwen35
+    got, want = load_checkpoint(path), load_checkpoint(folder)
+    assert got.config.architecture == want.config.architecture and got.config.gdn.out_proj_tiled
+    assert (got.config.moe is None) == (name == "q35_dense")
+    _same_as_the_folder(got.tensors, want.tensors, got.config, 1e-6)
+    model, ops = load_reference_model(path)
+    for k, ids in enumerate(PROMPTS):
+        ref = REF[f"{name}__logits{k}"]
+        assert rel_err(full_logits(model, ops, ids)[-len(ref):], ref) <= 3e-5   # test_qwen3_next's bound
+    engine = Engine(path, device="cpu", progress=False)
+    assert engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0].outputs[0].token_ids == \
+        REF[f"{name}__greedy_ids"].tolist()
+
+
+def test_qwen35_q8_0_rows_untiled_as_blocks(tmp_path):
+    """Q8_0 matrices: the tiled rows put back as whole rows of blocks, each weight within Q8_0's
+    rounding of the folder's."""
+    path = write_gguf(tmp_path / "q8.gguf", "q35_dense", "Q8_0")
+    got = load_checkpoint(path)
+    assert got.tensors["blk.0.ssm_in_qkv.weight"].qtype == "Q8_0"
+    _same_as_the_folder(got.tensors, load_checkpoint(write_checkpoint(tmp_path / "hf", "q35_dense")).tensors,
+                        got.config, 0.01)

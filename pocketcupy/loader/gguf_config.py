@@ -5,8 +5,10 @@ from ..config import ModelConfig, RopeScaling, is_count, is_number, is_size
 from ..quant.qtensor import QTensor
 from .gguf import GGUFError
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "deepseek2", "qwen3next")
-MODEL_ARCHS = {"deepseek2": "deepseek_v3", "qwen3next": "qwen3_next"}   # GGUF architecture -> ours, where they differ
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "deepseek2", "qwen3next", "qwen35", "qwen35moe")
+# GGUF architecture -> ours, where they differ
+MODEL_ARCHS = {"deepseek2": "deepseek_v3", "qwen3next": "qwen3_next", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
+HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")     # loader/gguf_qwen3_next.py
 ROPE_SCALINGS = {"deepseek2": ("linear", "yarn")}   # rope.scaling.type values (others: linear)
 
 
@@ -69,7 +71,10 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
     heads = r.count("attention.head_count", required=True)
     kv_heads = r.count("attention.head_count_kv", heads)
     head_dim = r.count("attention.key_length", hidden // heads or 1)
-    layers, ffn = r.count("block_count", required=True), r.count("feed_forward_length", required=True)
+    # Qwen3.5-MoE has no dense MLP: its experts' size stands in (as the safetensors loader does)
+    layers = r.count("block_count", required=True)
+    ffn = (r.count("feed_forward_length", r.get("expert_feed_forward_length")) if arch == "qwen35moe"
+           else r.count("feed_forward_length", required=True))
     context = r.count("context_length", required=True)    # required by llama.cpp too
     embd = tensors.get("token_embd.weight")
     vocab = r.get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or (embd.shape[0] if embd else None)
@@ -91,7 +96,7 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
             from .gguf_deepseek import deepseek_fields
 
             fields.update(deepseek_fields(r, tensors))
-        elif arch == "qwen3next":
+        elif arch in HYBRID_ARCHS:
             from .gguf_qwen3_next import qwen3_next_fields
 
             fields.update(qwen3_next_fields(r, tensors))
@@ -132,7 +137,7 @@ def model_from_gguf(meta: dict, tensors: dict[str, QTensor], path: str,
         from .gguf_deepseek import deepseek_tensors
 
         tensors = deepseek_tensors(config, tensors, mtp, MetaReader(meta, meta["general.architecture"], path))
-    elif config.architecture == "qwen3_next":
+    elif config.gdn is not None:
         from .gguf_qwen3_next import qwen3_next_tensors
 
         tensors = qwen3_next_tensors(config, tensors, MetaReader(meta, meta["general.architecture"], path))

@@ -10,7 +10,16 @@ order (older files' ssm_in is in_proj_qkvz itself); A_log stored as ssm_a = -exp
 as ssm_dt.bias; conv1d squeezed to [channels, kernel]; the shared expert's gate as
 ffn_gate_inp_shexp; the routed experts stacked (gguf_layout.py); the rope on the first
 rope.dimension_count dims of each head, by halves; every MLP a mixture of experts, top-k weights
-normalised (llama.cpp's graph fixes both). The multi-token-prediction layer is not read."""
+normalised (llama.cpp's graph fixes both). The multi-token-prediction layer is not read.
+
+Qwen3.5 ("qwen35", dense MLPs, and "qwen35moe", as llama.cpp's converter writes Qwen3_5ForCausalLM /
+Qwen3_5MoeForCausalLM over Qwen3-Next's conversion): the projections apart, as in the Hugging Face
+layout (attn_qkv, attn_gate, ssm_beta, ssm_alpha = in_proj_qkv, _z, _b, _a), and where there are more
+value heads than key heads, the value heads in tiled order (value head j of key head k at j * key
+heads + k, for ggml's broadcast) rather than grouped by key head: the V rows of attn_qkv and of the
+conv, attn_gate, ssm_beta, ssm_alpha, ssm_a and ssm_dt.bias are put back here (whole rows, so any
+block type); ssm_out's columns stay tiled and the model orders its output heads to match
+(GatedDeltaNetConfig.out_proj_tiled)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,6 +34,10 @@ from .gguf_layout import as_f32, expert_views, layer_of
 _PLUS_ONE = {"attn_norm.weight": "attn_norm.weight", "post_attention_norm.weight": "ffn_norm.weight",
              "attn_q_norm.weight": "attn_q_norm.weight", "attn_k_norm.weight": "attn_k_norm.weight"}
 _RENAMED = {"ssm_dt.bias": "ssm.dt_bias", "ssm_ba.weight": "ssm_in_ba.weight", "ssm_in.weight": "ssm_in_qkvz.weight"}
+# Qwen3.5's projections (the model's names) and the value-head rows of each (None: all of them)
+_QWEN35_SPLIT = {"attn_qkv.weight": "ssm_in_qkv.weight", "attn_gate.weight": "ssm_in_z.weight",
+                 "ssm_beta.weight": "ssm_in_b.weight", "ssm_alpha.weight": "ssm_in_a.weight"}
+QWEN35 = ("qwen35", "qwen35moe")
 
 
 def qwen3_next_fields(r: MetaReader, tensors: dict) -> dict:
@@ -43,8 +56,9 @@ def qwen3_next_fields(r: MetaReader, tensors: dict) -> dict:
         ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)],
         linear_conv_kernel_dim=r.count("ssm.conv_kernel", required=True),
         linear_key_head_dim=r.count("ssm.state_size", required=True), linear_value_head_dim=inner // hv,
-        linear_num_key_heads=r.count("ssm.group_count", required=True), linear_num_value_heads=hv)
-    moe = SparseMoEConfig(
+        linear_num_key_heads=(hk := r.count("ssm.group_count", required=True)), linear_num_value_heads=hv,
+        out_proj_tiled=r.arch in QWEN35 and hv != hk)
+    moe = None if r.arch == "qwen35" else SparseMoEConfig(
         num_experts=r.count("expert_count", required=True), num_experts_per_tok=r.count("expert_used_count",
                                                                                         required=True),
         moe_intermediate_size=r.count("expert_feed_forward_length", required=True),
@@ -73,7 +87,34 @@ def _qkvz(c: ModelConfig, qkv: QTensor | None, gate: QTensor | None, prefix: str
     return QTensor(parts[0].qtype, (len(data), c.hidden_size), data)
 
 
+def _untiled(t: QTensor, c: ModelConfig, first: int, width: int) -> QTensor:
+    """t with its value-head rows from row `first` on (width rows a head; elements of a 1-D t) put
+    from tiled order back into grouped order (the rows before first kept)."""
+    g = c.gdn
+    hk, per = g.linear_num_key_heads, g.linear_num_value_heads // g.linear_num_key_heads
+    grouped = np.arange(g.linear_num_value_heads)
+    tiled = (grouped % per) * hk + grouped // per           # where grouped head k * per + j sits
+    order = np.concatenate([np.arange(first), first + (tiled[:, None] * width + np.arange(width)).reshape(-1)])
+    return QTensor(t.qtype, t.shape, np.asarray(t.data)[order])
+
+
+def _qwen35_tensor(c: ModelConfig, rest: str, t: QTensor) -> tuple[str, QTensor] | None:
+    """A Qwen3.5 DeltaNet tensor whose value heads come tiled: (the model's name, t untiled); None
+    for the others."""
+    g = c.gdn
+    kd = 2 * g.linear_num_key_heads * g.linear_key_head_dim
+    first, width = {"attn_qkv.weight": (kd, g.linear_value_head_dim), "ssm_conv1d.weight": (kd, g.linear_value_head_dim),
+                    "attn_gate.weight": (0, g.linear_value_head_dim), "ssm_beta.weight": (0, 1),
+                    "ssm_alpha.weight": (0, 1), "ssm_a": (0, 1), "ssm_dt.bias": (0, 1)}.get(rest, (None, None))
+    if first is None:
+        return None
+    if g.out_proj_tiled:
+        t = _untiled(t, c, first, width)
+    return _QWEN35_SPLIT.get(rest, rest), t
+
+
 def qwen3_next_tensors(c: ModelConfig, tensors: dict[str, QTensor], r: MetaReader) -> dict[str, QTensor]:
+    qwen35 = r.arch in QWEN35
     out: dict[str, QTensor] = {}
     split: dict[str, dict[str, QTensor]] = {}      # layer prefix -> attn_qkv / attn_gate
     for name, t in tensors.items():
@@ -81,6 +122,13 @@ def qwen3_next_tensors(c: ModelConfig, tensors: dict[str, QTensor], r: MetaReade
         if layer is not None and layer >= c.num_layers:
             continue                               # the multi-token-prediction layer
         prefix = name[:len(name) - len(rest)]
+        if qwen35 and layer is not None:
+            untiled = _qwen35_tensor(c, rest, t)
+            if untiled is not None:
+                rest, t = untiled
+                if rest in _QWEN35_SPLIT.values():
+                    out[prefix + rest] = t
+                    continue
         if rest in _PLUS_ONE or name == "output_norm.weight":
             out[prefix + _PLUS_ONE.get(rest, rest)] = QTensor("F32", t.shape, as_f32(t) - np.float32(1))
         elif rest in ("attn_qkv.weight", "attn_gate.weight"):

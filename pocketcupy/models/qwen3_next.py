@@ -219,6 +219,8 @@ class Qwen3NextModel:
         out = ops.gated_delta_rule(q, k, qkv[:, 2 * kd:].reshape(n, hv, dv), ba[:, :hv], ba[:, hv:], d.a_log,
                                    d.dt_bias, recurrent_states, slots, meta.query_start)
         out = ops.silu_mul(qkvz[:, g.conv_dim:].reshape(n, hv, dv), ops.rms_norm(out, d.norm, c.rms_eps))
+        if g.out_proj_tiled:      # the heads into out_proj's order: [key head, value head of it] -> transposed
+            out = out.reshape(n, g.linear_num_key_heads, -1, dv).transpose(0, 2, 1, 3)
         return ops.linear(out.reshape(n, hv * dv), d.w_out)
 
     def compute_logits(self, hidden):
