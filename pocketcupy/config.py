@@ -57,11 +57,17 @@ class MLAConfig:
         _check(is_bool, self, "attention_bias", "true or false")
 
 
+# scoring_func -> its topk_methods (DeepSeek-V3's; DeepSeek-V2's)
+MOE_TOPK_METHODS = {"sigmoid": ("noaux_tc",), "softmax": ("greedy", "group_limited_greedy")}
+
+
 @dataclass
 class MoEConfig:
     """DeepSeek-V3's mixture of experts, in config.json's names: layers from first_k_dense_replace
     on route each token to num_experts_per_tok of n_routed_experts experts (sigmoid scores, chosen
-    within the topk_group best of n_group groups), plus n_shared_experts always run."""
+    within the topk_group best of n_group groups), plus n_shared_experts always run. DeepSeek-V2's
+    (scoring_func "softmax"): softmax scores, the best overall (topk_method "greedy") or within the
+    topk_group groups of the highest best score ("group_limited_greedy")."""
     n_routed_experts: int
     num_experts_per_tok: int
     moe_intermediate_size: int
@@ -71,6 +77,8 @@ class MoEConfig:
     topk_group: int
     norm_topk_prob: bool
     routed_scaling_factor: float
+    scoring_func: str = "sigmoid"
+    topk_method: str = "noaux_tc"
 
     def __post_init__(self):
         for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
@@ -80,13 +88,23 @@ class MoEConfig:
         _check(is_bool, self, "norm_topk_prob", "true or false")
         _check(lambda v: is_number(v) and math.isfinite(v) and v > 0, self, "routed_scaling_factor",
                "a positive number")
+        methods = MOE_TOPK_METHODS.get(self.scoring_func)
+        if methods is None:
+            raise ValueError(f"model: scoring_func must be one of {', '.join(map(repr, MOE_TOPK_METHODS))}, got "
+                             f"{self.scoring_func!r}")
+        if self.topk_method not in methods:
+            raise ValueError(f"model: topk_method {self.topk_method!r} is not one of {', '.join(map(repr, methods))} "
+                             f"(with scoring_func {self.scoring_func!r})")
         per_group, groups = divmod(self.n_routed_experts, self.n_group)
-        if groups or per_group < 2:
+        if self.topk_method == "noaux_tc" and (groups or per_group < 2):
             raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts} "
                              "into groups of at least 2 experts (a group scores by its best two)")
+        if groups:
+            raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts}")
         if self.topk_group > self.n_group:
             raise ValueError(f"model: topk_group {self.topk_group} exceeds n_group {self.n_group}")
-        if self.num_experts_per_tok > self.topk_group * per_group:
+        if self.num_experts_per_tok > (self.n_routed_experts if self.topk_method == "greedy"
+                                       else self.topk_group * per_group):
             raise ValueError(f"model: num_experts_per_tok {self.num_experts_per_tok} exceeds the "
                              f"{self.topk_group * per_group} experts of topk_group {self.topk_group} groups")
 
@@ -171,7 +189,8 @@ def _check(ok, obj, name: str, what: str) -> None:
 
 @dataclass
 class ModelConfig:
-    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v3" | "qwen3_next" | "qwen3_5"[_moe]
+    architecture: str                  # "llama" | "qwen2" | "qwen3" | "deepseek_v2" | "deepseek_v3" | "qwen3_next"
+    #                                    | "qwen3_5"[_moe]
     vocab_size: int
     hidden_size: int
     num_layers: int

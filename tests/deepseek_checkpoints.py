@@ -18,6 +18,7 @@ from pocketcupy.quant.dequant import f32_to_bf16
 from .seeded_checkpoints import FIXTURES, write_folder
 
 REFERENCE = os.path.join(FIXTURES, "deepseek_v3_logits.npz")
+REFERENCE_V2 = os.path.join(FIXTURES, "deepseek_v2_logits.npz")
 
 BASE = dict(
     architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", vocab_size=320, hidden_size=64,
@@ -42,8 +43,28 @@ VARIANTS = {
 }
 
 
+# DeepSeek-V2 (DeepseekV2ForCausalLM: softmax router scores, no score bias, no MTP layer); their
+# fixture is scripts/make_deepseek_v2_fixtures.py's (tests/deepseek_v2_checkpoints.py)
+V2_VARIANTS = {
+    # V2-Lite's: q_proj, the best experts overall (greedy), float32
+    "ds2_lite": (13, "F32", dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", q_lora_rank=None,
+                                 num_nextn_predict_layers=0, topk_method="greedy", n_group=1, topk_group=1,
+                                 norm_topk_prob=False, routed_scaling_factor=1.0)),
+    # V2's: the best within the 2 groups (of 4) with the highest best score, weights times 2,
+    # attention biases, bfloat16
+    "ds2_group": (14, "BF16", dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2",
+                                   num_nextn_predict_layers=0, topk_method="group_limited_greedy", n_group=4,
+                                   topk_group=2, norm_topk_prob=False, routed_scaling_factor=2.0,
+                                   attention_bias=True)),
+}
+
+
+def _variant(name: str) -> tuple:
+    return VARIANTS[name] if name in VARIANTS else V2_VARIANTS[name]
+
+
 def config(name: str) -> dict:
-    _, dtype, changes = VARIANTS[name]
+    _, dtype, changes = _variant(name)
     return {**BASE, **changes, "torch_dtype": "bfloat16" if dtype == "BF16" else "float32"}
 
 
@@ -76,8 +97,10 @@ def _shapes(cfg: dict) -> dict[str, tuple]:
         if i < cfg["first_k_dense_replace"]:
             shapes.update(mlp(p + "mlp", cfg["intermediate_size"]))
             continue
-        shapes.update({p + "mlp.gate.weight": (e, h), p + "mlp.gate.e_score_correction_bias": (e,),
-                       **mlp(p + "mlp.shared_experts", im * cfg["n_shared_experts"])})
+        shapes[p + "mlp.gate.weight"] = (e, h)
+        if cfg["model_type"] != "deepseek_v2":      # DeepSeek-V3's score bias
+            shapes[p + "mlp.gate.e_score_correction_bias"] = (e,)
+        shapes.update(mlp(p + "mlp.shared_experts", im * cfg["n_shared_experts"]))
         for j in range(e):
             shapes.update(mlp(f"{p}mlp.experts.{j}", im))
         if i >= cfg["num_hidden_layers"]:   # DeepSeek-V3's MTP layer: ignored by transformers
@@ -90,7 +113,7 @@ def _shapes(cfg: dict) -> dict[str, tuple]:
 def tensors(name: str) -> dict[str, tuple[str, np.ndarray]]:
     """HF name -> (safetensors dtype, array): matrices normal(0, 1 / sqrt(columns)), norm weights
     1 + 0.1 randn, biases 0.1 randn; e_score_correction_bias stays F32."""
-    seed, dtype, _ = VARIANTS[name]
+    seed, dtype, _ = _variant(name)
     rng = np.random.default_rng(seed)
     out = {}
     for key, shape in _shapes(config(name)).items():

@@ -143,6 +143,7 @@ def test_hf_tokenize():
 
 @pytest.mark.parametrize("fixture, names", [
     ("deepseek_v3_logits.npz", ("ds_lora_yarn", "ds_plain")),
+    ("deepseek_v2_logits.npz", ("ds2_lite", "ds2_group")),
     ("qwen3_next_logits.npz", ("q3n_moe", "q3n_dense_mlp", "q35_dense", "q35_moe"))])
 def test_seeded_checkpoint_npz(fixture, names):
     """Made by scripts/make_deepseek_fixtures.py and make_qwen3_next_fixtures.py from the checkpoints

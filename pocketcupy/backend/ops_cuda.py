@@ -70,6 +70,7 @@ class CudaOps:
                            range(1, moe_cuda.ROUTE_MAX_TOP_K + 1)))
             if hasattr(config.moe, "n_group"):                              # DeepSeek-V3's router
                 checks.append(("n_group", config.moe.n_group, range(1, moe_cuda.ROUTE_MAX_GROUPS + 1)))
+                checks.append(("topk_method", config.moe.topk_method, ("noaux_tc", "greedy")))
         for field, value, allowed in checks:
             if value not in allowed:
                 takes = (f"{allowed.start} to {allowed.stop - 1}" if isinstance(allowed, range)
@@ -269,7 +270,10 @@ class CudaOps:
     def moe_route(self, logits, bias, n_group: int, topk_group: int, top_k: int, norm: bool, scaling: float):
         return moe_cuda.moe_route(logits, bias, n_group, topk_group, top_k, norm, scaling)
 
-    def moe_route_softmax(self, logits, top_k: int, norm: bool):
+    def moe_route_softmax(self, logits, top_k: int, norm: bool, n_group: int = 1, topk_group: int = 1):
+        if n_group > 1:
+            raise ValueError("model: topk_method 'group_limited_greedy' (DeepSeek-V2) has no CUDA kernel; "
+                             "device='cpu' runs it")
         return moe_cuda.moe_route_softmax(logits, top_k, norm)
 
     def moe_experts(self, x, ids, weights, w_gate, w_up, w_down):

@@ -239,13 +239,21 @@ class NumpyOps:
             weights = weights / (weights.sum(axis=1, keepdims=True) + 1e-20)
         return (weights * scaling).astype(np.float32), ids
 
-    def moe_route_softmax(self, logits, top_k: int, norm: bool):
-        """Qwen3-Next's router over logits [N, E]: softmax probabilities, the top_k largest (the
-        lower expert id first among equals), renormalised to sum 1 where norm. -> (weights [N,
-        top_k] float32, expert ids [N, top_k])."""
+    def moe_route_softmax(self, logits, top_k: int, norm: bool, n_group: int = 1, topk_group: int = 1):
+        """Qwen3-Next's (and DeepSeek-V2's) router over logits [N, E]: softmax probabilities, the top_k
+        largest (the lower expert id first among equals), renormalised to sum 1 where norm; with
+        n_group > 1 only among the topk_group groups (of n_group) of the highest best probability
+        (DeepSeek-V2's group_limited_greedy). -> (weights [N, top_k] float32, expert ids [N, top_k])."""
         p = np.exp(logits - logits.max(axis=1, keepdims=True))
         p /= p.sum(axis=1, keepdims=True)
-        ids = np.argsort(-p, axis=1, kind="stable")[:, :top_k]
+        choice = p
+        if n_group > 1:
+            n, e = p.shape
+            best = np.argsort(-p.reshape(n, n_group, e // n_group).max(axis=2), axis=1, kind="stable")[:, :topk_group]
+            allowed = np.zeros((n, n_group), bool)
+            np.put_along_axis(allowed, best, True, axis=1)
+            choice = np.where(np.repeat(allowed, e // n_group, axis=1), p, -1.0)
+        ids = np.argsort(-choice, axis=1, kind="stable")[:, :top_k]
         weights = np.take_along_axis(p, ids, axis=1)
         if norm:
             weights = weights / weights.sum(axis=1, keepdims=True)

@@ -14,10 +14,11 @@ from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, scaled_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
+         "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
          "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "Qwen3_5ForConditionalGeneration": "qwen3_5",
          "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")    # Gated DeltaNet + gated attention (models/qwen3_next.py)
+MLA_ARCHS = ("deepseek_v2", "deepseek_v3")            # models/deepseek_v3.py
 
 # HF name -> GGUF name (the models use GGUF names)
 _LAYER_MAP = {
@@ -115,16 +116,24 @@ _MLA_FIELDS = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128
 _MOE_FIELDS = {"n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1,
                "first_k_dense_replace": 3, "n_group": 8, "topk_group": 4, "norm_topk_prob": True,
                "routed_scaling_factor": 2.5}
+# DeepSeek-V2's (transformers' DeepseekV2Config: n_group / topk_group None where not group-limited;
+# its router never renormalises the top-k weights, whatever norm_topk_prob says)
+_MOE_V2_FIELDS = {**_MOE_FIELDS, "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0,
+                  "topk_method": "greedy"}
 
 
-def _deepseek_v3(cfg: dict, count) -> dict:
-    """ModelConfig's DeepSeek-V3 fields: one KV head whose row is the latent, kv_lora_rank +
+def _deepseek_v3(cfg: dict, count, arch: str) -> dict:
+    """ModelConfig's DeepSeek-V3 (and V2) fields: one KV head whose row is the latent, kv_lora_rank +
     qk_rope_head_dim values (models/deepseek_v3.py), and the MLA and MoE numbers."""
     rope_dim, kv_rank = count("qk_rope_head_dim", 64), count("kv_lora_rank", 512)
+    if arch == "deepseek_v2":
+        moe = {k: d if cfg.get(k) is None else cfg[k] for k, d in _MOE_V2_FIELDS.items()}
+        moe.update(norm_topk_prob=False, scoring_func="softmax")
+    else:
+        moe = {k: cfg.get(k, d) for k, d in _MOE_FIELDS.items()}
     return dict(num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim,
                 rope_interleaved=bool(cfg.get("rope_interleave", True)),
-                mla=MLAConfig(**{k: cfg.get(k, d) for k, d in _MLA_FIELDS.items()}),
-                moe=MoEConfig(**{k: cfg.get(k, d) for k, d in _MOE_FIELDS.items()}))
+                mla=MLAConfig(**{k: cfg.get(k, d) for k, d in _MLA_FIELDS.items()}), moe=MoEConfig(**moe))
 
 
 # Qwen3-Next's Gated DeltaNet and MoE fields with transformers' defaults, checked by
@@ -192,13 +201,13 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
                  max_position=count("max_position_embeddings", 4096))
     rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     rope_theta = number("rope_theta", rope.get("rope_theta", 10000.0))
-    kinds = ("llama3", "linear", "yarn") if arch == "deepseek_v3" else ("linear",) if arch in HYBRIDS else (
+    kinds = ("llama3", "linear", "yarn") if arch in MLA_ARCHS else ("linear",) if arch in HYBRIDS else (
         "llama3", "linear")
     scaling = _rope_scaling(cfg.get("rope_scaling") or rope, source, kinds, sizes["max_position"])
     try:
         sizes["qk_norm"] = arch == "qwen3"
-        if arch == "deepseek_v3":
-            sizes.update(_deepseek_v3(cfg, count))
+        if arch in MLA_ARCHS:
+            sizes.update(_deepseek_v3(cfg, count, arch))
         elif arch in HYBRIDS:
             sizes.update(_qwen3_next(cfg, count, rope, arch))
         return ModelConfig(

@@ -23,6 +23,7 @@ class MoE:
     config: MoEConfig
     router: object              # [n_routed_experts, hidden]
     score_bias: object          # e_score_correction_bias: shifts which experts are chosen, not their weights
+                                # (DeepSeek-V3's sigmoid scores; None with DeepSeek-V2's softmax)
     w_gate: list                # one weight an expert
     w_up: list
     w_down: list
@@ -30,8 +31,15 @@ class MoE:
 
     def __call__(self, ops, x):
         c = self.config
-        weights, ids = ops.moe_route(ops.linear(x, self.router), self.score_bias, c.n_group, c.topk_group,
-                                     c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor)
+        logits = ops.linear(x, self.router)
+        if c.scoring_func == "softmax":     # DeepSeek-V2: the softmax scores of the picks, times the factor
+            groups = (c.n_group, c.topk_group) if c.topk_method == "group_limited_greedy" else (1, 1)
+            weights, ids = ops.moe_route_softmax(logits, c.num_experts_per_tok, False, *groups)
+            if c.routed_scaling_factor != 1.0:
+                weights = weights * weights.dtype.type(c.routed_scaling_factor)
+        else:
+            weights, ids = ops.moe_route(logits, self.score_bias, c.n_group, c.topk_group, c.num_experts_per_tok,
+                                         c.norm_topk_prob, c.routed_scaling_factor)
         return ops.moe_experts(x, ids, weights, self.w_gate, self.w_up, self.w_down) + self.shared(ops, x)
 
 
@@ -77,8 +85,8 @@ def _expert_shapes(prefix: str, hidden: int, num_experts: int, inter: int, share
 
 def moe_shapes(prefix: str, hidden: int, c: MoEConfig) -> dict[str, tuple]:
     e, inter = c.n_routed_experts, c.moe_intermediate_size
-    return {**_expert_shapes(prefix, hidden, e, inter, inter * c.n_shared_experts),
-            f"{prefix}ffn_gate_inp.e_score_correction_bias": (e,)}
+    bias = {f"{prefix}ffn_gate_inp.e_score_correction_bias": (e,)} if c.scoring_func == "sigmoid" else {}
+    return {**_expert_shapes(prefix, hidden, e, inter, inter * c.n_shared_experts), **bias}
 
 
 def sparse_moe_shapes(prefix: str, hidden: int, c: SparseMoEConfig) -> dict[str, tuple]:
@@ -98,7 +106,8 @@ def _load_experts(w, prefix: str, num_experts: int) -> tuple[list, list, list]:
 
 
 def load_moe(w, prefix: str, c: MoEConfig) -> MoE:
-    return MoE(c, w(f"{prefix}ffn_gate_inp.weight"), w(f"{prefix}ffn_gate_inp.e_score_correction_bias"),
+    return MoE(c, w(f"{prefix}ffn_gate_inp.weight"),
+               w(f"{prefix}ffn_gate_inp.e_score_correction_bias", c.scoring_func == "sigmoid"),
                *_load_experts(w, prefix, c.n_routed_experts), load_mlp(w, prefix, "_shexp"))
 
 

@@ -5,8 +5,8 @@ from .deepseek_v3 import DeepseekV3Model
 from .llama import LlamaModel
 from .qwen3_next import Qwen3NextModel
 
-MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "deepseek_v3": DeepseekV3Model,
-          "qwen3_next": Qwen3NextModel, "qwen3_5": Qwen3NextModel, "qwen3_5_moe": Qwen3NextModel}
+MODELS = {"llama": LlamaModel, "qwen2": LlamaModel, "qwen3": LlamaModel, "deepseek_v2": DeepseekV3Model,
+          "deepseek_v3": DeepseekV3Model, "qwen3_next": Qwen3NextModel, "qwen3_5": Qwen3NextModel, "qwen3_5_moe": Qwen3NextModel}
 
 
 def model_class(config):
