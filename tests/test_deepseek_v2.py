@@ -12,6 +12,7 @@ from pocketcupy import Engine
 from pocketcupy.backend.ops_ref import NumpyOps
 from pocketcupy.loader import load_checkpoint
 
+from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error
 from .deepseek_v2_checkpoints import REFERENCE, VARIANTS, write_checkpoint
 from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy, logits_error
 
@@ -78,3 +79,18 @@ def test_cuda_refuses_group_limited_greedy(tmp_path):
     ops.check_config(load_checkpoint(write_checkpoint(tmp_path / "lite", "ds2_lite")).config)
     with pytest.raises(ValueError, match="topk_method group_limited_greedy has no CUDA kernel .*device='cpu' runs it"):
         ops.check_config(load_checkpoint(write_checkpoint(tmp_path / "group", "ds2_group")).config)
+
+
+@pytest.mark.gpu
+def test_cuda_logits_close_to_transformers(tmp_path):
+    """V2-Lite's greedy router on CUDA (the softmax top-k kernel, weights scaled after it), bounded
+    as tests/cuda_rounding.py says."""
+    from pocketcupy.backend.ops_cuda import CudaOps
+
+    err = backend_error(REF, "ds2_lite", write_checkpoint(tmp_path, "ds2_lite"), CudaOps())
+    assert err <= MEDIAN_TOL["F32"], f"median relative error {err:.2e}"
+
+
+def test_simulated_cuda_roundings_within_half_the_bound(tmp_path):
+    err = backend_error(REF, "ds2_lite", write_checkpoint(tmp_path, "ds2_lite"), SimulatedCudaRounding("F32"))
+    assert err <= MEDIAN_TOL["F32"] / 2
