@@ -146,3 +146,21 @@ def test_qwen35_q8_0_rows_untiled_as_blocks(tmp_path):
     assert got.tensors["blk.0.ssm_in_qkv.weight"].qtype == "Q8_0"
     _same_as_the_folder(got.tensors, load_checkpoint(write_checkpoint(tmp_path / "hf", "q35_dense")).tensors,
                         got.config, 0.01)
+
+
+@pytest.mark.gpu
+def test_qwen35_file_on_cuda_matches_its_folder(qwen35):
+    """On CUDA too (the output heads reordered for ssm_out on the device): the folder's logits, to
+    the summation order of ssm_out's permuted columns."""
+    from pocketcupy.backend.ops_cuda import CudaOps
+    from pocketcupy.models.registry import build_model
+
+    _, folder, path = qwen35
+    ops = CudaOps()
+    logits = []
+    for p in (folder, path):
+        ck = load_checkpoint(p)
+        model = build_model(ck.config, ck.tensors, ops)
+        logits.append([full_logits(model, ops, ids) for ids in PROMPTS])
+    for got, want in zip(*logits):
+        assert rel_err(got, want) <= 1e-3
