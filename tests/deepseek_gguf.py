@@ -33,7 +33,8 @@ def _metadata(w, cfg: dict, nextn: int) -> None:
     w.add_expert_used_count(cfg["num_experts_per_tok"])
     w.add_expert_group_count(cfg["n_group"])
     w.add_expert_group_used_count(cfg["topk_group"])
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX if cfg["model_type"] == "deepseek_v2"
+                             else gguf.ExpertGatingFuncType.SIGMOID)
     rs = cfg.get("rope_scaling") or {}
     if rs.get("type", rs.get("rope_type")) == "yarn":
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)

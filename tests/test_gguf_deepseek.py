@@ -117,6 +117,24 @@ def test_mtp_layer(tmp_path):
     assert s["spec_num_draft_tokens"] >= 9 and s["spec_num_accepted_tokens"] >= 0.9 * s["spec_num_draft_tokens"]
 
 
+def test_deepseek_v2_lite_file(tmp_path):
+    """A DeepSeek-V2-Lite-style file (softmax expert scores, no exp_probs_b, one group): transformers'
+    DeepseekV2ForCausalLM logits and greedy tokens for the checkpoint."""
+    from .deepseek_v2_checkpoints import REFERENCE
+
+    ref = np.load(REFERENCE)
+    path = write_gguf(tmp_path / "v2.gguf", "ds2_lite", "F32", {"rope_interleave": True})
+    c = load_checkpoint(path).config
+    assert (c.architecture, c.moe.scoring_func, c.moe.topk_method) == ("deepseek_v2", "softmax", "greedy")
+    model, ops = load_reference_model(path)
+    for k, ids in enumerate(PROMPTS):
+        want = ref[f"ds2_lite__logits{k}"]
+        assert rel_err(full_logits(model, ops, ids)[-len(want):], want) <= 1e-5
+    engine = Engine(path, device="cpu", progress=False)
+    assert engine.generate(GREEDY_PROMPT, greedy(GREEDY_NEW))[0].outputs[0].token_ids == \
+        ref["ds2_lite__greedy_ids"].tolist()
+
+
 @pytest.mark.gpu
 def test_cuda_logits_match_the_folder(pair):
     """On CUDA too the F32 file computes what the folder does (kv_b_proj joined back from attn_k_b /
@@ -135,8 +153,10 @@ def test_cuda_logits_match_the_folder(pair):
 
 
 @pytest.mark.parametrize("metadata, drop, match", [
-    ({"deepseek2.expert_gating_func": 1}, (), r"deepseek2.expert_gating_func is 1: only sigmoid"),
-    ({"deepseek2.expert_gating_func": None}, (), r"deepseek2.expert_gating_func is None"),
+    ({"deepseek2.expert_gating_func": 3}, (), r"deepseek2.expert_gating_func is 3: only softmax \(1, DeepSeek-V2's\) "
+                                              r"and sigmoid \(2, DeepSeek-V3's\)"),
+    ({"deepseek2.expert_gating_func": 1}, (), r"deepseek2.expert_group_count is 2: group-limited softmax routing"),
+    ({"deepseek2.expert_gating_func": None}, (), r"deepseek2.expert_group_count is 2: group-limited softmax"),
     ({"deepseek2.attention.kv_lora_rank": None}, (), "lacks deepseek2.attention.kv_lora_rank"),
     ({"deepseek2.expert_count": None}, (), "lacks deepseek2.expert_count"),
     ({"deepseek2.attention.key_length_mla": 16}, (), "key_length_mla 16 must exceed the rope dimension 16"),

@@ -133,7 +133,7 @@ def model_from_gguf(meta: dict, tensors: dict[str, QTensor], path: str,
     stacked experts and split projections rearranged; DeepSeek's multi-token-prediction layers
     only where mtp)."""
     config = config_from_gguf(meta, tensors, path)
-    if config.architecture == "deepseek_v3":
+    if config.mla is not None:
         from .gguf_deepseek import deepseek_tensors
 
         tensors = deepseek_tensors(config, tensors, mtp, MetaReader(meta, meta["general.architecture"], path))

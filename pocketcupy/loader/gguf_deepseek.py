@@ -1,5 +1,5 @@
-"""DeepSeek-V3 GGUF files (llama.cpp's architecture "deepseek2", as its convert_hf_to_gguf.py
-writes DeepseekV3ForCausalLM): the MLA and MoE metadata -> ModelConfig fields, and the tensors ->
+"""DeepSeek-V3 and V2 GGUF files (llama.cpp's architecture "deepseek2", as its convert_hf_to_gguf.py
+writes DeepseekV3ForCausalLM and DeepseekV2ForCausalLM; V2's: softmax expert scores, no score bias): the MLA and MoE metadata -> ModelConfig fields, and the tensors ->
 the names models/deepseek_v3.py reads.
 
 llama.cpp's layout against the Hugging Face one: routed experts stacked into one 3-D tensor a
@@ -19,16 +19,21 @@ from ..quant.qtensor import QTensor
 from .gguf_config import MetaReader
 from .gguf_layout import as_f32, expert_views, layer_of
 
-SIGMOID = 2     # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID (1: softmax, DeepSeek-V2's)
+SOFTMAX, SIGMOID = 1, 2   # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_*: DeepSeek-V2's, DeepSeek-V3's
 
 
 def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
     """ModelConfig's DeepSeek-V3 fields (those config_from_gguf reads for every architecture
     aside): as loader/safetensors_loader.py's _deepseek_v3 makes them from config.json."""
-    gating = r.get("expert_gating_func")
-    if gating != SIGMOID:
-        raise r.error(f"{r.arch}.expert_gating_func is {gating!r}: only sigmoid expert scores ({SIGMOID}, "
-                      f"DeepSeek-V3's) are supported (softmax or none: DeepSeek-V2's router)")
+    # none: DeepSeek-V2 files from before the key, softmax as llama.cpp reads them
+    gating = r.get("expert_gating_func", SOFTMAX)
+    if gating not in (SOFTMAX, SIGMOID):
+        raise r.error(f"{r.arch}.expert_gating_func is {gating!r}: only softmax ({SOFTMAX}, DeepSeek-V2's) and "
+                      f"sigmoid ({SIGMOID}, DeepSeek-V3's) expert scores are supported")
+    n_group, topk_group = r.count("expert_group_count", 1), r.count("expert_group_used_count", 1)
+    if gating == SOFTMAX and n_group > 1:
+        raise r.error(f"{r.arch}.expert_group_count is {n_group}: group-limited softmax routing (DeepSeek-V2's "
+                      f"group_limited_greedy) is not read from GGUF files (the safetensors folder has it)")
     kv_rank, rope_dim = r.count("attention.kv_lora_rank", required=True), r.count("rope.dimension_count", required=True)
     if f"{r.arch}.attention.key_length_mla" in r.meta:   # the key_length of the latent MQA view: kv_rank + rope
         qk_head, v_head = r.count("attention.key_length_mla"), r.count("attention.value_length_mla", required=True)
@@ -51,12 +56,13 @@ def deepseek_fields(r: MetaReader, tensors: dict) -> dict:
         moe_intermediate_size=r.count("expert_feed_forward_length", required=True),
         n_shared_experts=r.count("expert_shared_count", required=True),
         first_k_dense_replace=r.size("leading_dense_block_count", 0),
-        n_group=r.count("expert_group_count", 1), topk_group=r.count("expert_group_used_count", 1),
-        norm_topk_prob=r.flag("expert_weights_norm", False),
-        routed_scaling_factor=r.number("expert_weights_scale", 1.0))
+        n_group=n_group, topk_group=topk_group, norm_topk_prob=r.flag("expert_weights_norm", False),
+        routed_scaling_factor=r.number("expert_weights_scale", 1.0),
+        **({} if gating == SIGMOID else dict(scoring_func="softmax", topk_method="greedy")))
     mla = MLAConfig(q_rank, kv_rank, qk_head - rope_dim, v_head,
                     attention_bias="blk.0.attn_kv_a_mqa.bias" in tensors)
-    return dict(num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim, rope_interleaved=True,
+    return dict(architecture="deepseek_v3" if gating == SIGMOID else "deepseek_v2",
+                num_kv_heads=1, head_dim=kv_rank + rope_dim, rope_dim=rope_dim, rope_interleaved=True,
                 num_layers=layers - nextn, num_nextn_predict_layers=nextn, mla=mla, moe=moe,
                 qkv_bias=mla.attention_bias)
 
@@ -104,7 +110,7 @@ def deepseek_tensors(c: ModelConfig, tensors: dict[str, QTensor], mtp: bool, r: 
             out[prefix + "ffn_gate_inp.e_score_correction_bias"] = t
         else:
             out.update(expert_views(name, prefix, rest, t, r) or {target: t})
-    for i in range(c.moe.first_k_dense_replace, c.num_layers):
+    for i in range(c.moe.first_k_dense_replace, c.num_layers if c.moe.scoring_func == "sigmoid" else 0):
         if f"blk.{i}.ffn_gate_inp.e_score_correction_bias" not in out:
             raise r.error(f"tensor 'blk.{i}.exp_probs_b.bias' is missing: DeepSeek-V3's router needs its expert "
                           f"score correction bias (e_score_correction_bias)")
