@@ -22,24 +22,25 @@ def median_error(got, ref) -> float:
     return float(np.median(np.abs(got - ref).max(axis=1)) / np.abs(ref).max())
 
 
-def prompts_error(ref, name: str, model, ops) -> float:
-    """median_error of the model's logits for PROMPTS against variant name's in the fixture ref
-    (every position, or the last one)."""
-    got, want = [], []
-    for k, ids in enumerate(PROMPTS):
-        w = ref[f"{name}__logits{k}"]
-        got.append(full_logits(model, ops, ids)[-len(w):])
-        want.append(w)
-    return median_error(np.concatenate(got), np.concatenate(want))
-
-
-def backend_error(ref, name: str, folder, ops) -> float:
-    """prompts_error of the checkpoint folder's model on the backend ops."""
+def prompts_logits(path, ops) -> list[np.ndarray]:
+    """Every PROMPTS prompt's logits at every position, of the checkpoint at path on the backend ops."""
     from pocketcupy.loader import load_checkpoint
     from pocketcupy.models.registry import build_model
 
-    ck = load_checkpoint(folder)
-    return prompts_error(ref, name, build_model(ck.config, ck.tensors, ops), ops)
+    ck = load_checkpoint(path)
+    model = build_model(ck.config, ck.tensors, ops)
+    return [full_logits(model, ops, ids) for ids in PROMPTS]
+
+
+def backend_error(ref, name: str, folder, ops) -> float:
+    """median_error of the checkpoint folder's logits on the backend ops for PROMPTS against variant
+    name's in the fixture ref (every position, or the last one)."""
+    got, want = [], []
+    for k, logits in enumerate(prompts_logits(folder, ops)):
+        w = ref[f"{name}__logits{k}"]
+        got.append(logits[-len(w):])
+        want.append(w)
+    return median_error(np.concatenate(got), np.concatenate(want))
 
 
 class SimulatedCudaRounding(NumpyOps):

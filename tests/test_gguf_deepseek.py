@@ -10,7 +10,6 @@ pytest.importorskip("gguf")
 
 from pocketcupy import Engine  # noqa: E402
 from pocketcupy.loader import load_checkpoint  # noqa: E402
-from pocketcupy.models.registry import build_model  # noqa: E402
 
 from .deepseek_checkpoints import VARIANTS, bigram_tensors, config, write_checkpoint  # noqa: E402
 from .deepseek_gguf import write_gguf  # noqa: E402
@@ -141,14 +140,11 @@ def test_cuda_logits_match_the_folder(pair):
     attn_v_b, the experts as views of the stacked blocks)."""
     from pocketcupy.backend.ops_cuda import CudaOps
 
+    from .cuda_rounding import prompts_logits
+
     _, folder, gguf_path = pair
     ops = CudaOps()
-    logits = []
-    for path in (folder, gguf_path):
-        ck = load_checkpoint(path)
-        model = build_model(ck.config, ck.tensors, ops)
-        logits.append([full_logits(model, ops, ids) for ids in PROMPTS])
-    for got, want in zip(*logits):
+    for got, want in zip(prompts_logits(gguf_path, ops), prompts_logits(folder, ops)):
         assert rel_err(got, want) <= 1e-5
 
 

@@ -153,14 +153,10 @@ def test_qwen35_file_on_cuda_matches_its_folder(qwen35):
     """On CUDA too (the output heads reordered for ssm_out on the device): the folder's logits, to
     the summation order of ssm_out's permuted columns."""
     from pocketcupy.backend.ops_cuda import CudaOps
-    from pocketcupy.models.registry import build_model
+
+    from .cuda_rounding import prompts_logits
 
     _, folder, path = qwen35
     ops = CudaOps()
-    logits = []
-    for p in (folder, path):
-        ck = load_checkpoint(p)
-        model = build_model(ck.config, ck.tensors, ops)
-        logits.append([full_logits(model, ops, ids) for ids in PROMPTS])
-    for got, want in zip(*logits):
+    for got, want in zip(prompts_logits(path, ops), prompts_logits(folder, ops)):
         assert rel_err(got, want) <= 1e-3
