@@ -96,11 +96,11 @@ class MoEConfig:
             raise ValueError(f"model: topk_method {self.topk_method!r} is not one of {', '.join(map(repr, methods))} "
                              f"(with scoring_func {self.scoring_func!r})")
         per_group, groups = divmod(self.n_routed_experts, self.n_group)
-        if self.topk_method == "noaux_tc" and (groups or per_group < 2):
-            raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts} "
-                             "into groups of at least 2 experts (a group scores by its best two)")
         if groups:
             raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts}")
+        if self.topk_method == "noaux_tc" and per_group < 2:
+            raise ValueError(f"model: n_group {self.n_group} must divide n_routed_experts {self.n_routed_experts} "
+                             "into groups of at least 2 experts (a group scores by its best two)")
         if self.topk_group > self.n_group:
             raise ValueError(f"model: topk_group {self.topk_group} exceeds n_group {self.n_group}")
         if self.num_experts_per_tok > (self.n_routed_experts if self.topk_method == "greedy"

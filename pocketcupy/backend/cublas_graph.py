@@ -12,6 +12,8 @@ import functools
 import threading
 
 WORKSPACE_BYTES = 32 << 20
+R_32F, R_16F, R_16BF = 0, 2, 14                       # cudaDataType
+COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T = 68, -1, 0, 1  # cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)
 _local = threading.local()
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..quant.kv_quant import E4M3_VALUES
 from ..quant.qtensor import FP8_GROUP
-from .cublas_graph import gemm_ex
+from .cublas_graph import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16BF, R_16F, R_32F, gemm_ex
 from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg, opt_arg
 from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
                               launch_gemv_kquant_mma3, quantize_x_q8k)
@@ -52,8 +52,7 @@ Q8_B1_TALL_ROWS = 6144
 # SiLU·up (dense_mlp; False: the float32 product, for A/B runs)
 DENSE_MLP_H16 = True
 
-_F16, _F32, _BF16 = 2, 0, 14                   # cudaDataType
-_CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT, _OP_N, _OP_T = 68, -1, 0, 1
+_F16, _F32, _BF16 = R_16F, R_32F, R_16BF
 
 
 # --- kernel variants -------------------------------------------------------------------------
@@ -520,8 +519,8 @@ def _gemm_into(a16, w16, rows: int, dtype: int, out, col0: int = 0, out_type: in
     out float32 (out_type _F32) or of the inputs' type (out_type dtype) (cuBLAS, column-major view:
     out^T = w16 @ a16^T); capturable in a CUDA graph."""
     n, k = a16.shape
-    gemm_ex(_OP_T, _OP_N, rows, n, k, w16.data.ptr, dtype, k, a16.data.ptr, dtype, k,
-            out.data.ptr + col0 * out.itemsize, out_type, out.shape[1], _CUBLAS_COMPUTE_32F, _CUBLAS_GEMM_DEFAULT)
+    gemm_ex(OP_T, OP_N, rows, n, k, w16.data.ptr, dtype, k, a16.data.ptr, dtype, k,
+            out.data.ptr + col0 * out.itemsize, out_type, out.shape[1], COMPUTE_32F, GEMM_DEFAULT)
 
 
 def _half16_input(h, w):

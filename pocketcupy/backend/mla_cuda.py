@@ -13,7 +13,7 @@ import numpy as np
 from ..quant.kv_quant import QuantKVCache
 from .attention_meta import AttentionMetadata
 from .attn_cuda import LOG2E, _combine_splits, device_meta
-from .cublas_graph import gemm_strided_batched_ex
+from .cublas_graph import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_32F, gemm_strided_batched_ex
 from .elementwise_cuda import _cp, _k, check_f32, index_array, rope
 from .kernels import cuda_op, null_arg, num_sms
 
@@ -23,7 +23,6 @@ MLA_MIN_CHUNK = 32          # fewest keys a split (two tiles)
 MLA_MAX_SPLITS = 128
 MLA_BLOCKS_PER_SM = 1       # what the split count aims for (one 256-thread block of ~220 registers a thread fits)
 PAGE_TAGS = {"int8": "i8", "fp8": "e4m3"}
-_R32F, _COMPUTE_32F, _ALGO_DEFAULT, _OP_N, _OP_T = 0, 68, -1, 0, 1
 
 
 def check_dims(latent_dim: int) -> None:
@@ -36,7 +35,7 @@ def check_dims(latent_dim: int) -> None:
 def absorbed_weight(t):
     """kv_b_proj [H * (dn + dv), R] as the float32 device matrix mla_attention multiplies by (each
     head's W_UK rows, then its W_UV rows)."""
-    return _cp().ascontiguousarray(_cp().asarray(t.dequantize(), dtype=np.float32))
+    return _cp().asarray(t.dequantize(), dtype=np.float32)
 
 
 def _pages(cache):
@@ -123,9 +122,9 @@ def mla_attention(q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b,
     latent[:, 0, :r] = k_pe
     latent[:, 0, r:] = c_kv
     if n:
-        gemm_strided_batched_ex(_OP_N, _OP_N, rank, n, dn, w_kv_b.data.ptr, _R32F, rank, (dn + dv) * rank,
-                                q.data.ptr, _R32F, h * qd, qd, q_lat.data.ptr + 4 * r, _R32F, h * d, d, h,
-                                _COMPUTE_32F, _ALGO_DEFAULT)
+        gemm_strided_batched_ex(OP_N, OP_N, rank, n, dn, w_kv_b.data.ptr, R_32F, rank, (dn + dv) * rank,
+                                q.data.ptr, R_32F, h * qd, qd, q_lat.data.ptr + 4 * r, R_32F, h * d, d, h,
+                                COMPUTE_32F, GEMM_DEFAULT)
     rope(q_lat, positions, inv_freq, interleaved, out=q_lat)
     rope(latent, positions, inv_freq, interleaved, out=latent)
     store_latent(latent.reshape(n, d), cache, meta.slot_mapping)
@@ -133,7 +132,7 @@ def mla_attention(q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b,
     y = cp.empty((n, h * dv), np.float32)
     if n:
         # y_h = o_h W_UV^T: (W_UV [dv, R] row-major, transposed) x o_h
-        gemm_strided_batched_ex(_OP_T, _OP_N, dv, n, rank, w_kv_b.data.ptr + 4 * dn * rank, _R32F, rank,
-                                (dn + dv) * rank, o.data.ptr, _R32F, h * rank, rank, y.data.ptr, _R32F, h * dv, dv,
-                                h, _COMPUTE_32F, _ALGO_DEFAULT)
+        gemm_strided_batched_ex(OP_T, OP_N, dv, n, rank, w_kv_b.data.ptr + 4 * dn * rank, R_32F, rank,
+                                (dn + dv) * rank, o.data.ptr, R_32F, h * rank, rank, y.data.ptr, R_32F, h * dv, dv,
+                                h, COMPUTE_32F, GEMM_DEFAULT)
     return y

@@ -13,18 +13,13 @@ from typing import Any
 
 import numpy as np
 
-from ..quant.act_q8 import uses_q8
+from ..loader.gguf import GGML_TYPES
+from ..quant.act_q8 import INT8_QTYPES, uses_q8
 from ..quant.qtensor import QTensor
 from .kernels import cuda_op, has_tensor_cores, null_arg
 
-# GGUF block types the kernels read: ggml type id, values per block, bytes per block
-GGUF_QTYPES = {
-    "Q4_0": (2, 32, 18), "Q4_1": (3, 32, 20), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24),
-    "Q8_0": (8, 32, 34), "Q2_K": (10, 256, 84), "Q3_K": (11, 256, 110), "Q4_K": (12, 256, 144),
-    "Q5_K": (13, 256, 176), "Q6_K": (14, 256, 210), "IQ2_XXS": (16, 256, 66), "IQ2_XS": (17, 256, 74),
-    "IQ3_XXS": (18, 256, 98), "IQ4_NL": (20, 32, 18), "IQ3_S": (21, 256, 110), "IQ2_S": (22, 256, 82),
-    "IQ4_XS": (23, 256, 136), "IQ1_S": (19, 256, 50), "IQ1_M": (29, 256, 56),
-}
+# GGUF block types the kernels read (act_q8.INT8_QTYPES): ggml type id, values per block, bytes per block
+GGUF_QTYPES = {name: (tid, qk, ts) for tid, (name, qk, ts) in GGML_TYPES.items() if name in INT8_QTYPES}
 # Q6_K is uploaded re-laid, kernel type "Q6_KR" (pq::Q6_KR, gguf_units.cuh's block_at): a row's
 # blocks in runs of 8, each run the blocks without their fp16 d (208 bytes: ql, qh, scales) and then
 # their d's, the row rounded up to 16 bytes (rows of 8k blocks gain nothing). Every block then starts

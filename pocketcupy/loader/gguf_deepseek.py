@@ -1,6 +1,7 @@
 """DeepSeek-V3 and V2 GGUF files (llama.cpp's architecture "deepseek2", as its convert_hf_to_gguf.py
-writes DeepseekV3ForCausalLM and DeepseekV2ForCausalLM; V2's: softmax expert scores, no score bias): the MLA and MoE metadata -> ModelConfig fields, and the tensors ->
-the names models/deepseek_v3.py reads.
+writes DeepseekV3ForCausalLM and DeepseekV2ForCausalLM; V2's: softmax expert scores, no score
+bias): the MLA and MoE metadata -> ModelConfig fields, and the tensors -> the names
+models/deepseek_v3.py reads.
 
 llama.cpp's layout against the Hugging Face one: routed experts stacked into one 3-D tensor a
 projection (ffn_{gate,up,down}_exps, [expert, rows, cols]: split here into per-expert views, no

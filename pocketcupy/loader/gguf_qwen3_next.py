@@ -34,7 +34,7 @@ from .gguf_layout import as_f32, expert_views, layer_of
 _PLUS_ONE = {"attn_norm.weight": "attn_norm.weight", "post_attention_norm.weight": "ffn_norm.weight",
              "attn_q_norm.weight": "attn_q_norm.weight", "attn_k_norm.weight": "attn_k_norm.weight"}
 _RENAMED = {"ssm_dt.bias": "ssm.dt_bias", "ssm_ba.weight": "ssm_in_ba.weight", "ssm_in.weight": "ssm_in_qkvz.weight"}
-# Qwen3.5's projections (the model's names) and the value-head rows of each (None: all of them)
+# Qwen3.5's DeltaNet projections: llama.cpp's names -> the model's
 _QWEN35_SPLIT = {"attn_qkv.weight": "ssm_in_qkv.weight", "attn_gate.weight": "ssm_in_z.weight",
                  "ssm_beta.weight": "ssm_in_b.weight", "ssm_alpha.weight": "ssm_in_a.weight"}
 QWEN35 = ("qwen35", "qwen35moe")

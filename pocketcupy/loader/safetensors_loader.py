@@ -14,7 +14,8 @@ from ..quant.qtensor import QTensor
 from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, scaled_weight, weight_quantization
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-         "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3", "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
+         "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
+         "Qwen3NextForCausalLM": "qwen3_next", "Qwen3_5ForCausalLM": "qwen3_5",
          "Qwen3_5MoeForCausalLM": "qwen3_5_moe", "Qwen3_5ForConditionalGeneration": "qwen3_5",
          "Qwen3_5MoeForConditionalGeneration": "qwen3_5_moe"}
 HYBRIDS = ("qwen3_next", "qwen3_5", "qwen3_5_moe")    # Gated DeltaNet + gated attention (models/qwen3_next.py)

@@ -16,8 +16,8 @@ import numpy as np
 
 MODES = ("auto", "q8", "f32")
 AUTO_MIN_COLS = 2048 + 1     # "auto": int8 activations for rows longer than 2048 values
-# the GGUF block types the CUDA GEMVs read with int8 activations (backend/weight_cuda.GGUF_QTYPES);
-# any other goes to fp16 there, with float32 activations on both backends
+# the GGUF block types the CUDA GEMVs read, with int8 activations (backend/weight_cuda.GGUF_QTYPES is
+# made from it); any other goes to fp16 there, with float32 activations on both backends
 INT8_QTYPES = frozenset({"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                          "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS"})
 
