@@ -137,15 +137,20 @@ def test_deepseek_v2_lite_file(tmp_path):
 @pytest.mark.gpu
 def test_cuda_logits_match_the_folder(pair):
     """On CUDA too the F32 file computes what the folder does (kv_b_proj joined back from attn_k_b /
-    attn_v_b, the experts as views of the stacked blocks)."""
+    attn_v_b, the experts as views of the stacked blocks): to float32 rounding where the folder is
+    float32 too; a bfloat16 folder takes bf16 activations on the GPU and the file fp16 ones, so
+    there the two are held to the median bound of tests/cuda_rounding.py."""
     from pocketcupy.backend.ops_cuda import CudaOps
 
-    from .cuda_rounding import prompts_logits
+    from .cuda_rounding import MEDIAN_TOL, median_error, prompts_logits
 
-    _, folder, gguf_path = pair
+    name, folder, gguf_path = pair
     ops = CudaOps()
-    for got, want in zip(prompts_logits(gguf_path, ops), prompts_logits(folder, ops)):
-        assert rel_err(got, want) <= 1e-5
+    got, want = prompts_logits(gguf_path, ops), prompts_logits(folder, ops)
+    if VARIANTS[name][1] == "F32":
+        assert max(rel_err(a, b) for a, b in zip(got, want)) <= 1e-5
+    else:
+        assert median_error(np.concatenate(got), np.concatenate(want)) <= MEDIAN_TOL["BF16"]
 
 
 @pytest.mark.parametrize("metadata, drop, match", [
