@@ -10,7 +10,6 @@ expert of 48 (where MoE). The tokenizer is tiny_llama's (vocab 320)."""
 import os
 
 import numpy as np
-import pytest
 
 from pocketcupy.quant.dequant import f32_to_bf16
 
@@ -146,11 +145,3 @@ def write_checkpoint(folder, name: str, tensor_map=None, config_changes=None) ->
     """The variant's folder in folder; tensor_map replaces its tensors, config_changes updates its
     config.json."""
     return write_folder(folder, {**config(name), **(config_changes or {})}, tensor_map or tensors(name))
-
-
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder) of each variant, written once a test module (imported by the
-    test modules that use it)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)

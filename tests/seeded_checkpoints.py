@@ -79,3 +79,16 @@ def batch_tiny(folder, device: str = "cpu", prepare=None, **engine_args) -> tupl
     if prepare is not None:
         prepare(engine)
     return engine, [o.outputs[0].token_ids for o in engine.generate(BATCH, [greedy(m) for m in MAX_TOKENS])]
+
+
+def variant_fixture(variants, write_checkpoint):
+    """A module-scoped fixture (name, checkpoint folder) over the variants, each folder written by
+    write_checkpoint(folder, name) once a test module, which assigns it as `variant = ...`. (pytest
+    is imported here: the scripts that build models from the checkpoint modules run without it.)"""
+    import pytest
+
+    @pytest.fixture(scope="module", params=list(variants))
+    def variant(request, tmp_path_factory):
+        name = request.param
+        return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+    return variant

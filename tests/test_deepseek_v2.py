@@ -14,16 +14,13 @@ from pocketcupy.loader import load_checkpoint
 
 from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error
 from .deepseek_v2_checkpoints import REFERENCE, VARIANTS, write_checkpoint
-from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy, logits_error
+from .seeded_checkpoints import (GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy, logits_error,
+                                 variant_fixture)
 
 REF = np.load(REFERENCE)
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 
 
 def test_logits_match_transformers(variant):

@@ -11,16 +11,12 @@ from .deepseek_checkpoints import REFERENCE, VARIANTS, tensors, write_checkpoint
 from .fp8_checkpoints import e4m3_decode, quantize_fp8, reference_dequant
 from .helpers import full_logits, load_reference_model
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PREFIX, PROMPTS, batch_alone, batch_tiny,
-                                 greedy, greedy_ids, logits_error)
+                                 greedy, greedy_ids, logits_error, variant_fixture)
 
 REF = np.load(REFERENCE)
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 
 
 def test_logits_match_transformers(variant):

@@ -18,17 +18,13 @@ from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error, med
 from .deepseek_checkpoints import REFERENCE, VARIANTS, write_checkpoint
 from .helpers import full_logits
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PREFIX, PROMPTS, batch_alone, batch_tiny,
-                                 greedy)
+                                 greedy, variant_fixture)
 
 REF = np.load(REFERENCE)
 FP16_ACTIVATIONS = [name for name, (_, dtype, _) in VARIANTS.items() if dtype == "F32"]
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 
 
 @pytest.mark.gpu

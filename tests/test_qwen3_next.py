@@ -13,15 +13,14 @@ from pocketcupy.loader import load_checkpoint
 from pocketcupy.sched.output import ScheduledRequest, SchedulerOutput
 from pocketcupy.server.state import _kv_text
 
-from . import qwen3_next_checkpoints
 from .helpers import full_logits, load_reference_model, load_script, rel_err
-from .qwen3_next_checkpoints import REFERENCE, config, tensors, write_checkpoint
+from .qwen3_next_checkpoints import REFERENCE, VARIANTS, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_NEW, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, batch_alone, batch_tiny, greedy,
-                                 greedy_ids, logits_error, write_folder)
+                                 greedy_ids, logits_error, variant_fixture, write_folder)
 from .seeded_checkpoints import TOKENIZER as TINY_LLAMA    # a Llama model (fixture) of the same vocabulary
 
 REF = np.load(REFERENCE)
-variant = qwen3_next_checkpoints.variant     # the fixture: (name, folder) of each variant
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 
 
 def test_logits_match_transformers(variant):

@@ -11,13 +11,12 @@ import pytest
 
 from pocketcupy import Engine
 
-from . import qwen3_next_checkpoints
 from .cuda_rounding import MEDIAN_TOL, SimulatedCudaRounding, backend_error
-from .qwen3_next_checkpoints import REFERENCE, VARIANTS
-from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy
+from .qwen3_next_checkpoints import REFERENCE, VARIANTS, write_checkpoint
+from .seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, batch_alone, batch_tiny, greedy, variant_fixture
 
 REF = np.load(REFERENCE)
-variant = qwen3_next_checkpoints.variant     # the fixture: (name, folder) of each variant
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 # the variants whose activations are fp16 on the GPU: their greedy tokens held through batching
 FP16_ACTIVATIONS = [name for name, (_, dtype, _) in VARIANTS.items() if dtype == "F32"]
 
@@ -67,7 +66,7 @@ def test_batched_with_preemption_matches_the_numpy_backend(tmp_path, name, cuda_
     """BATCH at once in 11 usable blocks of 4 tokens, prefills in chunks of at most 40 tokens a step,
     decode rows beside prefill chunks (graph padding rows in the scratch state slot): each request's
     tokens as the NumPy backend gives it alone (the variants with fp16 activations on the GPU)."""
-    folder = qwen3_next_checkpoints.write_checkpoint(tmp_path, name)
+    folder = write_checkpoint(tmp_path, name)
     engine, got = batch_tiny(folder, "cuda", max_num_seqs=4, cuda_graphs=cuda_graphs)
     assert got == batch_alone(folder)
     assert engine.stats()["num_preemptions"] > 0
@@ -83,7 +82,7 @@ def test_speculative_decoding_rolls_the_state_back(tmp_path, name):
     backend's tokens alone."""
     from .test_qwen3_next import OracleDrafts
 
-    folder = qwen3_next_checkpoints.write_checkpoint(tmp_path, name)
+    folder = write_checkpoint(tmp_path, name)
     alone = batch_alone(folder)
     engine, got = batch_tiny(folder, "cuda", OracleDrafts.install(alone), max_num_seqs=4, speculative_method="ngram",
                              num_speculative_tokens=3)

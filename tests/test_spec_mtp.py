@@ -15,7 +15,7 @@ from pocketcupy.quant.dequant import bf16_to_f32
 
 from .deepseek_checkpoints import REFERENCE, VARIANTS, bigram_tensors, config, tensors, write_checkpoint
 from .seeded_checkpoints import (BATCH, GREEDY_PROMPT, MAX_TOKENS, PROMPTS, TOKENIZER, batch_alone, batch_tiny,
-                                 greedy)
+                                 greedy, variant_fixture)
 from .test_spec_decode import assert_same
 
 MTP = dict(speculative_method="mtp", num_speculative_tokens=3)
@@ -25,11 +25,7 @@ def engine(folder, **kw):
     return Engine(folder, device="cpu", progress=False, **kw)
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
-def variant(request, tmp_path_factory):
-    """(name, checkpoint folder)."""
-    name = request.param
-    return name, write_checkpoint(tmp_path_factory.mktemp(name), name)
+variant = variant_fixture(VARIANTS, write_checkpoint)     # (name, folder) of each variant
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
