@@ -6,8 +6,8 @@
 // memory into mma fragments, with its own online softmax; the warps merge through shared memory
 // at the end, with no barrier in the key loop.
 //
-// No shared-memory staging: fragments are loaded 16 bytes at a time, which a permutation makes
-// possible. QK^T sums over the head dimension in any order, so lane (g, t) loads dims
+// No shared-memory staging (but for 8-bit K codes, KRing below): fragments are loaded 16 bytes at
+// a time, which a permutation makes possible. QK^T sums over the head dimension in any order, so lane (g, t) loads dims
 // [32j + 8t, 32j + 8t + 8) of key g and uses them as the B fragments of k-steps 2j and 2j + 1; Q's
 // A fragments follow the same order. For PV the keys are the k dimension: lane (g, t) loads dims
 // [64h + 8g, 64h + 8g + 8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs the keys' halves with byte
@@ -82,6 +82,58 @@ __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D /
             for (int j = 0; j < D / 32; ++j) kr[u][nt][j] = p[4 * j];
             if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row];
         }
+}
+
+// 8-bit K codes through shared memory: each warp copies the K rows (and their scales) of its step
+// two steps ahead with cp.async into a ring of two stages, so the loads have a whole step to land
+// without holding registers (with K in registers, issued one step ahead, a fifth of the warps'
+// time at batch 64 went to waiting for them). Row r's 16-byte chunk c sits at chunk
+// c ^ swizzle(r), which keeps both the copies and the fragment reads (lane (g, t): chunk
+// 2j + t / 2 of row g) free of bank conflicts. A warp's ring is the same bytes as its o_s rows,
+// which it writes after its loop. (V stays in registers: a V ring too, in dynamic shared memory,
+// lost at batches 4 and 64.)
+template <int D>
+struct KRing {
+    static constexpr int KEYS = 32;                    // keys a step (a lane each)
+    static constexpr int CH = D / 16;                  // 16-byte chunks a row
+    static constexpr int BYTES = 2 * KEYS * (D + 4);   // two stages of codes and scales
+    static __device__ __forceinline__ int swizzle(int r) {
+        return CH == 8 ? (r & 2) | (((r ^ (r >> 2)) & 1) << 2) : r & (CH - 1);
+    }
+    u8* codes;                                         // [2][KEYS][D]
+    float* scales;                                     // [2][KEYS]
+
+    // stage st: the rows of the step's keys (row: this lane's key's row) and their scales
+    template <typename C>
+    __device__ __forceinline__ void copy(int st, const C* cache, const float* row_scales, int row, int lane) const {
+        static_assert(sizeof(C) == 1 && KvCode<C>::PER_ELEM == 1, "a KRing holds 8-bit codes");
+        cp_async_zfill<4>(scales + st * KEYS + lane, row_scales + row, true);
+        u8* dst = codes + st * KEYS * D;
+#pragma unroll
+        for (int m = 0; m < CH; ++m) {
+            const int i = lane + 32 * m, r = i / CH, c = i % CH;
+            const int rr = __shfl_sync(PC_FULL_MASK, row, r);
+            cp_async16(dst + r * D + 16 * (c ^ swizzle(r)), reinterpret_cast<const u8*>(cache) + (i64)rr * D + 16 * c);
+        }
+    }
+
+    // 8 codes of the step's key r in stage st: chunk c, its first (half 0) or second 8 bytes
+    __device__ __forceinline__ uint2 vec(int st, int r, int c, int half) const {
+        return *reinterpret_cast<const uint2*>(codes + st * KEYS * D + r * D + 16 * (c ^ swizzle(r)) + 8 * half);
+    }
+};
+
+// One commit group: the K rows of keys [k0, k0 + 32) into stage st (keys past k_last: k_last's
+// rows); k0 >= k_end: an empty group (every step waits for one)
+template <typename C, int D>
+__device__ __forceinline__ void copy_step(const KRing<D>& kring, int st, const C* k_cache, const float* k_scales,
+                                          const int* __restrict__ table, int k0, int k_end, int k_last,
+                                          int block_size, int num_kv_heads, int kh, int lane) {
+    if (k0 < k_end) {
+        const int row = (int)(cache_slot(table, min(k0 + lane, k_last), block_size) * num_kv_heads + kh);
+        kring.copy(st, k_cache, k_scales, row, lane);
+    }
+    cp_async_commit();
 }
 
 // V parameters a lane keeps per key: one scale, or int4's (scale, min) for each of its VH groups
@@ -242,7 +294,12 @@ __device__ __forceinline__ void decode_mma_body(
     // flight as with fp16 (the loads' latency, not the bandwidth, bounds a step)
     constexpr int NS = KvCode<C>::QUANT ? 2 : 1;
     constexpr int WKEYS = DM_KEYS * NS;
+    constexpr bool KSMEM = KvCode<C>::QUANT;          // K through the warp's KRing
+    static_assert(!KSMEM || (WKEYS == KRing<D>::KEYS && KRing<D>::BYTES == DM_MAXG * OSTR * 4),
+                  "a warp's K ring is its o_s rows");
     __shared__ __align__(16) float o_s[DM_WARPS][DM_MAXG][OSTR];
+    u8* const wbase = reinterpret_cast<u8*>(&o_s[threadIdx.x >> 5][0][0]);
+    const KRing<D> kring{wbase, reinterpret_cast<float*>(wbase + 2 * WKEYS * D)};
     __shared__ float m_s[DM_WARPS][DM_MAXG], l_s[DM_WARPS][DM_MAXG];
     __shared__ int last_s;
     __shared__ float wmax_s[DM_WARPS];                 // the per-256 quantizer's warp maxima
@@ -276,7 +333,7 @@ __device__ __forceinline__ void decode_mma_body(
     if (k_begin < k_end || split == 0) {
         const int k_last = k_end - 1;                  // keys past the split load this one (P = 0)
         // the first step's K/V are requested before Q; step i + 1's K once QK^T of step i has used
-        // kr, its V once PV has used vr
+        // kr, its V once PV has used vr (the K ring: steps i and i + 1 before step i, i + 2 after its QK^T)
         typename KvCode<C>::Vec8 kr[NS][2][KJ];
         typename KvCode<CV>::Vec8 vr[NS][4][VH];
         float ks[NS][2];                               // codes: the K rows' scales (load_k)
@@ -288,11 +345,21 @@ __device__ __forceinline__ void decode_mma_body(
         const int newest = ctx - 1;
         const bool has_newest = k_last == newest;
         const int newest_warp = has_newest ? (newest - k_begin) / WKEYS % DM_WARPS : -1;
-        const bool early = k_first < k_end && !(has_newest && k_first + WKEYS > newest);
-        if (early) {
-            load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+        constexpr int WSTEP = WKEYS * DM_WARPS;        // keys from one step of a warp to its next
+        const auto first_kv = [&]() {                 // the first step's K / V (and the second's K in the ring)
+            if constexpr (KSMEM) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    copy_step<C, D>(kring, i, k_cache, k_scales, table, k_first + i * WSTEP, k_end, k_last, block_size,
+                                    num_kv_heads, kh, lane);
+            } else {
+                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            }
             load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-        }
+        };
+        // the ring copies the first two steps ahead
+        const bool early = k_first < k_end && !(has_newest && k_first + WKEYS + (KSMEM ? WSTEP : 0) > newest);
+        if (early) first_kv();
         if constexpr (ROPE) {
             const float pos = (float)rope.positions[b];
             for (int i = tid; i < rope.rot_half; i += DM_THREADS) sincosf(pos * rope.inv_freq[i], &cs[1][i], &cs[0][i]);
@@ -346,8 +413,7 @@ __device__ __forceinline__ void decode_mma_body(
             __syncwarp();                              // the warp's stores are visible to its loads
         }
         if (!early && k_first < k_end) {
-            load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
-            load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+            first_kv();
         }
         // Q fragments, rows g and g + 8 (zero past the group); dims in the permuted order above
         u32 qf[KS][4];
@@ -377,8 +443,13 @@ __device__ __forceinline__ void decode_mma_body(
             for (int e = 0; e < 8; ++e) o[h][e][0] = o[h][e][1] = o[h][e][2] = o[h][e][3] = 0.0f;
         float m_a = pc_neg_inf(), m_b = pc_neg_inf(), l_a = 0.0f, l_b = 0.0f;
         const float k_mul = scale_log2 * KvCode<C>::HALF_SCALE;   // codes: a key's scores times its scale times this
-        for (int k0 = k_first; k0 < k_end; k0 += WKEYS * DM_WARPS) {
-            const int k_next = k0 + WKEYS * DM_WARPS;
+        int st = 0;                                    // KSMEM: the stage holding this step's K
+        for (int k0 = k_first; k0 < k_end; k0 += WSTEP) {
+            const int k_next = k0 + WSTEP;
+            if constexpr (KSMEM) {                     // this step's copies have landed (the next step's may not)
+                cp_async_wait<1>();
+                __syncwarp();
+            }
             float s[2 * NS][4];                        // n-tile n: keys k0 + 8n ..
 #pragma unroll
             for (int u = 0; u < NS; ++u)
@@ -388,21 +459,32 @@ __device__ __forceinline__ void decode_mma_body(
                     sn[0] = sn[1] = sn[2] = sn[3] = 0.0f;
 #pragma unroll
                     for (int j = 0; j < KJ; ++j) {
-                        const uint4 kh8 = kv_half8<C>(kr[u][nt][j]);
+                        typename KvCode<C>::Vec8 kf;
+                        if constexpr (KSMEM) kf = kring.vec(st, 16 * u + 8 * nt + g, 2 * j + (t >> 1), t & 1);
+                        else kf = kr[u][nt][j];
+                        const uint4 kh8 = kv_half8<C>(kf);
                         mma_rows<G8>(sn, qf[2 * j], kh8.x, kh8.y);
                         mma_rows<G8>(sn, qf[2 * j + 1], kh8.z, kh8.w);
                     }
                 }
-            // score (., 8n + 2t + e) times its key's scale: lane 4 (2t + e) loaded that key's row
+            // score (., 8n + 2t + e) times its key's scale: lane 4 (2t + e) loaded that key's row (KSMEM:
+            // the stage's scale 8n + 2t + e)
             float sc[2 * NS][2];
 #pragma unroll
             for (int n = 0; n < 2 * NS; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    sc[n][e] = KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * k_mul
-                                                : scale_log2;
-            if (k_next < k_end)
+                    sc[n][e] = KSMEM ? kring.scales[st * WKEYS + 8 * n + 2 * t + e] * k_mul
+                               : KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * k_mul
+                                                  : scale_log2;
+            if constexpr (KSMEM) {                     // the stage is read: the step after next into it
+                __syncwarp();
+                copy_step<C, D>(kring, st, k_cache, k_scales, table, k_next + WSTEP, k_end, k_last, block_size,
+                                num_kv_heads, kh, lane);
+                st ^= 1;
+            } else if (k_next < k_end) {
                 load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+            }
             float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
 #pragma unroll
             for (int n = 0; n < 2 * NS; ++n)
@@ -464,6 +546,10 @@ __device__ __forceinline__ void decode_mma_body(
         }
         l_a = quad_sum(l_a);
         if constexpr (!G8) l_b = quad_sum(l_b);
+        if constexpr (KSMEM) {                         // the ring becomes this warp's o_s rows
+            cp_async_wait<0>();
+            __syncwarp();
+        }
         // this warp's state to shared memory (a warp without keys has m = -inf, l = 0, o = 0)
 #pragma unroll
         for (int rr = 0; rr < (G8 ? 1 : 2); ++rr) {

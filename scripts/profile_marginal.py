@@ -3,7 +3,7 @@
 step, PDL overlap and launch gaps included (which ncu's serialised per-kernel times leave out).
 Prints one JSON object.
 
-    python scripts/profile_marginal.py MODEL [--batch 1] [--context 512] \\
+    python scripts/profile_marginal.py MODEL [--batch 1] [--context 512] [--kv-cache-dtype int8] \\
         [--remove rope_attention,add_rms_norm,add_rms_norm_linear,add_rms_norm_mlp,linears,linear:wqkv,linear:wo,\\
          linear:w_gate_up,linear:w_down,silu_mul_linear,linear:lm_head]
 
@@ -93,8 +93,9 @@ def main():
     ap.add_argument("--context", type=int, default=512, help="prompt tokens of each sequence")
     ap.add_argument("--remove", default=DEFAULT_REMOVE, help="comma list of removal specs")
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--kv-cache-dtype", default="auto", help="EngineArgs.kv_cache_dtype (auto, int8, fp8, k8v4)")
     a = ap.parse_args()
-    eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1))
+    eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1), kv_cache_dtype=a.kv_cache_dtype)
     graphs = eng.runner.graphs
     if graphs is None:
         raise SystemExit("profile_marginal: the engine runs without CUDA graphs")
