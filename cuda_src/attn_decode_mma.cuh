@@ -19,8 +19,8 @@
 // replays find zeros); without, attn_decode_combine_f32 does. Q and P are rounded to fp16.
 //
 // 8-bit caches (int8, E4M3; kv_codes.cuh): each lane loads 8 codes where it loaded 8 fp16 values
-// and converts them exactly to fp16. A key's scale multiplies its scores (the lane of key g
-// shuffles it to the lanes holding them); V is multiplied by its rows' scales in fp16 before PV, so
+// and converts them exactly to fp16. A key's scale multiplies its scores (read from the KRing's
+// stage by the lanes holding them); V is multiplied by its rows' scales in fp16 before PV, so
 // its values round as an fp16 cache's would. Under RoPE the newest key's warp quantizes its rows.
 // With xq, whoever writes the output (the block of a single split, or the merging block) also
 // writes its int8 blocks (q8_act.cuh), the input of the output projection's int8 GEMV, so that
@@ -65,12 +65,12 @@ __device__ __forceinline__ const typename KvCode<C>::Vec8* kv_ptr(const C* cache
 
 // K fragments of the NS 16-key sub-steps [k0 + 16u, k0 + 16u + 16): rows k0 + 16u + g (n-tile 0)
 // and k0 + 16u + 8 + g (n-tile 1), dims 32j + 8t .. + 8; keys past k_last read k_last (their scores
-// are masked). Codes: also the rows' scales in ks (as loaded: anything computed from a load here
-// would wait for it at the end of the step instead of at its use in the next).
+// are masked). fp16 K only: 8-bit codes and their scales go through a KRing.
 template <typename C, int D, int NS>
-__device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], float (&ks)[NS][2],
-                                       const C* k_cache, const float* k_scales, const int* __restrict__ table, int k0,
-                                       int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
+__device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], const C* k_cache,
+                                       const int* __restrict__ table, int k0, int k_last, int block_size,
+                                       int num_kv_heads, int kh, int g, int t) {
+    static_assert(!KvCode<C>::QUANT, "8-bit K codes go through a KRing");
 #pragma unroll
     for (int u = 0; u < NS; ++u)
 #pragma unroll
@@ -80,7 +80,6 @@ __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D /
                                          num_kv_heads, kh, 8 * t, row);
 #pragma unroll
             for (int j = 0; j < D / 32; ++j) kr[u][nt][j] = p[4 * j];
-            if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row];
         }
 }
 
@@ -117,9 +116,10 @@ struct KRing {
         }
     }
 
-    // 8 codes of the step's key r in stage st: chunk c, its first (half 0) or second 8 bytes
-    __device__ __forceinline__ uint2 vec(int st, int r, int c, int half) const {
-        return *reinterpret_cast<const uint2*>(codes + st * KEYS * D + r * D + 16 * (c ^ swizzle(r)) + 8 * half);
+    // lane (g, t)'s 8 codes of dims 32j + 8t .. + 8 of the step's key r in stage st (load_k's order)
+    __device__ __forceinline__ uint2 frag(int st, int r, int j, int t) const {
+        const int c = 2 * j + (t >> 1);
+        return *reinterpret_cast<const uint2*>(codes + st * KEYS * D + r * D + 16 * (c ^ swizzle(r)) + 8 * (t & 1));
     }
 };
 
@@ -336,7 +336,6 @@ __device__ __forceinline__ void decode_mma_body(
         // kr, its V once PV has used vr (the K ring: steps i and i + 1 before step i, i + 2 after its QK^T)
         typename KvCode<C>::Vec8 kr[NS][2][KJ];
         typename KvCode<CV>::Vec8 vr[NS][4][VH];
-        float ks[NS][2];                               // codes: the K rows' scales (load_k)
         typename KvCode<CV>::Param vs[NS][4][v_params<CV, D>()];   // and the V rows' parameters (load_v)
         const int k_first = k_begin + WKEYS * warp;
         // the newest key (written by the kernel before, or by this block under RoPE) is read only
@@ -353,7 +352,7 @@ __device__ __forceinline__ void decode_mma_body(
                     copy_step<C, D>(kring, i, k_cache, k_scales, table, k_first + i * WSTEP, k_end, k_last, block_size,
                                     num_kv_heads, kh, lane);
             } else {
-                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+                load_k<C, D, NS>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
             }
             load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         };
@@ -460,30 +459,27 @@ __device__ __forceinline__ void decode_mma_body(
 #pragma unroll
                     for (int j = 0; j < KJ; ++j) {
                         typename KvCode<C>::Vec8 kf;
-                        if constexpr (KSMEM) kf = kring.vec(st, 16 * u + 8 * nt + g, 2 * j + (t >> 1), t & 1);
+                        if constexpr (KSMEM) kf = kring.frag(st, 16 * u + 8 * nt + g, j, t);
                         else kf = kr[u][nt][j];
                         const uint4 kh8 = kv_half8<C>(kf);
                         mma_rows<G8>(sn, qf[2 * j], kh8.x, kh8.y);
                         mma_rows<G8>(sn, qf[2 * j + 1], kh8.z, kh8.w);
                     }
                 }
-            // score (., 8n + 2t + e) times its key's scale: lane 4 (2t + e) loaded that key's row (KSMEM:
-            // the stage's scale 8n + 2t + e)
+            // score (., 8n + 2t + e) times its key's scale: the stage's scale 8n + 2t + e (fp16: none)
             float sc[2 * NS][2];
 #pragma unroll
             for (int n = 0; n < 2 * NS; ++n)
 #pragma unroll
                 for (int e = 0; e < 2; ++e)
-                    sc[n][e] = KSMEM ? kring.scales[st * WKEYS + 8 * n + 2 * t + e] * k_mul
-                               : KvCode<C>::QUANT ? __shfl_sync(PC_FULL_MASK, ks[n / 2][n % 2], 8 * t + 4 * e) * k_mul
-                                                  : scale_log2;
+                    sc[n][e] = KSMEM ? kring.scales[st * WKEYS + 8 * n + 2 * t + e] * k_mul : scale_log2;
             if constexpr (KSMEM) {                     // the stage is read: the step after next into it
                 __syncwarp();
                 copy_step<C, D>(kring, st, k_cache, k_scales, table, k_next + WSTEP, k_end, k_last, block_size,
                                 num_kv_heads, kh, lane);
                 st ^= 1;
             } else if (k_next < k_end) {
-                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+                load_k<C, D, NS>(kr, k_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
             }
             float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
 #pragma unroll
