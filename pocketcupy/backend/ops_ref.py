@@ -188,14 +188,16 @@ class NumpyOps:
             nblk = (ctx + bs - 1) // bs
             slots = (meta.block_tables[b, :nblk, None].astype(np.int64) * bs + np.arange(bs)).reshape(-1)[:ctx]
             kk, vv = _cache_rows(k_cache, slots), _cache_rows(v_cache, slots)     # [ctx, Hkv, D]
-            qq = q[q0:q1].reshape(nq, hkv, g, d)
-            s = np.einsum("qhgd,chd->hgqc", qq, kk) * scale                       # [Hkv, g, nq, ctx]
+            # per KV head, its g query heads' rows as one matrix: BLAS products (np.einsum loops in C)
+            qq = q[q0:q1].reshape(nq, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * nq, d)
+            s = (qq @ kk.transpose(1, 2, 0)).reshape(hkv, g, nq, ctx) * scale     # [Hkv, g, nq, ctx]
             qpos = ctx - nq + np.arange(nq)
             s = np.where(np.arange(ctx)[None, :] <= qpos[:, None], s, -np.inf)
             s = s - s.max(axis=-1, keepdims=True)
             p = np.exp(s)
             p /= p.sum(axis=-1, keepdims=True)
-            out[q0:q1] = np.einsum("hgqc,chd->qhgd", p, vv).reshape(nq, hq, d)
+            o = p.reshape(hkv, g * nq, ctx) @ vv.transpose(1, 0, 2)               # [Hkv, g * nq, D]
+            out[q0:q1] = o.reshape(hkv, g, nq, d).transpose(2, 0, 1, 3).reshape(nq, hq, d)
         return out if feeds is None else out.reshape(n_tok, hq * d)
 
     def mla_attention(self, q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b, cache,
