@@ -9,6 +9,10 @@ from ..quant.kv_quant import KV_CACHE_DTYPES, KV_KINDS, QuantKVCache
 from ..quant.qtensor import QTensor
 from .attention_meta import AttentionMetadata
 
+# query rows of one sequence that paged_attention scores at a time: each chunk against only the keys
+# its last row sees, its scores small enough to stay in cache
+QUERY_CHUNK = 128
+
 
 class NumpyOps:
     name = "cpu"
@@ -187,17 +191,23 @@ class NumpyOps:
             ctx, nq = int(meta.seq_lens[b]), q1 - q0
             nblk = (ctx + bs - 1) // bs
             slots = (meta.block_tables[b, :nblk, None].astype(np.int64) * bs + np.arange(bs)).reshape(-1)[:ctx]
-            kk, vv = _cache_rows(k_cache, slots), _cache_rows(v_cache, slots)     # [ctx, Hkv, D]
-            # per KV head, its g query heads' rows as one matrix: BLAS products (np.einsum loops in C)
-            qq = q[q0:q1].reshape(nq, hkv, g, d).transpose(1, 2, 0, 3).reshape(hkv, g * nq, d)
-            s = (qq @ kk.transpose(1, 2, 0)).reshape(hkv, g, nq, ctx) * scale     # [Hkv, g, nq, ctx]
-            qpos = ctx - nq + np.arange(nq)
-            s = np.where(np.arange(ctx)[None, :] <= qpos[:, None], s, -np.inf)
-            s = s - s.max(axis=-1, keepdims=True)
-            p = np.exp(s)
-            p /= p.sum(axis=-1, keepdims=True)
-            o = p.reshape(hkv, g * nq, ctx) @ vv.transpose(1, 0, 2)               # [Hkv, g * nq, D]
-            out[q0:q1] = o.reshape(hkv, g, nq, d).transpose(2, 0, 1, 3).reshape(nq, hq, d)
+            kt = _cache_rows(k_cache, slots).transpose(1, 2, 0)                  # [Hkv, D, ctx]
+            vt = _cache_rows(v_cache, slots).transpose(1, 0, 2)                  # [Hkv, ctx, D]
+            qq = q[q0:q1].reshape(nq, hkv, g, d).transpose(1, 2, 0, 3)            # [Hkv, g, nq, D]
+            # per KV head, its g query heads' rows as one matrix (BLAS products; np.einsum loops in
+            # C), QUERY_CHUNK query rows at a time over the keys the chunk's last row sees
+            for c0 in range(0, nq, QUERY_CHUNK):
+                m = min(nq, c0 + QUERY_CHUNK) - c0
+                keys = ctx - nq + c0 + m
+                s = (qq[:, :, c0:c0 + m].reshape(hkv, g * m, d) @ kt[:, :, :keys]).reshape(hkv, g, m, keys)
+                s *= scale
+                qpos = ctx - nq + c0 + np.arange(m)
+                s[..., np.arange(keys)[None, :] > qpos[:, None]] = -np.inf
+                s -= s.max(axis=-1, keepdims=True)
+                np.exp(s, out=s)
+                s /= s.sum(axis=-1, keepdims=True)
+                o = s.reshape(hkv, g * m, keys) @ vt[:, :keys]                  # [Hkv, g * m, D]
+                out[q0 + c0:q0 + c0 + m] = o.reshape(hkv, g, m, d).transpose(2, 0, 1, 3).reshape(m, hq, d)
         return out if feeds is None else out.reshape(n_tok, hq * d)
 
     def mla_attention(self, q, c_kv, k_pe, positions, inv_freq, interleaved: bool, w_kv_b, cache,
