@@ -6,13 +6,13 @@
 // memory into mma fragments, with its own online softmax; the warps merge through shared memory
 // at the end, with no barrier in the key loop.
 //
-// No shared-memory staging (but for 8-bit K codes, KRing below): fragments are loaded 16 bytes at
-// a time, which a permutation makes possible. QK^T sums over the head dimension in any order, so lane (g, t) loads dims
-// [32j + 8t, 32j + 8t + 8) of key g and uses them as the B fragments of k-steps 2j and 2j + 1; Q's
-// A fragments follow the same order. For PV the keys are the k dimension: lane (g, t) loads dims
-// [64h + 8g, 64h + 8g + 8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs the keys' halves with byte
-// permutes, so n-tile (h, e) holds dims 64h + 8n + e: lane (g, t) ends with dims
-// 64h + 16t .. 64h + 16t + 15 of rows g and g + 8.
+// No shared-memory staging (but for 8-bit K codes, KRing below): fragments are loaded 16 bytes at a
+// time, which a permutation makes possible. QK^T sums over the head dimension in any order, so
+// lane (g, t) loads dims [32j + 8t, 32j + 8t + 8) of key g and uses them as the B fragments of
+// k-steps 2j and 2j + 1; Q's A fragments follow the same order. For PV the keys are the k
+// dimension: lane (g, t) loads dims [64h + 8g, 64h + 8g + 8) of keys 2t, 2t+1, 2t+8, 2t+9 and pairs
+// the keys' halves with byte permutes, so n-tile (h, e) holds dims 64h + 8n + e: lane (g, t) ends
+// with dims 64h + 16t .. 64h + 16t + 15 of rows g and g + 8.
 //
 // Splits: with counters != nullptr the last block of a (sequence, KV head) to finish merges the
 // splits' partial outputs itself (and resets its counter for the next launch, so CUDA-graph
