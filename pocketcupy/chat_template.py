@@ -150,6 +150,8 @@ def validate_messages(messages) -> list[dict]:
             raise ValueError(f"{where}.role: must be a non-empty string")
         m = dict(m)
         m["content"] = _content_text(m.get("content"), where)
+        if m["content"] is None and m["role"] != "assistant":
+            raise ValueError(f"{where}.content: required (it may be null only in assistant messages)")
         if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):
             raise ValueError(f"{where}.tool_calls: must be a list")
         out.append(m)

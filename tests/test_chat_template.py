@@ -128,6 +128,8 @@ def test_named_tool_use_template(tmp_path):
     ([{"content": "a"}], "messages[0].role"),
     ([{"role": 3, "content": "a"}], "messages[0].role"),
     ([{"role": "user", "content": 5}], "messages[0].content"),
+    ([{"role": "user"}], "messages[0].content: required"),
+    ([{"role": "system", "content": "s"}, {"role": "tool", "content": None}], "messages[1].content: required"),
     ([{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}], "messages[0].content[0]"),
     ([{"role": "user", "content": [{"type": "text", "text": 1}]}], "messages[0].content[0]"),
     ([{"role": "assistant", "content": "", "tool_calls": "x"}], "messages[0].tool_calls"),
