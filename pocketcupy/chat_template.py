@@ -164,7 +164,10 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
     """The conversation as the template writes it; continue_final_message: cut after the last
     message's content, so the model continues that message (transformers' and vLLM's option;
     not with add_generation_prompt)."""
-    msgs = validate_messages(messages)
+    # an assistant turn with neither content nor tool calls is an empty one, also for templates that
+    # concatenate the content (SmolLM2's raised TypeError on None)
+    msgs = [dict(m, content="") if m["content"] is None and not m.get("tool_calls") else m
+            for m in validate_messages(messages)]
     if tools is not None and not isinstance(tools, list):
         raise ValueError(f"tools: must be a list, got {type(tools).__name__}")
     if continue_final_message and add_generation_prompt:

@@ -57,6 +57,9 @@ def test_chatml_fallback():
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n")
     assert render_chat(None, [], add_generation_prompt=True) == "<|im_start|>assistant\n"
     assert render_chat(CHATML_TEMPLATE, msgs) == render_chat(None, msgs)
+    # a template that concatenates the content gets "" for an assistant turn without content or calls
+    concat = "{% for m in messages %}{{ m.role + ':' + m.content + ';' }}{% endfor %}"
+    assert render_chat(concat, msgs, add_generation_prompt=False) == "user:hi;assistant:;"
 
 
 def test_content_parts_flattened():
