@@ -111,7 +111,7 @@ def parse_messages(raw) -> list[dict]:
         calls = m.get("tool_calls") or []
         if m["role"] != "assistant" and calls:
             raise bad(f"{where}.tool_calls", "only assistant messages carry tool_calls")
-        if m["content"] is None and not (m["role"] == "assistant" and calls):
+        if m["content"] is None and not calls:      # an assistant's: validate_messages refused the others
             raise bad(f"{where}.content", "'content' is required (it may be null only for assistant tool calls)")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise bad(f"{where}.tool_call_id", "tool messages need a string 'tool_call_id'")
