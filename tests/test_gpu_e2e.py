@@ -99,6 +99,7 @@ def test_sampler_inside_graph_matches_eager(smollm2_gguf):
         assert runs[True, name][0] == runs[False, name][0], name
         np.testing.assert_allclose(sum(runs[True, name][1], []), sum(runs[False, name][1], []), atol=1e-5)
 
+
 def _agreed(got: list[int], want, gap: float) -> int:
     """How many greedy tokens `got` shares with `want` (the NumPy backend's output, with logprobs)
     before the two part; they may part only where want's top two log-probs lie within `gap` (a
@@ -112,8 +113,8 @@ def _agreed(got: list[int], want, gap: float) -> int:
 
 # per kv_cache_dtype: (near-tie gap, tokens agreed with the CPU at least, of 96, mean and max
 # teacher-forced log-prob difference). H200 (2026-12-03): fp8 log-probs mean 0.028, max 0.195. H100
-# (2026-12-06): agreed int8 32 / 12 / 32, fp8 1 / 19 / 15 (the GPU took the other side of each of the
-# CPU's first ties, margins 0.010, 0.040 and 0.031), k8v4 17 / 10 / 26. k8v4: a 4-bit value code spans
+# (2026-12-06): agreed int8 32 / 12 / 32, fp8 1 / 19 / 15 (parted at CPU ties of margin 0.010, 0.040
+# and 0.031), k8v4 17 / 10 / 26. k8v4: a 4-bit value code spans
 # 1/15 of its group, so the rounding differences of the GPU's GEMVs flip codes that move log-probs by
 # up to 0.47 (mean 0.058), and its tokens may part at a margin of up to 0.5.
 E2E_BOUNDS = {"int8": (0.05, 32, 0.05, 0.5), "fp8": (0.05, 24, 0.05, 0.5), "k8v4": (0.5, 4, 0.1, 1.0)}
