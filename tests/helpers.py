@@ -1,5 +1,5 @@
 """Shared test helpers: run a model's forward pass directly over one sequence, or steps of several
-sequences over a paged cache; load a script of scripts/ as a module."""
+sequences over a paged cache; load a script of scripts/ as a module; a step's top-two log-prob margin."""
 import importlib.util
 import os
 import sys
@@ -74,6 +74,12 @@ def write_safetensors(path, tensors: dict) -> None:
 
 def rel_err(got, ref) -> float:
     return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def logprob_margin(lp: dict) -> float:
+    """The gap between the top two log-probs of one step's logprobs dict (a near-tie when small)."""
+    top = sorted((x.logprob for x in lp.values()), reverse=True)
+    return top[0] - top[1]
 
 
 class PagedRun:

@@ -9,6 +9,8 @@ from pocketcupy import Engine, SamplingParams
 from pocketcupy.quant.kv_quant import (E4M3_VALUES, QuantKVCache, check_kv_head_dim, dequantize_kv, encode_e4m3,
                                        quantize_kv, round_e4m3)
 
+from .helpers import logprob_margin
+
 PROMPT = "The three laws of motion formulated by Isaac Newton describe the relationship between"
 
 
@@ -121,8 +123,7 @@ def _settled(tokens, logprobs, min_gap=0.05):
     differ in their last bits between batch shapes may round a K/V value to the next int8 code,
     and that can move such a near-tie either way."""
     for i, d in enumerate(logprobs):
-        top = sorted((v.logprob for v in d.values()), reverse=True)
-        if top[0] - top[1] < min_gap:
+        if logprob_margin(d) < min_gap:
             return tokens[:i]
     return tokens
 

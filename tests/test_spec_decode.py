@@ -7,6 +7,8 @@ import pytest
 
 from pocketcupy import Engine, SamplingParams
 
+from .helpers import logprob_margin
+
 CODE = "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n"
 CHATS = [[{"role": "user", "content": "Copy this code exactly, then explain it:\n" + CODE}],
          [{"role": "user", "content": "Repeat this sentence three times: The cat sat on the mat and looked at the dog."}]]
@@ -103,11 +105,6 @@ def test_batched_with_preemption_equals_alone(smollm2_gguf, plain):
     assert s["num_preemptions"] > 0 and s["spec_num_accepted_tokens"] > 0 and s["kv_blocks_used"] == 0
 
 
-def _margin(lp: dict) -> float:
-    top = sorted((x.logprob for x in lp.values()), reverse=True)
-    return top[0] - top[1]
-
-
 @pytest.mark.parametrize("kv", ["int8", "fp8", "k8v4"])
 def test_quantized_kv_cache_agrees_until_a_near_tie(smollm2_gguf, kv):
     """A draft's K/V comes from a projection of several rows, whose float rounding can move a
@@ -120,7 +117,7 @@ def test_quantized_kv_cache_agrees_until_a_near_tie(smollm2_gguf, kv):
     for chat in (CHATS[0], [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]):
         want, got = ref.chat(chat, p)[0].outputs[0], e.chat(chat, p)[0].outputs[0]
         for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)):
-            if _margin(want.logprobs[i]) < 0.3:
+            if logprob_margin(want.logprobs[i]) < 0.3:
                 break
             assert a == b, f"position {i}"
             checked += 1
@@ -191,7 +188,7 @@ def test_cuda_same_tokens_as_without_drafts(smollm2_gguf, graphs):
     got = [o.outputs[0] for o in e.chat(CHATS, p)]
     for g, w in zip(got, want):
         for i, (a, b) in enumerate(zip(g.token_ids, w.token_ids)):
-            if _margin(w.logprobs[i]) < 0.3:
+            if logprob_margin(w.logprobs[i]) < 0.3:
                 break
             assert a == b, f"position {i}"
     assert e.stats()["spec_num_accepted_tokens"] > 0
@@ -220,7 +217,7 @@ def test_cuda_verification_replays_the_decode_graph():
     assert e.stats()["spec_num_accepted_tokens"] > 0
     assert any(bucket > 1 and not sample and shared for bucket, sample, _, shared in e.runner.graphs.graphs)
     for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)):
-        if _margin(want.logprobs[i]) < 0.01:
+        if logprob_margin(want.logprobs[i]) < 0.01:
             break
         assert a == b, f"position {i}"
 
