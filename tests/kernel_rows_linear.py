@@ -260,7 +260,8 @@ def _linear_rows():
     for qtype, n, shape, up in (("Q4_K", 64, (1, 4, 1, 3), False), ("Q4_K", 37, (2, 2, 1, 2), True),
                                 ("Q6_K", 50, (1, 2, 2, 2), False), ("Q5_K", 33, (1, 1, 3, 3), False),
                                 ("Q6_K", 64, (2, 1, 3, 2), True), ("Q5_K", 64, (1, 4, 1, 2), False),
-                                ("Q4_K", 41, (1, 2, 3, 2), False), ("Q6_K", 64, (1, 8, 1, 2), False)):
+                                ("Q4_K", 41, (1, 2, 3, 2), False), ("Q6_K", 64, (1, 8, 1, 2), False),
+                                ("Q4_K", 64, (2, 7, 1, 2), True)):
         make = _make_linear(qtype, n, _cols(qtype), n == 50)
 
         def make_t(rng, make=make, up=up):
@@ -586,6 +587,11 @@ def _linears_rows():
         rows.append(KernelRow("linears", f"q4_k+q4_k+q6_k-tile3-{'_'.join(map(str, shape))}-4096-n{n}",
                               _make_linears([("Q4_K", 40), ("Q4_K", 9), ("Q6_K", 9)], 4096, n), _ref_linears,
                               _cuda_kquant_tile3(shape), 2e-5))
+    # the one-wave Q4_K shape (TILE_ONE_WAVE_SHAPES) over two Q4_K segments of 300 / 200 rows: blocks of
+    # 224 rows, both segments ending inside one
+    rows.append(KernelRow("linears", "q4_k+q4_k-tile3-2_7_1_2-4096-n64",
+                          _make_linears([("Q4_K", 300), ("Q4_K", 200)], 4096, 64), _ref_linears,
+                          _cuda_kquant_tile3((2, 7, 1, 2)), 2e-5))
     return rows
 
 

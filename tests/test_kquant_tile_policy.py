@@ -1,22 +1,44 @@
 """Where the K-quant launchers take the shared-memory tile kernel, and its shared memory (pure host
 code; the kernel itself is checked by the q8tile / tile3 rows of tests/test_kernels.py on a GPU)."""
+import pytest
+
+from pocketcupy.backend import kquant_tile_cuda as kt
 from pocketcupy.backend.kquant_tile_cuda import TILE_SHAPES, kquant_tile_shape, kquant_tile_smem
 from pocketcupy.backend.weight_cuda import CudaWeight
+
+
+@pytest.fixture
+def device(monkeypatch):
+    """An sm_90 device: 132 SMs, 227 KB of shared memory a block."""
+    monkeypatch.setattr(kt, "num_sms", lambda: 132)
+    monkeypatch.setattr(kt, "max_block_smem", lambda: 227 * 1024)
+    return monkeypatch
 
 
 def weight(qtype, rows, cols=4096, relaid=False):
     return CudaWeight(qtype, (rows, cols), None, act_q8=True, relaid=relaid)
 
 
-def test_tall_weights_at_batches_33_to_64():
-    gate_up = [weight("Q4_K", 14336), weight("Q4_K", 14336)]     # joined: 28672 rows
+def test_tall_weights_at_batches_33_to_64(device):
+    gate_up = [weight("Q4_K", 14336), weight("Q4_K", 14336)]     # joined: 28672 rows, 128 blocks of 224
     head = weight("Q6_K", 49152, relaid=True)
-    assert kquant_tile_shape(gate_up, 33) == kquant_tile_shape(gate_up, 64) == (2, 4, 1, 2)
+    assert kquant_tile_shape(gate_up, 33) == kquant_tile_shape(gate_up, 64) == (2, 7, 1, 2)
     assert kquant_tile_shape([head], 40) == (1, 8, 1, 2)
     assert all(kquant_tile_shape(gate_up, n) is None for n in (1, 8, 32, 65))
 
 
-def test_short_raw_or_untimed_weights_stay_on_the_mma_kernel():
+def test_one_wave_shape_only_where_one_wave_and_its_shared_memory_fit(device):
+    """224-row Q4_K blocks where they fit in one wave of the SMs and the device lets a block have
+    their shared memory; else the default shape."""
+    assert kquant_tile_smem([weight("Q4_K", 28672)], (2, 7, 1, 2)) == 2 * (224 * 160 + 16384 + 256 + 1024)
+    assert kquant_tile_shape([weight("Q4_K", 224 * 132)], 64) == (2, 7, 1, 2)
+    assert kquant_tile_shape([weight("Q4_K", 224 * 132 + 1)], 64) == (2, 4, 1, 2)       # a second wave
+    assert kquant_tile_shape([weight("Q4_K", 14336), weight("Q6_K", 14336, relaid=True)], 64) == (2, 4, 1, 2)
+    device.setattr(kt, "max_block_smem", lambda: 99 * 1024)                             # sm_86 / sm_89
+    assert kquant_tile_shape([weight("Q4_K", 28672)], 64) == (2, 4, 1, 2)
+
+
+def test_short_raw_or_untimed_weights_stay_on_the_mma_kernel(device):
     qkv = [weight("Q4_K", 4096), weight("Q4_K", 1024), weight("Q6_K", 1024, relaid=True)]
     for ws in (qkv, [weight("Q4_K", 4096)], [weight("Q6_K", 4096, 14336, relaid=True)],
                [weight("Q6_K", 49152)],          # raw 210-byte Q6_K blocks: not 16-byte aligned

@@ -46,6 +46,14 @@ def num_sms() -> int:
     return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
+@functools.lru_cache(maxsize=None)
+def max_block_smem() -> int:
+    """The dynamic shared memory a block may opt in to on the current device (bytes)."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+
+
 def has_tensor_cores() -> bool:
     """mma.sync m16n8k16 (the *_mma kernels) needs sm_80+."""
     return compute_capability() >= 80

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import kernel, null_arg
+from .kernels import kernel, max_block_smem, null_arg, num_sms
 from .weight_cuda import KERNEL_TYPE_IDS, CudaWeight, joined_segments
 
 # the weight types gemm_kquant_tile.cu reads (16-byte aligned super-blocks) -> their rows' bytes in
@@ -26,17 +26,29 @@ TILE_MIN_ROWS = 16384
 # 4096x14336 86.7 against 50.4), hence TILE_MIN_ROWS. Q5_K runs (and is tested) but was not timed, so
 # it stays on gemv_kquant_mma.
 TILE_SHAPES = {"Q4_K": (2, 4, 1, 2), "Q6_KR": (1, 8, 1, 2)}
+# Q4_K in blocks of 224 rows, one an SM (255 registers), where those blocks fit in one wave and the
+# device lets a block have their 107 KB of shared memory (not sm_86 / sm_89): the 8B gate / up (28672
+# rows, 128 blocks) at batch 64 / 40 took 58.7 / 57.9 us alone against 60.6 / 59.7 with the default, the
+# batch-64 / 40 decode graphs 6,789-6,800 / 6,804-6,843 us against 6,838-6,910 / 6,853-6,920, and
+# bench_throughput.py at 64 concurrent 5,828 / 5,807 out tok/s against 5,778 / 5,752 (H100, session 58).
+# On taller weights a second wave of these blocks would leave most SMs idle.
+TILE_ONE_WAVE_SHAPES = {"Q4_K": (2, 7, 1, 2)}
 
 
 def kquant_tile_shape(ws, n: int) -> tuple[int, int, int, int] | None:
     """gemm_kquant_tile's launch shape (MT, RG, KW, ST) for these weights of one input at batch n (on
     the tensor-core path, gguf_mma_tiles) where kquant_mma_cuda's launchers take it: batches
-    TILE_MIN_BATCH-64 (8 tiles of 8 columns), TILE_MIN_ROWS rows or more in all, types of TILE_SHAPES;
-    else None."""
-    if not TILE_MIN_BATCH <= n <= 64 or sum(w.rows for w in ws) < TILE_MIN_ROWS \
-            or any(w.kernel_qtype not in TILE_SHAPES for w in ws):
+    TILE_MIN_BATCH-64 (8 tiles of 8 columns), TILE_MIN_ROWS rows or more in all, types of TILE_SHAPES
+    (TILE_ONE_WAVE_SHAPES where it applies); else None."""
+    rows = sum(w.rows for w in ws)
+    if not TILE_MIN_BATCH <= n <= 64 or rows < TILE_MIN_ROWS or any(w.kernel_qtype not in TILE_SHAPES for w in ws):
         return None
-    return TILE_SHAPES[ws[0].kernel_qtype]
+    qtype = ws[0].kernel_qtype
+    one_wave = TILE_ONE_WAVE_SHAPES.get(qtype)
+    if one_wave and all(w.kernel_qtype == qtype for w in ws) and -(-rows // (16 * one_wave[0] * one_wave[1])) <= num_sms() \
+            and kquant_tile_smem(ws, one_wave) <= max_block_smem():
+        return one_wave
+    return TILE_SHAPES[qtype]
 
 
 def _tile_kernel(expr: str, smem: int):
