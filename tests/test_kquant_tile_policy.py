@@ -33,6 +33,8 @@ def test_one_wave_shape_only_where_one_wave_and_its_shared_memory_fit(device):
     assert kquant_tile_smem([weight("Q4_K", 28672)], (2, 7, 1, 2)) == 2 * (224 * 160 + 16384 + 256 + 1024)
     assert kquant_tile_shape([weight("Q4_K", 224 * 132)], 64) == (2, 7, 1, 2)
     assert kquant_tile_shape([weight("Q4_K", 224 * 132 + 1)], 64) == (2, 4, 1, 2)       # a second wave
+    # joined weights: each one's rows end in a block of their own, 67 + 66 blocks (132 for their rows together)
+    assert kquant_tile_shape([weight("Q4_K", 224 * 66 + 1), weight("Q4_K", 224 * 65 + 1)], 64) == (2, 4, 1, 2)
     assert kquant_tile_shape([weight("Q4_K", 14336), weight("Q6_K", 14336, relaid=True)], 64) == (2, 4, 1, 2)
     device.setattr(kt, "max_block_smem", lambda: 99 * 1024)                             # sm_86 / sm_89
     assert kquant_tile_shape([weight("Q4_K", 28672)], 64) == (2, 4, 1, 2)

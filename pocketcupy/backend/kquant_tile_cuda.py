@@ -45,9 +45,11 @@ def kquant_tile_shape(ws, n: int) -> tuple[int, int, int, int] | None:
         return None
     qtype = ws[0].kernel_qtype
     one_wave = TILE_ONE_WAVE_SHAPES.get(qtype)
-    if one_wave and all(w.kernel_qtype == qtype for w in ws) and -(-rows // (16 * one_wave[0] * one_wave[1])) <= num_sms() \
-            and kquant_tile_smem(ws, one_wave) <= max_block_smem():
-        return one_wave
+    if one_wave and all(w.kernel_qtype == qtype for w in ws):
+        block_rows = 16 * one_wave[0] * one_wave[1]
+        blocks = sum(-(-w.rows // block_rows) for w in ws)          # as the launch counts them (joined_segments)
+        if blocks <= num_sms() and kquant_tile_smem(ws, one_wave) <= max_block_smem():
+            return one_wave
     return TILE_SHAPES[qtype]
 
 
