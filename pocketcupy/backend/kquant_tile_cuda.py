@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .kernels import kernel, max_block_smem, null_arg, num_sms
-from .weight_cuda import KERNEL_TYPE_IDS, CudaWeight, joined_segments
+from .weight_cuda import KERNEL_TYPE_IDS, CudaWeight, joined_block_ends, joined_segments
 
 # the weight types gemm_kquant_tile.cu reads (16-byte aligned super-blocks) -> their rows' bytes in
 # its shared memory a super-block (KtLayout::SROW, and Q6_KR's 4 bytes of d), and its stages' bytes
@@ -46,8 +46,7 @@ def kquant_tile_shape(ws, n: int) -> tuple[int, int, int, int] | None:
     qtype = ws[0].kernel_qtype
     one_wave = TILE_ONE_WAVE_SHAPES.get(qtype)
     if one_wave and all(w.kernel_qtype == qtype for w in ws):
-        block_rows = 16 * one_wave[0] * one_wave[1]
-        blocks = sum(-(-w.rows // block_rows) for w in ws)          # as the launch counts them (joined_segments)
+        blocks = joined_block_ends(ws, 16 * one_wave[0] * one_wave[1])[-1]   # as the launch counts them
         if blocks <= num_sms() and kquant_tile_smem(ws, one_wave) <= max_block_smem():
             return one_wave
     return TILE_SHAPES[qtype]

@@ -180,10 +180,16 @@ def concat_rows(ws):
     return CudaWeight(qtype, (rows, cols), buf[:rows * bpr].reshape(rows, bpr), act_q8, relaid)
 
 
+def joined_block_ends(ws, rows_per_block: int) -> list[int]:
+    """The cumulative block counts of a joined launch over weights `ws`: each weight's rows rounded up
+    to whole blocks of their own."""
+    return list(itertools.accumulate(-(-w.rows // rows_per_block) for w in ws))
+
+
 def joined_segments(ws, biases, outs, rows_per_block: int):
     """Block ends and (weight, bias, out) of each segment of a joined launch of 2-3 weights
     (gemv_kquant3, gemv_kquant_mma3): a missing third weight repeats the second with no blocks."""
-    ends = list(itertools.accumulate(-(-w.rows // rows_per_block) for w in ws))
+    ends = joined_block_ends(ws, rows_per_block)
     segs = list(zip(ws, biases, outs))
     if len(segs) == 2:
         segs.append(segs[1])
