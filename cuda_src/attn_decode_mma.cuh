@@ -65,12 +65,11 @@ __device__ __forceinline__ const typename KvCode<C>::Vec8* kv_ptr(const C* cache
 
 // K fragments of the NS 16-key sub-steps [k0 + 16u, k0 + 16u + 16): rows k0 + 16u + g (n-tile 0)
 // and k0 + 16u + 8 + g (n-tile 1), dims 32j + 8t .. + 8; keys past k_last read k_last (their scores
-// are masked). fp16 K only: 8-bit codes and their scales go through a KRing.
+// are masked). 8-bit codes (without a KRing) also their rows' scales into ks (see key_scale).
 template <typename C, int D, int NS>
-__device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], const C* k_cache,
-                                       const int* __restrict__ table, int k0, int k_last, int block_size,
-                                       int num_kv_heads, int kh, int g, int t) {
-    static_assert(!KvCode<C>::QUANT, "8-bit K codes go through a KRing");
+__device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D / 32], float (&ks)[NS][2],
+                                       const C* k_cache, const float* k_scales, const int* __restrict__ table, int k0,
+                                       int k_last, int block_size, int num_kv_heads, int kh, int g, int t) {
 #pragma unroll
     for (int u = 0; u < NS; ++u)
 #pragma unroll
@@ -80,7 +79,15 @@ __device__ __forceinline__ void load_k(typename KvCode<C>::Vec8 (&kr)[NS][2][D /
                                          num_kv_heads, kh, 8 * t, row);
 #pragma unroll
             for (int j = 0; j < D / 32; ++j) kr[u][nt][j] = p[4 * j];
+            if constexpr (KvCode<C>::QUANT) ks[u][nt] = k_scales[row];
         }
+}
+
+// The scale of key 8n + 2t + e of a step (n-tile n = 2u + nt, score column 2t + e of lane (g, t)),
+// from the lane that loaded that key's row (g = 2t + e) in load_k. Every lane calls it.
+template <int NS>
+__device__ __forceinline__ float key_scale(const float (&ks)[NS][2], int n, int t, int e) {
+    return __shfl_sync(PC_FULL_MASK, ks[n >> 1][n & 1], 4 * (2 * t + e));
 }
 
 // 8-bit K codes through shared memory: each warp copies the K rows (and their scales) of its step
@@ -276,7 +283,7 @@ __device__ __forceinline__ void mma_rows(float* c, const u32* a, u32 b0, u32 b1)
     else mma_16816(c, a, b0, b1);
 }
 
-template <typename C, typename CV, int D, bool ROPE, bool G8>
+template <typename C, typename CV, int D, bool ROPE, bool G8, bool RING>
 __device__ __forceinline__ void decode_mma_body(
     const float* __restrict__ q, i64 q_stride, const C* k_cache, const CV* v_cache, const float* k_scales,
     const float* v_scales, const int* __restrict__ block_tables, int bt_stride,
@@ -290,11 +297,14 @@ __device__ __forceinline__ void decode_mma_body(
     constexpr int KS = D / 16;          // k-steps of QK^T
     constexpr int VH = D / 64;          // 16-byte V loads per key row and lane
     constexpr int OSTR = D + 4;         // o_s row stride (floats)
-    // 16-key sub-steps of a warp step: two for 8-bit codes, so that a warp has as many bytes in
-    // flight as with fp16 (the loads' latency, not the bandwidth, bounds a step)
-    constexpr int NS = KvCode<C>::QUANT ? 2 : 1;
+    // 16-key sub-steps of a warp step: with RING (8-bit codes) two, so that a warp has as many bytes
+    // in flight as with fp16 (the loads' latency, not the bandwidth, bounds a step), K through the
+    // warp's KRing; without, one, K and its scales in registers, as for fp16 (short splits: a split
+    // of 64 keys is one 16-key step for each of the four warps instead of a 32-key step for two)
+    static_assert(!RING || KvCode<C>::QUANT, "the KRing holds 8-bit codes");
+    constexpr int NS = RING ? 2 : 1;
     constexpr int WKEYS = DM_KEYS * NS;
-    constexpr bool KSMEM = KvCode<C>::QUANT;          // K through the warp's KRing
+    constexpr bool KSMEM = RING;
     static_assert(!KSMEM || (WKEYS == KRing<D>::KEYS && KRing<D>::BYTES == DM_MAXG * OSTR * 4),
                   "a warp's K ring is its o_s rows");
     __shared__ __align__(16) float o_s[DM_WARPS][DM_MAXG][OSTR];
@@ -335,6 +345,7 @@ __device__ __forceinline__ void decode_mma_body(
         // the first step's K/V are requested before Q; step i + 1's K once QK^T of step i has used
         // kr, its V once PV has used vr (the K ring: steps i and i + 1 before step i, i + 2 after its QK^T)
         typename KvCode<C>::Vec8 kr[NS][2][KJ];
+        float ks[NS][2];                               // 8-bit codes without the ring: the K rows' scales
         typename KvCode<CV>::Vec8 vr[NS][4][VH];
         typename KvCode<CV>::Param vs[NS][4][v_params<CV, D>()];   // and the V rows' parameters (load_v)
         const int k_first = k_begin + WKEYS * warp;
@@ -352,7 +363,7 @@ __device__ __forceinline__ void decode_mma_body(
                     copy_step<C, D>(kring, i, k_cache, k_scales, table, k_first + i * WSTEP, k_end, k_last, block_size,
                                     num_kv_heads, kh, lane);
             } else {
-                load_k<C, D, NS>(kr, k_cache, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
+                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
             }
             load_v<CV, D, NS>(vr, vs, v_cache, v_scales, table, k_first, k_last, block_size, num_kv_heads, kh, g, t);
         };
@@ -466,20 +477,23 @@ __device__ __forceinline__ void decode_mma_body(
                         mma_rows<G8>(sn, qf[2 * j + 1], kh8.z, kh8.w);
                     }
                 }
-            // score (., 8n + 2t + e) times its key's scale: the stage's scale 8n + 2t + e (fp16: none)
+            // score (., 8n + 2t + e) times its key's scale: the stage's scale 8n + 2t + e, or key_scale's (fp16: none)
             float sc[2 * NS][2];
 #pragma unroll
             for (int n = 0; n < 2 * NS; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e)
-                    sc[n][e] = KSMEM ? kring.scales[st * WKEYS + 8 * n + 2 * t + e] * k_mul : scale_log2;
+                for (int e = 0; e < 2; ++e) {
+                    if constexpr (KSMEM) sc[n][e] = kring.scales[st * WKEYS + 8 * n + 2 * t + e] * k_mul;
+                    else if constexpr (KvCode<C>::QUANT) sc[n][e] = key_scale<NS>(ks, n, t, e) * k_mul;
+                    else sc[n][e] = scale_log2;
+                }
             if constexpr (KSMEM) {                     // the stage is read: the step after next into it
                 __syncwarp();
                 copy_step<C, D>(kring, st, k_cache, k_scales, table, k_next + WSTEP, k_end, k_last, block_size,
                                 num_kv_heads, kh, lane);
                 st ^= 1;
             } else if (k_next < k_end) {
-                load_k<C, D, NS>(kr, k_cache, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
+                load_k<C, D, NS>(kr, ks, k_cache, k_scales, table, k_next, k_last, block_size, num_kv_heads, kh, g, t);
             }
             float mx_a = pc_neg_inf(), mx_b = pc_neg_inf();
 #pragma unroll
@@ -665,20 +679,24 @@ __device__ __forceinline__ void decode_mma_body(
 // attn_decode_mma_<KV>_hd<D>: q rotated, the cache holding the new tokens. attn_decode_mma_rope_<KV>_hd<D>:
 // q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
 // Names ending in _g8: for groups of at most 8 query heads (rows g + 8 of the tiles unused: fewer
-// registers and instructions).
-#define DECODE_MMA_KERNEL_G(KV, C, CV, D, SUFFIX, G8)                                                 \
+// registers and instructions). 8-bit codes: K through the KRing (32-key steps), or with _k16 before
+// _g8 in registers (16-key steps; DECODE_MMA_KERNEL_K16).
+#define DECODE_MMA_KERNEL_G(KV, C, CV, D, SUFFIX, G8, RING)                                           \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D##SUFFIX(    \
         DECODE_MMA_PARAMS(C, CV, __restrict__)) {                                                     \
-        decode_mma_body<C, CV, D, false, G8>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */    \
+        decode_mma_body<C, CV, D, false, G8, RING>(DECODE_MMA_ARGS, DecodeRope{}); /* calls pdl_wait() */ \
     }                                                                                                 \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_rope_##KV##_hd##D##SUFFIX( \
         DECODE_MMA_PARAMS(C, CV, ), const float* __restrict__ k_new, i64 k_stride,                    \
         const float* __restrict__ v_new, i64 v_stride, const i64* __restrict__ positions,             \
         const i64* __restrict__ slots, const float* __restrict__ inv_freq, int rot_half, int interleaved) { \
-        decode_mma_body<C, CV, D, true, G8>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, \
-                                                                        positions, slots, inv_freq, rot_half, \
-                                                                        interleaved != 0});             \
+        decode_mma_body<C, CV, D, true, G8, RING>(DECODE_MMA_ARGS, DecodeRope{k_new, k_stride, v_new, v_stride, \
+                                                                              positions, slots, inv_freq, rot_half, \
+                                                                              interleaved != 0});       \
     }
 #define DECODE_MMA_KERNEL(KV, C, CV, D)                                                               \
-    DECODE_MMA_KERNEL_G(KV, C, CV, D, , false)                                                        \
-    DECODE_MMA_KERNEL_G(KV, C, CV, D, _g8, true)
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, , false, KvCode<C>::QUANT)                                      \
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, _g8, true, KvCode<C>::QUANT)
+#define DECODE_MMA_KERNEL_K16(KV, C, CV, D)                                                           \
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, _k16, false, false)                                             \
+    DECODE_MMA_KERNEL_G(KV, C, CV, D, _k16_g8, true, false)

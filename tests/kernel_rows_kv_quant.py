@@ -162,21 +162,26 @@ for dtype in DTYPES:
                 lambda rng, seqs=seqs, hkv=hkv, group=group, d=d: make_case(rng, seqs, hkv, group, d),
                 lambda i, dtype=dtype: reference(i, dtype), cuda, tol))
 
-DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits, variant
-    ("b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None, "mma"),
-    ("b3-long-hkv2-g3-d64", [1000, 5000, 77], 2, 3, 64, None, "mma"),
-    ("b2-splits1-hkv1-g8-d128", [300, 2000], 1, 8, 128, 1, "mma"),
-    ("b2-splits7-hkv2-g4-d128", [300, 2000], 2, 4, 128, 7, "mma"),
-    ("b2-hkv2-g12-d64", [333, 64], 2, 12, 64, 3, "mma"),
-    ("b2-plain-runs-prefill-hkv2-g2-d32", [5, 130], 2, 2, 32, None, "plain"),
+DECODE = [  # id, context lengths, hkv, group, head_dim, num_splits, variant, k_ring (None: the launcher's)
+    ("b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None, "mma", None),
+    ("b3-long-hkv2-g3-d64", [1000, 5000, 77], 2, 3, 64, None, "mma", None),
+    ("b2-splits1-hkv1-g8-d128", [300, 2000], 1, 8, 128, 1, "mma", None),
+    ("b2-splits7-hkv2-g4-d128", [300, 2000], 2, 4, 128, 7, "mma", None),
+    ("b2-hkv2-g12-d64", [333, 64], 2, 12, 64, 3, "mma", None),
+    ("b2-plain-runs-prefill-hkv2-g2-d32", [5, 130], 2, 2, 32, None, "plain", None),
+    ("k16-b4-ctx1-17-hkv2-g4-d128", [1, 15, 16, 17], 2, 4, 128, None, "mma", False),
+    ("k16-b3-long-hkv2-g3-d64", [1000, 5000, 77], 2, 3, 64, None, "mma", False),
+    ("ring-b2-splits7-hkv2-g4-d128", [300, 2000], 2, 4, 128, 7, "mma", True),
+    ("ring-b1-splits16-hkv2-g12-d64", [517], 2, 12, 64, 16, "mma", True),
 ]
 for dtype in DTYPES:
-    for name, ctxs, hkv, group, d, splits, variant in DECODE:
-        def cuda(i, poison, dtype=dtype, splits=splits, variant=variant):
+    for name, ctxs, hkv, group, d, splits, variant, k_ring in DECODE:
+        def cuda(i, poison, dtype=dtype, splits=splits, variant=variant, k_ring=k_ring):
             kc, vc = (on_device(c) for c in quant_caches(i, dtype))
             args = (_cp().asarray(i["q"]), kc, vc, i["meta"], i["scale"])
-            _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits, variant=variant)
-            return _attn().attn_decode(*args, out=poison(i["q"].shape, F32), num_splits=splits, variant=variant)
+            kw = dict(num_splits=splits, variant=variant, k_ring=k_ring)
+            _attn().attn_decode(*args, out=poison(i["q"].shape, F32), **kw)
+            return _attn().attn_decode(*args, out=poison(i["q"].shape, F32), **kw)
 
         ROWS.append(KernelRow(
             "attn_decode", f"{dtype}-{variant}-{name}",
@@ -185,21 +190,24 @@ for dtype in DTYPES:
 
 # The mma decode kernel rotating q and k and quantizing the new K/V rows itself (their slots' scales
 # NaN beforehand): its output and the stored values against rope_store_kv + paged attention.
-DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interleaved, num_splits
-    ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1),
-    ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None),
-    ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5),
-    ("halves-b2-splits3-hkv1-g10-d128", [400, 90], 1, 10, 128, 64, False, 3),   # rows g + 8 of the mma tile
+DECODE_ROPE = [  # id, context lengths, hkv, group, head_dim, rot_half, interleaved, num_splits, k_ring
+    ("halves-b2-splits1-hkv2-g4-d128", [300, 2000], 2, 4, 128, 64, False, 1, None),
+    ("interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, None),
+    ("halves-partial-b2-splits5-hkv3-g3-d64", [900, 130], 3, 3, 64, 16, False, 5, None),
+    ("halves-b2-splits3-hkv1-g10-d128", [400, 90], 1, 10, 128, 64, False, 3, None),   # rows g + 8 of the mma tile
+    ("k16-interleaved-b3-splitsauto-hkv2-g4-d128", [1, 700, 3000], 2, 4, 128, 64, True, None, False),
+    ("ring-halves-b2-splits3-hkv1-g10-d128", [400, 90], 1, 10, 128, 64, False, 3, True),
+    ("halves-b1-splits16-hkv2-g4-d128", [513], 2, 4, 128, 64, False, 16, None),
 ]
 for dtype in DTYPES:
-    for name, ctxs, hkv, group, d, rot, interleaved, splits in DECODE_ROPE:
+    for name, ctxs, hkv, group, d, rot, interleaved, splits, k_ring in DECODE_ROPE:
         def ref_rope(i, dtype=dtype, interleaved=interleaved):
             kc, vc = (quantized(c, kind) for c, kind in zip((i["kc"], i["vc"]), KV_KINDS[dtype]))
             slots = i["meta"].slot_mapping
             q = REF.rope_store_kv(i["q"], i["k"], i["v"], i["pos"], i["inv"], interleaved, kc, vc, slots)
             return (REF.paged_attention(q, kc, vc, i["meta"], i["scale"]), *(stored_rows(c, slots) for c in (kc, vc)))
 
-        def cuda_rope(i, poison, dtype=dtype, d=d, interleaved=interleaved, splits=splits):
+        def cuda_rope(i, poison, dtype=dtype, d=d, interleaved=interleaved, splits=splits, k_ring=k_ring):
             cp, at = _cp(), _attn()
             kc, vc = pages_quantized(i, dtype)
             meta = at.device_meta(i["meta"])
@@ -211,7 +219,7 @@ for dtype in DTYPES:
                 for c in (kc, vc):     # the new tokens' scales NaN until the kernel stores them
                     c.params.reshape(-1, *c.params.shape[2:])[meta.slot_mapping] = np.nan
                 out = at.attn_decode(q, kc, vc, meta, i["scale"], out=poison(q.shape, F32), num_splits=splits,
-                                     rope=rope)
+                                     rope=rope, k_ring=k_ring)
             return (out, *(stored_rows(c, meta.slot_mapping.get()) for c in (kc, vc)))
 
         ROWS.append(KernelRow("attn_decode", f"{dtype}-mma-rope-{name}",

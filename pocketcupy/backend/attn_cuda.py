@@ -40,6 +40,9 @@ DECODE_BATCHED_BLOCKS_PER_SM = {"plain": 4, "mma": 2}
 DECODE_BATCHED_RANGE = (3, 8)
 DECODE_MMA_HEAD_DIMS = (64, 128)
 DECODE_G8_GROUP = 8                 # groups of at most this many query heads take the _g8 mma kernels
+# 8-bit K at batches up to this: 16-key steps with K in registers (the _k16 kernels) instead of the
+# KRing's 32-key steps, which leave two of a block's four warps idle on a 64-key split
+DECODE_K16_MAX_BATCH = 2
 DECODE_COUNTERS = 1 << 16           # (sequence, KV head) pairs whose splits the mma kernel merges itself
 PREFILL_TILE = {"plain": 16, "mma": 64}
 PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
@@ -200,6 +203,12 @@ def decode_fuses_rope(q, k_cache, meta: AttentionMetadata, rope: DecodeRope) -> 
             and rope.k.dtype == np.float32 and rope.v.dtype == np.float32)
 
 
+def decode_k_ring(kv_tag: str, batch: int) -> bool:
+    """Whether the mma decode kernel takes 8-bit K through its shared-memory KRing (32-key steps):
+    quantized pages above DECODE_K16_MAX_BATCH sequences."""
+    return kv_tag != "f16" and batch > DECODE_K16_MAX_BATCH
+
+
 def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int, q8: str,
                      block_values: int) -> bool:
     """Whether attn_decode of this launch can write its output's int8 blocks (q8 "q8" / "q8k") itself:
@@ -211,13 +220,15 @@ def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: in
 
 @cuda_op("attn_decode")
 def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=None, num_splits: int | None = None,
-                variant: str | None = None, q8: str | None = None, rope: DecodeRope | None = None):
+                variant: str | None = None, q8: str | None = None, rope: DecodeRope | None = None,
+                k_ring: bool | None = None):
     """One query row per sequence (row b of q is sequence b), split-K over the context. q [B, Hq, D].
     variant: "mma" or "plain" (None: decode_variant's choice). q8: also the output's int8 blocks,
     returned as (out, blocks) -- "q8": per 32 values (quantize_x's layout: int8 [B, Hq * D], float32
     [B, Hq * D / 32, 4]), "q8k": per 256 (quantize_x_q8k's: xq, xd, xb); None where the launch cannot
     write them (decode_writes_q8). rope: q is not yet rotated and the new tokens not yet stored; the
-    kernel does both (decode_fuses_rope must hold)."""
+    kernel does both (decode_fuses_rope must hold). k_ring: 8-bit K through the mma kernel's KRing
+    (None: decode_k_ring's choice; fp16 pages have none)."""
     cp = _cp()
     if q8 not in (None, "q8", "q8k"):
         raise ValueError(f"attn_decode: q8 must be None, 'q8' or 'q8k', got {q8!r}")
@@ -239,6 +250,10 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     q, qs = row_view(q, hq * d)
     if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
         q, qs = row_view(cp.ascontiguousarray(q), hq * d)
+    if k_ring is None:
+        k_ring = decode_k_ring(kv.tag, b)
+    elif k_ring and kv.tag == "f16":
+        raise ValueError("attn_decode: k_ring needs 8-bit K pages")
     if num_splits is None:
         num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
@@ -275,6 +290,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
                      cp.asarray(rope.inv_freq, dtype=np.float32), _I32(rope.inv_freq.shape[0]),
                      _I32(rope.interleaved))
         name = f"attn_decode_mma{'_rope' if rope is not None else ''}_{kv.tag}_hd{d}"
+        name += "_k16" if kv.tag != "f16" and not k_ring else ""
         _k(kv.source("attn_decode_mma"), name + ("_g8" if group <= DECODE_G8_GROUP else ""))(
             (num_splits, hkv, b), (128,), args)
         if q8:
