@@ -74,7 +74,7 @@ class FlatBatchBuilder:
         slots *= bs
         slots += offset
         seq_lens = np.fromiter((s.start_position + len(s.token_ids) for s in sched), np.int32, B)
-        return ids, pos, AttentionMetadata(query_start, seq_lens, tables, slots, bs)
+        return ids, pos, AttentionMetadata(query_start, seq_lens, tables, slots, bs, max_context=int(seq_lens.max(initial=0)))
 
     def _columns(self, n: int) -> np.ndarray:
         """arange(n) (int64), cached: read only."""
@@ -204,4 +204,4 @@ def per_token_rows(meta: AttentionMetadata, pos: np.ndarray) -> AttentionMetadat
     owner = np.repeat(np.arange(len(counts)), counts)
     return AttentionMetadata(np.arange(len(pos) + 1, dtype=np.int32), (pos + 1).astype(np.int32),
                              meta.block_tables[owner], meta.slot_mapping, meta.block_size, decode_only=True,
-                             shared_context=True)
+                             shared_context=True, max_context=int(pos.max(initial=-1)) + 1)

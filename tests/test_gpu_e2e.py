@@ -72,7 +72,8 @@ def test_graphs_over_batch_8_match_eager(smollm2_gguf):
         gpu = Engine(smollm2_gguf, device="cuda", progress=False, cuda_graphs=graphs)
         runs[graphs] = [o.outputs[0].token_ids for o in gpu.generate(prompts, p)]
         if graphs:
-            assert {(24, True, 0, False), (24, True, 1, False)} <= set(gpu.runner.graphs.graphs)  # above 8, sampler inside, both slots
+            # above 8, sampler inside, both slots (fp16 pages: no short-context class)
+            assert {(24, True, 0, False, False), (24, True, 1, False, False)} <= set(gpu.runner.graphs.graphs)
         del gpu                                    # its KV pool goes back before the next engine sizes its own
     assert runs[True] == runs[False]
 
@@ -134,6 +135,7 @@ def test_quantized_kv_pages_match_cpu(smollm2_gguf, dtype):
         outs = gpu.generate(PROMPTS, p)
         runs[graphs] = [o.outputs[0].token_ids for o in outs]
         if graphs:
+            assert all(key[4] for key in gpu.runner.graphs.graphs)   # short contexts: the short class's graphs
             del gpu
     assert runs[True] == runs[False]
     seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]

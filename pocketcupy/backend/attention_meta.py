@@ -17,6 +17,9 @@ class AttentionMetadata:
     # some row's context holds K/V that other rows of the step store (runner.per_token_rows: a
     # request's tokens as rows of their own), so no launch may both store K/V and read it
     shared_context: bool = False
+    # the longest seq_lens entry as the host knows it (a decode graph: its class's bound), or None:
+    # the block tables' width; the CUDA decode attention picks its form for splits of this context
+    max_context: int | None = None
 
     @property
     def num_seqs(self) -> int:

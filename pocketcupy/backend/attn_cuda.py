@@ -19,6 +19,7 @@ import numpy as np
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
 from .kernels import cuda_op, has_tensor_cores, null_arg, num_sms
+from ..quant.kv_quant import QuantKVCache
 from .kv_pages_cuda import KvArgs, kv_args
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
@@ -40,9 +41,16 @@ DECODE_BATCHED_BLOCKS_PER_SM = {"plain": 4, "mma": 2}
 DECODE_BATCHED_RANGE = (3, 8)
 DECODE_MMA_HEAD_DIMS = (64, 128)
 DECODE_G8_GROUP = 8                 # groups of at most this many query heads take the _g8 mma kernels
-# 8-bit K at batches up to this: 16-key steps with K in registers (the _k16 kernels) instead of the
-# KRing's 32-key steps, which leave two of a block's four warps idle on a 64-key split
-DECODE_K16_MAX_BATCH = 2
+# 8-bit K goes through the mma kernel's shared-memory KRing (32-key steps, copied two ahead) where a
+# launch's longest split has at least this many keys, else in registers in 16-key steps as fp16 K
+# does (the _k16 kernels): the ring pays once a warp has steps to pipeline, and on a 64-key split it
+# leaves two of the four warps idle (H100, int8 pages, alone: batch 1 at ctx 513 / 1,024 / 4,096 /
+# 32,768, splits of 64 / 64 / 256 / 2,048 keys: 6.47 / 6.73 / 9.13 / 39.0 us through the ring against
+# 5.48 / 5.75 / 9.58 / 57.7 in registers; the batch-1 Q4_K_M decode graph at ctx 512 2,374 -> 2,243 us)
+DECODE_RING_MIN_KEYS = 256
+# Decode graphs over 8-bit pages are kept apart for batches whose longest context is at most this
+# (DecodeGraphs): theirs take the _k16 kernels wherever splits of this context are short.
+DECODE_SHORT_CONTEXT = 1024
 DECODE_COUNTERS = 1 << 16           # (sequence, KV head) pairs whose splits the mma kernel merges itself
 PREFILL_TILE = {"plain": 16, "mma": 64}
 PREFILL_SPLIT_MIN_CONTEXT = 1024    # no split below this many keys (the longest context)
@@ -203,10 +211,23 @@ def decode_fuses_rope(q, k_cache, meta: AttentionMetadata, rope: DecodeRope) -> 
             and rope.k.dtype == np.float32 and rope.v.dtype == np.float32)
 
 
-def decode_k_ring(kv_tag: str, batch: int) -> bool:
-    """Whether the mma decode kernel takes 8-bit K through its shared-memory KRing (32-key steps):
-    quantized pages above DECODE_K16_MAX_BATCH sequences."""
-    return kv_tag != "f16" and batch > DECODE_K16_MAX_BATCH
+def split_keys(context: int, num_splits: int) -> int:
+    """Keys per split of a context-long sequence (the mma kernel's split_chunk): whole 16-key steps,
+    at least DECODE_MIN_CHUNK["mma"]."""
+    chunk = -(-context // num_splits)
+    return max(DECODE_MIN_CHUNK["mma"], -(-chunk // 16) * 16)
+
+
+def decode_k_ring(kv_tag: str, max_context: int, num_splits: int) -> bool:
+    """Whether the mma decode kernel takes 8-bit K through its KRing: quantized pages whose longest
+    split (of a max_context-long sequence) has DECODE_RING_MIN_KEYS keys."""
+    return kv_tag != "f16" and split_keys(max_context, num_splits) >= DECODE_RING_MIN_KEYS
+
+
+def graph_short_context(k_cache) -> int | None:
+    """The longest context of a decode graph's short class (DecodeGraphs keeps such batches' graphs
+    apart) where the cache's decode kernels have a short-split form (8-bit pages), else None."""
+    return DECODE_SHORT_CONTEXT if isinstance(k_cache, QuantKVCache) else None
 
 
 def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int, q8: str,
@@ -228,7 +249,7 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     [B, Hq * D / 32, 4]), "q8k": per 256 (quantize_x_q8k's: xq, xd, xb); None where the launch cannot
     write them (decode_writes_q8). rope: q is not yet rotated and the new tokens not yet stored; the
     kernel does both (decode_fuses_rope must hold). k_ring: 8-bit K through the mma kernel's KRing
-    (None: decode_k_ring's choice; fp16 pages have none)."""
+    (None: decode_k_ring's choice for meta.max_context, else the block tables' width; fp16 pages have none)."""
     cp = _cp()
     if q8 not in (None, "q8", "q8k"):
         raise ValueError(f"attn_decode: q8 must be None, 'q8' or 'q8k', got {q8!r}")
@@ -250,14 +271,15 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     q, qs = row_view(q, hq * d)
     if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
         q, qs = row_view(cp.ascontiguousarray(q), hq * d)
-    if k_ring is None:
-        k_ring = decode_k_ring(kv.tag, b)
-    elif k_ring and kv.tag == "f16":
-        raise ValueError("attn_decode: k_ring needs 8-bit K pages")
     if num_splits is None:
         num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"attn_decode: num_splits {num_splits} outside 1..{DECODE_MAX_SPLITS}")
+    if k_ring is None:
+        width = meta.block_tables.shape[1] * meta.block_size
+        k_ring = decode_k_ring(kv.tag, width if meta.max_context is None else meta.max_context, num_splits)
+    elif k_ring and kv.tag == "f16":
+        raise ValueError("attn_decode: k_ring needs 8-bit K pages")
     if q8 and (b == 0 or not decode_writes_q8(variant, num_splits, b, hkv, q8, group * d)):
         return None
     out = _out(out, (n, hq, d))

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import pdl
 from .attention_meta import AttentionMetadata
+from .attn_cuda import graph_short_context
 from .elementwise_cuda import feed_row_count, feed_tokens, fill_feed
 from .sampler_cuda import F_GREEDY, SO_WORDS, SP_CNT, SP_FLAGS, SP_MASK, SP_WORDS, sample_rows_at
 
@@ -44,9 +45,13 @@ class DecodeGraphs:
             self.inputs = [_Inputs(cupy, top, max_blocks_per_seq) for _ in range(2)]
             self.query_start = cupy.arange(top + 1, dtype=cupy.int32)
         self._slot = 0
-        # (bucket, with the sampler, slot, shared_context) -> graph
-        self.graphs: dict[tuple[int, bool, int, bool], object] = {}
-        self.logits: dict[tuple[int, bool, int, bool], object] = {}
+        # 8-bit pages: batches whose longest context is at most this have graphs of their own, whose
+        # attention may take its short-split kernels (attn_cuda.graph_short_context); else None
+        self.short_context = graph_short_context(kv_caches[0][0]) if kv_caches else None
+        # (bucket, with the sampler, slot, shared_context, short) -> graph
+        self.graphs: dict[tuple[int, bool, int, bool, bool], object] = {}
+        self.last_key = None                  # the key of the graph the last step replayed
+        self.logits: dict[tuple[int, bool, int, bool, bool], object] = {}
         # The graph's sampler writes to its slot's result buffer: a step's results are copied to
         # the host while the next step runs (its sampled ids are that step's inputs too).
         self.sampled, self._work = [], None
@@ -57,14 +62,16 @@ class DecodeGraphs:
                 return b
         return None
 
-    def _meta(self, inp: _Inputs, b: int, shared: bool) -> AttentionMetadata:
+    def _meta(self, inp: _Inputs, b: int, shared: bool, short: bool) -> AttentionMetadata:
         return AttentionMetadata(self.query_start[: b + 1], inp.seq_lens[:b], inp.tables[:b], inp.slots[:b],
-                                 self.block_size, decode_only=True, shared_context=shared)
+                                 self.block_size, decode_only=True, shared_context=shared,
+                                 max_context=self.short_context if short else None)
 
-    def _forward(self, inp: _Inputs, b: int, sample: bool, shared: bool):
+    def _forward(self, inp: _Inputs, b: int, sample: bool, shared: bool, short: bool):
         feed_tokens(inp.feed, b, inp.ids)
         states = () if self.states is None else (_GraphStates(self.states.layers, inp.state_rows[:b]),)
-        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], self._meta(inp, b, shared), self.kv_caches, *states)
+        meta = self._meta(inp, b, shared, short)
+        hidden = self.model.forward(inp.ids[:b], inp.pos[:b], meta, self.kv_caches, *states)
         logits = self.model.compute_logits(hidden)
         if sample:
             sample_rows_at(logits, inp.params, self._work, inp.out_at)
@@ -85,10 +92,11 @@ class DecodeGraphs:
         if self.states is not None:
             h["state_rows"][n:b] = self.states.scratch_slot
 
-    def capture(self, b: int, sample: bool = False, slot: int = 0, shared: bool = False) -> None:
-        """The graph of key (b, sample, slot, shared): a bucket's decode step, with the sampler or not,
-        on input slot `slot`, its rows of one request each or (shared) some of one request
-        (AttentionMetadata.shared_context: a verification step)."""
+    def capture(self, b: int, sample: bool = False, slot: int = 0, shared: bool = False, short: bool = False) -> None:
+        """The graph of key (b, sample, slot, shared, short): a bucket's decode step, with the sampler or
+        not, on input slot `slot`, its rows of one request each or (shared) some of one request
+        (AttentionMetadata.shared_context: a verification step), for batches whose longest context is
+        at most self.short_context (short) or any."""
         cp, inp = self.cp, self.inputs[slot]
         top = len(inp.host["ids"])
         cp.cuda.get_current_stream().synchronize()   # the replays queued there share the pool
@@ -103,13 +111,13 @@ class DecodeGraphs:
         self._set_padding(inp.host, 0, top)  # the warm-up forward must write no real KV slot
         inp.upload(top, self.stream)
         with cp.cuda.using_allocator(self.pool.malloc), self.stream:
-            self._forward(inp, b, sample, shared)    # compiles kernels and sizes the pool
+            self._forward(inp, b, sample, shared, short)    # compiles kernels and sizes the pool
             self.stream.synchronize()
             self.stream.begin_capture()
             with pdl.enabled():
-                logits = self._forward(inp, b, sample, shared)
-            self.graphs[b, sample, slot, shared] = self.stream.end_capture()
-            self.logits[b, sample, slot, shared] = logits
+                logits = self._forward(inp, b, sample, shared, short)
+            self.graphs[b, sample, slot, shared, short] = self.stream.end_capture()
+            self.logits[b, sample, slot, shared, short] = logits
         self.stream.synchronize()
 
     def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None,
@@ -125,7 +133,9 @@ class DecodeGraphs:
         b, sample = self.bucket_for(n), params is not None
         self._slot ^= 1
         slot = self._slot
-        key, inp = (b, sample, slot, meta.shared_context), self.inputs[slot]
+        short = self.short_context is not None and int(np.max(meta.seq_lens)) <= self.short_context
+        key, inp = (b, sample, slot, meta.shared_context, short), self.inputs[slot]
+        self.last_key = key
         if key not in self.graphs:
             self.capture(*key)
         inp.wait_copied()
