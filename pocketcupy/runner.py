@@ -74,7 +74,8 @@ class FlatBatchBuilder:
         slots *= bs
         slots += offset
         seq_lens = np.fromiter((s.start_position + len(s.token_ids) for s in sched), np.int32, B)
-        return ids, pos, AttentionMetadata(query_start, seq_lens, tables, slots, bs, max_context=int(seq_lens.max(initial=0)))
+        meta = AttentionMetadata(query_start, seq_lens, tables, slots, bs, max_context=int(seq_lens.max(initial=0)))
+        return ids, pos, meta
 
     def _columns(self, n: int) -> np.ndarray:
         """arange(n) (int64), cached: read only."""

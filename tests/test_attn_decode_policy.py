@@ -32,7 +32,9 @@ def test_ring_only_for_long_splits_of_8bit_pages():
 
 def test_graph_short_context_for_8bit_pages_only():
     pages = QuantKVCache.zeros((4, 16, 2, 64), "int8")
-    assert graph_short_context(pages) == DECODE_SHORT_CONTEXT
-    assert graph_short_context(np.zeros((4, 16, 2, 64), np.float16)) is None
+    assert graph_short_context(pages, pages) == DECODE_SHORT_CONTEXT
+    assert graph_short_context(pages, None) is None            # MLA: K pages only, no mma decode kernel
+    f16 = np.zeros((4, 16, 2, 64), np.float16)
+    assert graph_short_context(f16, f16) is None
     # the short class's bound makes batch 1's 16 splits short, so its graphs take the register path
     assert not decode_k_ring("i8", DECODE_SHORT_CONTEXT, 16)

@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..quant.kv_quant import QuantKVCache
 from .attention_meta import AttentionMetadata
 from .elementwise_cuda import _k, check_f32, index_array, row_view
 from .kernels import cuda_op, has_tensor_cores, null_arg, num_sms
-from ..quant.kv_quant import QuantKVCache
 from .kv_pages_cuda import KvArgs, kv_args
 
 _I32, _I64, _F32 = np.int32, np.int64, np.float32
@@ -224,10 +224,10 @@ def decode_k_ring(kv_tag: str, max_context: int, num_splits: int) -> bool:
     return kv_tag != "f16" and split_keys(max_context, num_splits) >= DECODE_RING_MIN_KEYS
 
 
-def graph_short_context(k_cache) -> int | None:
+def graph_short_context(k_cache, v_cache) -> int | None:
     """The longest context of a decode graph's short class (DecodeGraphs keeps such batches' graphs
-    apart) where the cache's decode kernels have a short-split form (8-bit pages), else None."""
-    return DECODE_SHORT_CONTEXT if isinstance(k_cache, QuantKVCache) else None
+    apart) where the layer's decode kernels have a short-split form (8-bit K and V pages), else None."""
+    return DECODE_SHORT_CONTEXT if isinstance(k_cache, QuantKVCache) and isinstance(v_cache, QuantKVCache) else None
 
 
 def decode_writes_q8(variant: str, num_splits: int, batch: int, num_kv_heads: int, q8: str,

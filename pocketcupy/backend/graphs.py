@@ -47,7 +47,7 @@ class DecodeGraphs:
         self._slot = 0
         # 8-bit pages: batches whose longest context is at most this have graphs of their own, whose
         # attention may take its short-split kernels (attn_cuda.graph_short_context); else None
-        self.short_context = graph_short_context(kv_caches[0][0]) if kv_caches else None
+        self.short_context = graph_short_context(*kv_caches[0]) if kv_caches else None
         # (bucket, with the sampler, slot, shared_context, short) -> graph
         self.graphs: dict[tuple[int, bool, int, bool, bool], object] = {}
         self.last_key = None                  # the key of the graph the last step replayed
