@@ -28,8 +28,8 @@ def replay_us(graphs, b: int, reps: int = 200) -> float:
     import cupy as cp
 
     key = graphs.last_key
-    if key is None or key[0] != b:
-        key = next(k for k in ((b, True, 0, False, False), (b, False, 0, False, False)) if k in graphs.graphs)
+    if key is None or key.bucket != b:
+        key = min((k for k in graphs.graphs if k.bucket == b and not k.shared), key=lambda k: (not k.sample, k.slot))
     graph = graphs.graphs[key]
     start, end = cp.cuda.Event(), cp.cuda.Event()
     start.record(graphs.stream)
@@ -45,7 +45,7 @@ def recaptured_us(eng, b: int, reps: int = 200) -> float:
     steps to put the steps' inputs into both slots' buffers, and returns replay_us of it."""
     graphs = eng.runner.graphs
     for key in list(graphs.graphs):
-        if key[0] == b:
+        if key.bucket == b:
             graphs.capture(*key)
     eng.step()
     eng.step()

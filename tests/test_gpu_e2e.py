@@ -94,7 +94,7 @@ def test_sampler_inside_graph_matches_eager(smollm2_gguf):
             runs[graphs, name] = ([o.token_ids for o in outs],
                                   [[d[t].logprob for d, t in zip(o.logprobs or [], o.token_ids)] for o in outs])
         if graphs:
-            assert {(4, True), (4, False)} <= {key[:2] for key in gpu.runner.graphs.graphs}
+            assert {(4, True), (4, False)} <= {(key.bucket, key.sample) for key in gpu.runner.graphs.graphs}
         del gpu
     for name in ("plain", "mixed"):
         assert runs[True, name][0] == runs[False, name][0], name
@@ -135,7 +135,7 @@ def test_quantized_kv_pages_match_cpu(smollm2_gguf, dtype):
         outs = gpu.generate(PROMPTS, p)
         runs[graphs] = [o.outputs[0].token_ids for o in outs]
         if graphs:
-            assert all(key[4] for key in gpu.runner.graphs.graphs)   # short contexts: the short class's graphs
+            assert all(key.short for key in gpu.runner.graphs.graphs)   # short contexts: the short class's graphs
             del gpu
     assert runs[True] == runs[False]
     seqs = [o.prompt_token_ids + o.outputs[0].token_ids for o in outs]

@@ -215,7 +215,7 @@ def test_cuda_verification_replays_the_decode_graph():
     e = Engine(path, **kw, **SPEC)
     got = e.generate(prompt, p)[0].outputs[0]
     assert e.stats()["spec_num_accepted_tokens"] > 0
-    assert any(bucket > 1 and not sample and shared for bucket, sample, _, shared in e.runner.graphs.graphs)
+    assert any(key.bucket > 1 and not key.sample and key.shared for key in e.runner.graphs.graphs)
     for i, (a, b) in enumerate(zip(got.token_ids, want.token_ids)):
         if logprob_margin(want.logprobs[i]) < 0.01:
             break

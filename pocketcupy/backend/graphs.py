@@ -11,6 +11,7 @@ two replays is a wait on a copy long done. Kernels in a graph overlap their pred
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,6 +24,15 @@ from .sampler_cuda import F_GREEDY, SO_WORDS, SP_CNT, SP_FLAGS, SP_MASK, SP_WORD
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Larger decode batches run eagerly (launch overhead is spread over the batch there).
 GRAPH_MAX_BATCH = 256
+
+
+class GraphKey(NamedTuple):
+    """Which captured decode graph a step replays."""
+    bucket: int          # rows, padded up to a BUCKETS size
+    sample: bool         # the sampler runs inside the graph
+    slot: int            # input set, used by turns
+    shared: bool         # rows of one request (AttentionMetadata.shared_context: a verification step)
+    short: bool          # the longest context is at most DecodeGraphs.short_context
 
 
 class DecodeGraphs:
@@ -48,10 +58,9 @@ class DecodeGraphs:
         # 8-bit pages: batches whose longest context is at most this have graphs of their own, whose
         # attention may take its short-split kernels (attn_cuda.graph_short_context); else None
         self.short_context = graph_short_context(*kv_caches[0]) if kv_caches else None
-        # (bucket, with the sampler, slot, shared_context, short) -> graph
-        self.graphs: dict[tuple[int, bool, int, bool, bool], object] = {}
-        self.last_key = None                  # the key of the graph the last step replayed
-        self.logits: dict[tuple[int, bool, int, bool, bool], object] = {}
+        self.graphs: dict[GraphKey, object] = {}
+        self.last_key: GraphKey | None = None          # the graph the last step replayed
+        self.logits: dict[GraphKey, object] = {}
         # The graph's sampler writes to its slot's result buffer: a step's results are copied to
         # the host while the next step runs (its sampled ids are that step's inputs too).
         self.sampled, self._work = [], None
@@ -93,8 +102,8 @@ class DecodeGraphs:
             h["state_rows"][n:b] = self.states.scratch_slot
 
     def capture(self, b: int, sample: bool = False, slot: int = 0, shared: bool = False, short: bool = False) -> None:
-        """The graph of key (b, sample, slot, shared, short): a bucket's decode step, with the sampler or
-        not, on input slot `slot`, its rows of one request each or (shared) some of one request
+        """The graph of GraphKey(b, sample, slot, shared, short): a bucket's decode step, with the sampler
+        or not, on input slot `slot`, its rows of one request each or (shared) some of one request
         (AttentionMetadata.shared_context: a verification step), for batches whose longest context is
         at most self.short_context (short) or any."""
         cp, inp = self.cp, self.inputs[slot]
@@ -116,8 +125,9 @@ class DecodeGraphs:
             self.stream.begin_capture()
             with pdl.enabled():
                 logits = self._forward(inp, b, sample, shared, short)
-            self.graphs[b, sample, slot, shared, short] = self.stream.end_capture()
-            self.logits[b, sample, slot, shared, short] = logits
+            key = GraphKey(b, sample, slot, shared, short)
+            self.graphs[key] = self.stream.end_capture()
+            self.logits[key] = logits
         self.stream.synchronize()
 
     def run(self, ids: np.ndarray, pos: np.ndarray, meta: AttentionMetadata, fed=None, params=None,
@@ -134,7 +144,7 @@ class DecodeGraphs:
         self._slot ^= 1
         slot = self._slot
         short = self.short_context is not None and int(np.max(meta.seq_lens)) <= self.short_context
-        key, inp = (b, sample, slot, meta.shared_context, short), self.inputs[slot]
+        key, inp = GraphKey(b, sample, slot, meta.shared_context, short), self.inputs[slot]
         self.last_key = key
         if key not in self.graphs:
             self.capture(*key)
