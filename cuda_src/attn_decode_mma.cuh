@@ -697,6 +697,8 @@ __device__ __forceinline__ void decode_mma_body(
 #define DECODE_MMA_KERNEL(KV, C, CV, D)                                                               \
     DECODE_MMA_KERNEL_G(KV, C, CV, D, , false, KvCode<C>::QUANT)                                      \
     DECODE_MMA_KERNEL_G(KV, C, CV, D, _g8, true, KvCode<C>::QUANT)
-#define DECODE_MMA_KERNEL_K16(KV, C, CV, D)                                                           \
+// 8-bit codes: the KRing kernels and the _k16 ones (K in registers, 16-key steps)
+#define DECODE_MMA_KERNEL_KV8(KV, C, CV, D)                                                           \
+    DECODE_MMA_KERNEL(KV, C, CV, D)                                                                   \
     DECODE_MMA_KERNEL_G(KV, C, CV, D, _k16, false, false)                                             \
     DECODE_MMA_KERNEL_G(KV, C, CV, D, _k16_g8, true, false)

@@ -3,15 +3,9 @@
 // and (_k16) in registers, a module of their own that fp16 caches never compile.
 #include "attn_decode_mma.cuh"
 
-DECODE_MMA_KERNEL(i8, signed char, signed char, 64)
-DECODE_MMA_KERNEL(i8, signed char, signed char, 128)
-DECODE_MMA_KERNEL(e4m3, u8, u8, 64)
-DECODE_MMA_KERNEL(e4m3, u8, u8, 128)
-DECODE_MMA_KERNEL(k8v4, signed char, nib2, 64)
-DECODE_MMA_KERNEL(k8v4, signed char, nib2, 128)
-DECODE_MMA_KERNEL_K16(i8, signed char, signed char, 64)
-DECODE_MMA_KERNEL_K16(i8, signed char, signed char, 128)
-DECODE_MMA_KERNEL_K16(e4m3, u8, u8, 64)
-DECODE_MMA_KERNEL_K16(e4m3, u8, u8, 128)
-DECODE_MMA_KERNEL_K16(k8v4, signed char, nib2, 64)
-DECODE_MMA_KERNEL_K16(k8v4, signed char, nib2, 128)
+DECODE_MMA_KERNEL_KV8(i8, signed char, signed char, 64)
+DECODE_MMA_KERNEL_KV8(i8, signed char, signed char, 128)
+DECODE_MMA_KERNEL_KV8(e4m3, u8, u8, 64)
+DECODE_MMA_KERNEL_KV8(e4m3, u8, u8, 128)
+DECODE_MMA_KERNEL_KV8(k8v4, signed char, nib2, 64)
+DECODE_MMA_KERNEL_KV8(k8v4, signed char, nib2, 128)
