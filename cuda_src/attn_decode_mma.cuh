@@ -680,7 +680,7 @@ __device__ __forceinline__ void decode_mma_body(
 // q straight from the projection, RoPE and the KV store done here (DecodeRope's fields follow xb).
 // Names ending in _g8: for groups of at most 8 query heads (rows g + 8 of the tiles unused: fewer
 // registers and instructions). 8-bit codes: K through the KRing (32-key steps), or with _k16 before
-// _g8 in registers (16-key steps; DECODE_MMA_KERNEL_K16).
+// _g8 in registers (16-key steps; DECODE_MMA_KERNEL_KV8).
 #define DECODE_MMA_KERNEL_G(KV, C, CV, D, SUFFIX, G8, RING)                                           \
     extern "C" __global__ void __launch_bounds__(DM_THREADS) attn_decode_mma_##KV##_hd##D##SUFFIX(    \
         DECODE_MMA_PARAMS(C, CV, __restrict__)) {                                                     \
