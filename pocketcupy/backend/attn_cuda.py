@@ -271,12 +271,12 @@ def attn_decode(q, k_cache, v_cache, meta: AttentionMetadata, scale: float, out=
     q, qs = row_view(q, hq * d)
     if variant == "mma" and (q.data.ptr % 16 or qs % 4):   # its q loads are 16-byte vectors
         q, qs = row_view(cp.ascontiguousarray(q), hq * d)
+    width = meta.block_tables.shape[1] * meta.block_size     # the longest context the tables can hold
     if num_splits is None:
-        num_splits = decode_splits(b, hkv, meta.block_tables.shape[1] * meta.block_size, variant)
+        num_splits = decode_splits(b, hkv, width, variant)
     if not 1 <= num_splits <= DECODE_MAX_SPLITS:
         raise ValueError(f"attn_decode: num_splits {num_splits} outside 1..{DECODE_MAX_SPLITS}")
     if k_ring is None:
-        width = meta.block_tables.shape[1] * meta.block_size
         k_ring = decode_k_ring(kv.tag, width if meta.max_context is None else meta.max_context, num_splits)
     elif k_ring and kv.tag == "f16":
         raise ValueError("attn_decode: k_ring needs 8-bit K pages")
