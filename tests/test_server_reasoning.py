@@ -18,6 +18,7 @@ THINK = {"model": MODEL, "messages": [{"role": "user", "content": "Why is the sk
          "temperature": 0, "structured_outputs": {"regex": "<think>[a-z ]{3,20}</think>\\n?[A-Za-z ]{1,20}"}}
 PARTS = re.compile(r"<think>(.*)</think>\n*(.*)", re.S)
 PLAIN = {k: v for k, v in THINK.items() if k != "structured_outputs"}
+TOOL_REGEX = '<think>[a-z ]{3,20}</think>\\n<tool_call>\\{"name": "get_time", "arguments": \\{\\}\\}</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,7 @@ def test_openai_client(reasoner):
 
 def test_tool_call_after_the_reasoning(reasoner):
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    regex = '<think>[a-z ]{3,20}</think>\\n<tool_call>\\{"name": "get_time", "arguments": \\{\\}\\}</tool_call>'
-    body = dict(PLAIN, max_tokens=40, tools=tools, structured_outputs={"regex": regex})
+    body = dict(PLAIN, max_tokens=40, tools=tools, structured_outputs={"regex": TOOL_REGEX})
     msg = chat(reasoner, **body)["choices"][0]["message"]
     assert msg["reasoning_content"] and msg["content"] is None
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [("get_time", "{}")]
@@ -93,6 +93,32 @@ def test_tool_call_after_the_reasoning(reasoner):
     assert "".join(d.get("reasoning_content") or "" for d in deltas) == msg["reasoning_content"]
     assert [c["function"]["name"] for d in deltas for c in d.get("tool_calls", []) if "name" in c["function"]] \
         == ["get_time"]
+
+
+def test_responses_api_output_items(reasoner):
+    """The Responses API writes the same parts as items: a reasoning item, then a message (streamed:
+    reasoning_text deltas before output_text deltas); then a function call after the reasoning."""
+    whole = chat(reasoner)
+    msg = whole["choices"][0]["message"]
+    body = {"model": MODEL, "input": THINK["messages"][0]["content"], "max_output_tokens": 24, "temperature": 0,
+            "structured_outputs": THINK["structured_outputs"]}
+    status, r, _ = request(reasoner, "POST", "/v1/responses", body)
+    assert status == 200, r
+    assert [it["type"] for it in r["output"]] == ["reasoning", "message"]
+    assert r["output"][0]["content"][0]["text"] == msg["reasoning_content"]
+    assert r["output"][1]["content"][0]["text"] == msg["content"]
+    assert 0 < r["usage"]["output_tokens_details"]["reasoning_tokens"] < r["usage"]["output_tokens"]
+    assert r["usage"]["output_tokens"] == whole["usage"]["completion_tokens"]
+    status, events = sse_events(reasoner, "/v1/responses", dict(body, stream=True))
+    kinds = [e["type"] for e in events if e["type"].endswith("_text.delta")]
+    assert kinds == sorted(kinds, key=lambda k: k == "response.output_text.delta") and len(set(kinds)) == 2
+    assert [it["content"] for it in events[-1]["response"]["output"]] == [it["content"] for it in r["output"]]
+    tools = [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]
+    status, r, _ = request(reasoner, "POST", "/v1/responses", dict(body, max_output_tokens=40, tools=tools,
+                                                                     structured_outputs={"regex": TOOL_REGEX}))
+    assert status == 200, r
+    assert [it["type"] for it in r["output"]] == ["reasoning", "function_call"]
+    assert (r["output"][1]["name"], r["output"][1]["arguments"]) == ("get_time", "{}")
 
 
 def test_unknown_parser_is_a_startup_error():

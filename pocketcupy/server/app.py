@@ -10,6 +10,7 @@ from werkzeug.exceptions import HTTPException
 
 from .chat import handle_chat
 from .completions import handle_completion
+from .responses_api import handle_responses
 from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
@@ -139,6 +140,16 @@ def create_app(state) -> Flask:
     @app.post("/v1/completions")
     def completions():
         return _generate(handle_completion)
+
+    @app.post("/v1/responses")
+    def responses():
+        return _generate(handle_responses)
+
+    @app.get("/v1/responses/<path:response_id>")
+    def stored_response(response_id):
+        _ready()
+        raise ApiError(404, f"No response with id '{response_id}': this server stores no responses", "response_id",
+                       "not_found")
 
     @app.post("/tokenize")
     def tokenize():

@@ -180,7 +180,7 @@ def _parser(req: ChatRequest, forced: str | None, reasoning: str | None):
 
 
 @dataclass
-class _Update:
+class ChatUpdate:
     """What one engine step added to one choice."""
     index: int
     events: list                    # parser events: ("content", t) | ("reasoning", t) | ("call", k, name)
@@ -189,9 +189,10 @@ class _Update:
     finish_reason: str | None
     stop_reason: object
     num_tokens: int
+    num_cached_tokens: int          # prompt tokens whose KV came from the prefix cache
 
 
-def _updates(state, req: ChatRequest, job: Job, forced):
+def chat_updates(state, req: ChatRequest, job: Job, forced):
     """Engine outputs -> per-choice updates, shared by the streaming and the whole response. A forced
     call ends its choice as soon as its arguments form a JSON object; once every choice has ended
     the engine request is aborted rather than left generating."""
@@ -215,15 +216,16 @@ def _updates(state, req: ChatRequest, job: Job, forced):
                 sent[i] = len(o.logprobs)
             fr = "tool_calls" if complete else finish_reason(o, called[i])
             ended[i] = fr is not None
-            yield _Update(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids))
+            yield ChatUpdate(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids),
+                             out.num_cached_tokens or 0)
         if all(ended):
             job.close("tool_calls")
             return
 
 
-def handle_chat(state, body, gone):
-    req = parse_chat(state, body)
-    rid = new_id("chatcmpl")
+def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | None, int]:
+    """The running engine job of a parsed chat request (also the Responses API's), the function the
+    server forces the model to call (None: none) and the prompt's token count."""
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
@@ -232,14 +234,21 @@ def handle_chat(state, body, gone):
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
     job.start()
+    return job, forced, len(ids)
+
+
+def handle_chat(state, body, gone):
+    req = parse_chat(state, body)
+    rid = new_id("chatcmpl")
+    job, forced, prompt_len = start_chat_job(state, req, rid, gone)
     head = {"id": rid, "created": int(time.time()), "model": req.model, "system_fingerprint": "pocketcupy"}
     if req.stream:
-        return SSEStream(_stream(state, req, job, head, forced, len(ids)), job)
+        return SSEStream(_stream(state, req, job, head, forced, prompt_len), job)
     n = req.params.n
     content, reasoning, calls = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
     lps, final = [[] for _ in range(n)], [None] * n
     with job:
-        for u in _updates(state, req, job, forced):
+        for u in chat_updates(state, req, job, forced):
             for ev in u.events:
                 if ev[0] == "content":
                     content[u.index].append(ev[1])
@@ -265,7 +274,7 @@ def handle_chat(state, body, gone):
         choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": final[i].finish_reason,
                         "stop_reason": final[i].stop_reason})
     return dict(head, object="chat.completion", choices=choices,
-                usage=usage(len(ids), sum(u.num_tokens for u in final)))
+                usage=usage(prompt_len, sum(u.num_tokens for u in final)))
 
 
 def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
@@ -298,7 +307,7 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: i
     for i in range(n):
         yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},
                      "logprobs": None, "finish_reason": None})
-    for u in _updates(state, req, job, forced):
+    for u in chat_updates(state, req, job, forced):
         total[u.index] = u.num_tokens
         delta = _delta(u.events, call_ids[u.index], req.style)
         if delta or u.logprobs or u.finish_reason:  # one choice per chunk, as OpenAI does

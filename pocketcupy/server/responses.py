@@ -36,6 +36,11 @@ def sse(obj) -> bytes:
     return b"data: " + json_bytes(obj, separators=(",", ":")) + b"\n\n"
 
 
+def sse_event(obj) -> bytes:
+    """An SSE message named by the object's type (the Responses API's events)."""
+    return b"event: " + obj["type"].encode() + b"\n" + sse(obj)
+
+
 SSE_DONE = b"data: [DONE]\n\n"
 
 

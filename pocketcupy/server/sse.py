@@ -1,8 +1,9 @@
 """A server-sent-events body over a generator of chunk dicts.
 
-It always ends with `data: [DONE]` (after an error object if the engine failed mid-stream), and
-closing it - gunicorn does when the client's socket breaks, or when the response is done - aborts
-the engine requests that are still running, so their KV blocks go back to the pool.
+It ends with `data: [DONE]` (after an error object if the engine failed mid-stream; the Responses
+API's streams, as OpenAI's, without it), and closing it - gunicorn does when the client's socket
+breaks, or when the response is done - aborts the engine requests that are still running, so their
+KV blocks go back to the pool.
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ log = logging.getLogger("pocketcupy.server")
 
 
 class SSEStream:
-    def __init__(self, chunks, job):
-        self.chunks, self.job = chunks, job
+    """chunks: dicts, each written by `fmt` (the Responses API's: sse_event, named by its type)."""
+
+    def __init__(self, chunks, job, fmt=sse, done: bool = True):
+        self.chunks, self.job, self.fmt, self.done = chunks, job, fmt, done
 
     def __iter__(self):
         try:
             for c in self.chunks:
-                yield sse(c)
+                yield self.fmt(c)
         except ClientGone:
             log.info("client of %s went away; request aborted", self.job.request_id)
             return
@@ -31,7 +34,8 @@ class SSEStream:
                                  "type": "server_error", "param": None, "code": "internal_error"}})
         finally:
             self.job.close()
-        yield SSE_DONE
+        if self.done:
+            yield SSE_DONE
 
     def close(self) -> None:
         close = getattr(self.chunks, "close", None)

@@ -1,0 +1,196 @@
+"""POST /v1/responses: OpenAI's Responses API on the chat path (responses_input translates the
+request). The output is a list of typed items -- reasoning (with a reasoning parser), message,
+function_call -- in the order the model wrote them; streamed, as the API's named events
+(response.created ... response.completed). Nothing is stored: `store` is reported false, as vLLM
+does without its response store, and `previous_response_id` is a 400."""
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+import uuid
+
+from .chat import chat_updates, parse_chat, start_chat_job
+from .protocol import ApiError, Fields
+from .responses import sse_event
+from .responses_input import as_chat_body, renamed
+from .sse import SSEStream
+
+# the Responses fields a response object repeats from its request (absent: null)
+ECHOED = ("instructions", "max_output_tokens", "metadata", "service_tier", "top_logprobs", "user")
+
+
+def item_id(prefix: str) -> str:
+    """OpenAI's ids: resp_..., msg_..., rs_..., fc_..."""
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class OutputItems:
+    """A response's output items, built from the chat parser's events (chat.ChatUpdate.events).
+    Every change also comes back as the stream events announcing it (without sequence numbers);
+    an item is closed (its done events) when the next one opens or the response ends."""
+
+    def __init__(self, call_id):
+        self.items: list[dict] = []
+        self.call_id = call_id
+        self.current: int | None = None      # the item that text goes to
+        self.calls: dict[int, int] = {}      # the parser's call index -> item index
+        self.logprobs: list = []             # tokens' logprobs not yet given to an output_text
+
+    def _ref(self, i: int) -> dict:
+        return {"item_id": self.items[i]["id"], "output_index": i}
+
+    def _open(self, item: dict) -> list[dict]:
+        out = self._close("completed")
+        self.items.append(item)
+        i = self.current = len(self.items) - 1
+        if item["type"] == "function_call":
+            return out + [{"type": "response.output_item.added", "output_index": i, "item": copy.deepcopy(item)}]
+        out.append({"type": "response.output_item.added", "output_index": i, "item": dict(item, content=[])})
+        return out + [{"type": "response.content_part.added", **self._ref(i), "content_index": 0,
+                       "part": copy.deepcopy(item["content"][0])}]
+
+    def _close(self, status: str) -> list[dict]:
+        i, self.current = self.current, None
+        if i is None:
+            return []
+        item = self.items[i]
+        item["status"] = status
+        ref = self._ref(i)
+        if item["type"] == "function_call":
+            out = [{"type": "response.function_call_arguments.done", **ref, "name": item["name"],
+                    "arguments": item["arguments"]}]
+        else:
+            part = item["content"][0]
+            if item["type"] == "message":
+                part["logprobs"] += self.logprobs
+                self.logprobs = []
+                done = {"type": "response.output_text.done", "text": part["text"], "logprobs": part["logprobs"]}
+            else:
+                done = {"type": "response.reasoning_text.done", "text": part["text"]}
+            out = [dict(done, **ref, content_index=0),
+                   {"type": "response.content_part.done", **ref, "content_index": 0, "part": copy.deepcopy(part)}]
+        return out + [{"type": "response.output_item.done", "output_index": i, "item": copy.deepcopy(item)}]
+
+    def _text(self, kind: str, text: str) -> list[dict]:
+        out = []
+        if self.current is None or self.items[self.current]["type"] != kind:
+            if kind == "message":
+                item = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                        "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+            else:
+                item = {"id": item_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                        "content": [{"type": "reasoning_text", "text": ""}]}
+            out = self._open(item)
+        i = self.current
+        part = self.items[i]["content"][0]
+        part["text"] += text
+        if kind == "reasoning":
+            return out + [{"type": "response.reasoning_text.delta", **self._ref(i), "content_index": 0, "delta": text}]
+        lps, self.logprobs = self.logprobs, []
+        part["logprobs"] += lps
+        return out + [{"type": "response.output_text.delta", **self._ref(i), "content_index": 0, "delta": text,
+                       "logprobs": lps}]
+
+    def feed(self, events: list, logprobs: list | None) -> list[dict]:
+        self.logprobs += logprobs or []
+        out = []
+        for ev in events:
+            if ev[0] == "content":
+                out += self._text("message", ev[1])
+            elif ev[0] == "reasoning":
+                out += self._text("reasoning", ev[1])
+            elif ev[0] == "call":
+                out += self._open({"id": item_id("fc"), "type": "function_call", "status": "in_progress",
+                                   "call_id": self.call_id(), "name": ev[2], "arguments": ""})
+                self.calls[ev[1]] = self.current
+            else:                                  # ("args", call index, text)
+                i = self.calls[ev[1]]
+                self.items[i]["arguments"] += ev[2]
+                out.append({"type": "response.function_call_arguments.delta", **self._ref(i), "delta": ev[2]})
+        return out
+
+    def finish(self, status: str) -> list[dict]:
+        """Closes the last item ('incomplete' when the response is); its events."""
+        return self._close(status)
+
+    def whole(self) -> list[dict]:
+        """The items of a whole (non-streamed) response: as chat leaves a message with tool calls
+        null when it holds only whitespace, such a message item is left out."""
+        calls = any(it["type"] == "function_call" for it in self.items)
+        return [it for it in self.items
+                if not (calls and it["type"] == "message" and not it["content"][0]["text"].strip())]
+
+
+def _parse(state, body):
+    f = Fields(body)
+    chat_body, origin = as_chat_body(f)
+    try:
+        return parse_chat(state, chat_body), origin
+    except ApiError as e:
+        raise renamed(e, origin) from None
+
+
+def handle_responses(state, body, gone):
+    req, origin = _parse(state, body)
+    rid = item_id("resp")
+    try:
+        job, forced, prompt_len = start_chat_job(state, req, rid, gone)
+    except ApiError as e:
+        raise renamed(e, origin) from None
+    text_format = (body.get("text") or {}).get("format") or {"type": "text"}
+    base = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
+            "background": False, "error": None, "incomplete_details": None, "model": req.model, "output": [],
+            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None}, "store": False,
+            "temperature": req.params.temperature, "text": {"format": text_format},
+            "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+            "top_p": req.params.top_p, "truncation": "disabled", "usage": None,
+            **{k: body.get(k) for k in ECHOED}}
+    items = OutputItems(req.style.call_id)
+    if req.stream:
+        return SSEStream(_stream(state, job, req, forced, base, items, prompt_len), job, sse_event, done=False)
+    with job:
+        last = None
+        for u in chat_updates(state, req, job, forced):
+            items.feed(u.events, u.logprobs)
+            last = u
+    items.finish(_status(last))
+    return _final(state, base, items.whole(), last, prompt_len)
+
+
+def _status(last) -> str:
+    return "incomplete" if last is not None and last.finish_reason == "length" else "completed"
+
+
+def _final(state, base: dict, output: list, last, prompt_len: int) -> dict:
+    status = _status(last)
+    reasoning = "".join(it["content"][0]["text"] for it in output if it["type"] == "reasoning")
+    n_reasoning = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    n_out = last.num_tokens if last else 0
+    usage = {"input_tokens": prompt_len,
+             "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
+             "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": min(n_reasoning, n_out)},
+             "total_tokens": prompt_len + n_out}
+    return dict(base, status=status, output=output, usage=usage,
+                incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
+
+
+def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len: int):
+    seq = itertools.count()
+
+    def numbered(event: dict) -> dict:
+        event["sequence_number"] = next(seq)
+        return event
+
+    yield numbered({"type": "response.created", "response": base})
+    yield numbered({"type": "response.in_progress", "response": base})
+    last = None
+    for u in chat_updates(state, req, job, forced):
+        for e in items.feed(u.events, u.logprobs):
+            yield numbered(e)
+        last = u
+    for e in items.finish(_status(last)):
+        yield numbered(e)
+    final = _final(state, base, copy.deepcopy(items.items), last, prompt_len)
+    yield numbered({"type": f"response.{final['status']}", "response": final})

@@ -1,0 +1,203 @@
+"""A Responses API request (POST /v1/responses) as the chat request it asks for: `input` items and
+`instructions` become messages, flat function tools and `text.format` become chat's `tools` and
+`response_format`, so that one parser, template and tool path serve both endpoints. A 400 from the
+chat parser is renamed to the field the client sent."""
+from __future__ import annotations
+
+import re
+
+from .protocol import ApiError, Fields, bad, short_repr
+
+# Responses fields passed to the chat parser under the same name (vLLM's sampling extensions among them)
+SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos", "priority",
+               "user", "metadata", "service_tier", "parallel_tool_calls", "skip_special_tokens",
+               "chat_template_kwargs", "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
+               "structured_outputs")
+# OpenAI fields this server cannot honour: a 400 naming them rather than a response without them
+UNSUPPORTED = {"previous_response_id": "stored responses (this server keeps none: send the whole conversation "
+                                       "in 'input')",
+               "conversation": "stored conversations (send the whole conversation in 'input')",
+               "prompt": "stored prompt templates", "max_tool_calls": "a cap on tool calls",
+               "context_management": "context management"}
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _text_content(content, where: str) -> str:
+    """A message's content: a string, or text parts (input_text / output_text) joined."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(f"{where}.content", f"'{where}.content' must be a string or an array of text parts")
+    texts = []
+    for j, part in enumerate(content):
+        p = f"{where}.content[{j}]"
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS + ("refusal",):
+            kind = part.get("type") if isinstance(part, dict) else None
+            raise bad(p, f"'{p}': only text parts (input_text, output_text) are supported, got {short_repr(kind)}")
+        text = part.get("refusal" if part["type"] == "refusal" else "text")
+        if not isinstance(text, str):
+            raise bad(p, f"'{p}' needs a string '{'refusal' if part['type'] == 'refusal' else 'text'}'")
+        texts.append(text)
+    return "".join(texts)
+
+
+def _string(item: dict, name: str, where: str) -> str:
+    v = item.get(name)
+    if not isinstance(v, str):
+        raise bad(f"{where}.{name}", f"'{where}.{name}' must be a string, got {short_repr(v)}")
+    return v
+
+
+def input_messages(raw, instructions: str | None) -> tuple[list[dict], list[str]]:
+    """(chat messages, the request field each message came from). Consecutive function_call items
+    become one assistant message's tool_calls; reasoning items (a previous response's output sent
+    back) are dropped, as chat templates take no reasoning back."""
+    msgs, origin = [], []
+    if instructions is not None:
+        msgs.append({"role": "system", "content": instructions})
+        origin.append("instructions")
+    if isinstance(raw, str):
+        return msgs + [{"role": "user", "content": raw}], origin + ["input"]
+    if not isinstance(raw, list) or not raw:
+        raise bad("input", "'input' must be a string or a non-empty array of input items")
+    calls = None                            # the assistant message that function_call items join
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(where, f"'{where}' must be an object")
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            continue
+        if kind == "function_call":
+            if calls is None:
+                calls = {"role": "assistant", "content": None, "tool_calls": []}
+                msgs.append(calls)
+                origin.append(where)
+            calls["tool_calls"].append({"id": _string(item, "call_id", where), "type": "function", "function": {
+                "name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}})
+            continue
+        calls = None
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise bad(f"{where}.role", f"'{where}.role' must be one of user, system, developer, assistant, "
+                                           f"got {short_repr(role)}")
+            msgs.append({"role": role, "content": _text_content(item.get("content"), where)})
+        elif kind == "function_call_output":
+            out = item.get("output")
+            text = out if isinstance(out, str) else _text_content(out, where)
+            msgs.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
+        else:
+            raise bad(f"{where}.type", f"'{where}.type' must be one of message, function_call, "
+                                       f"function_call_output, reasoning, got {short_repr(kind)}")
+        origin.append(where)
+    if not msgs:
+        raise bad("input", "'input' holds no message")
+    return msgs, origin
+
+
+def _tools(raw) -> list | None:
+    """Flat function tools ({'type': 'function', 'name', 'parameters', ...}) in chat's nesting."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise bad("tools", "'tools' must be an array of function tools")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise bad(f"tools[{i}]", f"'tools[{i}]': only function tools are supported, got type {short_repr(kind)}")
+        out.append({"type": "function", "function": {k: v for k, v in t.items() if k != "type"}})
+    return out
+
+
+def _tool_choice(raw):
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        return {"type": "function", "function": {k: v for k, v in raw.items() if k != "type"}}
+    if isinstance(raw, dict):
+        raise bad("tool_choice", f"'tool_choice' of type {short_repr(raw.get('type'))} is not supported: "
+                                 "only 'none', 'auto', 'required' or a function")
+    return raw
+
+
+def _response_format(text: dict | None):
+    """`text.format` as chat's response_format (None: plain text)."""
+    if text is None:
+        return None
+    t = Fields(text, "text")
+    fmt = t.obj("format")
+    t.str("verbosity")
+    t.reject_unknown()
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") != "json_schema":
+        return fmt
+    spec = {k: v for k, v in fmt.items() if k != "type"}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def as_chat_body(f: Fields) -> tuple[dict, list[str]]:
+    """(the chat body, the request field each of its messages came from)."""
+    for name, what in UNSUPPORTED.items():
+        if f.has(name):
+            raise bad(name, f"'{name}' is not supported by this server ({what})")
+        f.get(name)
+    if f.bool("background", False):
+        raise bad("background", "'background' responses are not supported: this server stores no responses")
+    truncation = f.str("truncation", "disabled")
+    if truncation != "disabled":
+        raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400), "
+                                f"got {short_repr(truncation)}")
+    include = f.get("include") or []
+    if not isinstance(include, list) or any(v != LOGPROBS_INCLUDE for v in include):
+        raise bad("include", f"'include' may only hold {LOGPROBS_INCLUDE!r}, got {short_repr(include)}")
+    top = f.get("top_logprobs")
+    msgs, origin = input_messages(f.require("input"), f.str("instructions"))
+    body = {"messages": msgs}
+    for name in SAME_FIELDS:
+        if f.get(name) is not None:
+            body[name] = f.get(name)
+    f.bool("store")                     # nothing is stored, whatever it says (the response reports store false)
+    opts = f.obj("stream_options")      # include_obfuscation: no obfuscation is added either way
+    if opts is not None:
+        o = Fields(opts, "stream_options")
+        o.bool("include_obfuscation")
+        o.reject_unknown()
+    reasoning = f.obj("reasoning")
+    effort = None
+    if reasoning is not None:
+        r = Fields(reasoning, "reasoning")
+        effort = r.str("effort")
+        r.str("summary")
+        r.str("generate_summary")
+        r.reject_unknown()
+    extra = {"stream": f.get("stream"), "max_completion_tokens": f.get("max_output_tokens"),
+             "tools": _tools(f.get("tools")), "tool_choice": _tool_choice(f.get("tool_choice")),
+             "response_format": _response_format(f.obj("text")), "top_logprobs": top, "reasoning_effort": effort,
+             "logprobs": True if include or top is not None else None}
+    body.update({k: v for k, v in extra.items() if v is not None})
+    f.reject_unknown()
+    return body, origin
+
+
+# chat's field names in its errors -> the Responses request's
+_RENAMES = [(re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
+            (re.compile(r"\bresponse_format\.json_schema\b"), "text.format"),
+            (re.compile(r"\bresponse_format\b"), "text.format"),
+            (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
+            (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
+            (re.compile(r"\breasoning_effort\b"), "reasoning.effort"),
+            (re.compile(r"\bmessages\b"), "input")]
+
+
+def renamed(e: ApiError, origin: list[str]) -> ApiError:
+    """A chat parser's error about the translated body, naming the Responses field instead
+    (messages[i] -> the input item or `instructions` it came from)."""
+    def rename(text: str) -> str:
+        text = re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text)
+        for pattern, repl in _RENAMES:
+            text = pattern.sub(repl, text)
+        return text
+    return ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type)

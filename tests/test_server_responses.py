@@ -1,0 +1,196 @@
+"""POST /v1/responses (OpenAI's Responses API) through the official `openai` client and raw HTTP:
+the same text and token counts as the chat request it translates to, streamed as the API's event
+sequence, incomplete responses, logprobs, function calls and their round trip, text.format, and
+400s naming the Responses field."""
+import http.client
+import json
+
+import pytest
+
+from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
+
+Q = "What is the capital of France?"
+TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+NAMED = {"type": "function", "name": "get_weather"}
+
+
+def respond(client, **kw):
+    return client.responses.create(model=MODEL, **{"input": Q, "max_output_tokens": 24, "temperature": 0, **kw})
+
+
+def chat(client, messages, **kw):
+    return client.chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
+
+
+def test_text_matches_chat(client):
+    r = respond(client, instructions="Answer briefly.", max_output_tokens=40)
+    c = chat(client, [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": Q}],
+             max_tokens=40)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL and r.store is False
+    (msg,) = r.output
+    assert msg.type == "message" and msg.role == "assistant" and msg.id.startswith("msg_")
+    assert r.output_text == c.choices[0].message.content and r.output_text
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (c.usage.prompt_tokens, c.usage.completion_tokens)
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.status == ("completed" if c.choices[0].finish_reason == "stop" else "incomplete")
+    assert r.instructions == "Answer briefly." and r.max_output_tokens == 40 and r.temperature == 0
+
+
+def test_input_items_match_chat(client):
+    """Message items (text parts, developer role) become the same conversation as chat's messages."""
+    items = [{"type": "message", "role": "developer", "content": "Answer in one sentence."},
+             {"role": "user", "content": [{"type": "input_text", "text": "Name a colour."}]},
+             {"role": "assistant", "content": [{"type": "output_text", "text": "Blue.", "annotations": []}]},
+             {"role": "user", "content": "Another one?"}]
+    msgs = [{"role": "system", "content": "Answer in one sentence."}, {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "Blue."}, {"role": "user", "content": "Another one?"}]
+    r = respond(client, input=items, max_output_tokens=16)
+    c = chat(client, msgs, max_tokens=16)
+    assert r.output_text == c.choices[0].message.content
+    assert r.usage.input_tokens == c.usage.prompt_tokens
+
+
+def test_stream_events(client):
+    whole = respond(client)
+    events = list(respond(client, stream=True))
+    types = [e.type for e in events]
+    assert types[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert types[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{whole.status}"]
+    assert set(types[4:-4]) == {"response.output_text.delta"}
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].response.status == "in_progress" and events[0].response.output == []
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == whole.output_text == events[-4].text
+    item = events[2].item
+    assert all(e.item_id == item.id and e.output_index == 0 for e in deltas)
+    final = events[-1].response
+    assert final.id == events[0].response.id and final.output_text == whole.output_text
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (whole.usage.input_tokens, whole.usage.output_tokens)
+    assert final.usage.input_tokens_details.cached_tokens > 0   # the same prompt ran just before: a prefix hit
+
+
+def test_stream_helper_final_response(client):
+    with client.responses.stream(model=MODEL, input=Q, max_output_tokens=40, temperature=0) as s:
+        text = "".join(e.delta for e in s if e.type == "response.output_text.delta")
+        final = s.get_final_response()
+    assert final.status == "completed" and final.output_text == text == respond(client, max_output_tokens=40).output_text
+
+
+def test_incomplete_at_max_output_tokens(client):
+    r = respond(client, max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
+    events = list(respond(client, max_output_tokens=3, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == r.output_text
+
+
+def test_logprobs(client):
+    r = respond(client, max_output_tokens=6, include=["message.output_text.logprobs"], top_logprobs=3)
+    lps = r.output[0].content[0].logprobs
+    c = chat(client, [{"role": "user", "content": Q}], max_tokens=6, logprobs=True, top_logprobs=3)
+    want = c.choices[0].logprobs.content
+    assert [(lp.token, len(lp.top_logprobs)) for lp in lps] == [(w.token, 3) for w in want]
+    assert all(abs(lp.logprob - w.logprob) < 1e-4 for lp, w in zip(lps, want))
+    streamed = [lp for e in respond(client, max_output_tokens=6, top_logprobs=3, stream=True)
+                if e.type == "response.output_text.delta" for lp in e.logprobs]
+    assert [lp.token for lp in streamed] == [lp.token for lp in lps]
+    assert respond(client, max_output_tokens=6).output[0].content[0].logprobs == []
+
+
+def test_function_call_round_trip(client):
+    r = respond(client, input="What is the weather in Paris?", tools=TOOLS, tool_choice=NAMED)
+    (call,) = r.output
+    assert call.type == "function_call" and call.name == "get_weather" and call.id.startswith("fc_") and call.call_id
+    assert isinstance(json.loads(call.arguments)["city"], str)
+    assert r.tools[0].name == "get_weather" and r.tool_choice.name == "get_weather"
+    follow = [{"role": "user", "content": "What is the weather in Paris?"}, call.model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps({"temp_c": 18})}]
+    answer = respond(client, input=follow, tools=TOOLS, tool_choice="none")
+    assert answer.output[0].type == "message" and answer.output_text
+    plain = respond(client, input="What is the weather in Paris?", tools=TOOLS, tool_choice="none")
+    assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its output are in the prompt
+
+
+def test_function_call_streams_argument_deltas(client):
+    whole = respond(client, input="Weather in Rome?", tools=TOOLS, tool_choice="required").output[0]
+    events = list(respond(client, input="Weather in Rome?", tools=TOOLS, tool_choice="required", stream=True))
+    added = next(e for e in events if e.type == "response.output_item.added").item
+    assert added.type == "function_call" and added.name == "get_weather" and added.arguments == ""
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert len(deltas) > 1 and "".join(deltas) == done.arguments == whole.arguments
+
+
+def test_text_format_json_schema(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = respond(client, input="Describe a person as JSON.", max_output_tokens=48,
+                text={"format": {"type": "json_schema", "name": "person", "schema": schema, "strict": True}})
+    assert r.status == "completed" and r.text.format.type == "json_schema"
+    person = json.loads(r.output_text)
+    assert set(person) == {"name", "age"} and isinstance(person["age"], int)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": []}, "input"),
+    ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
+     "input[0].content[0]"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "x", "temperature": 3}, "temperature"),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
+    ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "bad name", "schema": {}}}}, "text.format.name"),
+    ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+    ({"input": "x", "n": 2}, "n"),
+    ({"input": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}, "input[1].content"),
+])
+def test_bad_requests_name_the_responses_field(server, body, param):
+    status, resp, _ = request(server, "POST", "/v1/responses", dict({"model": MODEL}, **body))
+    assert status == 400, resp
+    assert resp["error"]["param"] == param, resp
+
+
+def test_context_overflow_and_unknown_model(server):
+    status, resp, _ = request(server, "POST", "/v1/responses", {"model": MODEL, "input": "hello " * 9000})
+    assert status == 400 and resp["error"]["param"] == "input" and "maximum context length" in resp["error"]["message"]
+    status, resp, _ = request(server, "POST", "/v1/responses", {"model": MODEL, "input": "x", "max_output_tokens": 9000})
+    assert status == 400 and resp["error"]["param"] == "max_output_tokens"
+    status, resp, _ = request(server, "POST", "/v1/responses", {"model": "nope", "input": "x"})
+    assert status == 404 and resp["error"]["param"] == "model"
+
+
+def test_nothing_is_stored(server):
+    status, resp, _ = request(server, "POST", "/v1/responses",
+                              {"model": MODEL, "input": Q, "max_output_tokens": 2, "store": True})
+    assert status == 200 and resp["store"] is False
+    status, resp, _ = request(server, "GET", f"/v1/responses/{resp['id']}")
+    assert status == 404 and resp["error"]["param"] == "response_id"
+
+
+def test_raw_stream_names_each_event(server):
+    """Each SSE message has an `event:` line naming its type, and the stream ends without [DONE], as
+    OpenAI's Responses streams do."""
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = {"model": MODEL, "input": Q, "max_output_tokens": 3, "stream": True}
+    c.request("POST", "/v1/responses", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200 and r.getheader("Content-Type").startswith("text/event-stream")
+    messages = r.read().decode().strip().split("\n\n")
+    c.close()
+    for m in messages:
+        event, data = m.split("\n")
+        assert event.startswith("event: ") and data.startswith("data: ")
+        assert json.loads(data[6:])["type"] == event[7:]
+    assert messages[-1].startswith("event: response.incomplete")
