@@ -8,6 +8,8 @@ import time
 import openai
 import pytest
 
+import pocketcupy
+
 from tests.test_server_harness import MODEL, client, metric, metrics, request, server, sse_events  # noqa: F401
 
 Q = [{"role": "user", "content": "What is the capital of France?"}]
@@ -23,6 +25,7 @@ def test_models_and_probes(client, server):
         assert request(server, "GET", path)[0] == 200
     status, body, _ = request(server, "GET", f"/v1/models/{MODEL}")
     assert status == 200 and body["max_model_len"] > 0
+    assert request(server, "GET", "/version")[:2] == (200, {"version": pocketcupy.__version__})
 
 
 def test_openai_hint_fields_accepted(client):

@@ -8,6 +8,7 @@ import logging
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
+from .. import __version__
 from .chat import handle_chat
 from .completions import handle_completion
 from .responses_api import handle_responses
@@ -174,6 +175,10 @@ def create_app(state) -> Flask:
         if model_id not in state.config.served_model_names:
             raise ApiError(404, f"The model '{model_id}' does not exist", "model", "model_not_found")
         return _json(_model_card(model_id))
+
+    @app.get("/version")
+    def version():
+        return _json({"version": __version__})
 
     @app.get("/alive")
     def alive():
