@@ -65,6 +65,19 @@ def test_openai_client_with_key(keyed):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
 
 
+def test_anthropic_client_with_key(keyed):
+    """Anthropic's clients send the key as x-api-key; a wrong one is a 401 in Anthropic's body."""
+    anthropic = pytest.importorskip("anthropic")
+    keyed.wait_ready()
+    good = anthropic.Anthropic(base_url=keyed.url, api_key=KEY, max_retries=0)
+    msg = good.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert msg.usage.output_tokens >= 1
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        anthropic.Anthropic(base_url=keyed.url, api_key="nope", max_retries=0).messages.create(
+            model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "Hi"}])
+    assert e.value.body["error"]["type"] == "authentication_error"
+
+
 def test_body_limit_413(keyed):
     keyed.wait_ready()
     big = {"model": MODEL, "prompt": "x" * 5000, "max_tokens": 1}

@@ -121,6 +121,21 @@ def test_responses_api_output_items(reasoner):
     assert (r["output"][1]["name"], r["output"][1]["arguments"]) == ("get_time", "{}")
 
 
+def test_anthropic_messages_thinking_blocks(reasoner):
+    """The Messages API writes the parts as a thinking block, then a text block (streamed:
+    thinking_delta before text_delta)."""
+    msg = chat(reasoner)["choices"][0]["message"]
+    body = {"model": MODEL, "messages": THINK["messages"], "max_tokens": 24, "temperature": 0,
+            "structured_outputs": THINK["structured_outputs"]}
+    status, r, _ = request(reasoner, "POST", "/v1/messages", body)
+    assert status == 200, r
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in r["content"]] == [
+        ("thinking", msg["reasoning_content"]), ("text", msg["content"])]
+    status, events = sse_events(reasoner, "/v1/messages", dict(body, stream=True))
+    kinds = [e["delta"]["type"] for e in events if e["type"] == "content_block_delta"]
+    assert kinds == sorted(kinds, key=lambda k: k == "text_delta") and len(set(kinds)) == 2
+
+
 def test_unknown_parser_is_a_startup_error():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--reasoning-parser", "granite"],
                          capture_output=True, text=True, timeout=60)

@@ -9,6 +9,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
 
 from .. import __version__
+from .anthropic_api import handle_count_tokens, handle_messages
 from .chat import handle_chat
 from .completions import handle_completion
 from .responses_api import handle_responses
@@ -81,8 +82,10 @@ def create_app(state) -> Flask:
         if not key or request.path in PROBES:
             return None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>'",
+        if scheme.lower() != "bearer":       # Anthropic's clients send the key as x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "Incorrect or missing API key: send 'Authorization: Bearer <key>' (or x-api-key)",
                            code="invalid_api_key")
         return None
 
@@ -92,9 +95,13 @@ def create_app(state) -> Flask:
         metrics.http_requests.labels(rule, str(resp.status_code)).inc()
         return resp
 
+    def _error(e: ApiError) -> Response:
+        anthropic = request.path.startswith("/v1/messages")
+        return _json(e.anthropic_body() if anthropic else e.body(), e.status)
+
     @app.errorhandler(ApiError)
     def _api_error(e: ApiError):
-        return _json(e.body(), e.status)
+        return _error(e)
 
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException):
@@ -105,7 +112,7 @@ def create_app(state) -> Flask:
             msg = f"Unknown route {request.method} {request.path}"
         else:
             msg = e.description or e.name
-        return _json(ApiError(status, msg).body(), status)
+        return _error(ApiError(status, msg))
 
     @app.errorhandler(ClientGone)
     def _gone(e: ClientGone):
@@ -115,7 +122,7 @@ def create_app(state) -> Flask:
     @app.errorhandler(Exception)
     def _internal(e: Exception):
         log.exception("request failed: %s %s", request.method, request.path)
-        return _json(ApiError(500, f"internal server error: {type(e).__name__}").body(), 500)
+        return _error(ApiError(500, f"internal server error: {type(e).__name__}"))
 
     def _ready():
         if state.status != "ready":
@@ -151,6 +158,14 @@ def create_app(state) -> Flask:
         _ready()
         raise ApiError(404, f"No response with id '{response_id}': this server stores no responses", "response_id",
                        "not_found")
+
+    @app.post("/v1/messages")
+    def messages():
+        return _generate(handle_messages)
+
+    @app.post("/v1/messages/count_tokens")
+    def count_tokens():
+        return _json(handle_count_tokens(state, _request_body()))
 
     @app.post("/tokenize")
     def tokenize():

@@ -130,7 +130,7 @@ def parse_chat(state, body) -> ChatRequest:
                        tools, mode, forced, parallel, mt, style)
 
 
-def _encode(state, text: str) -> list[int]:
+def encode_prompt(state, text: str) -> list[int]:
     """The token ids of a rendered prompt; text the tokenizer refuses (a lone surrogate from the
     messages or tools) is a 400 naming messages."""
     try:
@@ -150,8 +150,8 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     if len(names) == 1:
         return names[0]
     # several functions: the model's most likely name among them (summed log-probs of the name tokens)
-    base = _encode(state, req.text + req.style.forced[0])
-    full = [_encode(state, req.text + forced_prefill(n, req.style.forced)) for n in names]
+    base = encode_prompt(state, req.text + req.style.forced[0])
+    full = [encode_prompt(state, req.text + forced_prefill(n, req.style.forced)) for n in names]
     cands = [truncate_prompt(c, req.params.truncate_prompt_tokens, state.engine.max_model_len) for c in full]
     for c in cands:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
@@ -229,7 +229,7 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
-    ids = truncate_prompt(_encode(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
+    ids = truncate_prompt(encode_prompt(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 from ..sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
 
@@ -18,6 +19,8 @@ INT32 = (-(2**31), 2**31 - 1)
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
           503: "service_unavailable_error"}
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                    413: "request_too_large", 500: "api_error", 503: "overloaded_error"}
 _CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
           500: "internal_error", 503: "service_unavailable"}
 
@@ -33,9 +36,28 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def anthropic_body(self) -> dict:
+        """The Anthropic Messages API's error body (its routes answer with it); it has no param
+        field, so the message names the field, as Anthropic's do ('max_tokens: ...')."""
+        kind = _ANTHROPIC_TYPES.get(self.status, "api_error" if self.status >= 500 else "invalid_request_error")
+        message = self.message if not self.param or self.param in self.message else f"{self.param}: {self.message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
 
 def bad(param: str | None, message: str) -> ApiError:
     return ApiError(400, message, param)
+
+
+def renamed_error(e: ApiError, origin: list[str], renames: list) -> ApiError:
+    """The chat parser's error about a request translated into a chat request (the Responses and
+    Anthropic APIs), naming the field the client sent: messages[i] -> origin[i] (the item or turn
+    message i came from), then each (compiled pattern, replacement) of `renames`."""
+    def rename(text: str) -> str:
+        text = re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text)
+        for pattern, repl in renames:
+            text = pattern.sub(repl, text)
+        return text
+    return ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type)
 
 
 def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None) -> ApiError:

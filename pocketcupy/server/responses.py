@@ -37,8 +37,8 @@ def sse(obj) -> bytes:
 
 
 def sse_event(obj) -> bytes:
-    """An SSE message named by the object's type (the Responses API's events)."""
-    return b"event: " + obj["type"].encode() + b"\n" + sse(obj)
+    """An SSE message named by the object's type (an error chunk without one: 'error')."""
+    return b"event: " + obj.get("type", "error").encode() + b"\n" + sse(obj)
 
 
 SSE_DONE = b"data: [DONE]\n\n"

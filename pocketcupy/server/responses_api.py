@@ -11,6 +11,7 @@ import time
 import uuid
 
 from .chat import chat_updates, parse_chat, start_chat_job
+from .output_segments import Segments
 from .protocol import ApiError, Fields
 from .responses import sse_event
 from .responses_input import as_chat_body, renamed
@@ -26,34 +27,68 @@ def item_id(prefix: str) -> str:
 
 
 class OutputItems:
-    """A response's output items, built from the chat parser's events (chat.ChatUpdate.events).
-    Every change also comes back as the stream events announcing it (without sequence numbers);
-    an item is closed (its done events) when the next one opens or the response ends."""
+    """The response's output items, one a segment of the reply (output_segments.Segments): message,
+    reasoning or function_call. Every change also comes back as the stream events announcing it
+    (without sequence numbers)."""
 
     def __init__(self, call_id):
+        self.segments = Segments()
         self.items: list[dict] = []
         self.call_id = call_id
-        self.current: int | None = None      # the item that text goes to
-        self.calls: dict[int, int] = {}      # the parser's call index -> item index
         self.logprobs: list = []             # tokens' logprobs not yet given to an output_text
+
+    def feed(self, events: list, logprobs: list | None) -> list[dict]:
+        self.logprobs += logprobs or []
+        return [e for change in self.segments.feed(events) for e in self._announce(change, "completed")]
+
+    def finish(self, status: str) -> list[dict]:
+        """Closes the last item ('incomplete' when the response is); its events."""
+        return [e for change in self.segments.close() for e in self._announce(change, status)]
+
+    def whole(self) -> list[dict]:
+        """The items of a whole (non-streamed) response."""
+        return [self.items[i] for i in self.segments.kept()]
 
     def _ref(self, i: int) -> dict:
         return {"item_id": self.items[i]["id"], "output_index": i}
 
-    def _open(self, item: dict) -> list[dict]:
-        out = self._close("completed")
-        self.items.append(item)
-        i = self.current = len(self.items) - 1
-        if item["type"] == "function_call":
-            return out + [{"type": "response.output_item.added", "output_index": i, "item": copy.deepcopy(item)}]
-        out.append({"type": "response.output_item.added", "output_index": i, "item": dict(item, content=[])})
-        return out + [{"type": "response.content_part.added", **self._ref(i), "content_index": 0,
-                       "part": copy.deepcopy(item["content"][0])}]
+    def _announce(self, change: tuple, status: str) -> list[dict]:
+        what, i = change[0], change[1]
+        kind = self.segments.segs[i]["kind"]
+        if what == "open":
+            return self._open(i, kind)
+        if what == "close":
+            return self._close(i, status)
+        text, item = change[2], self.items[i]
+        if kind == "call":
+            item["arguments"] += text
+            return [{"type": "response.function_call_arguments.delta", **self._ref(i), "delta": text}]
+        item["content"][0]["text"] += text
+        if kind == "reasoning":
+            return [{"type": "response.reasoning_text.delta", **self._ref(i), "content_index": 0, "delta": text}]
+        lps, self.logprobs = self.logprobs, []
+        item["content"][0]["logprobs"] += lps
+        return [{"type": "response.output_text.delta", **self._ref(i), "content_index": 0, "delta": text,
+                 "logprobs": lps}]
 
-    def _close(self, status: str) -> list[dict]:
-        i, self.current = self.current, None
-        if i is None:
-            return []
+    def _open(self, i: int, kind: str) -> list[dict]:
+        if kind == "call":
+            item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": self.call_id(),
+                    "name": self.segments.segs[i]["name"], "arguments": ""}
+            self.items.append(item)
+            return [{"type": "response.output_item.added", "output_index": i, "item": copy.deepcopy(item)}]
+        if kind == "content":
+            item = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                    "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
+        else:
+            item = {"id": item_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                    "content": [{"type": "reasoning_text", "text": ""}]}
+        self.items.append(item)
+        return [{"type": "response.output_item.added", "output_index": i, "item": dict(item, content=[])},
+                {"type": "response.content_part.added", **self._ref(i), "content_index": 0,
+                 "part": copy.deepcopy(item["content"][0])}]
+
+    def _close(self, i: int, status: str) -> list[dict]:
         item = self.items[i]
         item["status"] = status
         ref = self._ref(i)
@@ -71,55 +106,6 @@ class OutputItems:
             out = [dict(done, **ref, content_index=0),
                    {"type": "response.content_part.done", **ref, "content_index": 0, "part": copy.deepcopy(part)}]
         return out + [{"type": "response.output_item.done", "output_index": i, "item": copy.deepcopy(item)}]
-
-    def _text(self, kind: str, text: str) -> list[dict]:
-        out = []
-        if self.current is None or self.items[self.current]["type"] != kind:
-            if kind == "message":
-                item = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
-                        "content": [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]}
-            else:
-                item = {"id": item_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
-                        "content": [{"type": "reasoning_text", "text": ""}]}
-            out = self._open(item)
-        i = self.current
-        part = self.items[i]["content"][0]
-        part["text"] += text
-        if kind == "reasoning":
-            return out + [{"type": "response.reasoning_text.delta", **self._ref(i), "content_index": 0, "delta": text}]
-        lps, self.logprobs = self.logprobs, []
-        part["logprobs"] += lps
-        return out + [{"type": "response.output_text.delta", **self._ref(i), "content_index": 0, "delta": text,
-                       "logprobs": lps}]
-
-    def feed(self, events: list, logprobs: list | None) -> list[dict]:
-        self.logprobs += logprobs or []
-        out = []
-        for ev in events:
-            if ev[0] == "content":
-                out += self._text("message", ev[1])
-            elif ev[0] == "reasoning":
-                out += self._text("reasoning", ev[1])
-            elif ev[0] == "call":
-                out += self._open({"id": item_id("fc"), "type": "function_call", "status": "in_progress",
-                                   "call_id": self.call_id(), "name": ev[2], "arguments": ""})
-                self.calls[ev[1]] = self.current
-            else:                                  # ("args", call index, text)
-                i = self.calls[ev[1]]
-                self.items[i]["arguments"] += ev[2]
-                out.append({"type": "response.function_call_arguments.delta", **self._ref(i), "delta": ev[2]})
-        return out
-
-    def finish(self, status: str) -> list[dict]:
-        """Closes the last item ('incomplete' when the response is); its events."""
-        return self._close(status)
-
-    def whole(self) -> list[dict]:
-        """The items of a whole (non-streamed) response: as chat leaves a message with tool calls
-        null when it holds only whitespace, such a message item is left out."""
-        calls = any(it["type"] == "function_call" for it in self.items)
-        return [it for it in self.items
-                if not (calls and it["type"] == "message" and not it["content"][0]["text"].strip())]
 
 
 def _parse(state, body):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .protocol import ApiError, Fields, bad, short_repr
+from .protocol import ApiError, Fields, bad, renamed_error, short_repr
 
 # Responses fields passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
@@ -193,11 +193,4 @@ _RENAMES = [(re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
 
 
 def renamed(e: ApiError, origin: list[str]) -> ApiError:
-    """A chat parser's error about the translated body, naming the Responses field instead
-    (messages[i] -> the input item or `instructions` it came from)."""
-    def rename(text: str) -> str:
-        text = re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text)
-        for pattern, repl in _RENAMES:
-            text = pattern.sub(repl, text)
-        return text
-    return ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type)
+    return renamed_error(e, origin, _RENAMES)

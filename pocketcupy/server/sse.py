@@ -15,11 +15,17 @@ from .responses import SSE_DONE, sse
 log = logging.getLogger("pocketcupy.server")
 
 
-class SSEStream:
-    """chunks: dicts, each written by `fmt` (the Responses API's: sse_event, named by its type)."""
+def openai_error(message: str) -> dict:
+    """The chunk that ends an OpenAI stream whose generation failed (the client raises it)."""
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
 
-    def __init__(self, chunks, job, fmt=sse, done: bool = True):
-        self.chunks, self.job, self.fmt, self.done = chunks, job, fmt, done
+
+class SSEStream:
+    """chunks: dicts, each written by `fmt` (the Responses and Anthropic APIs': sse_event, named by
+    its type); error: the chunk for a failed generation's message."""
+
+    def __init__(self, chunks, job, fmt=sse, done: bool = True, error=openai_error):
+        self.chunks, self.job, self.fmt, self.done, self.error = chunks, job, fmt, done, error
 
     def __iter__(self):
         try:
@@ -30,8 +36,7 @@ class SSEStream:
             return
         except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
             log.exception("stream %s failed", self.job.request_id)
-            yield sse({"error": {"message": f"generation failed: {type(e).__name__}: {e}",
-                                 "type": "server_error", "param": None, "code": "internal_error"}})
+            yield self.fmt(self.error(f"generation failed: {type(e).__name__}: {e}"))
         finally:
             self.job.close()
         if self.done:

@@ -1,0 +1,229 @@
+"""An Anthropic Messages API request (POST /v1/messages) as the chat request it asks for: `system`
+and content blocks (text, tool_use, tool_result) become chat messages, `tools` with `input_schema`
+chat's function tools, `tool_choice` auto / any / tool / none chat's, `thinking` the template's
+`enable_thinking`, `output_config.format` chat's json_schema response_format. The sampling fields the
+current API dropped (temperature, top_p, top_k) are still taken, as older clients send them. A 400
+from the chat parser is renamed to the field the client sent."""
+from __future__ import annotations
+
+import json
+import re
+
+from .protocol import ApiError, Fields, bad, renamed_error, short_repr
+
+# passed to the chat parser under the same name (vLLM's sampling extensions among them)
+SAME_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+               "frequency_penalty", "repetition_penalty", "stream", "priority", "structured_outputs",
+               "chat_template_kwargs")
+TOOL_KEYS = ("name", "description", "input_schema", "type", "cache_control")
+
+
+def _blocks(content, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad(f"{where}.content", f"'{where}.content' must be a string or an array of content blocks")
+    for j, b in enumerate(content):
+        if not isinstance(b, dict):
+            raise bad(f"{where}.content[{j}]", f"'{where}.content[{j}]' must be an object")
+    return content
+
+
+def _text(b: dict, where: str) -> str:
+    if not isinstance(b.get("text"), str):
+        raise bad(f"{where}.text", f"'{where}.text' must be a string")
+    return b["text"]
+
+
+def _tool_result(b: dict, where: str) -> dict:
+    if not isinstance(b.get("tool_use_id"), str):
+        raise bad(f"{where}.tool_use_id", f"'{where}.tool_use_id' must be a string")
+    content = b.get("content", "")
+    parts = _blocks(content, where)
+    for k, p in enumerate(parts):
+        if p.get("type") != "text":
+            raise bad(f"{where}.content[{k}]", f"'{where}.content[{k}]': only text is supported in tool results, "
+                                               f"got {short_repr(p.get('type'))}")
+    text = "".join(_text(p, f"{where}.content[{k}]") for k, p in enumerate(parts))
+    if b.get("is_error"):
+        text = f"Error: {text}"
+    return {"role": "tool", "tool_call_id": b["tool_use_id"], "content": text}
+
+
+def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
+    """(chat messages, the request field each came from). A user turn's tool_result blocks become
+    tool messages ahead of its text; an assistant turn's tool_use blocks its tool_calls; thinking
+    blocks sent back are dropped, as chat templates take no reasoning back."""
+    msgs, origin = [], []
+    if system is not None:
+        parts = _blocks(system, "system") if not isinstance(system, str) else [{"type": "text", "text": system}]
+        msgs.append({"role": "system", "content": "".join(_text(p, f"system[{k}]") for k, p in enumerate(parts))})
+        origin.append("system")
+    if not isinstance(raw, list) or not raw:
+        raise bad("messages", "'messages' must be a non-empty array")
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            raise bad(f"{where}.role", f"'{where}.role' must be 'user' or 'assistant'")
+        texts, calls = [], []
+        for j, b in enumerate(_blocks(m.get("content"), where)):
+            at, kind = f"{where}.content[{j}]", b.get("type")
+            if kind == "text":
+                texts.append(_text(b, at))
+            elif kind == "tool_result" and m["role"] == "user":
+                msgs.append(_tool_result(b, at))
+                origin.append(where)
+            elif kind == "tool_use" and m["role"] == "assistant":
+                if not isinstance(b.get("id"), str) or not isinstance(b.get("name"), str) \
+                        or not isinstance(b.get("input"), dict):
+                    raise bad(at, f"'{at}': tool_use blocks need a string id and name and an object input")
+                calls.append({"id": b["id"], "type": "function",
+                              "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
+            elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+                continue
+            else:
+                raise bad(at, f"'{at}': a {m['role']} turn may hold text"
+                              f"{', tool_result' if m['role'] == 'user' else ', tool_use, thinking'} blocks here, "
+                              f"got {short_repr(kind)}")
+        if texts or calls or not m.get("content"):
+            msg = {"role": m["role"], "content": "".join(texts) if texts or not calls else None}
+            if calls:
+                msg["tool_calls"] = calls
+            msgs.append(msg)
+            origin.append(where)
+    return msgs, origin
+
+
+def _tools(raw) -> list | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise bad("tools", "'tools' must be an array of tools")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom":
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise bad(f"tools[{i}]", f"'tools[{i}]': only custom tools (name, input_schema) are supported, got type "
+                                     f"{short_repr(kind)}")
+        unknown = sorted(set(t) - set(TOOL_KEYS))
+        if unknown:
+            raise bad(f"tools[{i}].{unknown[0]}", f"Unrecognized tool field: tools[{i}].{unknown[0]}")
+        fn = {"name": t.get("name"), "parameters": t.get("input_schema")}
+        if t.get("description") is not None:
+            fn["description"] = t["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def _tool_choice(raw) -> tuple[object, bool | None]:
+    """(chat's tool_choice, parallel_tool_calls)."""
+    if raw is None:
+        return None, None
+    c = Fields(raw, "tool_choice")
+    kind = c.str("type")
+    parallel = c.bool("disable_parallel_tool_use")
+    name = c.str("name")
+    c.reject_unknown()
+    modes = {"auto": "auto", "any": "required", "none": "none"}
+    if kind == "tool":
+        if name is None:
+            raise bad("tool_choice.name", "'tool_choice.name' is required with type 'tool'")
+        mode = {"type": "function", "function": {"name": name}}
+    elif kind in modes:
+        mode = modes[kind]
+    else:
+        raise bad("tool_choice.type", f"'tool_choice.type' must be one of auto, any, tool, none, got {short_repr(kind)}")
+    return mode, None if parallel is None else not parallel
+
+
+def _thinking(raw) -> bool | None:
+    """Whether the template is asked to let the model think (None: not said). budget_tokens is
+    checked, not enforced: the thinking ends within max_tokens."""
+    if raw is None:
+        return None
+    t = Fields(raw, "thinking")
+    kind = t.str("type")
+    t.int("budget_tokens", None, 1, None)
+    t.reject_unknown()
+    if kind not in ("enabled", "disabled", "adaptive"):
+        raise bad("thinking.type", f"'thinking.type' must be 'enabled', 'disabled' or 'adaptive', got {short_repr(kind)}")
+    return kind != "disabled"
+
+
+def _output_config(raw) -> tuple[dict | None, str | None]:
+    """(chat's response_format, reasoning effort) of `output_config`."""
+    if raw is None:
+        return None, None
+    o = Fields(raw, "output_config")
+    effort = o.str("effort")
+    fmt = o.obj("format")
+    o.reject_unknown()
+    if fmt is None:
+        return None, effort
+    f = Fields(fmt, "output_config.format")
+    if f.str("type") != "json_schema":
+        raise bad("output_config.format.type", "'output_config.format.type' must be 'json_schema'")
+    schema = f.obj("schema")
+    f.reject_unknown()
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}, effort
+
+
+def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
+    """(the chat body, the request field each of its messages came from); count_only: the fields of
+    /v1/messages/count_tokens (no max_tokens)."""
+    msgs, origin = chat_messages(f.require("messages"), f.get("system"))
+    body = {"messages": msgs}
+    if msgs[-1]["role"] == "assistant" and not msgs[-1].get("tool_calls"):
+        # a last assistant turn is a prefill: the reply continues it
+        body.update(continue_final_message=True, add_generation_prompt=False)
+    if not count_only:
+        f.require("max_tokens")
+        for name in SAME_FIELDS:
+            if f.get(name) is not None:
+                body[name] = f.get(name)
+        stops = f.get("stop_sequences")
+        if stops is not None:
+            body["stop"] = stops
+        meta = f.obj("metadata")
+        if meta is not None:
+            m = Fields(meta, "metadata")
+            user = m.str("user_id")
+            m.reject_unknown()
+            if user is not None:
+                body["user"] = user
+        for hint in ("service_tier", "speed", "inference_geo"):   # no effect on the output here
+            f.str(hint)
+        response_format, effort = _output_config(f.get("output_config"))
+        if response_format is not None:
+            body["response_format"] = response_format
+        if effort is not None:
+            body["reasoning_effort"] = effort
+    else:
+        body["model"] = f.get("model")
+    tools = _tools(f.get("tools"))
+    if tools is not None:
+        body["tools"] = tools
+    mode, parallel = _tool_choice(f.get("tool_choice"))
+    if mode is not None:
+        body["tool_choice"] = mode
+    if parallel is not None:
+        body["parallel_tool_calls"] = parallel
+    f.obj("cache_control")      # prefix caching is automatic
+    think = _thinking(f.get("thinking"))
+    if think is not None:
+        body["chat_template_kwargs"] = {"enable_thinking": think, **(body.get("chat_template_kwargs") or {})}
+    f.reject_unknown()
+    return body, origin
+
+
+# chat's field names in its errors -> the Messages request's
+_RENAMES = [(re.compile(r"\bstop\b"), "stop_sequences"),
+            (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "output_config.format.schema"),
+            (re.compile(r"\breasoning_effort\b"), "output_config.effort"),
+            (re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools[\1].input_schema"),
+            (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
+            (re.compile(r"\btool_choice\.function\b"), "tool_choice")]
+
+
+def renamed(e: ApiError, origin: list[str]) -> ApiError:
+    return renamed_error(e, origin, _RENAMES)

@@ -1,0 +1,184 @@
+"""POST /v1/messages (the Anthropic Messages API) through the official `anthropic` client and raw
+HTTP: the same text and token counts as the chat request it translates to, the stream's event
+sequence, stop sequences, tool use and its round trip, count_tokens, and Anthropic's error body."""
+import json
+
+import pytest
+
+from tests.test_server_harness import MODEL, request, server  # noqa: F401
+
+Q = [{"role": "user", "content": "What is the capital of France?"}]
+TOOLS = [{"name": "get_weather", "description": "Current weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+NAMED = {"type": "tool", "name": "get_weather"}
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def create(client, **kw):
+    """Greedy: the current API has no temperature, so it goes as an extra field (older clients send it)."""
+    return client.messages.create(model=MODEL, **{"messages": Q, "max_tokens": 24, "extra_body": {"temperature": 0},
+                                                   **kw})
+
+
+def chat(server, **kw):
+    status, body, _ = request(server, "POST", "/v1/chat/completions", dict({"model": MODEL, "temperature": 0}, **kw))
+    assert status == 200, body
+    return body
+
+
+def test_text_matches_chat(client, server):
+    m = create(client, system="Answer briefly.", max_tokens=40)
+    c = chat(server, messages=[{"role": "system", "content": "Answer briefly."}] + Q, max_tokens=40)
+    assert m.type == "message" and m.role == "assistant" and m.model == MODEL and m.id.startswith("msg_")
+    (block,) = m.content
+    assert block.type == "text" and block.text == c["choices"][0]["message"]["content"]
+    assert (m.usage.input_tokens, m.usage.output_tokens) == (c["usage"]["prompt_tokens"],
+                                                              c["usage"]["completion_tokens"])
+    want = {"stop": "end_turn", "length": "max_tokens"}[c["choices"][0]["finish_reason"]]
+    assert m.stop_reason == want and m.stop_sequence is None
+
+
+def test_content_blocks_and_system_blocks(client):
+    """A system prompt as text blocks and a turn as text blocks render as the plain strings do."""
+    plain = create(client, system="Answer briefly.", max_tokens=12)
+    blocks = create(client, system=[{"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}],
+                    messages=[{"role": "user", "content": [{"type": "text", "text": Q[0]["content"]}]}], max_tokens=12)
+    assert blocks.content[0].text == plain.content[0].text and blocks.usage.input_tokens == plain.usage.input_tokens
+
+
+def test_last_assistant_turn_is_a_prefill(client, server):
+    """As Anthropic's API does, the reply continues a last assistant turn (chat's continue_final_message)."""
+    turns = Q + [{"role": "assistant", "content": "The capital of France is"}]
+    m = create(client, messages=turns, max_tokens=8)
+    c = chat(server, messages=turns, max_tokens=8, continue_final_message=True, add_generation_prompt=False)
+    assert m.content[0].text == c["choices"][0]["message"]["content"] and m.content[0].text
+    assert m.usage.input_tokens == c["usage"]["prompt_tokens"]
+
+
+def test_stream_events(client, server):
+    whole = create(client)
+    status, events = _raw_stream(server, dict(model=MODEL, messages=Q, max_tokens=24, temperature=0, stream=True))
+    types = [e["type"] for e in events]
+    assert types[:2] == ["message_start", "content_block_start"] and types[-3:] == [
+        "content_block_stop", "message_delta", "message_stop"]
+    assert set(types[2:-3]) == {"content_block_delta"}
+    assert events[0]["message"]["usage"]["input_tokens"] == whole.usage.input_tokens
+    text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
+    assert text == whole.content[0].text
+    assert events[-2]["delta"]["stop_reason"] == whole.stop_reason
+    assert events[-2]["usage"]["output_tokens"] == whole.usage.output_tokens
+    with client.messages.stream(model=MODEL, messages=Q, max_tokens=24, extra_body={"temperature": 0}) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == text and final.content[0].text == text and final.stop_reason == whole.stop_reason
+
+
+def _raw_stream(server, body):
+    """-> (status, [event data]); every SSE message's `event:` line names its data's type."""
+    import http.client
+
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    c.request("POST", "/v1/messages", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    messages = r.read().decode().strip().split("\n\n")
+    c.close()
+    events = []
+    for m in messages:
+        event, data = m.split("\n")
+        events.append(json.loads(data.removeprefix("data: ")))
+        assert event == f"event: {events[-1]['type']}"
+    return r.status, events
+
+
+def test_stop_sequence(client):
+    text = create(client).content[0].text
+    word = text.split()[2]                      # a word the greedy reply writes
+    m = create(client, stop_sequences=[word])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == word
+    assert m.content[0].text == text[:text.index(word)]
+
+
+def test_tool_use_round_trip(client):
+    m = create(client, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=TOOLS,
+               tool_choice=NAMED)
+    (use,) = m.content
+    assert use.type == "tool_use" and use.name == "get_weather" and use.id.startswith("toolu_")
+    assert m.stop_reason == "tool_use" and isinstance(use.input["city"], str)
+    follow = [{"role": "user", "content": "What is the weather in Paris?"},
+              {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18C, sunny"}]}]
+    answer = create(client, messages=follow, tools=TOOLS, tool_choice={"type": "none"})
+    assert answer.content[0].type == "text" and answer.content[0].text
+    plain = create(client, messages=follow[:1], tools=TOOLS, tool_choice={"type": "none"}, max_tokens=1)
+    assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its result are in the prompt
+
+
+def test_tool_use_streams_input_json(client, server):
+    whole = create(client, messages=[{"role": "user", "content": "Weather in Rome?"}], tools=TOOLS,
+                   tool_choice={"type": "any"}).content[0]
+    status, events = _raw_stream(server, dict(model=MODEL, messages=[{"role": "user", "content": "Weather in Rome?"}],
+                                              max_tokens=24, temperature=0, stream=True, tools=TOOLS,
+                                              tool_choice={"type": "any"}))
+    start = next(e for e in events if e["type"] == "content_block_start")["content_block"]
+    assert start["type"] == "tool_use" and start["name"] == "get_weather" and start["input"] == {}
+    parts = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
+    assert len(parts) > 1 and json.loads("".join(parts)) == whole.input
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+
+
+def test_output_config_json_schema(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    m = create(client, messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=48,
+               extra_body={"temperature": 0, "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    person = json.loads(m.content[0].text)
+    assert m.stop_reason == "end_turn" and set(person) == {"name", "age"} and isinstance(person["age"], int)
+
+
+def test_count_tokens(client):
+    kw = dict(system="Answer briefly.", messages=Q, tools=TOOLS)
+    counted = client.messages.count_tokens(model=MODEL, **kw).input_tokens
+    assert counted == create(client, max_tokens=1, **kw).usage.input_tokens
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"messages": Q}, "max_tokens"),
+    ({"messages": [], "max_tokens": 4}, "messages"),
+    ({"messages": [{"role": "system", "content": "x"}], "max_tokens": 4}, "messages[0].role"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}], "max_tokens": 4},
+     "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}],
+      "max_tokens": 4}, "messages[0].content[0]"),
+    ({"messages": Q, "max_tokens": 0}, "max_tokens"),
+    ({"messages": Q, "max_tokens": 4, "temperature": 5}, "temperature"),
+    ({"messages": Q, "max_tokens": 4, "stop_sequences": [""]}, "stop_sequences"),
+    ({"messages": Q, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
+    ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
+    ({"messages": Q, "max_tokens": 4, "thinking": {"type": "sometimes"}}, "thinking.type"),
+    ({"messages": Q, "max_tokens": 4, "container": "x"}, "container"),
+    ({"messages": Q, "max_tokens": 9000}, "max_tokens"),
+    ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
+    ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": 3}}},
+     "output_config.format.schema"),
+])
+def test_bad_requests_have_anthropic_error_bodies(server, body, field):
+    status, resp, _ = request(server, "POST", "/v1/messages", dict({"model": MODEL}, **body))
+    assert status == 400, resp
+    assert resp["type"] == "error" and resp["error"]["type"] == "invalid_request_error"
+    assert field in resp["error"]["message"], resp
+
+
+def test_client_errors(client):
+    import anthropic
+
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="nope", messages=Q, max_tokens=4)
+    assert e.value.body["error"]["type"] == "not_found_error"
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model=MODEL, messages=[{"role": "user", "content": "x" * 40000}], max_tokens=4)
