@@ -296,6 +296,36 @@ def test_tokenize_and_detokenize(client, server):
     assert request(server, "POST", "/detokenize", {"model": "nope", "tokens": [1]})[0] == 404
 
 
+def test_return_token_ids(client, server):
+    """vLLM's return_token_ids: chat gives the prompt's ids (those /tokenize counts) and each choice's
+    generated ids; streamed, the first chunk has the prompt's and each chunk the ids since the
+    last, joining to the whole response's. Completions give both per choice."""
+    extra = {"return_token_ids": True}
+    whole = chat(client, max_tokens=10, n=2, temperature=1.0, seed=3, extra_body=extra).model_dump()
+    tokenized = request(server, "POST", "/tokenize", {"messages": Q})[1]["tokens"]
+    assert whole["prompt_token_ids"] == tokenized and len(tokenized) == whole["usage"]["prompt_tokens"]
+    for c in whole["choices"]:
+        ids = c["token_ids"]
+        assert request(server, "POST", "/detokenize", {"tokens": ids})[1]["prompt"].startswith(c["message"]["content"])
+    assert sum(len(c["token_ids"]) for c in whole["choices"]) == whole["usage"]["completion_tokens"]
+    chunks = [ch.model_dump() for ch in chat(client, max_tokens=10, n=2, temperature=1.0, seed=3, stream=True,
+                                             extra_body=extra)]
+    assert chunks[0]["prompt_token_ids"] == tokenized and all("prompt_token_ids" not in ch for ch in chunks[2:])
+    for i, c in enumerate(whole["choices"]):
+        streamed = [t for ch in chunks for d in ch["choices"] if d["index"] == i for t in d.get("token_ids") or []]
+        assert streamed == c["token_ids"]
+    assert "prompt_token_ids" not in chat(client, max_tokens=2).model_dump()
+    comp = client.completions.create(model=MODEL, prompt=["One, two,", "Hello"], max_tokens=4, temperature=0,
+                                     extra_body=extra)
+    for c, p in zip(comp.model_dump()["choices"], ["One, two,", "Hello"]):
+        assert c["prompt_token_ids"] == request(server, "POST", "/tokenize", {"prompt": p})[1]["tokens"]
+        assert len(c["token_ids"]) == 4
+    chunks = [ch.model_dump() for ch in client.completions.create(model=MODEL, prompt="One, two,", max_tokens=4,
+                                                                  temperature=0, stream=True, extra_body=extra)]
+    assert chunks[0]["choices"][0]["prompt_token_ids"] == comp.model_dump()["choices"][0]["prompt_token_ids"]
+    assert [t for ch in chunks for t in ch["choices"][0]["token_ids"]] == comp.model_dump()["choices"][0]["token_ids"]
+
+
 def test_stop_strings(client):
     base = chat(client, max_tokens=12).choices[0].message.content
     word = base.split()[2]

@@ -98,7 +98,8 @@ def handle_messages(state, body, gone):
     req, origin = _parse(state, body)
     mid = f"msg_{uuid.uuid4().hex[:24]}"
     try:
-        job, forced, prompt_len = start_chat_job(state, req, mid, gone)
+        job, forced, ids = start_chat_job(state, req, mid, gone)
+        prompt_len = len(ids)
     except ApiError as e:
         raise renamed(e, origin) from None
     head = {"id": mid, "type": "message", "role": "assistant", "model": req.model}

@@ -33,6 +33,7 @@ class ChatRequest:
     parallel_tool_calls: bool
     max_tokens: tuple | None
     style: ToolStyle                # how the template writes calls: forced prefill, id form, marker tokens
+    return_token_ids: bool          # vLLM's: the prompt's and each choice's token ids in the response
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -108,6 +109,7 @@ def parse_chat(state, body) -> ChatRequest:
     if top is not None and not logprobs:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
     stream, include_usage, continuous_usage = parse_stream(f)
+    return_ids = f.bool("return_token_ids", False)
     kw["structured_outputs"] = parse_structured_outputs(f)
     template = parse_template_fields(f)
     check_hint_fields(f)
@@ -127,7 +129,7 @@ def parse_chat(state, body) -> ChatRequest:
     params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, forced, parallel, mt, style)
+                       tools, mode, forced, parallel, mt, style, return_ids)
 
 
 def encode_prompt(state, text: str) -> list[int]:
@@ -190,6 +192,7 @@ class ChatUpdate:
     stop_reason: object
     num_tokens: int
     num_cached_tokens: int          # prompt tokens whose KV came from the prefix cache
+    token_ids: list                 # the choice's generated token ids so far
 
 
 def chat_updates(state, req: ChatRequest, job: Job, forced):
@@ -217,15 +220,15 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             fr = "tool_calls" if complete else finish_reason(o, called[i])
             ended[i] = fr is not None
             yield ChatUpdate(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids),
-                             out.num_cached_tokens or 0)
+                             out.num_cached_tokens or 0, o.token_ids)
         if all(ended):
             job.close("tool_calls")
             return
 
 
-def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | None, int]:
-    """The running engine job of a parsed chat request (also the Responses API's), the function the
-    server forces the model to call (None: none) and the prompt's token count."""
+def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | None, list[int]]:
+    """The running engine job of a parsed chat request (also the Responses and Anthropic APIs'), the
+    function the server forces the model to call (None: none) and the prompt's token ids."""
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
@@ -234,16 +237,16 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
     job.start()
-    return job, forced, len(ids)
+    return job, forced, ids
 
 
 def handle_chat(state, body, gone):
     req = parse_chat(state, body)
     rid = new_id("chatcmpl")
-    job, forced, prompt_len = start_chat_job(state, req, rid, gone)
+    job, forced, ids = start_chat_job(state, req, rid, gone)
     head = {"id": rid, "created": int(time.time()), "model": req.model, "system_fingerprint": "pocketcupy"}
     if req.stream:
-        return SSEStream(_stream(state, req, job, head, forced, prompt_len), job)
+        return SSEStream(_stream(state, req, job, head, forced, ids), job)
     n = req.params.n
     content, reasoning, calls = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
     lps, final = [[] for _ in range(n)], [None] * n
@@ -273,8 +276,11 @@ def handle_chat(state, body, gone):
         lp = None if req.top_logprobs is None else {"content": lps[i], "refusal": None}
         choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": final[i].finish_reason,
                         "stop_reason": final[i].stop_reason})
+        if req.return_token_ids:
+            choices[-1]["token_ids"] = list(final[i].token_ids)
+    extra = {"prompt_token_ids": ids} if req.return_token_ids else {}
     return dict(head, object="chat.completion", choices=choices,
-                usage=usage(prompt_len, sum(u.num_tokens for u in final)))
+                usage=usage(len(ids), sum(u.num_tokens for u in final)), **extra)
 
 
 def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
@@ -295,18 +301,19 @@ def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
     return delta
 
 
-def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: int):
+def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_ids: list[int]):
     n = req.params.n
     call_ids = [dict() for _ in range(n)]
-    total = [0] * n
+    total, sent_ids = [0] * n, [0] * n
 
-    def chunk(choice):
+    def chunk(choice, **extra):
         return dict(head, object="chat.completion.chunk", choices=[choice],
-                    **chunk_usage(req.include_usage, req.continuous_usage, prompt_len, sum(total)))
+                    **chunk_usage(req.include_usage, req.continuous_usage, len(prompt_ids), sum(total)), **extra)
 
     for i in range(n):
+        first = {"prompt_token_ids": prompt_ids} if req.return_token_ids and i == 0 else {}
         yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},
-                     "logprobs": None, "finish_reason": None})
+                     "logprobs": None, "finish_reason": None}, **first)
     for u in chat_updates(state, req, job, forced):
         total[u.index] = u.num_tokens
         delta = _delta(u.events, call_ids[u.index], req.style)
@@ -316,6 +323,9 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_len: i
                  "finish_reason": u.finish_reason}
             if u.finish_reason:
                 c["stop_reason"] = u.stop_reason
+            if req.return_token_ids:   # the tokens since this choice's last chunk
+                c["token_ids"] = list(u.token_ids[sent_ids[u.index]:])
+                sent_ids[u.index] = len(u.token_ids)
             yield chunk(c)
     if req.include_usage:
-        yield dict(head, object="chat.completion.chunk", choices=[], usage=usage(prompt_len, sum(total)))
+        yield dict(head, object="chat.completion.chunk", choices=[], usage=usage(len(prompt_ids), sum(total)))

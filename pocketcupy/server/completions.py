@@ -68,6 +68,7 @@ def handle_completion(state, body, gone):
     if f.get("suffix") is not None:
         raise bad("suffix", "'suffix' is not supported")
     stream, include_usage, continuous_usage = parse_stream(f)
+    return_ids = f.bool("return_token_ids", False)     # vLLM's: each choice's prompt and generated ids
     if kp is not None and stream:
         raise bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true")
     kw["structured_outputs"] = parse_structured_outputs(f)
@@ -91,7 +92,7 @@ def handle_completion(state, body, gone):
     n = params.n
     if stream:
         return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage),
-                                 scores_only), job)
+                                 scores_only, return_ids), job)
     with job:
         finals = job.results()
     choices, generated = [], 0
@@ -109,6 +110,8 @@ def handle_completion(state, body, gone):
                       "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason}
             if kp is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, kp)
+            if return_ids:
+                choice.update(prompt_token_ids=list(out.prompt_token_ids), token_ids=list(ids))
             choices.append(choice)
     return dict(head, object="text_completion", choices=choices,
                 usage=usage(sum(len(p) for p, _ in prompts), generated))
@@ -121,12 +124,13 @@ def _generated(o, scores_only: bool):
     return o.token_ids, o.logprobs or [], o.text, finish_reason(o)
 
 
-def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
-    """usage_opts: (include_usage, continuous usage) of parse_stream."""
+def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return_ids):
+    """usage_opts: (include_usage, continuous usage) of parse_stream; return_ids: a choice's first
+    chunk carries its prompt's token ids, every chunk the tokens since its last one."""
     include_usage, continuous = usage_opts
     prompt_tokens = sum(len(p) for p, _ in prompts)
     logs = {}
-    sent = {}
+    sent, sent_ids = {}, {}
     total = {}
 
     def chunk(choices):
@@ -140,7 +144,7 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
             if idx in ended:  # (n > 1: a choice that ended comes along with the others' later steps)
                 continue
             if idx not in logs:
-                logs[idx], sent[idx] = CompletionLogprobs(tok, k or 0), 0
+                logs[idx], sent[idx], sent_ids[idx] = CompletionLogprobs(tok, k or 0), 0, None
             ids, lps, _, fr = _generated(o, scores_only)
             text, lp = "" if scores_only else o.delta_text, None
             if echo and idx not in echoed:
@@ -158,6 +162,10 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only):
                 if fr:
                     c["stop_reason"] = None if scores_only else o.stop_reason
                     ended.add(idx)
+                if return_ids:
+                    if sent_ids[idx] is None:
+                        c["prompt_token_ids"], sent_ids[idx] = list(out.prompt_token_ids), 0
+                    c["token_ids"], sent_ids[idx] = list(ids[sent_ids[idx]:]), len(ids)
                 yield chunk([c])
     if include_usage:
         yield dict(head, object="text_completion", choices=[], usage=usage(prompt_tokens, sum(total.values())))

@@ -121,7 +121,8 @@ def handle_responses(state, body, gone):
     req, origin = _parse(state, body)
     rid = item_id("resp")
     try:
-        job, forced, prompt_len = start_chat_job(state, req, rid, gone)
+        job, forced, ids = start_chat_job(state, req, rid, gone)
+        prompt_len = len(ids)
     except ApiError as e:
         raise renamed(e, origin) from None
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}
