@@ -164,6 +164,8 @@ def test_count_tokens(client):
     ({"messages": Q, "max_tokens": 4, "container": "x"}, "container"),
     ({"messages": Q, "max_tokens": 9000}, "max_tokens"),
     ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
+    ({"messages": Q, "max_tokens": 4, "output_config": {"effort": "huge"}}, "output_config.effort"),
+    ({"messages": Q, "max_tokens": 4, "system": 5}, "system"),
     ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": 3}}},
      "output_config.format.schema"),
 ])

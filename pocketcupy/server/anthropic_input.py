@@ -16,6 +16,7 @@ SAME_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", 
                "frequency_penalty", "repetition_penalty", "stream", "priority", "structured_outputs",
                "chat_template_kwargs")
 TOOL_KEYS = ("name", "description", "input_schema", "type", "cache_control")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
 def _blocks(content, where: str) -> list[dict]:
@@ -56,8 +57,10 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
     blocks sent back are dropped, as chat templates take no reasoning back."""
     msgs, origin = [], []
     if system is not None:
-        parts = _blocks(system, "system") if not isinstance(system, str) else [{"type": "text", "text": system}]
-        msgs.append({"role": "system", "content": "".join(_text(p, f"system[{k}]") for k, p in enumerate(parts))})
+        if not isinstance(system, (str, list)) or any(not isinstance(p, dict) for p in system if not isinstance(system, str)):
+            raise bad("system", "'system' must be a string or an array of text blocks")
+        text = system if isinstance(system, str) else "".join(_text(p, f"system[{k}]") for k, p in enumerate(system))
+        msgs.append({"role": "system", "content": text})
         origin.append("system")
     if not isinstance(raw, list) or not raw:
         raise bad("messages", "'messages' must be a non-empty array")
@@ -156,6 +159,9 @@ def _output_config(raw) -> tuple[dict | None, str | None]:
         return None, None
     o = Fields(raw, "output_config")
     effort = o.str("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise bad("output_config.effort", f"'output_config.effort' must be one of {', '.join(EFFORTS)}, "
+                                          f"got {short_repr(effort)}")
     fmt = o.obj("format")
     o.reject_unknown()
     if fmt is None:
@@ -196,8 +202,8 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
         response_format, effort = _output_config(f.get("output_config"))
         if response_format is not None:
             body["response_format"] = response_format
-        if effort is not None:
-            body["reasoning_effort"] = effort
+        if effort is not None:        # a template variable, as chat's reasoning_effort
+            body["chat_template_kwargs"] = {"reasoning_effort": effort, **(body.get("chat_template_kwargs") or {})}
     else:
         body["model"] = f.get("model")
     tools = _tools(f.get("tools"))
@@ -219,7 +225,6 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
 # chat's field names in its errors -> the Messages request's
 _RENAMES = [(re.compile(r"\bstop\b"), "stop_sequences"),
             (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "output_config.format.schema"),
-            (re.compile(r"\breasoning_effort\b"), "output_config.effort"),
             (re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools[\1].input_schema"),
             (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
             (re.compile(r"\btool_choice\.function\b"), "tool_choice")]
