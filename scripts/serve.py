@@ -57,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
                         "(qwen3: when the reply opens one; deepseek_r1: the reply starts inside it). Default: none")
     s.add_argument("--chat-template", default=None,
                    help="a Jinja chat template used instead of the model's: a file, or the template itself (vLLM's)")
+    s.add_argument("--responses-store", type=int, default=0,
+                   help="keep the last N responses of the Responses API (store: true), in memory, for "
+                        "previous_response_id and GET /v1/responses/ID (default 0: none)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     s.add_argument("--startup-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: /ready stays 503
@@ -90,6 +93,8 @@ def main(argv=None) -> int:
         elif not os.path.exists(args.model):
             raise ValueError(f"model: {args.model} does not exist")
         chat_template = None if ns.chat_template is None else read_chat_template(ns.chat_template)
+        if ns.responses_store < 0:
+            raise ValueError(f"responses_store: must be >= 0, got {ns.responses_store}")
         for name in ("port", "max_request_bytes", "client_timeout", "threads", "http_threads", "graceful_timeout"):
             v = getattr(ns, name)
             if v is not None and v < 1:
@@ -103,7 +108,8 @@ def main(argv=None) -> int:
     config = ServerConfig(engine_args=args, served_model_names=names, api_key=api_key,
                           max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
                           url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay,
-                          reasoning_parser=ns.reasoning_parser, chat_template=chat_template)
+                          reasoning_parser=ns.reasoning_parser, chat_template=chat_template,
+                          responses_store=ns.responses_store)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,
                "graceful_timeout": ns.graceful_timeout, "keepalive": 5, "loglevel": ns.log_level,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, ServerProcess, client, request, server  # noqa: F401
 
 Q = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
@@ -194,3 +194,49 @@ def test_raw_stream_names_each_event(server):
         assert event.startswith("event: ") and data.startswith("data: ")
         assert json.loads(data[6:])["type"] == event[7:]
     assert messages[-1].startswith("event: response.incomplete")
+
+
+@pytest.fixture(scope="module")
+def stored(smollm2_gguf):
+    """A server with a response store of two responses."""
+    from openai import OpenAI
+
+    s = ServerProcess(smollm2_gguf, "--responses-store", "2")
+    try:
+        s.wait_ready()
+        yield s, OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        s.stop()
+
+
+def test_previous_response_id_continues_the_conversation(stored):
+    srv, c = stored
+    first = respond(c, input="My name is Ada. Say hello to me.", instructions="Be brief.")
+    assert first.store is True
+    second = respond(c, input="What is my name?", previous_response_id=first.id)
+    assert second.previous_response_id == first.id
+    # the same conversation sent whole (the first turn's instructions do not carry over)
+    turns = [{"role": "user", "content": "My name is Ada. Say hello to me."},
+             {"role": "assistant", "content": first.output_text}, {"role": "user", "content": "What is my name?"}]
+    whole = respond(c, input=turns, store=False)
+    assert second.output_text == whole.output_text and second.usage.input_tokens == whole.usage.input_tokens
+    streamed = list(respond(c, input="And again?", previous_response_id=second.id, stream=True))
+    third = c.responses.retrieve(streamed[-1].response.id)
+    assert third.previous_response_id == second.id and third.output_text == streamed[-1].response.output_text
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+
+
+def test_store_retrieve_delete_and_evict(stored):
+    srv, c = stored
+    kept = respond(c, max_output_tokens=4)
+    assert c.responses.retrieve(kept.id).output_text == kept.output_text
+    unkept = respond(c, max_output_tokens=4, store=False)
+    assert unkept.store is False and request(srv, "GET", f"/v1/responses/{unkept.id}")[0] == 404
+    status, body, _ = request(srv, "DELETE", f"/v1/responses/{kept.id}")
+    assert status == 200 and body == {"id": kept.id, "object": "response.deleted", "deleted": True}
+    assert request(srv, "GET", f"/v1/responses/{kept.id}")[0] == 404
+    status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "input": "x",
+                                                             "previous_response_id": kept.id})
+    assert status == 400 and body["error"]["param"] == "previous_response_id"
+    ids = [respond(c, max_output_tokens=2).id for _ in range(3)]   # a store of two: the oldest goes
+    assert [request(srv, "GET", f"/v1/responses/{i}")[0] for i in ids] == [404, 200, 200]

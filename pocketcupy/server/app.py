@@ -153,11 +153,24 @@ def create_app(state) -> Flask:
     def responses():
         return _generate(handle_responses)
 
+    def _stored(response_id: str) -> dict:
+        found = state.responses.get(response_id) if state.responses is not None else None
+        if found is None:
+            why = "" if state.responses is not None else " (the server keeps none: start it with --responses-store N)"
+            raise ApiError(404, f"No response with id '{response_id}'{why}", "response_id", "not_found")
+        return found[1]
+
     @app.get("/v1/responses/<path:response_id>")
     def stored_response(response_id):
         _ready()
-        raise ApiError(404, f"No response with id '{response_id}': this server stores no responses", "response_id",
-                       "not_found")
+        return _json(_stored(response_id))
+
+    @app.delete("/v1/responses/<path:response_id>")
+    def delete_response(response_id):
+        _ready()
+        _stored(response_id)
+        state.responses.delete(response_id)
+        return _json({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @app.post("/v1/messages")
     def messages():

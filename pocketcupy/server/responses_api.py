@@ -1,8 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API on the chat path (responses_input translates the
 request). The output is a list of typed items -- reasoning (with a reasoning parser), message,
 function_call -- in the order the model wrote them; streamed, as the API's named events
-(response.created ... response.completed). Nothing is stored: `store` is reported false, as vLLM
-does without its response store, and `previous_response_id` is a 400."""
+(response.created ... response.completed). Responses are kept only with the server's response
+store (`--responses-store N`, responses_store.py); without it `store` is reported false, as vLLM
+does without its store, and `previous_response_id` is a 400."""
 from __future__ import annotations
 
 import copy
@@ -109,16 +110,16 @@ class OutputItems:
 
 
 def _parse(state, body):
-    f = Fields(body)
-    chat_body, origin = as_chat_body(f)
+    chat_body, origin, items = as_chat_body(Fields(body), state.responses)
     try:
-        return parse_chat(state, chat_body), origin
+        return parse_chat(state, chat_body), origin, items
     except ApiError as e:
         raise renamed(e, origin) from None
 
 
 def handle_responses(state, body, gone):
-    req, origin = _parse(state, body)
+    req, origin, items = _parse(state, body)
+    store = state.responses if body.get("store", True) else None
     rid = item_id("resp")
     try:
         job, forced, ids = start_chat_job(state, req, rid, gone)
@@ -128,29 +129,32 @@ def handle_responses(state, body, gone):
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}
     base = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "background": False, "error": None, "incomplete_details": None, "model": req.model, "output": [],
-            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
-            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None}, "store": False,
+            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+            "store": store is not None,
             "temperature": req.params.temperature, "text": {"format": text_format},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "top_p": req.params.top_p, "truncation": "disabled", "usage": None,
             **{k: body.get(k) for k in ECHOED}}
-    items = OutputItems(req.style.call_id)
+    output = OutputItems(req.style.call_id)
+    kept = (store, items)
     if req.stream:
-        return SSEStream(_stream(state, job, req, forced, base, items, prompt_len), job, sse_event, done=False)
+        return SSEStream(_stream(state, job, req, forced, base, output, prompt_len, kept), job, sse_event, done=False)
     with job:
         last = None
         for u in chat_updates(state, req, job, forced):
-            items.feed(u.events, u.logprobs)
+            output.feed(u.events, u.logprobs)
             last = u
-    items.finish(_status(last))
-    return _final(state, base, items.whole(), last, prompt_len)
+    output.finish(_status(last))
+    return _final(state, base, output.whole(), last, prompt_len, kept)
 
 
 def _status(last) -> str:
     return "incomplete" if last is not None and last.finish_reason == "length" else "completed"
 
 
-def _final(state, base: dict, output: list, last, prompt_len: int) -> dict:
+def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) -> dict:
+    """The whole response; kept: (the store it goes to, or None; the conversation's input items)."""
     status = _status(last)
     reasoning = "".join(it["content"][0]["text"] for it in output if it["type"] == "reasoning")
     n_reasoning = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
@@ -159,11 +163,15 @@ def _final(state, base: dict, output: list, last, prompt_len: int) -> dict:
              "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": min(n_reasoning, n_out)},
              "total_tokens": prompt_len + n_out}
-    return dict(base, status=status, output=output, usage=usage,
-                incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
+    final = dict(base, status=status, output=output, usage=usage,
+                 incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
+    store, items = kept
+    if store is not None:
+        store.put(copy.deepcopy(final), items)
+    return final
 
 
-def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len: int):
+def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len: int, kept: tuple):
     seq = itertools.count()
 
     def numbered(event: dict) -> dict:
@@ -179,5 +187,5 @@ def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len:
         last = u
     for e in items.finish(_status(last)):
         yield numbered(e)
-    final = _final(state, base, copy.deepcopy(items.items), last, prompt_len)
+    final = _final(state, base, copy.deepcopy(items.items), last, prompt_len, kept)
     yield numbered({"type": f"response.{final['status']}", "response": final})

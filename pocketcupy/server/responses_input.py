@@ -15,9 +15,7 @@ SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop"
                "chat_template_kwargs", "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
                "structured_outputs")
 # OpenAI fields this server cannot honour: a 400 naming them rather than a response without them
-UNSUPPORTED = {"previous_response_id": "stored responses (this server keeps none: send the whole conversation "
-                                       "in 'input')",
-               "conversation": "stored conversations (send the whole conversation in 'input')",
+UNSUPPORTED = {"conversation": "stored conversations (send the whole conversation in 'input')",
                "prompt": "stored prompt templates", "max_tool_calls": "a cap on tool calls",
                "context_management": "context management"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -50,21 +48,18 @@ def _string(item: dict, name: str, where: str) -> str:
     return v
 
 
-def input_messages(raw, instructions: str | None) -> tuple[list[dict], list[str]]:
-    """(chat messages, the request field each message came from). Consecutive function_call items
+def input_messages(items: list, instructions: str | None, first: int = 0) -> tuple[list[dict], list[str]]:
+    """(chat messages, the request field each message came from) of input items; items before
+    `first` are a stored conversation's (previous_response_id). Consecutive function_call items
     become one assistant message's tool_calls; reasoning items (a previous response's output sent
     back) are dropped, as chat templates take no reasoning back."""
     msgs, origin = [], []
     if instructions is not None:
         msgs.append({"role": "system", "content": instructions})
         origin.append("instructions")
-    if isinstance(raw, str):
-        return msgs + [{"role": "user", "content": raw}], origin + ["input"]
-    if not isinstance(raw, list) or not raw:
-        raise bad("input", "'input' must be a string or a non-empty array of input items")
     calls = None                            # the assistant message that function_call items join
-    for i, item in enumerate(raw):
-        where = f"input[{i}]"
+    for i, item in enumerate(items):
+        where = f"input[{i - first}]" if i >= first else "previous_response_id"
         if not isinstance(item, dict):
             raise bad(where, f"'{where}' must be an object")
         kind = item.get("type", "message")
@@ -138,8 +133,29 @@ def _response_format(text: dict | None):
     return {"type": "json_schema", "json_schema": spec}
 
 
-def as_chat_body(f: Fields) -> tuple[dict, list[str]]:
-    """(the chat body, the request field each of its messages came from)."""
+def conversation(f: Fields, store) -> tuple[list, int]:
+    """(the conversation's input items, the index of this request's first): a stored response's
+    (previous_response_id; store: the server's ResponseStore, None without one) before `input`."""
+    raw = f.require("input")
+    if isinstance(raw, str):
+        raw = [{"role": "user", "content": raw}]
+    elif not isinstance(raw, list) or not raw:
+        raise bad("input", "'input' must be a string or a non-empty array of input items")
+    previous = f.str("previous_response_id")
+    if previous is None:
+        return raw, 0
+    if store is None:
+        raise bad("previous_response_id", "'previous_response_id' needs the server's response store "
+                                          "(--responses-store N); without it, send the whole conversation in 'input'")
+    history = store.history(previous)
+    if history is None:
+        raise bad("previous_response_id", f"Previous response with id {short_repr(previous)} not found")
+    return history + raw, len(history)
+
+
+def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
+    """(the chat body, the request field each of its messages came from, the conversation's input
+    items); store: the server's ResponseStore (None: none)."""
     for name, what in UNSUPPORTED.items():
         if f.has(name):
             raise bad(name, f"'{name}' is not supported by this server ({what})")
@@ -154,12 +170,13 @@ def as_chat_body(f: Fields) -> tuple[dict, list[str]]:
     if not isinstance(include, list) or any(v != LOGPROBS_INCLUDE for v in include):
         raise bad("include", f"'include' may only hold {LOGPROBS_INCLUDE!r}, got {short_repr(include)}")
     top = f.get("top_logprobs")
-    msgs, origin = input_messages(f.require("input"), f.str("instructions"))
+    items, first = conversation(f, store)
+    msgs, origin = input_messages(items, f.str("instructions"), first)
     body = {"messages": msgs}
     for name in SAME_FIELDS:
         if f.get(name) is not None:
             body[name] = f.get(name)
-    f.bool("store")                     # nothing is stored, whatever it says (the response reports store false)
+    f.bool("store")                     # (the handler reads it: kept only with the server's store)
     opts = f.obj("stream_options")      # include_obfuscation: no obfuscation is added either way
     if opts is not None:
         o = Fields(opts, "stream_options")
@@ -179,7 +196,7 @@ def as_chat_body(f: Fields) -> tuple[dict, list[str]]:
              "logprobs": True if include or top is not None else None}
     body.update({k: v for k, v in extra.items() if v is not None})
     f.reject_unknown()
-    return body, origin
+    return body, origin, items
 
 
 # chat's field names in its errors -> the Responses request's

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..args import EngineArgs
 from .metrics import Metrics
+from .responses_store import ResponseStore
 
 log = logging.getLogger("pocketcupy.server")
 
@@ -30,6 +31,7 @@ class ServerConfig:
     poll_s: float = 0.25             # how often a waiting request checks for a gone client
     reasoning_parser: str | None = None  # chat: split <think> blocks into reasoning_content (reasoning.py)
     chat_template: str | None = None     # replaces the model's chat templates (vLLM's --chat-template)
+    responses_store: int = 0             # the Responses API's stored responses (responses_store.py); 0: none
 
     @property
     def model_name(self) -> str:
@@ -44,6 +46,7 @@ class ServerState:
         self.status = "loading"      # loading | ready | draining | failed
         self.started = int(time.time())
         self.metrics = Metrics(self)
+        self.responses = ResponseStore(config.responses_store) if config.responses_store else None
 
     @property
     def ready(self) -> bool:

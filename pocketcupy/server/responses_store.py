@@ -1,0 +1,43 @@
+"""The Responses API's response store (`--responses-store N`): the last N responses a server made
+with `store` true, in memory and in this process only, so that `previous_response_id` continues a
+conversation and GET / DELETE /v1/responses/<id> find a response. Least recently used ones go
+first. Each keeps the input items its conversation had (the previous turns' included; not the
+`instructions`, which, as OpenAI's API says, do not carry over) and its output."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+
+class ResponseStore:
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"responses_store: must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: OrderedDict[str, tuple[list, dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, response: dict, input_items: list) -> None:
+        with self._lock:
+            self._items[response["id"]] = (input_items, response)
+            self._items.move_to_end(response["id"])
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+
+    def get(self, response_id: str) -> tuple[list, dict] | None:
+        """(the conversation's input items, the response), or None."""
+        with self._lock:
+            found = self._items.get(response_id)
+            if found is not None:
+                self._items.move_to_end(response_id)
+            return found
+
+    def delete(self, response_id: str) -> bool:
+        with self._lock:
+            return self._items.pop(response_id, None) is not None
+
+    def history(self, response_id: str) -> list | None:
+        """The input items that continue the conversation after this response (its input, then its
+        output items), or None if it is not stored."""
+        found = self.get(response_id)
+        return None if found is None else found[0] + found[1]["output"]
