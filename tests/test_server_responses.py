@@ -4,10 +4,13 @@ sequence, incomplete responses, logprobs, function calls and their round trip, t
 400s naming the Responses field."""
 import http.client
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.test_server_harness import MODEL, ServerProcess, client, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, ROOT, ServerProcess, client, request, server  # noqa: F401
 
 Q = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
@@ -240,3 +243,9 @@ def test_store_retrieve_delete_and_evict(stored):
     assert status == 400 and body["error"]["param"] == "previous_response_id"
     ids = [respond(c, max_output_tokens=2).id for _ in range(3)]   # a store of two: the oldest goes
     assert [request(srv, "GET", f"/v1/responses/{i}")[0] for i in ids] == [404, 200, 200]
+
+
+def test_negative_responses_store_is_a_startup_error():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--responses-store", "-1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "responses_store: must be >= 0" in out.stderr, out.stderr
