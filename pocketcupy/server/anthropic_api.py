@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import uuid
 
+from .anthropic_input import as_chat_body, renamed
 from .chat import chat_updates, encode_prompt, parse_chat, start_chat_job
 from .output_segments import Segments
 from .protocol import ApiError, Fields
-from .anthropic_input import as_chat_body, renamed
 from .responses import sse_event
 from .sse import SSEStream
 
