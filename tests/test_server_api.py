@@ -409,13 +409,19 @@ def _wait_idle(server, timeout=20.0) -> dict:
     pytest.fail(f"KV blocks not freed: {metric(m, 'pocketcupy_kv_blocks_used')}")
 
 
-@pytest.mark.parametrize("stream", [True, False])
-def test_client_gone_frees_kv_blocks(server, stream):
+STORY = [{"role": "user", "content": "Write a long story."}]
+GONE_ROUTES = {"/v1/chat/completions": {"messages": STORY, "max_tokens": 400},
+               "/v1/responses": {"input": STORY, "max_output_tokens": 400},
+               "/v1/messages": {"messages": STORY, "max_tokens": 400}}
+
+
+@pytest.mark.parametrize("path,stream", [("/v1/chat/completions", True), ("/v1/chat/completions", False),
+                                         ("/v1/responses", True), ("/v1/messages", True)])
+def test_client_gone_frees_kv_blocks(server, path, stream):
     before = metric(metrics(server), "pocketcupy_request_finished_total", finish_reason="abort")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 400,
-            "ignore_eos": True, "stream": stream}
+    body = dict(GONE_ROUTES[path], model=MODEL, ignore_eos=True, stream=stream)
     c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
     if stream:
         r = c.getresponse()
         assert r.status == 200

@@ -14,7 +14,7 @@ from .protocol import ApiError, Fields, bad, renamed_error, short_repr
 # passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                "frequency_penalty", "repetition_penalty", "stream", "priority", "structured_outputs",
-               "chat_template_kwargs")
+               "chat_template_kwargs", "ignore_eos", "min_tokens")
 TOOL_KEYS = ("name", "description", "input_schema", "type", "cache_control")
 EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
