@@ -161,7 +161,7 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
             raise bad(name, f"'{name}' is not supported by this server ({what})")
         f.get(name)
     if f.bool("background", False):
-        raise bad("background", "'background' responses are not supported: this server stores no responses")
+        raise bad("background", "'background' responses are not supported: a response is answered on its own request")
     truncation = f.str("truncation", "disabled")
     if truncation != "disabled":
         raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400), "
