@@ -1,4 +1,5 @@
-"""Starts real servers (`scripts/serve.py` in a subprocess on a free 127.0.0.1 port, CPU, SmolLM2)
+"""Starts real servers (`scripts/serve.py` in a subprocess on a free 127.0.0.1 port, SmolLM2, on the CPU
+unless POCKETCUPY_TEST_SERVER_DEVICE says otherwise)
 for the server tests, and small raw-HTTP helpers. The session-wide `server` fixture is shared by
 the test_server_*.py modules so the model loads once."""
 import http.client
@@ -15,6 +16,11 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 MODEL = "smollm2"
+# the servers' backend: cpu here and in CI; POCKETCUPY_TEST_SERVER_DEVICE=cuda runs the same tests against
+# servers on the GPU
+DEVICE = os.environ.get("POCKETCUPY_TEST_SERVER_DEVICE", "cpu")
+# on a GPU each server would size its KV pool from the memory left free, starving the next one
+GPU_SHARE = () if DEVICE == "cpu" else ("--kv-cache-memory", str(1 << 30))
 
 
 def free_port() -> int:
@@ -29,8 +35,8 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = os.path.join(tempfile.mkdtemp(prefix="pocketcupy-serve-"), "serve.log")
         self.log = open(self.log_path, "w+b")
-        cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--model", model_path, "--device", "cpu",
-               "--port", str(self.port), "--served-model-name", MODEL, "--http-threads", "48", *extra]
+        cmd = [sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--model", model_path, "--device", DEVICE,
+               "--port", str(self.port), "--served-model-name", MODEL, "--http-threads", "48", *GPU_SHARE, *extra]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
                                      env=dict(os.environ, **(env or {})))
 
