@@ -119,7 +119,7 @@ def _parse(state, body):
 
 def handle_responses(state, body, gone):
     req, origin, items = _parse(state, body)
-    store = state.responses if body.get("store", True) else None
+    store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
     rid = item_id("resp")
     try:
         job, forced, ids = start_chat_job(state, req, rid, gone)
