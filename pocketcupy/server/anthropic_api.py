@@ -11,19 +11,11 @@ import uuid
 from .anthropic_input import as_chat_body, renamed
 from .chat import chat_updates, encode_prompt, parse_chat, start_chat_job
 from .output_segments import Segments
-from .protocol import ApiError, Fields
+from .protocol import Fields
 from .responses import sse_event
 from .sse import SSEStream
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
-
-
-def _parse(state, body, count_only: bool = False):
-    chat_body, origin = as_chat_body(Fields(body), count_only)
-    try:
-        return parse_chat(state, chat_body), origin
-    except ApiError as e:
-        raise renamed(e, origin) from None
 
 
 def _input(arguments: str) -> dict:
@@ -95,13 +87,12 @@ def _usage(prompt_len: int, last) -> dict:
 
 
 def handle_messages(state, body, gone):
-    req, origin = _parse(state, body)
+    chat_body, origin = as_chat_body(Fields(body))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    try:
+    with renamed(origin):
+        req = parse_chat(state, chat_body)
         job, forced, ids = start_chat_job(state, req, mid, gone)
-        prompt_len = len(ids)
-    except ApiError as e:
-        raise renamed(e, origin) from None
+    prompt_len = len(ids)
     head = {"id": mid, "type": "message", "role": "assistant", "model": req.model}
     blocks = ContentBlocks()
     if req.stream:
@@ -139,5 +130,7 @@ def stream_error(message: str) -> dict:
 
 def handle_count_tokens(state, body) -> dict:
     """The prompt's token count as /v1/messages would render it."""
-    req, _ = _parse(state, body, count_only=True)
+    chat_body, origin = as_chat_body(Fields(body), count_only=True)
+    with renamed(origin):
+        req = parse_chat(state, chat_body)
     return {"input_tokens": len(encode_prompt(state, req.text))}

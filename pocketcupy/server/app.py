@@ -153,23 +153,23 @@ def create_app(state) -> Flask:
     def responses():
         return _generate(handle_responses)
 
-    def _stored(response_id: str) -> dict:
-        found = state.responses.get(response_id) if state.responses is not None else None
-        if found is None:
-            why = "" if state.responses is not None else " (the server keeps none: start it with --responses-store N)"
-            raise ApiError(404, f"No response with id '{response_id}'{why}", "response_id", "not_found")
-        return found[1]
+    def _no_response(response_id: str) -> ApiError:
+        why = "" if state.responses is not None else " (the server keeps none: start it with --responses-store N)"
+        return ApiError(404, f"No response with id '{response_id}'{why}", "response_id", "not_found")
 
     @app.get("/v1/responses/<path:response_id>")
     def stored_response(response_id):
         _ready()
-        return _json(_stored(response_id))
+        found = state.responses.get(response_id) if state.responses is not None else None
+        if found is None:
+            raise _no_response(response_id)
+        return _json(found[1])
 
     @app.delete("/v1/responses/<path:response_id>")
     def delete_response(response_id):
         _ready()
-        _stored(response_id)
-        state.responses.delete(response_id)
+        if state.responses is None or not state.responses.delete(response_id):
+            raise _no_response(response_id)
         return _json({"id": response_id, "object": "response.deleted", "deleted": True})
 
     @app.post("/v1/messages")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from contextlib import contextmanager
 
 from ..sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
 
@@ -48,16 +49,20 @@ def bad(param: str | None, message: str) -> ApiError:
     return ApiError(400, message, param)
 
 
-def renamed_error(e: ApiError, origin: list[str], renames: list) -> ApiError:
-    """The chat parser's error about a request translated into a chat request (the Responses and
-    Anthropic APIs), naming the field the client sent: messages[i] -> origin[i] (the item or turn
-    message i came from), then each (compiled pattern, replacement) of `renames`."""
+@contextmanager
+def renamed_errors(origin: list[str], renames: list):
+    """Within it, a chat parser's error about a request translated into a chat request (the
+    Responses and Anthropic APIs) names the field the client sent: messages[i] -> origin[i] (the
+    item or turn message i came from), then each (compiled pattern, replacement) of `renames`."""
     def rename(text: str) -> str:
         text = re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text)
         for pattern, repl in renames:
             text = pattern.sub(repl, text)
         return text
-    return ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type)
+    try:
+        yield
+    except ApiError as e:
+        raise ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type) from None
 
 
 def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None) -> ApiError:

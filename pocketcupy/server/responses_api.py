@@ -13,7 +13,7 @@ import uuid
 
 from .chat import chat_updates, parse_chat, start_chat_job
 from .output_segments import Segments
-from .protocol import ApiError, Fields
+from .protocol import Fields
 from .responses import sse_event
 from .responses_input import as_chat_body, renamed
 from .sse import SSEStream
@@ -109,23 +109,14 @@ class OutputItems:
         return out + [{"type": "response.output_item.done", "output_index": i, "item": copy.deepcopy(item)}]
 
 
-def _parse(state, body):
-    chat_body, origin, items = as_chat_body(Fields(body), state.responses)
-    try:
-        return parse_chat(state, chat_body), origin, items
-    except ApiError as e:
-        raise renamed(e, origin) from None
-
-
 def handle_responses(state, body, gone):
-    req, origin, items = _parse(state, body)
-    store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
+    chat_body, origin, items = as_chat_body(Fields(body), state.responses)
     rid = item_id("resp")
-    try:
+    with renamed(origin):
+        req = parse_chat(state, chat_body)
         job, forced, ids = start_chat_job(state, req, rid, gone)
-        prompt_len = len(ids)
-    except ApiError as e:
-        raise renamed(e, origin) from None
+    prompt_len = len(ids)
+    store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}
     base = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
             "background": False, "error": None, "incomplete_details": None, "model": req.model, "output": [],
