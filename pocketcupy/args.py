@@ -5,7 +5,8 @@ import argparse
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, fields
+import re
+from dataclasses import dataclass, field, fields
 
 from .quant.act_q8 import check_mode
 from .quant.kv_quant import check_kv_cache_dtype
@@ -16,38 +17,65 @@ SPECULATIVE_ALIASES = {"deepseek_mtp": "mtp"}   # vLLM's name
 TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b?)", re.IGNORECASE)
+
+
+def size_in_bytes(text: str) -> int:
+    """A byte count written as an integer or with a unit: 1073741824, 512MiB, 1.5GiB, 4G (powers of
+    1024), 2GB (of 1000). ValueError otherwise."""
+    m = _SIZE.fullmatch(str(text).strip())
+    if m is None:
+        raise ValueError(f"{text!r} is not a size in bytes (e.g. 1073741824, 512MiB, 4GiB, 2GB)")
+    num, letter, binary = m.groups()
+    power = "kmgt".index(letter.lower()) + 1 if letter else 0
+    whole_word = letter and not binary and m.group(0).lower().endswith("b")    # KB, MB, GB, TB: decimal
+    value = float(num) * (1000 if whole_word else 1024) ** power
+    if value != int(value):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def _opt(default, help: str, parse=None):
+    """An EngineArgs field with the help text its CLI flag shows (parse: its CLI / environment
+    values' type, where not int / float / str by the annotation)."""
+    return field(default=default, metadata={"help": help, "parse": parse})
+
+
 @dataclass
 class EngineArgs:
-    model: str | None = None               # .gguf file or HF folder; None = SmolLM2-135M-Instruct
-    device: str = "auto"                   # "auto" | "cpu" | "cuda"
-    max_model_len: int | None = None       # default: the model's context length
-    block_size: int = 16                   # tokens per KV block
-    num_kv_blocks: int | None = None       # explicit KV pool size (overrides kv_cache_memory)
-    kv_cache_memory: int | None = None     # bytes for the KV pool + recurrent state slots (default: 512 MiB on CPU)
-    kv_cache_dtype: str = "auto"           # "auto" (the backend's float type) | "int8" | "fp8" (E4M3) | "k8v4"
-                                           # (int8 K, int4 V): codes + a scale per token and KV head (quant/kv_quant.py)
-    max_num_seqs: int = 64                 # requests running at once
-    max_num_batched_tokens: int = 2048     # tokens per step (longer prompts are prefilled in chunks)
-    enable_prefix_caching: bool = True     # reuse KV blocks of equal prompt prefixes across requests
-    scheduling_policy: str = "fcfs"        # "fcfs" | "priority" (lower priority value first)
-    seed: int | None = None                # engine-wide seed for requests without their own
-    cache_dir: str | None = None           # where the default model is downloaded
-    progress: bool = True                  # progress bar while loading
-    gpu_memory_utilization: float = 0.9    # CUDA: fraction of GPU memory for weights + KV + activations
-    cuda_graphs: bool = True               # CUDA: replay decode steps as graphs (False = eager)
-    tensor_parallel_size: int = 1          # ranks (one GPU each; processes on the CPU) the model is split over
-    quant_activations: str = "auto"        # quantized linears' activations: "auto" | "q8" | "f32" (quant/act_q8.py)
-    async_scheduling: str = "auto"         # launch step N+1 before step N's tokens reach the host: "auto" (on
-                                           # for CUDA on one rank) | "on" | "off"
-    speculative_method: str = "none"       # "none" | "ngram" | "draft_model" | "mtp" (the checkpoint's multi-
-                                           # token-prediction layer; "deepseek_mtp" too): draft tokens verified
-                                           # in one forward (spec/)
-    speculative_model: str | None = None   # draft_model: the draft model's file or folder (same vocabulary)
-    num_speculative_tokens: int = 4        # draft tokens a request proposes per step
-    prompt_lookup_min: int = 2             # ngram: shortest suffix looked up in the request's tokens
-    prompt_lookup_max: int = 4             # ngram: longest suffix looked up
-    speculative_config: dict | str | None = None   # vLLM's form of the five above (a dict or its JSON text):
-                                           # method, model, num_speculative_tokens, prompt_lookup_min/max
+    model: str | None = _opt(None, "a .gguf file or Hugging Face folder (default: SmolLM2-135M-Instruct, downloaded)")
+    device: str = _opt("auto", "'auto' (CUDA where a GPU is present), 'cpu' or 'cuda'")
+    max_model_len: int | None = _opt(None, "longest prompt + output in tokens (default: the model's context length)")
+    block_size: int = _opt(16, "tokens per KV cache block")
+    num_kv_blocks: int | None = _opt(None, "KV pool size in blocks (overrides kv_cache_memory)")
+    kv_cache_memory: int | None = _opt(None, "bytes for the KV pool and recurrent state slots, e.g. 4GiB (default: "
+                                             "512 MiB on the CPU; on CUDA what gpu_memory_utilization leaves)",
+                                       size_in_bytes)
+    kv_cache_dtype: str = _opt("auto", "'auto' (the backend's float type), 'int8', 'fp8' (E4M3) or 'k8v4' (int8 K, "
+                                       "int4 V): codes and a scale per token and KV head (quant/kv_quant.py)")
+    max_num_seqs: int = _opt(64, "requests running at once")
+    max_num_batched_tokens: int = _opt(2048, "tokens per step (longer prompts are prefilled in chunks)")
+    enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of equal prompt prefixes across requests")
+    scheduling_policy: str = _opt("fcfs", "'fcfs' or 'priority' (lower priority value first)")
+    seed: int | None = _opt(None, "engine-wide seed for requests without their own")
+    cache_dir: str | None = _opt(None, "where the default model is downloaded")
+    progress: bool = _opt(True, "a progress bar while loading")
+    gpu_memory_utilization: float = _opt(0.9, "CUDA: the fraction of GPU memory for weights, KV cache and "
+                                              "activations")
+    cuda_graphs: bool = _opt(True, "CUDA: replay decode steps as graphs (off: eager)")
+    tensor_parallel_size: int = _opt(1, "ranks the model is split over (one GPU each; processes on the CPU)")
+    quant_activations: str = _opt("auto", "quantized linears' activations: 'auto', 'q8' or 'f32' (quant/act_q8.py)")
+    async_scheduling: str = _opt("auto", "launch step N+1 before step N's tokens reach the host: 'auto' (on for "
+                                         "CUDA on one rank), 'on' or 'off'")
+    speculative_method: str = _opt("none", "'none', 'ngram', 'draft_model' or 'mtp' (the checkpoint's multi-token-"
+                                           "prediction layer; 'deepseek_mtp' too): draft tokens verified in one "
+                                           "forward (spec/)")
+    speculative_model: str | None = _opt(None, "draft_model: the draft model's file or folder (same vocabulary)")
+    num_speculative_tokens: int = _opt(4, "draft tokens a request proposes per step")
+    prompt_lookup_min: int = _opt(2, "ngram: the shortest suffix looked up in the request's tokens")
+    prompt_lookup_max: int = _opt(4, "ngram: the longest suffix looked up")
+    speculative_config: dict | str | None = _opt(None, "vLLM's form of the five above (a dict or its JSON text): "
+                                                       "method, model, num_speculative_tokens, prompt_lookup_min/max")
 
     def __post_init__(self):
         def positive(name, allow_none=False):
@@ -142,11 +170,12 @@ class EngineArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in fields(cls):
             flag = "--" + f.name.replace("_", "-")
+            default = "" if "default" in f.metadata["help"] else f"default {f.default!r}; "
+            help = f"{f.metadata['help']} ({default}env {ENV_PREFIX}{f.name.upper()})"
             if f.type == "bool":
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None)
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)
             else:
-                kind = int if "int" in f.type else float if "float" in f.type else str
-                parser.add_argument(flag, type=kind, default=None)
+                parser.add_argument(flag, type=_cli_type(f), default=None, help=help)
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> "EngineArgs":
@@ -169,6 +198,11 @@ class EngineArgs:
                     raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={raw!r} is not one of "
                                      f"{', '.join(TRUE_WORDS + FALSE_WORDS)}")
                 values[f.name] = word in TRUE_WORDS
+            elif f.metadata["parse"] is not None:
+                try:
+                    values[f.name] = f.metadata["parse"](raw)
+                except ValueError as e:
+                    raise ValueError(f"{f.name}: {ENV_PREFIX}{f.name.upper()}={e}") from None
             elif "int" in f.type or "float" in f.type:
                 kind = int if "int" in f.type else float
                 try:
@@ -178,3 +212,19 @@ class EngineArgs:
             else:
                 values[f.name] = raw
         return cls(**values)
+
+
+def _cli_type(f):
+    """The argparse type of an EngineArgs field: its parse function (whose ValueError argparse shows
+    as the flag's error), else int / float / str by its annotation."""
+    parse = f.metadata["parse"]
+    if parse is None:
+        return int if "int" in f.type else float if "float" in f.type else str
+
+    def typed(text):
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    typed.__name__ = parse.__name__
+    return typed

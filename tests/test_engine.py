@@ -1,4 +1,6 @@
 """The Engine API end to end on the CPU with the real SmolLM2-135M-Instruct."""
+import argparse
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -545,6 +547,38 @@ def test_engine_args_env_bools():
     assert (EngineArgs.from_env(env).progress, EngineArgs.from_env(env).cuda_graphs) == (False, True)
     with pytest.raises(ValueError, match="^enable_prefix_caching: POCKETCUPY_ENABLE_PREFIX_CACHING='maybe'"):
         EngineArgs.from_env({"POCKETCUPY_ENABLE_PREFIX_CACHING": "maybe"})
+
+
+@pytest.mark.parametrize("text, size", [("1073741824", 1 << 30), ("512MiB", 512 << 20), ("1.5GiB", 3 << 29),
+                                         ("4g", 4 << 30), ("2GB", 2 * 10**9), ("100 KB", 10**5), ("64B", 64)])
+def test_engine_args_sizes(text, size):
+    """kv_cache_memory in the environment and on the command line takes a unit, as vLLM's and
+    llama.cpp's users write sizes; a bad one is an error naming the setting."""
+    assert EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": text}).kv_cache_memory == size
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    assert EngineArgs.from_cli(parser.parse_args(["--kv-cache-memory", text])).kv_cache_memory == size
+
+
+def test_engine_args_bad_sizes(capsys):
+    with pytest.raises(ValueError, match="^kv_cache_memory: POCKETCUPY_KV_CACHE_MEMORY='4GX' is not a size in bytes"):
+        EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": "4GX"})
+    with pytest.raises(ValueError, match="not a whole number of bytes"):
+        EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": "1.3B"})
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--kv-cache-memory", "lots"])
+    assert "--kv-cache-memory: 'lots' is not a size in bytes" in capsys.readouterr().err
+
+
+def test_cli_help_documents_every_engine_flag():
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
+    for f in dataclasses.fields(EngineArgs):
+        assert f.metadata["help"] in helps[f.name] and f"POCKETCUPY_{f.name.upper()}" in helps[f.name]
+    assert "(default 16; env POCKETCUPY_BLOCK_SIZE)" in helps["block_size"]
 
 
 def test_tokenizer_via_engine(engine):
