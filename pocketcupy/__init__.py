@@ -4,10 +4,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .args import EngineArgs
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
+from .pooling import PoolingParams
 from .sampling import SamplingParams
 
-__all__ = ["Engine", "EngineArgs", "SamplingParams", "RequestOutput", "CompletionOutput", "__version__"]
+__all__ = ["Engine", "EngineArgs", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
+           "EmbeddingRequestOutput", "__version__"]
 
 
 def __getattr__(name):  # the engine pulls in the loaders and backends: import it on first use

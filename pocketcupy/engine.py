@@ -18,7 +18,8 @@ from .engine_build import EngineBuild
 from .engine_lock import EngineLock
 from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
-from .outputs import CompletionOutput, RequestOutput
+from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from .pooling import Pooler, PoolingParams
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
@@ -164,9 +165,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._add_request(request_id, prompt, params, priority, prompt_token_ids)
 
     def _add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
-                     prompt_token_ids: list[int] | None = None, mailbox=None) -> None:
+                     prompt_token_ids: list[int] | None = None, mailbox=None,
+                     pooling: PoolingParams | None = None) -> None:
         """mailbox: an object whose append() gets each of this request's outputs as step() makes them
-        (whichever thread runs it), so that outputs never go by id to a later request of that id."""
+        (whichever thread runs it), so that outputs never go by id to a later request of that id.
+        pooling: an embedding request (params ignored): its prompt's final hidden states pooled into
+        RequestOutput.embedding; its one sampled token is not part of the result."""
+        if pooling is not None:
+            if not isinstance(pooling, PoolingParams):
+                raise ValueError(f"pooling: expected PoolingParams, got {type(pooling).__name__}")
+            params = SamplingParams(max_tokens=1, temperature=0.0, truncate_prompt_tokens=pooling.truncate_prompt_tokens)
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
@@ -200,10 +208,12 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             if params.structured_outputs is not None:
                 self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
             group = RequestGroup(request_id, text, ids, params, allowed_mask=self._allowed_mask(params),
-                                 bad_words=bad_words_token_ids(self.tokenizer, params.bad_words), mailbox=mailbox)
+                                 bad_words=bad_words_token_ids(self.tokenizer, params.bad_words), mailbox=mailbox,
+                                 pooler=None if pooling is None else Pooler(pooling))
             for i, seq_id in enumerate(seq_ids):
                 req = Request(seq_id, list(ids), max_tokens, priority=priority,
-                              want_prompt_logits=(params.prompt_logprobs is not None and i == 0))
+                              want_prompt_logits=(params.prompt_logprobs is not None or pooling is not None) and i == 0,
+                              prompt_hidden=pooling is not None)
                 group.seqs.append(self._new_sequence(group, i, req))
             # only now into the scheduler, so a request that fails above leaves nothing behind; the n
             # sequences need the same blocks, so only the first can be refused (ValueError)
@@ -335,8 +345,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self._resolve(prev, touched)
             prev = None
         sched_out = self.scheduler.schedule()
-        for seq_id in sched_out.preempted_ids:
-            self._seqs[seq_id].prompt_chunks.clear()
+        for seq_id in sched_out.preempted_ids:   # recomputed from its first token
+            s = self._seqs[seq_id]
+            s.prompt_chunks.clear()
+            if s.group.pooler is not None and s.group.embedding is None:
+                s.group.pooler = Pooler(s.group.pooler.params)
         cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
         if not sched_out.scheduled and sched_out.finished_ids:
             self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
@@ -471,16 +484,26 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         final = {out.request_id: out for out in self._run(requests) if out.finished}
         return [final[rid] for rid, _, _ in requests]
 
-    def _run(self, requests: list[tuple]) -> Iterator[RequestOutput]:
-        """Adds the (request id, prompt, params) and steps the engine until they finish, yielding
-        their outputs as they come. Another thread's step() (a concurrent generate() or stream(), a
-        step loop) may produce them: each request's go to its mailbox. Aborts what is left when the
-        caller stops early (an exception, a stream closed)."""
+    def embed(self, prompts, pooling: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+        """Embeddings of many prompts (text or token ids), run concurrently and alongside any
+        generation: each prompt's final hidden states pooled (PoolingParams; default: the last
+        token's, scaled to unit length). In the order of the prompts."""
+        pooling = PoolingParams() if pooling is None else pooling
+        requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in _as_prompt_list(prompts)]
+        final = {out.request_id: out for out in self._run(requests, pooling) if out.finished}
+        return [EmbeddingRequestOutput(rid, final[rid].prompt_token_ids, EmbeddingOutput(final[rid].embedding))
+                for rid, _, _ in requests]
+
+    def _run(self, requests: list[tuple], pooling: PoolingParams | None = None) -> Iterator[RequestOutput]:
+        """Adds the (request id, prompt, params) (pooling: as embedding requests) and steps the engine
+        until they finish, yielding their outputs as they come. Another thread's step() (a concurrent
+        generate() or stream(), a step loop) may produce them: each request's go to its mailbox.
+        Aborts what is left when the caller stops early (an exception, a stream closed)."""
         boxes = {rid: collections.deque() for rid, _, _ in requests}
         pending = set()
         try:
             for rid, prompt, params in requests:
-                self._add_request(rid, prompt, params, mailbox=boxes[rid])
+                self._add_request(rid, prompt, params, mailbox=boxes[rid], pooling=pooling)
                 pending.add(rid)
             while pending:
                 self.step()

@@ -75,16 +75,18 @@ class EngineLoop:
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                priority: int = 0, prompt_token_ids: list[int] | None = None, outputs: queue.Queue | None = None,
-               key=None) -> RequestStream:
-        """Adds a request; its outputs go to the stream returned, or, with `outputs`, as (key, output)
-        into that queue (shared by several requests, e.g. the prompts of one API call)."""
+               key=None, pooling=None) -> RequestStream:
+        """Adds a request (pooling: an embedding request, Engine._add_request's); its outputs go to
+        the stream returned, or, with `outputs`, as (key, output) into that queue (shared by several
+        requests, e.g. the prompts of one API call)."""
         if self._stopping:
             raise RuntimeError("the engine loop is shutting down")
         request_id = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(self, request_id, outputs, key)
         with self._wake:
             # the stream is the request's mailbox: its outputs reach it and no later request's of its id
-            self.engine._add_request(request_id, prompt, params, priority, prompt_token_ids, mailbox=stream)
+            self.engine._add_request(request_id, prompt, params, priority, prompt_token_ids, mailbox=stream,
+                                     pooling=pooling)
             self._streams.add(stream)
             self._wake.notify()
         return stream

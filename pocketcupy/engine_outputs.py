@@ -16,6 +16,13 @@ log = logging.getLogger("pocketcupy")
 
 class EngineOutputs:
     def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
+        """A chunk of the prompt's logits (prompt logprobs), or of its hidden states (pooling)."""
+        pooler = s.group.pooler
+        if pooler is not None:
+            pooler.add(chunk)
+            if not s.req.want_prompt_logits:
+                s.group.embedding = pooler.result()
+            return
         s.prompt_chunks.append(chunk)
         if not s.req.want_prompt_logits:
             logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
@@ -112,4 +119,5 @@ class EngineOutputs:
         req = g.seqs[0].req
         queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
         return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
-                             num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued)
+                             num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued,
+                             embedding=g.embedding if g.finished else None)

@@ -31,3 +31,18 @@ class RequestOutput:
     finished: bool = False
     num_cached_tokens: int = 0
     time_in_queue: float | None = None      # seconds from arrival to first scheduling (None until then)
+    embedding: list[float] | None = None    # a pooling request's (Engine.embed), once finished
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """Engine.embed's result for one prompt (vLLM's names: outputs.embedding)."""
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

@@ -37,6 +37,8 @@ class RequestGroup:
     bad_words: tuple = ()  # bad_words.bad_words_token_ids of params.bad_words
     mailbox: object = None  # Engine._add_request's: gets the request's outputs
     error: Exception | None = None  # what failed the request (finish_reason "error")
+    pooler: object = None  # pooling.Pooler of a pooling request (Engine.embed): its prompt's hidden states
+    embedding: list | None = None  # the pooler's result once the prompt is computed
 
     @property
     def finished(self) -> bool:

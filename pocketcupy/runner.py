@@ -19,7 +19,8 @@ class RunnerOutput:
     sample_ids: list[str]                   # requests to sample for, in row order of `logits`
     logits: object                          # [sampled rows, vocab] on the backend: a row per request,
                                             # 1 + num_draft rows for one with draft tokens
-    prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row
+    prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row (final
+                                            # hidden states where prompt_hidden: a pooling request)
     sampled: object = None                  # [len(sample_ids), SO_WORDS] results of a sampler run
                                             # inside the decode graph (logits None then)
     pre_norm_hidden: object = None          # [scheduled tokens, hidden] the last layer's output before
@@ -161,8 +162,8 @@ class ModelRunner:
         query_start = meta.query_start.tolist()
         for i, s in enumerate(out.scheduled):
             if s.prompt_logits:
-                q0, q1 = query_start[i], query_start[i + 1]
-                prompt_logits[s.request_id] = ops.to_host(self.model.compute_logits(hidden[q0:q1]))
+                rows = hidden[query_start[i]:query_start[i + 1]]
+                prompt_logits[s.request_id] = ops.to_host(rows if s.prompt_hidden else self.model.compute_logits(rows))
         sample_rows, sample_ids = _sample_rows(out, meta.query_start), [s.request_id for s in out.scheduled if s.sample]
         if not sample_rows:
             logits = None

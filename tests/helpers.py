@@ -23,6 +23,12 @@ def load_reference_model(path):
 def full_logits(model, ops, ids, block_size=16, kv_cache_dtype="auto"):
     """Logits at every position of `ids`, computed in one prefill pass (a hybrid model's recurrent
     state in one state slot)."""
+    return ops.to_host(model.compute_logits(full_hidden(model, ops, ids, block_size, kv_cache_dtype)))
+
+
+def full_hidden(model, ops, ids, block_size=16, kv_cache_dtype="auto"):
+    """The final hidden states (after the last norm) at every position of `ids`, on the backend, as
+    full_logits computes them."""
     c, n = model.config, len(ids)
     nblk = -(-n // block_size)
     caches = [ops.empty_kv_cache(nblk, block_size, c.num_kv_heads, c.head_dim, kv_cache_dtype)
@@ -33,8 +39,7 @@ def full_logits(model, ops, ids, block_size=16, kv_cache_dtype="auto"):
     states = () if shapes is None else (StateSlots(ops, shapes, 1),)
     for slots in states:
         slots.prepare(SchedulerOutput([ScheduledRequest("seq", list(ids), 0, [], True, False)]))
-    hidden = model.forward(np.asarray(ids, np.int64), np.arange(n), meta, caches, *states)
-    return ops.to_host(model.compute_logits(hidden))
+    return model.forward(np.asarray(ids, np.int64), np.arange(n), meta, caches, *states)
 
 
 def load_script(name: str):

@@ -14,6 +14,7 @@ class ScheduledRequest:
     prompt_logits: bool        # True when the runner must return logits for every prompt row
     num_draft: int = 0         # trailing draft tokens in token_ids (sample is True then): the runner
                                # returns logits for the last num_draft + 1 rows
+    prompt_hidden: bool = False  # with prompt_logits: the rows' final hidden states instead (pooling)
 
 
 @dataclass

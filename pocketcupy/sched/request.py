@@ -47,6 +47,8 @@ class Request:
     block_ids: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of the full blocks so far
     want_prompt_logits: bool = False     # cleared once the prompt's logits were produced
+    prompt_hidden: bool = False          # with want_prompt_logits: the prompt rows' final hidden states
+                                         # instead of their logits (a pooling request: embeddings)
     num_preemptions: int = 0
     num_cached_tokens: int = -1          # prompt tokens served by the prefix cache at first scheduling
     first_scheduled_time: float | None = None   # time.monotonic() when first scheduled

@@ -160,7 +160,8 @@ class Scheduler:
         # block_ids is shared, not copied: KVCacheManager replaces a request's list, never edits it
         return ScheduledRequest(req.request_id, req.token_slice(start, start + n) + list(drafts), start,
                                 req.block_ids, sample=start + n == req.num_tokens,
-                                prompt_logits=req.want_prompt_logits, num_draft=len(drafts))
+                                prompt_logits=req.want_prompt_logits, prompt_hidden=req.prompt_hidden,
+                                num_draft=len(drafts))
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_ids=self._finished_ids)

@@ -12,6 +12,7 @@ from .. import __version__
 from .anthropic_api import handle_count_tokens, handle_messages
 from .chat import handle_chat
 from .completions import handle_completion
+from .embeddings import handle_embeddings
 from .responses_api import handle_responses
 from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
@@ -171,6 +172,11 @@ def create_app(state) -> Flask:
         if state.responses is None or not state.responses.delete(response_id):
             raise _no_response(response_id)
         return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    @app.post("/v1/embeddings")
+    def embeddings():
+        _ready()
+        return _json(handle_embeddings(state, _request_body(), disconnect_probe(request.environ)))
 
     @app.post("/v1/messages")
     def messages():

@@ -14,8 +14,8 @@ MAX_PROMPTS = 64
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
-def _prompts(raw, tok) -> list[tuple[list[int], str]]:
-    """(token ids, text to echo) per prompt."""
+def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS) -> list[tuple[list[int], str]]:
+    """(token ids, text to echo) per prompt of field `name` (at most `most` of them)."""
     def is_ids(x):
         return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -26,22 +26,22 @@ def _prompts(raw, tok) -> list[tuple[list[int], str]]:
     elif isinstance(raw, list) and raw and (all(isinstance(x, str) for x in raw) or all(is_ids(x) for x in raw)):
         items = raw
     else:
-        raise bad("prompt", "'prompt' must be a string, an array of strings, an array of token ids or an "
-                            "array of token-id arrays (non-empty)")
-    if len(items) > MAX_PROMPTS:
-        raise bad("prompt", f"at most {MAX_PROMPTS} prompts per request")
+        raise bad(name, f"'{name}' must be a string, an array of strings, an array of token ids or an "
+                        "array of token-id arrays (non-empty)")
+    if len(items) > most:
+        raise bad(name, f"at most {most} prompts per request")
     out = []
     for x in items:
         if isinstance(x, str):
             if not x:
-                raise bad("prompt", "prompts must not be empty")
+                raise bad(name, "prompts must not be empty")
             try:
                 out.append((tok.encode(x), x))
             except ValueError as e:
-                raise bad("prompt", str(e)) from None
+                raise bad(name, str(e)) from None
         else:
             if any(not 0 <= t < tok.vocab_size for t in x):
-                raise bad("prompt", f"token ids must be in [0, {tok.vocab_size - 1}]")
+                raise bad(name, f"token ids must be in [0, {tok.vocab_size - 1}]")
             out.append((list(x), tok.decode(x)))
     return out
 
@@ -60,7 +60,7 @@ def handle_completion(state, body, gone):
     scores_only = _scores_only(body)
     f = Fields(dict(body, max_tokens=1) if scores_only else body)
     model = check_model(f, state.config.served_model_names)
-    prompts = _prompts(f.require("prompt"), tok)
+    prompts = parse_prompts(f.require("prompt"), tok)
     kw, priority = parse_common(f, tok.vocab_size)
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)

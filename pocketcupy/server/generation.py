@@ -33,13 +33,13 @@ class Job:
     """metered=False: a step of an API request whose own job reports its tokens, finishes and
     latencies (the forced tool call's choice of function); it only counts as in flight.
     generates=False: prompt scoring, whose one generated token is dropped: no generation tokens,
-    TTFT or TPOT are recorded."""
+    TTFT or TPOT are recorded. pooling: embedding requests (PoolingParams; they generate nothing)."""
 
     def __init__(self, state, request_id: str, prompts: list[list[int]], params, priority: int = 0,
                  gone=lambda: False, param_names: dict | None = None, metered: bool = True,
-                 generates: bool = True):
+                 generates: bool = True, pooling=None):
         self.state, self.request_id = state, request_id
-        self.metered, self.generates = metered, generates
+        self.metered, self.generates, self.pooling = metered, generates and pooling is None, pooling
         self.prompts, self.params, self.priority = prompts, params, priority
         self.gone, self.param_names = gone, param_names or {}
         self.streams: list = []
@@ -62,7 +62,7 @@ class Job:
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
                 params = self.params[i] if isinstance(self.params, list) else self.params
                 self.streams.append(self.state.loop.submit(ids, params, rid, self.priority, outputs=self._outputs,
-                                                           key=i))
+                                                           key=i, pooling=self.pooling))
         except ValueError as e:
             self.close()
             raise from_value_error(e, self.param_names.get("prompt", "messages"), self.param_names) from None

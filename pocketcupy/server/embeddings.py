@@ -1,0 +1,65 @@
+"""POST /v1/embeddings (OpenAI's, with vLLM's extensions): each input's final hidden states pooled
+by the engine (Engine.embed's path: pooling requests batched with everything else)."""
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+
+from ..pooling import POOLING_TYPES, PoolingParams
+from ..sampling import SamplingParams, truncate_prompt
+from .completions import parse_prompts
+from .generation import Job
+from .protocol import Fields, bad, check_context, check_model
+from .responses import new_id
+
+MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
+
+
+def handle_embeddings(state, body, gone) -> dict:
+    """{"model", "input": str | [str] | [ids] | [[ids]], "encoding_format": "float" | "base64",
+    "dimensions" (only the model's own), "user"; vLLM's "truncate_prompt_tokens", "normalize",
+    "priority"; ours "pooling": "last" | "mean"} -> {"object": "list", "data": [{"object":
+    "embedding", "index", "embedding"}], "model", "usage"}."""
+    engine = state.engine
+    tok = engine.tokenizer
+    f = Fields(body)
+    model = check_model(f, state.config.served_model_names)
+    prompts = parse_prompts(f.require("input"), tok, "input", MAX_INPUTS)
+    fmt = f.str("encoding_format", "float")
+    if fmt not in ("float", "base64"):
+        raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
+    dims = f.int("dimensions", None, 1)
+    if dims is not None and dims != engine.config.hidden_size:
+        raise bad("dimensions", f"this model's embeddings have {engine.config.hidden_size} dimensions and cannot "
+                                f"be shortened to {dims}")
+    f.str("user")
+    truncate = f.int("truncate_prompt_tokens", None, 1)
+    pooling_type = f.str("pooling", "last")
+    if pooling_type not in POOLING_TYPES:
+        raise bad("pooling", f"'pooling' must be one of {', '.join(map(repr, POOLING_TYPES))}, got {pooling_type!r}")
+    pooling = PoolingParams(pooling_type, f.bool("normalize", True), truncate)
+    priority = f.int("priority", 0)
+    f.reject_unknown()
+
+    C = engine.max_model_len
+    ids = [truncate_prompt(p, truncate, C) for p, _ in prompts]
+    for p in ids:
+        check_context(C, len(p), None, "input", "input")
+    rid = new_id("embd")
+    with Job(state, rid, ids, SamplingParams(max_tokens=1), priority, gone, {"prompt": "input"},
+             pooling=pooling) as job:
+        finals = job.results()
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(out.embedding, fmt)}
+            for i, out in enumerate(finals)]
+    n = sum(len(p) for p in ids)
+    return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _encoded(embedding: list[float], fmt: str):
+    """float: the numbers; base64: their float32 bytes, little-endian (what OpenAI's clients decode)."""
+    if fmt == "float":
+        return embedding
+    return base64.b64encode(np.asarray(embedding, dtype="<f4").tobytes()).decode("ascii")

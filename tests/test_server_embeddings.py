@@ -1,0 +1,71 @@
+"""POST /v1/embeddings through the official `openai` client and raw HTTP against a real server:
+float and base64 encodings give the vectors Engine.embed gives; batches of strings and of token
+ids; usage; vLLM's extensions; malformed requests get a 400 naming the field."""
+import base64
+
+import numpy as np
+import pytest
+
+from pocketcupy import Engine, PoolingParams
+
+from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
+
+TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today."]
+
+
+@pytest.fixture(scope="module")
+def local(smollm2_gguf):
+    return Engine(smollm2_gguf, device="cpu", progress=False)
+
+
+def test_openai_client_float_and_base64(client, local):
+    want = np.asarray([o.outputs.embedding for o in local.embed(TEXTS)])
+    as_float = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    as_b64 = client.embeddings.create(model=MODEL, input=TEXTS)    # the client asks for base64 and decodes it
+    for resp in (as_float, as_b64):
+        assert resp.object == "list" and resp.model == MODEL and [d.index for d in resp.data] == [0, 1]
+        got = np.asarray([d.embedding for d in resp.data])
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        n = sum(len(local.tokenizer.encode(t)) for t in TEXTS)
+        assert resp.usage.prompt_tokens == resp.usage.total_tokens == n
+
+
+def test_raw_http_token_ids_and_extensions(server, local):
+    ids = [local.tokenizer.encode(t) for t in TEXTS]
+    status, body, _ = request(server, "POST", "/v1/embeddings",
+                              {"model": MODEL, "input": ids, "encoding_format": "base64", "pooling": "mean",
+                               "normalize": False, "truncate_prompt_tokens": 5, "user": "u-1",
+                               "dimensions": local.config.hidden_size})
+    assert status == 200, body
+    got = np.asarray([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in body["data"]])
+    want = [o.outputs.embedding for o in local.embed(ids, PoolingParams("mean", False, 5))]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert body["usage"] == {"prompt_tokens": 10, "total_tokens": 10} and body["id"].startswith("embd-")
+    status, one, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "input": ids[0]})
+    assert status == 200 and len(one["data"]) == 1 and len(one["data"][0]["embedding"]) == local.config.hidden_size
+
+
+@pytest.mark.parametrize("patch, param", [
+    ({"input": None}, "input"),
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": [[1, 2], "text"]}, "input"),
+    ({"input": [10**9]}, "input"),
+    ({"encoding_format": "int8"}, "encoding_format"),
+    ({"dimensions": 8}, "dimensions"),
+    ({"pooling": "max"}, "pooling"),
+    ({"normalize": "yes"}, "normalize"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"temperature": 0.5}, "temperature"),
+    ({"input": "word " * 9000}, "input"),
+])
+def test_malformed_requests(server, patch, param):
+    body = {"model": MODEL, "input": "hello", **patch}
+    body = {k: v for k, v in body.items() if v is not None}
+    status, resp, _ = request(server, "POST", "/v1/embeddings", body)
+    assert status == 400 and resp["error"]["param"] == param, resp
+
+
+def test_unknown_model(server):
+    status, resp, _ = request(server, "POST", "/v1/embeddings", {"model": "other", "input": "hello"})
+    assert status == 404 and resp["error"]["param"] == "model"
