@@ -16,7 +16,7 @@ class Tokenizer:
                  encode_text: Callable[[str], list[int]], bos_token_id: int | None,
                  eos_token_id: int | None, eos_token_ids: Iterable[int], add_bos: bool,
                  chat_template: str | None, strip_leading_space: bool = False,
-                 tool_use_template: str | None = None):
+                 tool_use_template: str | None = None, suffix_ids: Iterable[int] = ()):
         self._tokens = tokens
         self._types = token_types
         self._pieces = piece_bytes
@@ -24,6 +24,9 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.add_bos = bool(add_bos) and bos_token_id is not None
+        # what add_special_tokens appends: the EOS of tokenizers that end every text with it, as
+        # embedding models' do (GGUF tokenizer.ggml.add_eos_token, a Hugging Face post-processor)
+        self.suffix_ids = tuple(suffix_ids)
         self.chat_template = chat_template
         # a model's named "tool_use" template, which transformers (and so vLLM) use when tools are given
         self.tool_use_template = tool_use_template
@@ -94,8 +97,8 @@ class Tokenizer:
                 raise ValueError(f"tokenizer: text has an invalid character at index {bad.start} "
                                  f"(lone surrogate)") from None
             raise e
-        if add_special_tokens and self.add_bos:
-            ids = [self.bos_token_id] + ids
+        if add_special_tokens:
+            ids = ([self.bos_token_id] if self.add_bos else []) + ids + list(self.suffix_ids)
         return ids
 
     def _check(self, token_id: int) -> int:

@@ -226,6 +226,7 @@ def build_from_gguf(meta: dict) -> dict:
         tokens=tokens, token_types=types, piece_bytes=pieces, encode_text=encode_text,
         bos_token_id=bos, eos_token_id=eos, eos_token_ids=eog,
         add_bos=add_bos_default if add_bos is None else bool(add_bos),
+        suffix_ids=[eos] if meta.get("tokenizer.ggml.add_eos_token") and eos is not None else [],
         chat_template=meta.get("tokenizer.chat_template"), strip_leading_space=add_space_prefix,
         tool_use_template=meta.get("tokenizer.chat_template.tool_use"),  # llama.cpp's key for a named template
     )

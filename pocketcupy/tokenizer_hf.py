@@ -118,10 +118,17 @@ def build_from_hf_dir(path: str) -> dict:
         bos = gen["bos_token_id"]
     eog = {eos, *gen_eos} | {vocab[t] for t in EOG_TEXTS if t in vocab and types[vocab[t]] == CONTROL}
 
+    # what the post-processor puts around a text (we add it ourselves): BOS before, EOS (or another
+    # special token, as Qwen3-Embedding's <|endoftext|>) after; tokenizer_config's flags decide first
+    plain, with_sp = tk.encode("a", add_special_tokens=False).ids, tk.encode("a", add_special_tokens=True).ids
+    at = next((i for i in range(len(with_sp) - len(plain) + 1) if with_sp[i:i + len(plain)] == plain), None)
+    prefix, suffix = ([], []) if at is None else (with_sp[:at], with_sp[at + len(plain):])
     add_bos = cfg.get("add_bos_token")
-    if add_bos is None:  # otherwise the post-processor decides; we add BOS ourselves
-        with_sp = tk.encode("a", add_special_tokens=True).ids
-        add_bos = bos is not None and with_sp[:1] == [bos] and tk.encode("a", add_special_tokens=False).ids[:1] != [bos]
+    if add_bos is None:
+        add_bos = bos is not None and prefix == [bos]
+    add_eos = cfg.get("add_eos_token")
+    if add_eos is not None:
+        suffix = [eos] if add_eos and eos is not None else []
 
     def encode_text(text: str) -> list[int]:
         return tk.encode(text, add_special_tokens=False).ids
@@ -131,4 +138,5 @@ def build_from_hf_dir(path: str) -> dict:
         tokens=tokens, token_types=types, piece_bytes=pieces, encode_text=encode_text,
         bos_token_id=bos, eos_token_id=eos, eos_token_ids=eog, add_bos=bool(add_bos),
         chat_template=templates[0], tool_use_template=templates[1], strip_leading_space=bool(spm_like and strip),
+        suffix_ids=suffix,
     )

@@ -287,6 +287,27 @@ def test_hf_dir(tmp_path):
     assert "".join(detok.push(i) for i in tok.encode("é world", False)) == "é world"
 
 
+def test_eos_appended_where_the_tokenizer_says(tmp_path):
+    """Embedding models' tokenizers end every text with EOS (or <|endoftext|>), which their last-token
+    pooling reads: GGUF's tokenizer.ggml.add_eos_token, a Hugging Face post-processor's suffix, or
+    tokenizer_config's add_eos_token. Never with add_special_tokens=False (chat templates)."""
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import processors
+
+    gguf = Tokenizer.from_gguf_metadata(_spm_meta(**{"tokenizer.ggml.add_eos_token": True}))
+    assert gguf.encode("hello")[-1] == gguf.eos_token_id == 2 and gguf.encode("hello")[0] == 1
+    assert gguf.eos_token_id not in gguf.encode("hello", add_special_tokens=False)
+    folder = _write_hf(tmp_path)
+    tk = HFTok.from_file(str(folder / "tokenizer.json"))
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A <|im_start|>",
+                                                      special_tokens=[("<s>", 265), ("<|im_start|>", 266)])
+    tk.save(str(folder / "tokenizer.json"))
+    tok = Tokenizer.from_hf_dir(str(folder))
+    assert tok.encode("hello world") == [265, 264, 260, 266] and tok.encode("hello world", False) == [264, 260]
+    _write_hf(tmp_path, config={"add_eos_token": True})     # the config decides: its eos_token, <|im_end|>
+    assert Tokenizer.from_hf_dir(str(tmp_path)).encode("hello world") == [265, 264, 260, 267]
+
+
 def test_hf_dir_config_overrides(tmp_path):
     tok = Tokenizer.from_hf_dir(str(_write_hf(tmp_path, config={"add_bos_token": False, "chat_template": None})))
     assert not tok.add_bos and tok.chat_template is None
