@@ -211,6 +211,7 @@ class ModelConfig:
     moe: MoEConfig | SparseMoEConfig | None = None
     gdn: GatedDeltaNetConfig | None = None   # Qwen3-Next: the hybrid's layer types and Gated DeltaNet sizes
     num_nextn_predict_layers: int = 0  # DeepSeek-V3: multi-token-prediction layers stored after the decoder layers
+    pooling_type: str | None = None    # an embedding model's own pooling ("mean" | "last"; GGUF {arch}.pooling_type)
 
     def __post_init__(self):
         """Values a damaged or unusual config holds, refused here rather than as a division by zero

@@ -19,7 +19,7 @@ from .engine_lock import EngineLock
 from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
 from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
-from .pooling import Pooler, PoolingParams
+from .pooling import Pooler, PoolingParams, default_pooling_type
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
@@ -174,7 +174,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if pooling is not None:
             if not isinstance(pooling, PoolingParams):
                 raise ValueError(f"pooling: expected PoolingParams, got {type(pooling).__name__}")
-            params = SamplingParams(max_tokens=1, temperature=0.0, truncate_prompt_tokens=pooling.truncate_prompt_tokens)
+            params = SamplingParams(max_tokens=1, temperature=0.0,
+                                    truncate_prompt_tokens=pooling.truncate_prompt_tokens)
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
@@ -486,9 +487,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def embed(self, prompts, pooling: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
         """Embeddings of many prompts (text or token ids), run concurrently and alongside any
-        generation: each prompt's final hidden states pooled (PoolingParams; default: the last
-        token's, scaled to unit length). In the order of the prompts."""
-        pooling = PoolingParams() if pooling is None else pooling
+        generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
+        own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
+        pooling = PoolingParams(default_pooling_type(self.config)) if pooling is None else pooling
         requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in _as_prompt_list(prompts)]
         final = {out.request_id: out for out in self._run(requests, pooling) if out.finished}
         return [EmbeddingRequestOutput(rid, final[rid].prompt_token_ids, EmbeddingOutput(final[rid].embedding))

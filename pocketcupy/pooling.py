@@ -10,6 +10,11 @@ import numpy as np
 POOLING_TYPES = ("last", "mean")
 
 
+def default_pooling_type(config) -> str:
+    """The model's own pooling where its file names one (ModelConfig.pooling_type), else "last"."""
+    return getattr(config, "pooling_type", None) or "last"
+
+
 @dataclass(frozen=True)
 class PoolingParams:
     """pooling_type: "last" (the last prompt token's hidden state: what decoder embedding models

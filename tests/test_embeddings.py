@@ -123,6 +123,22 @@ def test_preempted_embeddings_equal_alone(smollm2_gguf, monkeypatch):
     small.abort_request(["long-0", "long-1"])
 
 
+def test_gguf_pooling_type_is_the_default(smollm2_gguf, engine, monkeypatch):
+    """An embedding GGUF's {arch}.pooling_type (llama.cpp's enum: 1 mean, 3 last) becomes the model's
+    default pooling; none, or one we do not have (2 cls), leaves "last"."""
+    from pocketcupy.loader import load_checkpoint
+    from pocketcupy.loader.gguf import read_metadata
+    from pocketcupy.loader.gguf_config import config_from_gguf
+
+    meta, tensors = read_metadata(smollm2_gguf), load_checkpoint(smollm2_gguf).tensors
+    for value, want in ((1, "mean"), (3, "last"), (2, None), (None, None)):
+        m = dict(meta) if value is None else {**meta, "llama.pooling_type": value}
+        assert config_from_gguf(m, tensors).pooling_type == want
+    prompt = ["The cat sat on the mat."]
+    monkeypatch.setattr(engine.config, "pooling_type", "mean")
+    assert engine.embed(prompt)[0].outputs.embedding == engine.embed(prompt, PoolingParams("mean"))[0].outputs.embedding
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(pooling_type="max"), "pooling_type"),
     (dict(normalize="yes"), "normalize"),
@@ -151,7 +167,8 @@ def test_cuda_embeddings_match_cpu(tmp_path):
 
     path = load_script("make_synthetic_model").main([
         "--out", str(tmp_path), "--vocab", "4096", "--hidden", "512", "--layers", "2", "--heads", "8",
-        "--kv-heads", "2", "--intermediate", "1536", "--formats", "q8_0", "--tokenizer", "synthetic"])["formats"]["q8_0"]["path"]
+        "--kv-heads", "2", "--intermediate", "1536", "--formats", "q8_0", "--tokenizer", "synthetic"])
+    path = path["formats"]["q8_0"]["path"]
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(10, 4000, n)] for n in (9, 40, 300)]
     for pooling in (PoolingParams(), PoolingParams("mean")):

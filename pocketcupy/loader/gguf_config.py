@@ -61,6 +61,10 @@ class MetaReader:
         return v
 
 
+# llama.cpp's enum llama_pooling_type for the poolings we have (none, cls and rank leave ours: last)
+GGUF_POOLING_TYPES = {1: "mean", 3: "last"}
+
+
 def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> ModelConfig:
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -90,7 +94,7 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
         rope_interleaved=(arch == "llama"), rope_scaling=rope_scaling(r, ROPE_SCALINGS.get(arch, ("linear",))),
         max_position=context,
         tie_word_embeddings="output.weight" not in tensors, qk_norm=(arch == "qwen3"),
-        qkv_bias=("blk.0.attn_q.bias" in tensors))
+        qkv_bias=("blk.0.attn_q.bias" in tensors), pooling_type=GGUF_POOLING_TYPES.get(r.get("pooling_type")))
     try:
         if arch == "deepseek2":
             from .gguf_deepseek import deepseek_fields

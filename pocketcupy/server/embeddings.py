@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ..pooling import POOLING_TYPES, PoolingParams
+from ..pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from ..sampling import SamplingParams, truncate_prompt
 from .completions import parse_prompts
 from .generation import Job
@@ -20,8 +20,8 @@ MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
 def handle_embeddings(state, body, gone) -> dict:
     """{"model", "input": str | [str] | [ids] | [[ids]], "encoding_format": "float" | "base64",
     "dimensions" (only the model's own), "user"; vLLM's "truncate_prompt_tokens", "normalize",
-    "priority"; ours "pooling": "last" | "mean"} -> {"object": "list", "data": [{"object":
-    "embedding", "index", "embedding"}], "model", "usage"}."""
+    "priority"; ours "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object":
+    "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
     engine = state.engine
     tok = engine.tokenizer
     f = Fields(body)
@@ -36,7 +36,7 @@ def handle_embeddings(state, body, gone) -> dict:
                                 f"be shortened to {dims}")
     f.str("user")
     truncate = f.int("truncate_prompt_tokens", None, 1)
-    pooling_type = f.str("pooling", "last")
+    pooling_type = f.str("pooling", default_pooling_type(engine.config))
     if pooling_type not in POOLING_TYPES:
         raise bad("pooling", f"'pooling' must be one of {', '.join(map(repr, POOLING_TYPES))}, got {pooling_type!r}")
     pooling = PoolingParams(pooling_type, f.bool("normalize", True), truncate)
