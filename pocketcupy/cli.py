@@ -1,12 +1,14 @@
-"""`python -m pocketcupy generate "..."` and `python -m pocketcupy chat`."""
+"""`python -m pocketcupy generate "..."`, `python -m pocketcupy chat` and `python -m pocketcupy embed "..."`."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
 
 from .args import EngineArgs
+from .pooling import POOLING_TYPES, PoolingParams
 from .sampling import SamplingParams
 
 
@@ -61,19 +63,26 @@ def main(argv=None) -> int:
     c = sub.add_parser("chat", help="chat interactively (or answer --message once)")
     c.add_argument("--message", "-m", default=None, help="one user message; omit for an interactive chat")
     c.add_argument("--system", default=None)
-    for p in (g, c):
+    e = sub.add_parser("embed", help="embed texts: one JSON line each, {\"text\", \"tokens\", \"embedding\"}")
+    e.add_argument("texts", nargs="+")
+    e.add_argument("--pooling", choices=POOLING_TYPES, default=None, help="default: the model's own, else last")
+    e.add_argument("--no-normalize", action="store_true", help="keep the vector's length")
+    for p in (g, c, e):
         EngineArgs.add_cli_args(p)
+    for p in (g, c):
         _sampling_args(p)
     ns = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        params = _params(ns)  # before the model loads
+        params = None if ns.command == "embed" else _params(ns)  # before the model loads
         from .engine import Engine
 
         engine = Engine.from_args(EngineArgs.from_cli(ns))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if ns.command == "embed":
+        return _embed(engine, ns)
     if ns.command == "generate":
         try:
             _stream(engine, ns.prompt, params)
@@ -102,3 +111,17 @@ def main(argv=None) -> int:
         history.append({"role": "assistant", "content": reply})
         if ns.message is not None:
             return 0
+
+
+def _embed(engine, ns) -> int:
+    from .pooling import default_pooling_type
+
+    pooling = PoolingParams(ns.pooling or default_pooling_type(engine.config), normalize=not ns.no_normalize)
+    try:
+        outs = engine.embed(ns.texts, pooling)
+    except ValueError as e:  # an empty text, one too long for the context
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for text, out in zip(ns.texts, outs):
+        print(json.dumps({"text": text, "tokens": len(out.prompt_token_ids), "embedding": out.outputs.embedding}))
+    return 0

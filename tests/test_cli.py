@@ -1,7 +1,10 @@
-"""The command line: python -m pocketcupy generate/chat, scripts/fetch_models.py."""
+"""The command line: python -m pocketcupy generate/chat/embed, scripts/fetch_models.py."""
+import json
 import os
 import subprocess
 import sys
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +27,18 @@ def test_chat_one_message(smollm2_gguf):
             "--device", "cpu", "--max-tokens", "16")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+
+
+def test_embed(smollm2_gguf):
+    r = run("-m", "pocketcupy", "embed", "The cat sat on the mat.", "Stock markets fell.", "--model", smollm2_gguf,
+            "--device", "cpu", "--pooling", "mean")
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [d["text"] for d in lines] == ["The cat sat on the mat.", "Stock markets fell."]
+    v = np.asarray([d["embedding"] for d in lines])
+    assert v.shape[0] == 2 and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5) and lines[0]["tokens"] == 7
+    r = run("-m", "pocketcupy", "embed", "", "--model", smollm2_gguf, "--device", "cpu")
+    assert r.returncode == 2 and "prompt: must not be empty" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_bad_argument_is_a_clean_error(smollm2_gguf):
