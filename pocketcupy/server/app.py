@@ -175,7 +175,6 @@ def create_app(state) -> Flask:
 
     @app.post("/v1/embeddings")
     def embeddings():
-        _ready()
         return _json(handle_embeddings(state, _request_body(), disconnect_probe(request.environ)))
 
     @app.post("/v1/messages")
