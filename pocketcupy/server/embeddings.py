@@ -11,7 +11,7 @@ from ..pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from ..sampling import SamplingParams, truncate_prompt
 from .completions import parse_prompts
 from .generation import Job
-from .protocol import Fields, bad, check_context, check_model
+from .protocol import ApiError, Fields, bad, check_context, check_model
 from .responses import new_id
 
 MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
@@ -51,6 +51,8 @@ def handle_embeddings(state, body, gone) -> dict:
     with Job(state, rid, ids, SamplingParams(max_tokens=1), priority, gone, {"prompt": "input"},
              pooling=pooling) as job:
         finals = job.results()
+    if any(out.embedding is None for out in finals):   # aborted: the server stops
+        raise ApiError(503, "the server is shutting down: the embedding was not finished")
     data = [{"object": "embedding", "index": i, "embedding": _encoded(out.embedding, fmt)}
             for i, out in enumerate(finals)]
     n = sum(len(p) for p in ids)
