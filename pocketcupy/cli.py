@@ -8,7 +8,7 @@ import sys
 import time
 
 from .args import EngineArgs
-from .pooling import POOLING_TYPES, PoolingParams
+from .pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from .sampling import SamplingParams
 
 
@@ -114,8 +114,6 @@ def main(argv=None) -> int:
 
 
 def _embed(engine, ns) -> int:
-    from .pooling import default_pooling_type
-
     pooling = PoolingParams(ns.pooling or default_pooling_type(engine.config), normalize=not ns.no_normalize)
     try:
         outs = engine.embed(ns.texts, pooling)

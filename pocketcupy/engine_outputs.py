@@ -15,8 +15,8 @@ log = logging.getLogger("pocketcupy")
 
 
 class EngineOutputs:
-    def _collect_prompt_logits(self, s: SequenceState, chunk: np.ndarray) -> None:
-        """A chunk of the prompt's logits (prompt logprobs), or of its hidden states (pooling)."""
+    def _collect_prompt_logits(self, s: SequenceState, chunk) -> None:
+        """A chunk of the prompt's logits (prompt logprobs), or a pooling.HiddenChunk (pooling)."""
         pooler = s.group.pooler
         if pooler is not None:
             pooler.add(chunk)

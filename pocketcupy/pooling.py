@@ -36,22 +36,35 @@ class PoolingParams:
             raise ValueError(f"truncate_prompt_tokens: must be a positive integer or None, got {t!r}")
 
 
+@dataclass
+class HiddenChunk:
+    """What the runner hands over of one prefill chunk's final hidden states: their float64 sum and
+    the last row (reduced where they are, so that a chunk's rows never travel to the host)."""
+    total: np.ndarray
+    last: np.ndarray
+    count: int
+
+    @classmethod
+    def of(cls, rows, to_host) -> "HiddenChunk":
+        """rows [n, hidden] on the backend (NumPy or CuPy); to_host: the backend's copy to the host."""
+        return cls(to_host(rows.sum(axis=0, dtype=np.float64)), to_host(rows[-1]), len(rows))
+
+
 class Pooler:
-    """Accumulates a prompt's hidden-state rows chunk by chunk (a long prompt is prefilled in
-    several steps) without keeping them: the last row, or a float64 running sum."""
+    """Accumulates a prompt's hidden states chunk by chunk (a long prompt is prefilled in several
+    steps): the last row, or a float64 running sum."""
 
     def __init__(self, params: PoolingParams):
         self.params = params
         self.total: np.ndarray | None = None
         self.count = 0
 
-    def add(self, rows: np.ndarray) -> None:
-        rows = np.asarray(rows, dtype=np.float64)
+    def add(self, chunk: HiddenChunk) -> None:
         if self.params.pooling_type == "last":
-            self.total = rows[-1].copy()
+            self.total = np.asarray(chunk.last, dtype=np.float64)
         else:
-            self.total = rows.sum(axis=0) + (0.0 if self.total is None else self.total)
-        self.count += len(rows)
+            self.total = chunk.total + (0.0 if self.total is None else self.total)
+        self.count += chunk.count
 
     def result(self) -> list[float]:
         v = self.total if self.params.pooling_type == "last" else self.total / self.count

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend.attention_meta import AttentionMetadata
+from .pooling import HiddenChunk
 from .sched.output import SchedulerOutput
 from .sched.request import PENDING_TOKEN
 from .state_slots import StateSlots
@@ -19,8 +20,8 @@ class RunnerOutput:
     sample_ids: list[str]                   # requests to sample for, in row order of `logits`
     logits: object                          # [sampled rows, vocab] on the backend: a row per request,
                                             # 1 + num_draft rows for one with draft tokens
-    prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row (final
-                                            # hidden states where prompt_hidden: a pooling request)
+    prompt_logits: dict[str, np.ndarray]    # request id -> host logits of every scheduled row (a
+                                            # pooling.HiddenChunk where prompt_hidden: a pooling request)
     sampled: object = None                  # [len(sample_ids), SO_WORDS] results of a sampler run
                                             # inside the decode graph (logits None then)
     pre_norm_hidden: object = None          # [scheduled tokens, hidden] the last layer's output before
@@ -163,7 +164,8 @@ class ModelRunner:
         for i, s in enumerate(out.scheduled):
             if s.prompt_logits:
                 rows = hidden[query_start[i]:query_start[i + 1]]
-                prompt_logits[s.request_id] = ops.to_host(rows if s.prompt_hidden else self.model.compute_logits(rows))
+                prompt_logits[s.request_id] = (HiddenChunk.of(rows, ops.to_host) if s.prompt_hidden
+                                               else ops.to_host(self.model.compute_logits(rows)))
         sample_rows, sample_ids = _sample_rows(out, meta.query_start), [s.request_id for s in out.scheduled if s.sample]
         if not sample_rows:
             logits = None
