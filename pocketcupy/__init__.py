@@ -8,12 +8,15 @@ from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
 from .pooling import PoolingParams
 from .sampling import SamplingParams
 
-__all__ = ["Engine", "EngineArgs", "SamplingParams", "PoolingParams", "RequestOutput", "CompletionOutput",
-           "EmbeddingRequestOutput", "__version__"]
+__all__ = ["Engine", "AsyncEngine", "EngineArgs", "SamplingParams", "PoolingParams", "RequestOutput",
+           "CompletionOutput", "EmbeddingRequestOutput", "__version__"]
 
 
 def __getattr__(name):  # the engine pulls in the loaders and backends: import it on first use
     if name == "Engine":
         from .engine import Engine
         return Engine
+    if name == "AsyncEngine":
+        from .async_engine import AsyncEngine
+        return AsyncEngine
     raise AttributeError(name)

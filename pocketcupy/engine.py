@@ -489,11 +489,18 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """Embeddings of many prompts (text or token ids), run concurrently and alongside any
         generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
         own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
-        pooling = PoolingParams(default_pooling_type(self.config)) if pooling is None else pooling
         requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in _as_prompt_list(prompts)]
-        final = {out.request_id: out for out in self._run(requests, pooling) if out.finished}
-        return [EmbeddingRequestOutput(rid, final[rid].prompt_token_ids, EmbeddingOutput(final[rid].embedding))
-                for rid, _, _ in requests]
+        final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling)) if out.finished}
+        return [self.embedding_output(final[rid]) for rid, _, _ in requests]
+
+    def pooling_or_default(self, pooling: PoolingParams | None) -> PoolingParams:
+        """The model's own pooling (an embedding GGUF's), else the last token's, where none is given."""
+        return PoolingParams(default_pooling_type(self.config)) if pooling is None else pooling
+
+    @staticmethod
+    def embedding_output(out: RequestOutput) -> EmbeddingRequestOutput:
+        """An embedding request's final RequestOutput as embed() returns it."""
+        return EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding))
 
     def _run(self, requests: list[tuple], pooling: PoolingParams | None = None) -> Iterator[RequestOutput]:
         """Adds the (request id, prompt, params) (pooling: as embedding requests) and steps the engine
@@ -530,10 +537,15 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             raise ValueError("messages: must be a non-empty list of messages or of conversations, "
                              f"got {messages!r:.60}")
         convs = [messages] if isinstance(messages[0], dict) else messages
-        prompts = [self.render_chat(c, tools, add_generation_prompt, chat_template_kwargs, continue_final_message)
-                   for c in convs]
-        token_ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(token_ids, params)
+        return self.generate([self.chat_prompt_ids(c, tools, add_generation_prompt, chat_template_kwargs,
+                                                   continue_final_message) for c in convs], params)
+
+    def chat_prompt_ids(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
+                        chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+        """One conversation's prompt: the chat template's text, tokenized as the template wrote it
+        (no special tokens added)."""
+        return self.tokenizer.encode(self.render_chat(messages, tools, add_generation_prompt, chat_template_kwargs,
+                                                      continue_final_message), add_special_tokens=False)
 
     def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None,
                     continue_final_message: bool = False) -> str:
@@ -548,7 +560,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if isinstance(params, SamplingParams) and params.n != 1:
             raise ValueError("n: stream() yields one sequence; use n=1")
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
-            prompt = self.tokenizer.encode(self.render_chat(prompt_or_messages), add_special_tokens=False)
+            prompt = self.chat_prompt_ids(prompt_or_messages)
         else:
             prompt = prompt_or_messages
         with contextlib.closing(self._run([(f"stream-{next(self._ids)}", prompt, params)])) as outs:

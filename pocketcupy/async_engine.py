@@ -1,0 +1,154 @@
+"""An asyncio front of the Engine (vLLM's AsyncLLM): coroutines submit requests and iterate their
+outputs while the engine's background step loop (EngineLoop) batches every request in flight.
+
+The engine's lock is held for a whole step, so a call that takes it (submitting, aborting) runs in a
+worker thread: the event loop never waits out a step (a long prefill chunk on the CPU takes seconds).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from typing import AsyncIterator
+
+from .engine_loop import EngineLoop
+from .outputs import EmbeddingRequestOutput, RequestOutput
+from .pooling import PoolingParams
+from .sampling import SamplingParams
+
+
+class _EventLoopQueue:
+    """What EngineLoop.submit puts a request's outputs into (queue.Queue's put), called on the step
+    loop's thread: each item is handed to an asyncio.Queue on the event loop of the coroutine that
+    submitted. Once that event loop is closed (closed without finalizing the request's generator), the
+    items are dropped and the request is aborted: a caller gone away must neither fail the step loop,
+    which serves everyone else, nor leave its request running."""
+
+    def __init__(self):
+        self._event_loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.stream = None   # the request's RequestStream, once submitted
+
+    def put(self, item) -> None:
+        try:
+            self._event_loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:   # the event loop is closed
+            if self.stream is not None:   # (not from inside the step that is delivering this item)
+                threading.Thread(target=self.stream.abort, daemon=True).start()
+                self.stream = None
+
+
+def _in_background(fn, *args) -> None:
+    """Runs fn(*args) in the event loop's worker threads without waiting for it (the loop may be
+    shutting down, and so refuse new work: then here, at once)."""
+    try:
+        asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    except RuntimeError:
+        fn(*args)
+
+
+class AsyncEngine:
+    """`AsyncEngine(model, device, **engine_args)` builds an Engine (blocking: weights load; wrap it in
+    `asyncio.to_thread` inside a running event loop) and starts its step loop; `from_engine` wraps
+    one already built. A request's generator aborts it when the caller stops early (a break once the
+    generator is closed, a cancelled task)."""
+
+    def __init__(self, model: str | None = None, device: str = "auto", **engine_args):
+        from .engine import Engine
+
+        self._start(Engine(model, device, **engine_args))
+
+    @classmethod
+    def from_engine(cls, engine) -> "AsyncEngine":
+        self = cls.__new__(cls)
+        self._start(engine)
+        return self
+
+    @classmethod
+    def from_args(cls, args) -> "AsyncEngine":
+        from .engine import Engine
+
+        return cls.from_engine(Engine.from_args(args))
+
+    def _start(self, engine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self._loop = EngineLoop(engine)
+        self._ids = itertools.count()
+
+    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                       priority: int = 0, prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+        """One request (text or token ids, as Engine.add_request takes): its RequestOutput after each
+        step that advanced it (text and tokens so far, and the step's deltas), the last one finished.
+        A bad argument raises ValueError at the first iteration."""
+        rid = request_id or f"agen-{next(self._ids)}"
+        async for out in self._outputs(rid, prompt, params, priority, prompt_token_ids):
+            yield out
+
+    async def chat(self, messages: list[dict], params: SamplingParams | None = None, tools=None,
+                   add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
+                   continue_final_message: bool = False, request_id: str | None = None,
+                   priority: int = 0) -> AsyncIterator[RequestOutput]:
+        """One conversation through the chat template (Engine.chat's arguments), as generate()."""
+        ids = self.engine.chat_prompt_ids(messages, tools, add_generation_prompt, chat_template_kwargs,
+                                          continue_final_message)
+        async for out in self.generate(ids, params, request_id, priority):
+            yield out
+
+    async def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> AsyncIterator[str]:
+        """The text deltas of one request (a prompt, or a conversation's messages; n must be 1)."""
+        params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams) and params.n != 1:
+            raise ValueError("n: stream() yields one sequence; use n=1")
+        if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
+            prompt_or_messages = self.engine.chat_prompt_ids(prompt_or_messages)
+        async for out in self.generate(prompt_or_messages, params):
+            if out.outputs[0].delta_text:
+                yield out.outputs[0].delta_text
+
+    async def embed(self, prompt, pooling: PoolingParams | None = None, request_id: str | None = None,
+                    priority: int = 0) -> EmbeddingRequestOutput:
+        """One prompt's embedding (Engine.embed's pooling), computed among the other requests."""
+        rid = request_id or f"aembd-{next(self._ids)}"
+        last = None
+        async for last in self._outputs(rid, prompt, None, priority, pooling=self.engine.pooling_or_default(pooling)):
+            pass
+        return self.engine.embedding_output(last)
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        """Aborts requests by id (unknown ids are ignored); their generators end with finish_reason
+        "abort"."""
+        await asyncio.to_thread(self._loop.abort, request_id)
+
+    async def stats(self) -> dict:
+        return await asyncio.to_thread(self.engine.stats)
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Lets the requests in flight finish (up to timeout seconds), then stops the step loop."""
+        await asyncio.to_thread(self._loop.shutdown, timeout)
+        self.engine.close()
+
+    async def __aenter__(self) -> "AsyncEngine":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.shutdown()
+
+    async def _outputs(self, request_id: str, prompt, params, priority: int, prompt_token_ids=None,
+                       pooling: PoolingParams | None = None) -> AsyncIterator[RequestOutput]:
+        box = _EventLoopQueue()
+        submitting = asyncio.ensure_future(asyncio.to_thread(
+            self._loop.submit, prompt, params, request_id, priority, prompt_token_ids, box, None, pooling))
+        try:
+            box.stream = stream = await asyncio.shield(submitting)
+        except asyncio.CancelledError:   # the request may still be added: abort it once it is
+            submitting.add_done_callback(
+                lambda f: f.cancelled() or f.exception() is not None or _in_background(f.result().abort))
+            raise
+        try:
+            while not stream.finished:
+                _, item = await box.queue.get()
+                yield stream.take(item)
+        finally:
+            if not stream.finished:   # the caller stopped early
+                _in_background(stream.abort)

@@ -1,0 +1,173 @@
+"""AsyncEngine: coroutines' requests batched by the step loop, with the real SmolLM2 on the CPU."""
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+
+from pocketcupy import AsyncEngine, Engine, PoolingParams, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf):
+    return Engine(smollm2_gguf, device="cpu", progress=False)
+
+
+@pytest.fixture(scope="module")
+def aengine(engine):
+    a = AsyncEngine.from_engine(engine)
+    yield a
+    asyncio.run(a.shutdown(30))
+
+
+async def _last(agen):
+    outs = [out async for out in agen]
+    return outs[-1], outs
+
+
+def _idle(engine) -> bool:
+    return not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
+
+
+async def _until_idle(engine, seconds: float = 30) -> bool:
+    for _ in range(int(seconds / 0.05)):
+        if _idle(engine):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def test_concurrent_requests_match_alone(engine, aengine):
+    prompts = [f"Fact number {i} about the sea:" for i in range(6)]
+    alone = [engine.generate(p, GREEDY)[0].outputs[0].token_ids for p in prompts]
+
+    async def main():
+        return await asyncio.gather(*(_last(aengine.generate(p, GREEDY)) for p in prompts))
+
+    for (last, outs), ids in zip(asyncio.run(main()), alone):
+        assert last.finished and last.outputs[0].token_ids == ids
+        assert last.outputs[0].text == engine.tokenizer.decode(ids, skip_special_tokens=True)
+        # every step's delta, in order, makes the whole: the outputs came as they were produced
+        assert len(outs) > 1 and sum((o.outputs[0].delta_token_ids for o in outs), []) == ids
+        assert not any(o.finished for o in outs[:-1])
+
+
+def test_chat_stream_and_n(engine, aengine):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    want = engine.chat(messages, GREEDY)[0].outputs[0]
+    two = SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=6)
+    want_two = [c.token_ids for c in engine.generate("Once upon a time", two)[0].outputs]
+
+    async def main():
+        chat, _ = await _last(aengine.chat(messages, GREEDY))
+        text = "".join([d async for d in aengine.stream(messages, GREEDY)])
+        pair, _ = await _last(aengine.generate("Once upon a time", two))
+        return chat, text, pair
+
+    chat, text, pair = asyncio.run(main())
+    assert chat.outputs[0].token_ids == want.token_ids and text == want.text
+    assert [c.token_ids for c in pair.outputs] == want_two
+
+
+def test_embed_equals_engine_embed(engine, aengine):
+    texts = ["The cat sat on the mat.", "Paris is the capital of France."]
+    for pooling in (None, PoolingParams("mean", normalize=False)):
+        want = engine.embed(texts, pooling)
+
+        async def main():
+            return await asyncio.gather(*(aengine.embed(t, pooling) for t in texts))
+
+        for got, w in zip(asyncio.run(main()), want):
+            assert got.prompt_token_ids == w.prompt_token_ids
+            np.testing.assert_allclose(got.outputs.embedding, w.outputs.embedding, rtol=1e-5, atol=1e-6)
+
+
+def test_abort_by_id_ends_the_generator(engine, aengine):
+    long = SamplingParams(max_tokens=3000, ignore_eos=True)
+
+    async def main():
+        outs = []
+        async for out in aengine.generate("Tell a long story.", long, request_id="long-1"):
+            outs.append(out)
+            if len(outs) == 2:
+                await aengine.abort("long-1")
+        return outs
+
+    outs = asyncio.run(main())
+    assert outs[-1].finished and outs[-1].outputs[0].finish_reason == "abort"
+    assert len(outs[-1].outputs[0].token_ids) < 3000
+
+
+def test_caller_stopping_early_aborts(engine, aengine):
+    long = SamplingParams(max_tokens=3000, ignore_eos=True)
+
+    async def broken_off():
+        async with contextlib.aclosing(aengine.generate("Count to a thousand:", long, request_id="gone")) as agen:
+            async for _ in agen:
+                break
+        return await _until_idle(engine)
+
+    async def cancelled():
+        async def reader():
+            async for _ in aengine.generate("Count to a thousand:", long, request_id="gone"):
+                pass
+        task = asyncio.ensure_future(reader())
+        while not engine.has_unfinished_requests():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await _until_idle(engine)
+
+    assert asyncio.run(broken_off())
+    assert asyncio.run(cancelled())   # and the id "gone" was free again
+
+
+def test_event_loop_gone_mid_request_leaves_the_engine_serving(engine, aengine, caplog):
+    """A request's event loop ends while it runs: asyncio.run's clean-up closes its generator, which
+    aborts it; an event loop closed without that clean-up makes the step loop's next output for it
+    undeliverable, and the request is aborted then. Either way the step loop must not fail (it
+    serves everyone else) and the next event loop's requests run."""
+    long = SamplingParams(max_tokens=3000, ignore_eos=True)
+
+    async def leave():
+        agen = aengine.generate("Write a poem about rain.", long)
+        await agen.__anext__()   # running; the generator is left to asyncio.run's clean-up
+
+    with caplog.at_level("ERROR", logger="pocketcupy"):
+        asyncio.run(leave())
+        assert asyncio.run(_until_idle(engine))
+        bare = asyncio.new_event_loop()
+        agen = aengine.generate("Write a poem about snow.", long)
+        first = bare.run_until_complete(agen.__anext__())
+        bare.close()   # no shutdown_asyncgens: the generator stays open
+        assert not first.finished and asyncio.run(_until_idle(engine))
+        asyncio.run(agen.aclose())
+    assert not [r for r in caplog.records if "step failed" in r.getMessage()]
+
+    async def after():
+        last, _ = await _last(aengine.generate("Hello", GREEDY))
+        return last, await _until_idle(engine)
+
+    last, idle = asyncio.run(after())
+    assert last.outputs[0].token_ids == engine.generate("Hello", GREEDY)[0].outputs[0].token_ids
+    assert idle
+
+
+def test_bad_arguments_raise_and_the_engine_goes_on(engine, aengine):
+    async def main():
+        with pytest.raises(ValueError, match="max_tokens"):
+            await _last(aengine.generate("hi", SamplingParams(max_tokens=10**7)))
+        with pytest.raises(ValueError, match="n: stream"):
+            [d async for d in aengine.stream("hi", SamplingParams(n=2))]
+        with pytest.raises(ValueError, match="pooling"):
+            await aengine.embed("hi", "mean")
+        last, _ = await _last(aengine.generate("hi", SamplingParams(max_tokens=2)))
+        return last
+
+    last = asyncio.run(main())
+    assert last.finished and len(last.outputs[0].token_ids) == 2
+    stats = asyncio.run(aengine.stats())
+    assert stats["num_running"] == 0
