@@ -4,12 +4,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .args import EngineArgs
-from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput
+from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import PoolingParams
 from .sampling import SamplingParams
 
 __all__ = ["Engine", "AsyncEngine", "EngineArgs", "SamplingParams", "PoolingParams", "RequestOutput",
-           "CompletionOutput", "EmbeddingRequestOutput", "__version__"]
+           "CompletionOutput", "EmbeddingRequestOutput", "ScoringRequestOutput", "__version__"]
 
 
 def __getattr__(name):  # the engine pulls in the loaders and backends: import it on first use

@@ -18,12 +18,14 @@ from .engine_build import EngineBuild
 from .engine_lock import EngineLock
 from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
-from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from .outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput,
+                      ScoringRequestOutput)
 from .pooling import Pooler, PoolingParams, default_pooling_type
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
+from .scoring import cosine, score_pairs
 from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
@@ -493,6 +495,17 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling)) if out.finished}
         return [self.embedding_output(final[rid]) for rid, _, _ in requests]
 
+    def score(self, text_1, text_2, pooling: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+        """vLLM's score for embedding models: the cosine similarity of the embeddings (embed()'s, with
+        this pooling) of each pair: text_1 one text (scored against each of text_2) or as many as
+        text_2 (side by side); texts or token ids. In the order of the pairs."""
+        first, second = _as_prompt_list(text_1, "text_1"), _as_prompt_list(text_2, "text_2")
+        pairs = score_pairs(len(first), len(second))
+        vecs = self.embed(first + second, pooling)
+        return [ScoringRequestOutput(f"score-{next(self._ids)}", a.prompt_token_ids + b.prompt_token_ids,
+                                     ScoringOutput(cosine(a.outputs.embedding, b.outputs.embedding)))
+                for a, b in ((vecs[i], vecs[len(first) + j]) for i, j in pairs)]
+
     def pooling_or_default(self, pooling: PoolingParams | None) -> PoolingParams:
         """The model's own pooling (an embedding GGUF's), else the last token's, where none is given."""
         return PoolingParams(default_pooling_type(self.config)) if pooling is None else pooling
@@ -569,13 +582,13 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                     yield out.outputs[0].delta_text
 
 
-def _as_prompt_list(prompts) -> list:
+def _as_prompt_list(prompts, field: str = "prompts") -> list:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, (list, tuple)):
         if not prompts:
-            raise ValueError("prompts: must not be empty")
+            raise ValueError(f"{field}: must not be empty")
         if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
             return [list(prompts)]
         return list(prompts)
-    raise ValueError("prompts: must be a string, a list of token ids, or a list of those")
+    raise ValueError(f"{field}: must be a string, a list of token ids, or a list of those")

@@ -14,6 +14,7 @@ from .chat import handle_chat
 from .completions import handle_completion
 from .embeddings import handle_embeddings
 from .responses_api import handle_responses
+from .scoring import handle_rerank, handle_score
 from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
 from .protocol import ApiError
@@ -135,6 +136,9 @@ def create_app(state) -> Flask:
         _ready()
         return _body(state.config.max_request_bytes, state.config.client_timeout_s)
 
+    def _pooling(handler):
+        return _json(handler(state, _request_body(), disconnect_probe(request.environ)))
+
     def _generate(handler):
         result = handler(state, _request_body(), disconnect_probe(request.environ))
         if isinstance(result, SSEStream):
@@ -175,7 +179,18 @@ def create_app(state) -> Flask:
 
     @app.post("/v1/embeddings")
     def embeddings():
-        return _json(handle_embeddings(state, _request_body(), disconnect_probe(request.environ)))
+        return _pooling(handle_embeddings)
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    def score():
+        return _pooling(handle_score)
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    def rerank():
+        return _pooling(handle_rerank)
 
     @app.post("/v1/messages")
     def messages():

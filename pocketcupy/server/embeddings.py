@@ -35,29 +35,46 @@ def handle_embeddings(state, body, gone) -> dict:
         raise bad("dimensions", f"this model's embeddings have {engine.config.hidden_size} dimensions and cannot "
                                 f"be shortened to {dims}")
     f.str("user")
+    pooling = pooling_params(f, engine, f.bool("normalize", True))
+    priority = f.int("priority", 0)
+    f.reject_unknown()
+
+    ids = fitted_ids(prompts, pooling, engine, "input")
+    rid = new_id("embd")
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(vec, fmt)}
+            for i, vec in enumerate(pooled(state, rid, ids, pooling, priority, gone, "input"))]
+    n = sum(len(p) for p in ids)
+    return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def pooling_params(f: Fields, engine, normalize: bool = True) -> PoolingParams:
+    """The pooling fields of a request: vLLM's "truncate_prompt_tokens", ours "pooling"."""
     truncate = f.int("truncate_prompt_tokens", None, 1)
     pooling_type = f.str("pooling", default_pooling_type(engine.config))
     if pooling_type not in POOLING_TYPES:
         raise bad("pooling", f"'pooling' must be one of {', '.join(map(repr, POOLING_TYPES))}, got {pooling_type!r}")
-    pooling = PoolingParams(pooling_type, f.bool("normalize", True), truncate)
-    priority = f.int("priority", 0)
-    f.reject_unknown()
+    return PoolingParams(pooling_type, normalize, truncate)
 
+
+def fitted_ids(prompts: list[tuple[list[int], str]], pooling: PoolingParams, engine, field: str) -> list[list[int]]:
+    """parse_prompts' prompts as pooled: truncated as pooling says, each checked against the context."""
     C = engine.max_model_len
-    ids = [truncate_prompt(p, truncate, C) for p, _ in prompts]
+    ids = [truncate_prompt(p, pooling.truncate_prompt_tokens, C) for p, _ in prompts]
     for p in ids:
-        check_context(C, len(p), None, "input", "input")
-    rid = new_id("embd")
-    with Job(state, rid, ids, SamplingParams(max_tokens=1), priority, gone, {"prompt": "input"},
+        check_context(C, len(p), None, field, field)
+    return ids
+
+
+def pooled(state, request_id: str, ids: list[list[int]], pooling: PoolingParams, priority: int, gone,
+           field: str) -> list[list[float]]:
+    """The prompts' embeddings, run as one job of pooling requests."""
+    with Job(state, request_id, ids, SamplingParams(max_tokens=1), priority, gone, {"prompt": field},
              pooling=pooling) as job:
         finals = job.results()
     if any(out.embedding is None for out in finals):   # aborted: the server stops
         raise ApiError(503, "the server is shutting down: the embedding was not finished")
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(out.embedding, fmt)}
-            for i, out in enumerate(finals)]
-    n = sum(len(p) for p in ids)
-    return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
-            "usage": {"prompt_tokens": n, "total_tokens": n}}
+    return [out.embedding for out in finals]
 
 
 def _encoded(embedding: list[float], fmt: str):
