@@ -19,6 +19,11 @@ def chat(client, **kw):
     return client.chat.completions.create(model=MODEL, **{"messages": Q, "max_tokens": 8, "temperature": 0, **kw})
 
 
+def counts(usage) -> tuple:
+    """A usage's token counts (its cached tokens depend on what ran before)."""
+    return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
+
+
 def test_models_and_probes(client, server):
     assert [m.id for m in client.models.list().data] == [MODEL]
     for path in ("/health", "/alive", "/ready"):
@@ -52,7 +57,7 @@ def test_chat_stream_equals_non_stream(client):
     assert text == c.message.content
     finals = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
     assert finals == [c.finish_reason]
-    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert chunks[-1].choices == [] and counts(chunks[-1].usage) == counts(whole.usage)
     assert all(ch.usage is None for ch in chunks[:-1])
 
 
@@ -64,11 +69,11 @@ def test_continuous_usage_stats(client):
     chunks = list(chat(client, max_tokens=12, stream=True, stream_options=opts))
     comp = [ch.usage.completion_tokens for ch in chunks]
     assert all(ch.usage.prompt_tokens == whole.usage.prompt_tokens for ch in chunks)
-    assert comp == sorted(comp) and comp[0] == 0 and chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert comp == sorted(comp) and comp[0] == 0 and counts(chunks[-1].usage) == counts(whole.usage)
     kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=10, temperature=0)
     c = list(client.completions.create(**kw, stream=True, stream_options=opts))
-    counts = [ch.usage.completion_tokens for ch in c]
-    assert counts == sorted(counts) and counts[-1] == client.completions.create(**kw).usage.completion_tokens
+    made = [ch.usage.completion_tokens for ch in c]
+    assert made == sorted(made) and made[-1] == client.completions.create(**kw).usage.completion_tokens
 
 
 def test_completions_stream_equals_non_stream(client):
@@ -77,7 +82,7 @@ def test_completions_stream_equals_non_stream(client):
     assert whole.object == "text_completion" and whole.choices[0].text
     chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text
-    assert chunks[-1].usage.model_dump() == whole.usage.model_dump()
+    assert counts(chunks[-1].usage) == counts(whole.usage)
     echo = client.completions.create(**kw, echo=True, logprobs=2)
     ch = echo.choices[0]
     assert ch.text == kw["prompt"] + whole.choices[0].text
@@ -190,6 +195,28 @@ def test_n_and_usage(client):
     texts = ["".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices and ch.choices[0].index == i)
              for i in (0, 1)]
     assert texts == [c.message.content for c in r.choices]  # the same seed gives the same samples
+
+
+def test_cached_tokens_in_usage(client):
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's): the prompt tokens found in the prefix
+    cache, in whole and streamed responses of both endpoints; whole blocks of a prompt sent again."""
+    system = {"role": "system", "content": "You answer in one word. " + "Be brief and exact. " * 12}
+    msgs = [system, {"role": "user", "content": "Name a fruit."}]
+    cold = chat(client, messages=msgs)
+    warm = chat(client, messages=msgs)
+    streamed = list(chat(client, messages=msgs, stream=True, stream_options={"include_usage": True}))
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    hit = warm.usage.prompt_tokens_details.cached_tokens
+    assert 0 < hit < warm.usage.prompt_tokens and hit % 16 == 0
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == hit
+    prompts = ["Once upon a time in a quiet village by the sea, " * 4 + end for end in ("a", "the")]
+    kw = dict(model=MODEL, prompt=prompts, max_tokens=2, temperature=0)
+    first = client.completions.create(**kw).usage.prompt_tokens_details.cached_tokens
+    again = client.completions.create(**kw)
+    both = again.usage.prompt_tokens_details.cached_tokens
+    assert first < both and both >= 2 * (again.usage.prompt_tokens // 2 // 16 - 1) * 16
+    tail = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))[-1]
+    assert tail.usage.prompt_tokens_details.cached_tokens == both
 
 
 def test_seed_reproducible(client):

@@ -280,7 +280,8 @@ def handle_chat(state, body, gone):
             choices[-1]["token_ids"] = list(final[i].token_ids)
     extra = {"prompt_token_ids": ids} if req.return_token_ids else {}
     return dict(head, object="chat.completion", choices=choices,
-                usage=usage(len(ids), sum(u.num_tokens for u in final)), **extra)
+                usage=usage(len(ids), sum(u.num_tokens for u in final), max(u.num_cached_tokens for u in final)),
+                **extra)
 
 
 def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
@@ -305,6 +306,7 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_ids: l
     n = req.params.n
     call_ids = [dict() for _ in range(n)]
     total, sent_ids = [0] * n, [0] * n
+    cached = 0
 
     def chunk(choice, **extra):
         return dict(head, object="chat.completion.chunk", choices=[choice],
@@ -315,7 +317,7 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_ids: l
         yield chunk({"index": i, "delta": {"role": "assistant", "content": None if forced else ""},
                      "logprobs": None, "finish_reason": None}, **first)
     for u in chat_updates(state, req, job, forced):
-        total[u.index] = u.num_tokens
+        total[u.index], cached = u.num_tokens, max(cached, u.num_cached_tokens)
         delta = _delta(u.events, call_ids[u.index], req.style)
         if delta or u.logprobs or u.finish_reason:  # one choice per chunk, as OpenAI does
             c = {"index": u.index, "delta": delta,
@@ -328,4 +330,5 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_ids: l
                 sent_ids[u.index] = len(u.token_ids)
             yield chunk(c)
     if req.include_usage:
-        yield dict(head, object="chat.completion.chunk", choices=[], usage=usage(len(prompt_ids), sum(total)))
+        yield dict(head, object="chat.completion.chunk", choices=[],
+                   usage=usage(len(prompt_ids), sum(total), cached))

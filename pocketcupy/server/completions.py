@@ -114,7 +114,7 @@ def handle_completion(state, body, gone):
                 choice.update(prompt_token_ids=list(out.prompt_token_ids), token_ids=list(ids))
             choices.append(choice)
     return dict(head, object="text_completion", choices=choices,
-                usage=usage(sum(len(p) for p, _ in prompts), generated))
+                usage=usage(sum(len(p) for p, _ in prompts), generated, sum(out.num_cached_tokens for out in finals)))
 
 
 def _generated(o, scores_only: bool):
@@ -131,7 +131,7 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return
     prompt_tokens = sum(len(p) for p, _ in prompts)
     logs = {}
     sent, sent_ids = {}, {}
-    total = {}
+    total, cached = {}, {}
 
     def chunk(choices):
         return dict(head, object="text_completion", choices=choices,
@@ -156,7 +156,7 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return
                 gen = logs[idx].make(ids[sent[idx]:], lps[sent[idx]:])
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
                 sent[idx] = len(lps)
-            total[idx] = len(ids)
+            total[idx], cached[pi] = len(ids), out.num_cached_tokens
             if text or lp or fr:  # one choice per chunk
                 c = {"index": idx, "text": text, "logprobs": lp, "finish_reason": fr}
                 if fr:
@@ -168,4 +168,5 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return
                     c["token_ids"], sent_ids[idx] = list(ids[sent_ids[idx]:]), len(ids)
                 yield chunk([c])
     if include_usage:
-        yield dict(head, object="text_completion", choices=[], usage=usage(prompt_tokens, sum(total.values())))
+        yield dict(head, object="text_completion", choices=[],
+                   usage=usage(prompt_tokens, sum(total.values()), sum(cached.values())))
