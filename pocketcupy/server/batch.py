@@ -1,0 +1,62 @@
+"""Offline batch jobs in the OpenAI Batch API's file format (as vLLM's run_batch): each input line,
+{"custom_id", "method": "POST", "url", "body"}, is answered by the server's own route in this process
+(Flask's in-process client: no socket), many lines at once so that the engine batches them; each
+result is a line {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}, in
+the input's order. A request the route refuses is a response with its status and OpenAI error body;
+a line that is no request at all (not JSON, no custom_id, another method or url) has "response":
+null and "error": {"code", "message"}, as OpenAI's batch output files do."""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable
+
+from .app import create_app
+from .protocol import bad
+from .responses import new_id
+
+URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank")
+
+
+def run_batch(state, lines: Iterable[str], write: Callable[[str], None], concurrency: int) -> dict:
+    """Answers the input lines (blank ones skipped), at most `concurrency` at once; write() gets each
+    result line as soon as it and those before it are done. Returns the counts."""
+    app = create_app(state)
+    requests = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's line numbers)
+    counts = {"requests": len(requests), "succeeded": 0, "failed": 0}
+    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+        for result in pool.map(lambda n_line: _answer(app, *n_line), requests):
+            ok = result["response"] is not None and result["response"]["status_code"] == 200
+            counts["succeeded" if ok else "failed"] += 1
+            write(json.dumps(result, ensure_ascii=False) + "\n")
+    return counts
+
+
+def _answer(app, number: int, line: str) -> dict:
+    custom_id = None
+    try:
+        req = json.loads(line)
+        if not isinstance(req, dict):
+            raise ValueError("a line must be a JSON object")
+        custom_id = req.get("custom_id")
+        url, body = req.get("url"), req.get("body")
+        if not isinstance(custom_id, str) or not custom_id:
+            raise ValueError("'custom_id' must be a non-empty string")
+        if req.get("method") != "POST":
+            raise ValueError(f"'method' must be 'POST', got {req.get('method')!r}")
+        if url not in URLS:
+            raise ValueError(f"'url' must be one of {', '.join(URLS)}, got {url!r}")
+        if not isinstance(body, dict):
+            raise ValueError("'body' must be a JSON object")
+    except ValueError as e:   # (json.JSONDecodeError is one)
+        return {"id": new_id("batch_req"), "custom_id": custom_id if isinstance(custom_id, str) else None,
+                "response": None, "error": {"code": "invalid_request", "message": f"line {number}: {e}"}}
+    if body.get("stream"):
+        status, answer = 400, bad("stream", "a batch request cannot stream; leave 'stream' out").body()
+    else:
+        resp = app.test_client().post(url, json=body)
+        status, answer = resp.status_code, resp.get_json()
+    request_id = answer.get("id") if status == 200 else None
+    return {"id": new_id("batch_req"), "custom_id": custom_id,
+            "response": {"status_code": status, "request_id": request_id or new_id("req"), "body": answer},
+            "error": None}
