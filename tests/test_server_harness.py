@@ -147,6 +147,20 @@ def server(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def client(server):
+    return openai_client(server)
+
+
+def openai_client(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def serving(model_path: str, *extra: str):
+    """A module fixture's body: a server of its own (e.g. with another --chat-template), stopped after."""
+    s = ServerProcess(model_path, *extra)
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()

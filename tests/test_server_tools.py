@@ -131,3 +131,23 @@ def test_forced_arguments_follow_the_schema(client, server):
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]}
     status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
     assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters"
+
+
+def test_qwen_xml_calls_with_typed_arguments(client):
+    """Qwen3.5's (and Qwen3-Coder's) XML form inside <tool_call>, written here under a regex
+    constraint: the call comes back with its values typed by the function's schema, whole and
+    streamed."""
+    tools = [{"type": "function", "function": {"name": "forecast", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}}}}]
+    xml = ("<tool_call>\n<function=forecast>\n<parameter=city>\n[A-Z][a-z]{2,9}\n</parameter>\n"
+           "<parameter=days>\n[1-9]\n</parameter>\n</function>\n</tool_call>")
+    kw = dict(tools=tools, max_tokens=60, extra_body={"structured_outputs": {"regex": xml}})
+    c = create(client, **kw).choices[0]
+    (call,) = c.message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert c.finish_reason == "tool_calls" and call.function.name == "forecast" and c.message.content is None
+    assert isinstance(args["days"], int) and 1 <= args["days"] <= 9 and args["city"].isalpha()
+    chunks = list(create(client, stream=True, **kw))
+    streamed = "".join(d.function.arguments or "" for ch in chunks if ch.choices
+                       for d in ch.choices[0].delta.tool_calls or [])
+    assert streamed == call.function.arguments

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.test_server_harness import MODEL, ROOT, ServerProcess, request
+from tests.test_server_harness import MODEL, ROOT, openai_client, request, serving
 from tests.test_server_tools import ASK, TOOLS
 
 TEMPLATE = os.path.join(ROOT, "tests", "fixtures", "chat_templates", "mistral-7b-instruct-v0.3.jinja")
@@ -26,19 +26,12 @@ ID = re.compile(r"[A-Za-z0-9]{9}")
 
 @pytest.fixture(scope="module")
 def mistral(smollm2_gguf):
-    s = ServerProcess(smollm2_gguf, "--chat-template", TEMPLATE)
-    try:
-        s.wait_ready()
-        yield s
-    finally:
-        s.stop()
+    yield from serving(smollm2_gguf, "--chat-template", TEMPLATE)
 
 
 @pytest.fixture(scope="module")
 def mistral_client(mistral):
-    from openai import OpenAI
-
-    return OpenAI(base_url=mistral.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai_client(mistral)
 
 
 def create(client, form, **kw):

@@ -177,7 +177,8 @@ def _parser(req: ChatRequest, forced: str | None, reasoning: str | None):
         return ForcedCallParser(forced)
     tools = None
     if req.tools and req.tool_mode != "none":
-        tools = ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls)
+        tools = ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls,
+                           {t["function"]["name"]: t["function"].get("parameters") for t in req.tools})
     return tools if reasoning is None else ReasoningParser(reasoning, tools)
 
 

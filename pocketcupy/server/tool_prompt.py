@@ -17,6 +17,7 @@ from ..structured import StructuredOutputsParams
 from .protocol import bad
 from .responses import new_id
 from .tools import CLOSE, HERMES_FORCED, OPEN, valid_function_name
+from . import tools_deepseek
 from .tools_mistral import BOT, MARKERS, forced_form, writes_mistral_calls
 from .tools_mistral import call_id as mistral_call_id
 
@@ -123,11 +124,31 @@ def parse_messages(raw) -> list[dict]:
     return msgs
 
 
+class _Arguments(dict):
+    """Tool-call arguments handed to a chat template: the decoded object that Hugging Face templates
+    iterate (`arguments|items`, `|tojson`), which also reads as the JSON text the client sent where a
+    template writes it out or joins it to strings (DeepSeek's: `... + arguments + ...`)."""
+
+    def __init__(self, obj: dict, text: str):
+        super().__init__(obj)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __add__(self, other):
+        return self.text + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other):
+        return other + self.text if isinstance(other, str) else NotImplemented
+
+
 def _decoded(arguments: str):
     try:
-        return json.loads(arguments)
+        obj = json.loads(arguments)
     except json.JSONDecodeError:
         return arguments
+    return _Arguments(obj, arguments) if isinstance(obj, dict) else obj
 
 
 def template_knows_tools(template: str | None) -> bool:
@@ -148,14 +169,20 @@ class ToolStyle:
 
 def tool_style(tokenizer, tools: list | None) -> ToolStyle:
     """The style of a request offering tools (None: none offered). Mistral's: the template writes
-    [TOOL_CALLS] (or checks Mistral's ids), or the tokenizer has Mistral's marker tokens."""
+    [TOOL_CALLS] (or checks Mistral's ids), or the tokenizer has Mistral's marker tokens.
+    DeepSeek's: the template writes <｜tool▁call▁begin｜>. Either's marker tokens are kept in the text."""
     if tools is None:
         return ToolStyle()
     template = tokenizer.chat_template_for(tools)
-    markers = tuple(tokenizer.hidden_token_ids(MARKERS))
-    native_mistral = template_knows_tools(template) and BOT in template
-    return ToolStyle(forced_form(template) if native_mistral else HERMES_FORCED,
-                     writes_mistral_calls(template) or bool(markers), markers)
+    mistral_markers = tuple(tokenizer.hidden_token_ids(MARKERS))
+    markers = mistral_markers + tuple(tokenizer.hidden_token_ids(tools_deepseek.MARKERS))
+    if template_knows_tools(template) and BOT in template:
+        forced = forced_form(template)
+    elif tools_deepseek.writes_deepseek_calls(template):
+        forced = tools_deepseek.forced_form(template)
+    else:
+        forced = HERMES_FORCED
+    return ToolStyle(forced, writes_mistral_calls(template) or bool(mistral_markers), markers)
 
 
 def for_template(msgs: list[dict], tools: list[dict] | None, native: bool) -> tuple[list[dict], list | None]:

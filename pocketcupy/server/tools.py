@@ -2,9 +2,14 @@
 
 Styles understood:
   Hermes / Qwen   text <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
+  Qwen3.5 / Qwen3-Coder   text <tool_call><function=NAME><parameter=K>V</parameter>...</function></tool_call>
+                  (tools_xml.py)
   Llama-3 JSON    [<|python_tag|>]{"name": ..., "parameters": {...}} [; {...}]   (the whole reply)
   Mistral         text [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
                   text [TOOL_CALLS]name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}   (tools_mistral.py)
+  DeepSeek-V3     text <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}
+                  <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>, or V3's function<｜tool▁sep｜>name
+                  ```json {...}``` (tools_deepseek.py)
 and the forced form used for tool_choice "required"/named: the prompt already ends with
 '<tool_call>\\n{"name": "<fn>", "arguments": ' (Mistral templates: '[TOOL_CALLS] [{"name": "<fn>",
 "arguments": ' or '[TOOL_CALLS]<fn>[ARGS]') and the model writes only the arguments.
@@ -18,7 +23,9 @@ from __future__ import annotations
 import json
 import re
 
+from .tools_deepseek import CALLS_BEGIN, after_calls_begin
 from .tools_mistral import BOT, after_marker
+from .tools_xml import parse_xml_call
 
 OPEN, CLOSE, PYTHON_TAG = "<tool_call>", "</tool_call>", "<|python_tag|>"
 HERMES_FORCED = (OPEN + '\n{"name": "', '", "arguments": ')
@@ -89,13 +96,16 @@ def _parse_json_calls(text: str, names: set[str]):
 
 
 class ToolParser:
-    """Auto mode: content streams through; <tool_call> blocks and Mistral calls are held until complete."""
+    """Auto mode: content streams through; <tool_call> blocks, Mistral and DeepSeek calls are held
+    until complete. schemas: each function's parameters' JSON schema, which types the XML form's
+    values (None: none known, every value is text)."""
 
-    def __init__(self, tool_names, parallel: bool = True):
+    def __init__(self, tool_names, parallel: bool = True, schemas: dict[str, dict] | None = None):
         self.names = set(tool_names)
+        self.schemas = {n: (schemas or {}).get(n) or {} for n in self.names}
         self.parallel = parallel
         self.buf = ""          # text not yet classified
-        self.mode = "start"    # start | text | call | json | mistral (after [TOOL_CALLS])
+        self.mode = "start"    # start | text | call | json | mistral (after [TOOL_CALLS]) | deepseek
         self.num_calls = 0
         self._ws = ""          # leading whitespace held until real content or the end
         self._final = False    # finish(): what more text would decide is decided now
@@ -133,13 +143,14 @@ class ToolParser:
             if self.mode == "json":
                 return events  # decided at the end
             if self.mode == "text":
-                before, self.buf, tag = cut_at_tags(self.buf, (OPEN, BOT))
+                before, self.buf, tag = cut_at_tags(self.buf, (OPEN, BOT, CALLS_BEGIN))
                 self._content(before, events)
                 if tag is None:
                     return events
-                self.mode = "call" if tag == OPEN else "mistral"
-            if self.mode == "mistral":
-                got = after_marker(self.buf, self._final)
+                self.mode = {OPEN: "call", BOT: "mistral", CALLS_BEGIN: "deepseek"}[tag]
+            if self.mode in ("mistral", "deepseek"):
+                marker, after = (BOT, after_marker) if self.mode == "mistral" else (CALLS_BEGIN, after_calls_begin)
+                got = after(self.buf, self._final)
                 if got is None:
                     return events
                 items, used = got
@@ -149,7 +160,7 @@ class ToolParser:
                         self._call(*c, events)
                     self.buf = self.buf[used:]
                 else:  # no call of the request's functions: the marker is content, and the rest is text
-                    self._content(BOT, events)
+                    self._content(marker, events)
                 self.mode = "text"
                 continue
             if self.mode == "call":
@@ -166,7 +177,7 @@ class ToolParser:
             if not inner.strip()[end:].strip():
                 call = _call_from_json(obj, self.names)
         except json.JSONDecodeError:
-            pass
+            call = parse_xml_call(inner, self.schemas)
         if call is not None:
             self._call(*call, events)
         else:
