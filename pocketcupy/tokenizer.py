@@ -8,6 +8,7 @@ from __future__ import annotations
 import codecs
 from typing import Callable, Iterable
 
+from .infill import find_markers
 from .tokenizer_gguf import CONTROL, UNKNOWN, UNUSED, USER_DEFINED, build_from_gguf
 
 
@@ -16,7 +17,8 @@ class Tokenizer:
                  encode_text: Callable[[str], list[int]], bos_token_id: int | None,
                  eos_token_id: int | None, eos_token_ids: Iterable[int], add_bos: bool,
                  chat_template: str | None, strip_leading_space: bool = False,
-                 tool_use_template: str | None = None, suffix_ids: Iterable[int] = ()):
+                 tool_use_template: str | None = None, suffix_ids: Iterable[int] = (),
+                 fim_ids: tuple[int, int, int] | None = None):
         self._tokens = tokens
         self._types = token_types
         self._pieces = piece_bytes
@@ -27,6 +29,8 @@ class Tokenizer:
         # what add_special_tokens appends: the EOS of tokenizers that end every text with it, as
         # embedding models' do (GGUF tokenizer.ggml.add_eos_token, a Hugging Face post-processor)
         self.suffix_ids = tuple(suffix_ids)
+        # fill-in-the-middle marker tokens (prefix, suffix, middle) of code models (infill.py)
+        self.fim_ids = tuple(fim_ids) if fim_ids is not None else find_markers(tokens)
         self.chat_template = chat_template
         # a model's named "tool_use" template, which transformers (and so vLLM) use when tools are given
         self.tool_use_template = tool_use_template

@@ -209,6 +209,7 @@ def build_from_gguf(meta: dict) -> dict:
     pieces = [tokens[i].encode("utf-8") if types[i] in literal else piece(i) for i in range(n)]
     specials = sorted(((tokens[i], i) for i in range(n) if types[i] in literal), key=lambda x: (-len(x[0]), x[1]))
     add_bos = meta.get("tokenizer.ggml.add_bos_token")
+    fim = [_meta_id(meta, f"fim_{k}_token_id", n, None) for k in ("pre", "suf", "mid")]
 
     def encode_text(text: str) -> list[int]:
         out: list[int] = []
@@ -229,6 +230,7 @@ def build_from_gguf(meta: dict) -> dict:
         suffix_ids=[eos] if meta.get("tokenizer.ggml.add_eos_token") and eos is not None else [],
         chat_template=meta.get("tokenizer.chat_template"), strip_leading_space=add_space_prefix,
         tool_use_template=meta.get("tokenizer.chat_template.tool_use"),  # llama.cpp's key for a named template
+        fim_ids=None if None in fim else tuple(fim),
     )
 
 

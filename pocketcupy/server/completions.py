@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from ..infill import infill_prompt
 from ..sampling import MAX_LOGPROBS, truncate_prompt
 from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
@@ -14,8 +15,10 @@ MAX_PROMPTS = 64
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 
-def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS) -> list[tuple[list[int], str]]:
-    """(token ids, text to echo) per prompt of field `name` (at most `most` of them)."""
+def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS,
+                  add_special_tokens: bool = True) -> list[tuple[list[int], str]]:
+    """(token ids, text to echo) per prompt of field `name` (at most `most` of them); texts are
+    encoded with the tokenizer's special tokens (BOS) unless add_special_tokens is False."""
     def is_ids(x):
         return isinstance(x, list) and x and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
@@ -36,7 +39,7 @@ def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS) -> li
             if not x:
                 raise bad(name, "prompts must not be empty")
             try:
-                out.append((tok.encode(x), x))
+                out.append((tok.encode(x, add_special_tokens), x))
             except ValueError as e:
                 raise bad(name, str(e)) from None
         else:
@@ -60,13 +63,12 @@ def handle_completion(state, body, gone):
     scores_only = _scores_only(body)
     f = Fields(dict(body, max_tokens=1) if scores_only else body)
     model = check_model(f, state.config.served_model_names)
-    prompts = parse_prompts(f.require("prompt"), tok)
+    suffix = f.str("suffix", None)
+    prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=suffix is None)
     kw, priority = parse_common(f, tok.vocab_size)
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
     kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)   # vLLM's: per choice, in its own shape
-    if f.get("suffix") is not None:
-        raise bad("suffix", "'suffix' is not supported")
     stream, include_usage, continuous_usage = parse_stream(f)
     return_ids = f.bool("return_token_ids", False)     # vLLM's: each choice's prompt and generated ids
     if kp is not None and stream:
@@ -74,6 +76,13 @@ def handle_completion(state, body, gone):
     kw["structured_outputs"] = parse_structured_outputs(f)
     f.reject_unknown()
 
+    if suffix is not None:   # fill in the middle: between each prompt and the suffix
+        if kw["truncate_prompt_tokens"] is not None:
+            raise bad("truncate_prompt_tokens", "'truncate_prompt_tokens' cannot be combined with 'suffix'")
+        try:
+            prompts = [(infill_prompt(tok, ids, suffix), text) for ids, text in prompts]
+        except ValueError as e:
+            raise bad("suffix", str(e).partition(": ")[2]) from None
     C = engine.max_model_len
     kept = [truncate_prompt(ids, kw["truncate_prompt_tokens"], C) for ids, _ in prompts]
     prompts = [(short, text if len(short) == len(ids) else tok.decode(short))
