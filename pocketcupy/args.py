@@ -58,6 +58,9 @@ class EngineArgs:
     enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of equal prompt prefixes across requests")
     scheduling_policy: str = _opt("fcfs", "'fcfs' or 'priority' (lower priority value first)")
     seed: int | None = _opt(None, "engine-wide seed for requests without their own")
+    generation_config: str = _opt("auto", "sampling defaults of requests that leave a setting out: 'auto' (the "
+                                          "model's recommended ones: a GGUF's general.sampling.*, a folder's "
+                                          "generation_config.json) or 'vllm' (none: SamplingParams' own)")
     cache_dir: str | None = _opt(None, "where the default model is downloaded")
     progress: bool = _opt(True, "a progress bar while loading")
     gpu_memory_utilization: float = _opt(0.9, "CUDA: the fraction of GPU memory for weights, KV cache and "
@@ -103,6 +106,8 @@ class EngineArgs:
         gmu = self.gpu_memory_utilization
         if not isinstance(gmu, (int, float)) or isinstance(gmu, bool) or not 0 < gmu <= 1:
             raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization!r}")
+        if self.generation_config not in ("auto", "vllm"):
+            raise ValueError(f"generation_config: must be 'auto' or 'vllm', got {self.generation_config!r}")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy: must be 'fcfs' or 'priority', got {self.scheduling_policy!r}")
         for f in fields(self):

@@ -97,7 +97,7 @@ class AsyncEngine:
 
     async def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> AsyncIterator[str]:
         """The text deltas of one request (a prompt, or a conversation's messages; n must be 1)."""
-        params = SamplingParams() if params is None else params
+        params = self.engine.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams) and params.n != 1:
             raise ValueError("n: stream() yields one sequence; use n=1")
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):

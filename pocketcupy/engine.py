@@ -25,6 +25,7 @@ from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_ge
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
+from .sampling_defaults import model_sampling_defaults
 from .scoring import cosine, score_pairs
 from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
@@ -88,6 +89,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if args.speculative_method == "mtp":
             self._check_mtp(ckpt.config)
         self.tokenizer = Tokenizer.from_checkpoint(ckpt)
+        self.default_sampling = {} if args.generation_config == "vllm" else \
+            model_sampling_defaults(ckpt.gguf_metadata, ckpt.path if ckpt.gguf_metadata is None else None)
+        if self.default_sampling:
+            log.info("sampling defaults from the model: %s (generation_config='vllm' for none)", self.default_sampling)
         self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
         try:
             self._load_shard(ckpt, None if self.ranks is None else self.ranks.tp)
@@ -178,7 +183,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 raise ValueError(f"pooling: expected PoolingParams, got {type(pooling).__name__}")
             params = SamplingParams(max_tokens=1, temperature=0.0,
                                     truncate_prompt_tokens=pooling.truncate_prompt_tokens)
-        params = SamplingParams() if params is None else params
+        params = self.get_default_sampling_params() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
         if not isinstance(request_id, str) or not request_id:
@@ -225,6 +230,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self._groups[request_id] = group
             for s in group.seqs:
                 self._seqs[s.req.request_id] = s
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without params gets: the model's recommended settings (default_sampling)."""
+        return SamplingParams(**self.default_sampling)
 
     def _max_tokens(self, prompt_len: int, params: SamplingParams) -> int:
         room = self.max_model_len - prompt_len
@@ -569,7 +578,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yields text deltas of one request (n must be 1) as they are produced."""
-        params = SamplingParams() if params is None else params
+        params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams) and params.n != 1:
             raise ValueError("n: stream() yields one sequence; use n=1")
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):

@@ -103,7 +103,8 @@ def parse_chat(state, body) -> ChatRequest:
     tools = parse_tools(f.get("tools"))
     mode = parse_tool_choice(f.get("tool_choice"), tools)
     parallel = f.bool("parallel_tool_calls", True)
-    kw, priority = parse_common(f, engine.tokenizer.vocab_size, ("max_completion_tokens", "max_tokens"))
+    kw, priority = parse_common(f, engine.tokenizer.vocab_size, ("max_completion_tokens", "max_tokens"),
+                                engine.default_sampling)
     logprobs = f.bool("logprobs", False)
     top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not logprobs:

@@ -65,7 +65,7 @@ def handle_completion(state, body, gone):
     model = check_model(f, state.config.served_model_names)
     suffix = f.str("suffix", None)
     prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=suffix is None)
-    kw, priority = parse_common(f, tok.vocab_size)
+    kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling)
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
     kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)   # vLLM's: per choice, in its own shape
