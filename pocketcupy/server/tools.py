@@ -12,7 +12,8 @@ Styles understood:
                   ```json {...}``` (tools_deepseek.py)
 and the forced form used for tool_choice "required"/named: the prompt already ends with
 '<tool_call>\\n{"name": "<fn>", "arguments": ' (Mistral templates: '[TOOL_CALLS] [{"name": "<fn>",
-"arguments": ' or '[TOOL_CALLS]<fn>[ARGS]') and the model writes only the arguments.
+"arguments": ' or '[TOOL_CALLS]<fn>[ARGS]'; DeepSeek's: '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><fn>
+<｜tool▁sep｜>' or V3's fenced form) and the model writes only the arguments.
 
 A parser turns text deltas into events: ("content", text), ("call", index, name), ("args", index, text).
 A tool call is only reported for a function of the request (unknown names stay content);
