@@ -58,6 +58,9 @@ class EngineArgs:
     enable_prefix_caching: bool = _opt(True, "reuse the KV blocks of equal prompt prefixes across requests")
     scheduling_policy: str = _opt("fcfs", "'fcfs' or 'priority' (lower priority value first)")
     seed: int | None = _opt(None, "engine-wide seed for requests without their own")
+    score_tokens: str | None = _opt(None, "score / rerank as a reranker such as Qwen3-Reranker: 'no,yes' (two "
+                                          "one-token texts): a pair's score is P(yes) against P(no) after its "
+                                          "text (default: the cosine of the texts' embeddings)")
     generation_config: str = _opt("auto", "sampling defaults of requests that leave a setting out: 'auto' (the "
                                           "model's recommended ones: a GGUF's general.sampling.*, a folder's "
                                           "generation_config.json) or 'vllm' (none: SamplingParams' own)")

@@ -26,7 +26,7 @@ from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .sampling_defaults import model_sampling_defaults
-from .scoring import cosine, score_pairs
+from .scoring import classifier_params, classifier_score, classifier_token_ids, cosine, score_pairs
 from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
@@ -91,6 +91,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self.tokenizer = Tokenizer.from_checkpoint(ckpt)
         self.default_sampling = {} if args.generation_config == "vllm" else \
             model_sampling_defaults(ckpt.gguf_metadata, ckpt.path if ckpt.gguf_metadata is None else None)
+        self.score_token_ids = None if args.score_tokens is None else \
+            classifier_token_ids(self.tokenizer, args.score_tokens)
         if self.default_sampling:
             log.info("sampling defaults from the model: %s (generation_config='vllm' for none)", self.default_sampling)
         self.ranks = start_ranks(args, ckpt, self.device)  # tensor parallel: ranks 1..N-1 load their shards
@@ -505,15 +507,29 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         return [self.embedding_output(final[rid]) for rid, _, _ in requests]
 
     def score(self, text_1, text_2, pooling: PoolingParams | None = None) -> list[ScoringRequestOutput]:
-        """vLLM's score for embedding models: the cosine similarity of the embeddings (embed()'s, with
-        this pooling) of each pair: text_1 one text (scored against each of text_2) or as many as
-        text_2 (side by side); texts or token ids. In the order of the pairs."""
+        """vLLM's score: of each pair, text_1 one text (scored against each of text_2) or as many as
+        text_2 (side by side); texts or token ids. The cosine similarity of their embeddings (embed()'s,
+        with this pooling), or with score_tokens a reranker's P(yes) after the pair. In pair order."""
         first, second = _as_prompt_list(text_1, "text_1"), _as_prompt_list(text_2, "text_2")
         pairs = score_pairs(len(first), len(second))
+        if self.score_token_ids is not None:
+            prompts = [self.pair_ids(first[i], second[j]) for i, j in pairs]
+            outs = self.generate(prompts, classifier_params(self.score_token_ids))
+            return [ScoringRequestOutput(f"score-{next(self._ids)}", ids,
+                                         ScoringOutput(classifier_score(out, self.score_token_ids)))
+                    for ids, out in zip(prompts, outs)]
         vecs = self.embed(first + second, pooling)
         return [ScoringRequestOutput(f"score-{next(self._ids)}", a.prompt_token_ids + b.prompt_token_ids,
                                      ScoringOutput(cosine(a.outputs.embedding, b.outputs.embedding)))
                 for a, b in ((vecs[i], vecs[len(first) + j]) for i, j in pairs)]
+
+    def pair_ids(self, first, second) -> list[int]:
+        """A reranker's prompt of a pair (texts or token ids): the first's tokens (with the tokenizer's
+        special ones) then the second's (without), as a pair tokenizes for Qwen3-Reranker."""
+        a = self.tokenizer.encode(first) if isinstance(first, str) else self._prompt_ids(first, "text_1")[1]
+        if isinstance(second, str):
+            return a + self.tokenizer.encode(second, add_special_tokens=False)
+        return a + self._prompt_ids(second, "text_2")[1]
 
     def pooling_or_default(self, pooling: PoolingParams | None) -> PoolingParams:
         """The model's own pooling (an embedding GGUF's), else the last token's, where none is given."""

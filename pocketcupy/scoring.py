@@ -1,8 +1,14 @@
-"""Scores of text pairs from their embeddings, as vLLM scores and reranks with embedding models: a
-pair's score is the cosine similarity of the two texts' pooled final hidden states."""
+"""Scores of text pairs, as vLLM scores and reranks: by default the cosine similarity of the two
+texts' pooled final hidden states (vLLM's way with embedding models); with score_tokens "no,yes", a
+reranker's (Qwen3-Reranker's; vLLM's classifier_from_token): the pair's tokens, the first text's then
+the second's, are a prompt, and the score is the probability of "yes" against "no" as its next token."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+from .sampling import SamplingParams
 
 
 def score_pairs(n1: int, n2: int, field: str = "text_2") -> list[tuple[int, int]]:
@@ -21,3 +27,23 @@ def cosine(a, b) -> float:
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     norms = float(np.linalg.norm(a) * np.linalg.norm(b))
     return float(a @ b) / norms if norms else 0.0
+
+
+def classifier_token_ids(tokenizer, spec: str) -> tuple[int, int]:
+    """The ids of score_tokens' "no,yes": two texts, each one token of the vocabulary."""
+    texts = spec.split(",") if isinstance(spec, str) else []
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    if len(texts) != 2 or any(len(i) != 1 for i in ids):
+        raise ValueError(f"score_tokens: must be two texts that are one token each, as 'no,yes', got {spec!r} "
+                         f"(tokens {ids})")
+    return ids[0][0], ids[1][0]
+
+
+def classifier_params(token_ids: tuple[int, int]) -> SamplingParams:
+    """A scoring request's one step: the two tokens' log-probabilities, normalised between them."""
+    return SamplingParams(max_tokens=1, temperature=0.0, allowed_token_ids=list(token_ids), logprobs=2)
+
+
+def classifier_score(out, token_ids: tuple[int, int]) -> float:
+    """P(second token) / (P(first) + P(second)) after the pair's prompt (its RequestOutput)."""
+    return math.exp(out.outputs[0].logprobs[0][token_ids[1]].logprob)

@@ -5,7 +5,7 @@ the field."""
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, PoolingParams
+from pocketcupy import Engine, PoolingParams, SamplingParams
 from pocketcupy.scoring import cosine, score_pairs
 
 from tests.test_server_harness import MODEL, request, server  # noqa: F401
@@ -114,3 +114,59 @@ def test_malformed_requests(server, path, patch, param):
     body = {k: v for k, v in {**base, **patch}.items() if v is not None}
     status, resp, _ = request(server, "POST", path, body)
     assert status == 400 and resp["error"]["param"] == param, resp
+
+
+RERANK_Q = ("<|im_start|>system\nJudge whether the Document meets the requirements of the Query. Answer only "
+            "\"yes\" or \"no\".<|im_end|>\n<|im_start|>user\n<Query>: What is the capital of France?\n")
+RERANK_DOCS = [f"<Document>: {d}<|im_end|>\n<|im_start|>assistant\n" for d in DOCS]
+
+
+@pytest.fixture(scope="module")
+def reranker(smollm2_gguf):
+    return Engine(smollm2_gguf, device="cpu", progress=False, score_tokens="no,yes")
+
+
+def test_reranker_scores_are_p_yes_against_p_no(reranker):
+    """score_tokens "no,yes" (Qwen3-Reranker's way): a pair's score is P(yes) / (P(yes) + P(no)) after
+    its tokens; here against the full-vocabulary log-probabilities the prompt path gives those two
+    tokens appended."""
+    no, yes = reranker.score_token_ids
+    assert reranker.tokenizer.decode([no]) == "no" and reranker.tokenizer.decode([yes]) == "yes"
+    got = reranker.score(RERANK_Q, RERANK_DOCS)
+    for out, doc in zip(got, RERANK_DOCS):
+        ids = reranker.tokenizer.encode(RERANK_Q) + reranker.tokenizer.encode(doc, add_special_tokens=False)
+        assert out.prompt_token_ids == ids
+        lp = {t: reranker.generate(ids + [t], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+              .prompt_logprobs[-1][t].logprob for t in (no, yes)}
+        assert out.outputs.score == pytest.approx(1 / (1 + np.exp(lp[no] - lp[yes])), abs=1e-4)
+
+
+@pytest.mark.parametrize("spec", ["yes", "no,yes,maybe", "no,definitely yes", None])
+def test_bad_score_tokens(reranker, spec):
+    from pocketcupy.scoring import classifier_token_ids
+
+    with pytest.raises(ValueError, match="^score_tokens: must be two texts that are one token each"):
+        classifier_token_ids(reranker.tokenizer, spec)
+
+
+def test_reranker_routes(smollm2_gguf, reranker):
+    from pocketcupy import EngineArgs
+    from pocketcupy.server.app import create_app
+    from pocketcupy.server.state import ServerConfig, ServerState
+
+    state = ServerState(ServerConfig(engine_args=EngineArgs(model=smollm2_gguf, device="cpu", progress=False,
+                                                            score_tokens="no,yes"), served_model_names=[MODEL]))
+    state.load()
+    try:
+        app = create_app(state).test_client()
+        want = [o.outputs.score for o in reranker.score(RERANK_Q, RERANK_DOCS)]
+        r = app.post("/v1/rerank", json={"model": MODEL, "query": RERANK_Q, "documents": RERANK_DOCS}).get_json()
+        assert [x["index"] for x in r["results"]] == sorted(range(3), key=lambda j: -want[j])
+        np.testing.assert_allclose([x["relevance_score"] for x in r["results"]], sorted(want, reverse=True),
+                                   atol=1e-5)
+        s = app.post("/v1/score", json={"model": MODEL, "text_1": RERANK_Q, "text_2": RERANK_DOCS}).get_json()
+        np.testing.assert_allclose([d["score"] for d in s["data"]], want, atol=1e-5)
+        n = sum(len(o.prompt_token_ids) for o in reranker.score(RERANK_Q, RERANK_DOCS))
+        assert s["usage"]["prompt_tokens"] == r["usage"]["prompt_tokens"] == n
+    finally:
+        state.shutdown(30)
