@@ -99,14 +99,15 @@ def test_tool_prompt_fallback_renders_hermes():
 
 
 def _template_engine(chat_template: str, **meta):
-    """Just enough of an Engine for render_messages: a tokenizer with these templates."""
+    """Just enough of an Engine for render_messages and parse_chat: a tokenizer with these templates,
+    and no sampling defaults of its own."""
     from types import SimpleNamespace
 
     from pocketcupy.engine import Engine
     from pocketcupy.tokenizer import Tokenizer
     meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>", "▁a"],
             "tokenizer.ggml.token_type": [2, 3, 3, 1], "tokenizer.chat_template": chat_template, **meta}
-    engine = SimpleNamespace(tokenizer=Tokenizer.from_gguf_metadata(meta))
+    engine = SimpleNamespace(tokenizer=Tokenizer.from_gguf_metadata(meta), default_sampling={})
     engine.render_chat = lambda *a, **k: Engine.render_chat(engine, *a, **k)
     return engine
 
