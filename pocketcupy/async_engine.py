@@ -12,9 +12,11 @@ import threading
 from typing import AsyncIterator
 
 from .engine_loop import EngineLoop
-from .outputs import EmbeddingRequestOutput, RequestOutput
+from .engine import as_prompt_list
+from .outputs import EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import PoolingParams
 from .sampling import SamplingParams
+from .scoring import classifier_params, classifier_results, cosine_results, score_pairs
 
 
 class _EventLoopQueue:
@@ -110,10 +112,30 @@ class AsyncEngine:
                     priority: int = 0) -> EmbeddingRequestOutput:
         """One prompt's embedding (Engine.embed's pooling), computed among the other requests."""
         rid = request_id or f"aembd-{next(self._ids)}"
-        last = None
-        async for last in self._outputs(rid, prompt, None, priority, pooling=self.engine.pooling_or_default(pooling)):
-            pass
+        last = await self._last(self._outputs(rid, prompt, None, priority,
+                                              pooling=self.engine.pooling_or_default(pooling)))
         return self.engine.embedding_output(last)
+
+    async def score(self, text_1, text_2, pooling: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+        """Engine.score's pairs (one text_1 against each text_2, or side by side), computed among the
+        other requests: the cosine of their embeddings, or with score_tokens a reranker's P(yes)."""
+        e = self.engine
+        first, second = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
+        pairs = score_pairs(len(first), len(second))
+        if e.score_token_ids is not None:
+            prompts = [e.pair_ids(first[i], second[j]) for i, j in pairs]
+            params = classifier_params(e.score_token_ids)
+            outs = await asyncio.gather(*(self._last(self.generate(p, params)) for p in prompts))
+            return classifier_results(prompts, outs, e.score_token_ids)
+        vecs = await asyncio.gather(*(self.embed(t, pooling) for t in first + second))
+        return cosine_results(vecs, len(first), pairs, (f"ascore-{next(self._ids)}" for _ in pairs))
+
+    @staticmethod
+    async def _last(agen):
+        last = None
+        async for last in agen:
+            pass
+        return last
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Aborts requests by id (unknown ids are ignored); their generators end with finish_reason

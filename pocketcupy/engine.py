@@ -18,15 +18,14 @@ from .engine_build import EngineBuild
 from .engine_lock import EngineLock
 from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
-from .outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput,
-                      ScoringRequestOutput)
+from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import Pooler, PoolingParams, default_pooling_type
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .sampling_defaults import model_sampling_defaults
-from .scoring import classifier_params, classifier_score, classifier_token_ids, cosine, score_pairs
+from .scoring import classifier_params, classifier_results, classifier_token_ids, cosine_results, score_pairs
 from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
@@ -487,7 +486,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run many prompts concurrently to completion; outputs in the order of the prompts."""
-        prompts = _as_prompt_list(prompts)
+        prompts = as_prompt_list(prompts)
         if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
                 raise ValueError(f"params: {len(params)} SamplingParams for {len(prompts)} prompts")
@@ -502,7 +501,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """Embeddings of many prompts (text or token ids), run concurrently and alongside any
         generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
         own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
-        requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in _as_prompt_list(prompts)]
+        requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in as_prompt_list(prompts)]
         final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling)) if out.finished}
         return [self.embedding_output(final[rid]) for rid, _, _ in requests]
 
@@ -510,18 +509,14 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """vLLM's score: of each pair, text_1 one text (scored against each of text_2) or as many as
         text_2 (side by side); texts or token ids. The cosine similarity of their embeddings (embed()'s,
         with this pooling), or with score_tokens a reranker's P(yes) after the pair. In pair order."""
-        first, second = _as_prompt_list(text_1, "text_1"), _as_prompt_list(text_2, "text_2")
+        first, second = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
         pairs = score_pairs(len(first), len(second))
         if self.score_token_ids is not None:
             prompts = [self.pair_ids(first[i], second[j]) for i, j in pairs]
             outs = self.generate(prompts, classifier_params(self.score_token_ids))
-            return [ScoringRequestOutput(f"score-{next(self._ids)}", ids,
-                                         ScoringOutput(classifier_score(out, self.score_token_ids)))
-                    for ids, out in zip(prompts, outs)]
-        vecs = self.embed(first + second, pooling)
-        return [ScoringRequestOutput(f"score-{next(self._ids)}", a.prompt_token_ids + b.prompt_token_ids,
-                                     ScoringOutput(cosine(a.outputs.embedding, b.outputs.embedding)))
-                for a, b in ((vecs[i], vecs[len(first) + j]) for i, j in pairs)]
+            return classifier_results(prompts, outs, self.score_token_ids)
+        ids = (f"score-{next(self._ids)}" for _ in pairs)
+        return cosine_results(self.embed(first + second, pooling), len(first), pairs, ids)
 
     def pair_ids(self, first, second) -> list[int]:
         """A reranker's prompt of a pair (texts or token ids): the first's tokens (with the tokenizer's
@@ -607,7 +602,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                     yield out.outputs[0].delta_text
 
 
-def _as_prompt_list(prompts, field: str = "prompts") -> list:
+def as_prompt_list(prompts, field: str = "prompts") -> list:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, (list, tuple)):

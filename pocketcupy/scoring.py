@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from .outputs import ScoringOutput, ScoringRequestOutput
 from .sampling import SamplingParams
 
 
@@ -47,3 +48,17 @@ def classifier_params(token_ids: tuple[int, int]) -> SamplingParams:
 def classifier_score(out, token_ids: tuple[int, int]) -> float:
     """P(second token) / (P(first) + P(second)) after the pair's prompt (its RequestOutput)."""
     return math.exp(out.outputs[0].logprobs[0][token_ids[1]].logprob)
+
+
+def classifier_results(prompts: list[list[int]], outs: list, token_ids: tuple[int, int]) -> list:
+    """ScoringRequestOutputs of a reranker's pairs: their prompts and final RequestOutputs."""
+    return [ScoringRequestOutput(out.request_id, p, ScoringOutput(classifier_score(out, token_ids)))
+            for p, out in zip(prompts, outs)]
+
+
+def cosine_results(vecs: list, num_first: int, pairs: list[tuple[int, int]], request_ids) -> list:
+    """ScoringRequestOutputs of embedded pairs: the first texts' EmbeddingRequestOutputs, then the
+    second's, in vecs."""
+    return [ScoringRequestOutput(rid, a.prompt_token_ids + b.prompt_token_ids,
+                                 ScoringOutput(cosine(a.outputs.embedding, b.outputs.embedding)))
+            for rid, (a, b) in zip(request_ids, ((vecs[i], vecs[num_first + j]) for i, j in pairs))]

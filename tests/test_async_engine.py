@@ -171,3 +171,18 @@ def test_bad_arguments_raise_and_the_engine_goes_on(engine, aengine):
     assert last.finished and len(last.outputs[0].token_ids) == 2
     stats = asyncio.run(aengine.stats())
     assert stats["num_running"] == 0
+
+
+def test_score_equals_engine_score(engine, aengine, smollm2_gguf):
+    docs = ["Paris is in France.", "Cats eat fish.", "The sea is blue."]
+    want = [o.outputs.score for o in engine.score("Where is Paris?", docs)]
+    got = asyncio.run(aengine.score("Where is Paris?", docs))
+    np.testing.assert_allclose([o.outputs.score for o in got], want, atol=1e-6)
+    reranker = AsyncEngine(smollm2_gguf, device="cpu", progress=False, score_tokens="no,yes")
+    try:
+        want = [o.outputs.score for o in reranker.engine.score("Where is Paris?", docs)]
+        got = asyncio.run(reranker.score("Where is Paris?", docs))
+        np.testing.assert_allclose([o.outputs.score for o in got], want, atol=1e-6)
+        assert [o.prompt_token_ids for o in got] == [reranker.engine.pair_ids("Where is Paris?", d) for d in docs]
+    finally:
+        asyncio.run(reranker.shutdown(30))
