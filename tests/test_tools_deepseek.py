@@ -7,6 +7,7 @@ import os
 
 import jinja2
 import pytest
+from jinja2.sandbox import SandboxedEnvironment
 
 from pocketcupy.server.tool_prompt import ToolStyle, for_template, parse_messages, tool_style
 from pocketcupy.server.tools import ToolParser, collect, forced_prefill
@@ -119,3 +120,7 @@ def test_deepseek_template_renders_the_round_trip():
     args = msgs[1]["tool_calls"][0]["function"]["arguments"]
     hf = jinja2.Environment().from_string("{% for k, v in a|items %}{{ k }}={{ v }}{% endfor %} {{ a|tojson }}")
     assert hf.render(a=args) == 'city=Paris {"city": "Paris"}' and dict(args) == {"city": "Paris"}
+    named, _ = for_template(parse_messages([{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "say", "arguments": '{"text": "hi"}'}}]}]), [{}], True)
+    assert SandboxedEnvironment().from_string("{{ a.text }}").render(
+        a=named[0]["tool_calls"][0]["function"]["arguments"]) == "hi"

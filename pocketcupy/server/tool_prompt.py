@@ -131,16 +131,16 @@ class _Arguments(dict):
 
     def __init__(self, obj: dict, text: str):
         super().__init__(obj)
-        self.text = text
+        self._text = text   # (private: a template's `arguments.text` must find an argument named text)
 
     def __str__(self) -> str:
-        return self.text
+        return self._text
 
     def __add__(self, other):
-        return self.text + other if isinstance(other, str) else NotImplemented
+        return self._text + other if isinstance(other, str) else NotImplemented
 
     def __radd__(self, other):
-        return other + self.text if isinstance(other, str) else NotImplemented
+        return other + self._text if isinstance(other, str) else NotImplemented
 
 
 def _decoded(arguments: str):
