@@ -12,11 +12,10 @@ import threading
 from typing import AsyncIterator
 
 from .engine_loop import EngineLoop
-from .engine import as_prompt_list
 from .outputs import EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import PoolingParams
 from .sampling import SamplingParams
-from .scoring import classifier_params, classifier_results, cosine_results, score_pairs
+from .scoring import classifier_params, classifier_results, cosine_results
 
 
 class _EventLoopQueue:
@@ -99,12 +98,8 @@ class AsyncEngine:
 
     async def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> AsyncIterator[str]:
         """The text deltas of one request (a prompt, or a conversation's messages; n must be 1)."""
-        params = self.engine.get_default_sampling_params() if params is None else params
-        if isinstance(params, SamplingParams) and params.n != 1:
-            raise ValueError("n: stream() yields one sequence; use n=1")
-        if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
-            prompt_or_messages = self.engine.chat_prompt_ids(prompt_or_messages)
-        async for out in self.generate(prompt_or_messages, params):
+        prompt, params = self.engine.stream_request(prompt_or_messages, params)
+        async for out in self.generate(prompt, params):
             if out.outputs[0].delta_text:
                 yield out.outputs[0].delta_text
 
@@ -120,8 +115,7 @@ class AsyncEngine:
         """Engine.score's pairs (one text_1 against each text_2, or side by side), computed among the
         other requests: the cosine of their embeddings, or with score_tokens a reranker's P(yes)."""
         e = self.engine
-        first, second = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
-        pairs = score_pairs(len(first), len(second))
+        first, second, pairs = e.score_inputs(text_1, text_2)
         if e.score_token_ids is not None:
             prompts = [e.pair_ids(first[i], second[j]) for i, j in pairs]
             params = classifier_params(e.score_token_ids)

@@ -509,14 +509,19 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """vLLM's score: of each pair, text_1 one text (scored against each of text_2) or as many as
         text_2 (side by side); texts or token ids. The cosine similarity of their embeddings (embed()'s,
         with this pooling), or with score_tokens a reranker's P(yes) after the pair. In pair order."""
-        first, second = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
-        pairs = score_pairs(len(first), len(second))
+        first, second, pairs = self.score_inputs(text_1, text_2)
         if self.score_token_ids is not None:
             prompts = [self.pair_ids(first[i], second[j]) for i, j in pairs]
             outs = self.generate(prompts, classifier_params(self.score_token_ids))
             return classifier_results(prompts, outs, self.score_token_ids)
         ids = (f"score-{next(self._ids)}" for _ in pairs)
         return cosine_results(self.embed(first + second, pooling), len(first), pairs, ids)
+
+    @staticmethod
+    def score_inputs(text_1, text_2) -> tuple[list, list, list[tuple[int, int]]]:
+        """score()'s arguments as lists of prompts, and the (text_1 index, text_2 index) pairs to score."""
+        first, second = as_prompt_list(text_1, "text_1"), as_prompt_list(text_2, "text_2")
+        return first, second, score_pairs(len(first), len(second))
 
     def pair_ids(self, first, second) -> list[int]:
         """A reranker's prompt of a pair (texts or token ids): the first's tokens (with the tokenizer's
@@ -589,17 +594,22 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
         """Yields text deltas of one request (n must be 1) as they are produced."""
-        params = self.get_default_sampling_params() if params is None else params
-        if isinstance(params, SamplingParams) and params.n != 1:
-            raise ValueError("n: stream() yields one sequence; use n=1")
-        if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
-            prompt = self.chat_prompt_ids(prompt_or_messages)
-        else:
-            prompt = prompt_or_messages
+        prompt, params = self.stream_request(prompt_or_messages, params)
         with contextlib.closing(self._run([(f"stream-{next(self._ids)}", prompt, params)])) as outs:
             for out in outs:  # a stream closed early aborts its request (_run's finally) right away
                 if out.outputs[0].delta_text:
                     yield out.outputs[0].delta_text
+
+
+    def stream_request(self, prompt_or_messages, params: SamplingParams | None) -> tuple[object, SamplingParams]:
+        """stream()'s (prompt, params): a conversation's messages through the chat template, the
+        model's defaults where params is None; ValueError unless one sequence is asked for."""
+        params = self.get_default_sampling_params() if params is None else params
+        if isinstance(params, SamplingParams) and params.n != 1:
+            raise ValueError("n: stream() yields one sequence; use n=1")
+        if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
+            return self.chat_prompt_ids(prompt_or_messages), params
+        return prompt_or_messages, params
 
 
 def as_prompt_list(prompts, field: str = "prompts") -> list:
