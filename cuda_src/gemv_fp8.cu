@@ -13,16 +13,9 @@
 // are summed from zero and added times the rows' scales.  x is rounded to fp16 (saturated at
 // +-65504); accumulation fp32.  Needs K % 64 == 0.  Grid: ceil(rows / 16).
 // dequant_fp8_f16: rows of W as fp16 values (scale applied), the cuBLAS GEMM path's weight tile.
-#include "mma_prims.cuh"
+#include "minifloat.cuh"
 
 #define F8_WARPS 8
-
-// 4 codes -> fp16 pairs (value * 2^-8): lo = codes 0, 1; hi = codes 2, 3
-__device__ __forceinline__ void e4m3x4_to_h2x2(u32 w, u32& lo, u32& hi) {
-    const u32 a = __byte_perm(w, 0u, 0x5140), b = __byte_perm(w, 0u, 0x5342);
-    lo = ((a & 0x00800080u) << 8) | ((a & 0x007f007fu) << 7);
-    hi = ((b & 0x00800080u) << 8) | ((b & 0x007f007fu) << 7);
-}
 
 // Whether gemv_fp8_mma<.., HW = true> converts with the hardware's cvt (sm_89+): its fp16 are the
 // codes' values themselves, not times 2^-8
@@ -49,10 +42,6 @@ __device__ __forceinline__ void e4m3x16_to_h2x8(const uint4& w, u32 (&h)[8]) {
 #endif
         e4m3x4_to_h2x2(v[i], h[2 * i], h[2 * i + 1]);
     }
-}
-
-__device__ __forceinline__ u32 pack_f2h2_sat(float lo, float hi) {
-    return pack_f2h2(fminf(fmaxf(lo, -65504.0f), 65504.0f), fminf(fmaxf(hi, -65504.0f), 65504.0f));
 }
 
 template <int NT, int U, bool HW>

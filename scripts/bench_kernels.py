@@ -6,6 +6,7 @@ cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
     python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
     python scripts/bench_kernels.py --only gemv,dense_batch,gemm,attention
     python scripts/bench_kernels.py --only dense_batch      # BF16 through cuBLAS at batches 16-64
+    python scripts/bench_kernels.py --only gemv --qtypes BF16,FP8,NVFP4   # the GEMVs of these formats
 
 Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
 cost excluded, as in the engine's decode graphs), median of `reps`; eager events if capture
@@ -113,6 +114,15 @@ def make_weight(qtype: str, rows: int, cols: int, rng, relay: bool | None = None
         w = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.05).astype(np.float16)
         data = w if qtype == "F16" else (w.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         return wc.prepare_weight(QTensor(qtype, (rows, cols), data))
+    if qtype == "FP8":      # E4M3 codes without NaN (0x7f / 0xff), a scale per row and 128 columns
+        signs = rng.integers(0, 2, (rows, cols), dtype=np.uint8) << 7
+        codes = rng.integers(0, 0x7F, (rows, cols), dtype=np.uint8) | signs
+        scales = np.full((rows, -(-cols // 128)), 0.01, np.float32)
+        return wc.prepare_weight(QTensor("FP8", (rows, cols), codes, scales))
+    if qtype == "NVFP4":    # E2M1 codes, E4M3 scales of 16 columns (normal codes), a tensor scale
+        codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+        scales = rng.integers(0x30, 0x50, (rows, cols // 16), dtype=np.uint8)
+        return wc.prepare_weight(QTensor("NVFP4", (rows, cols), codes, scales, 0.01))
     _, qk, ts = wc.GGUF_QTYPES[qtype]
     nblk = rows * cols // qk
     b = rng.integers(0, 256, size=(nblk, ts), dtype=np.uint8)
@@ -129,6 +139,8 @@ def weight_bytes(w) -> int:
     if getattr(w, "qtype", None) in wc.GGUF_QTYPES:
         _, qk, ts = wc.GGUF_QTYPES[w.qtype]
         return w.rows * (w.cols // qk) * ts
+    if getattr(w, "qtype", None) == "NVFP4":     # codes and their E4M3 scales (the tensor scales are negligible)
+        return int(w.data.nbytes + w.scales.nbytes)
     return int(w.data.nbytes)
 
 
@@ -139,7 +151,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     from pocketcupy.backend import weight_cuda as wc
 
     rng = np.random.default_rng(0)
-    qtypes = ["F16", "Q8_0", "Q4_K"] if args.quick else ["F16", "BF16", "Q8_0", "Q4_K", "Q6_K", "Q4_0"]
+    qtypes = args.qtypes.split(",") if args.qtypes else ["F16", "Q8_0", "Q4_K"] if args.quick else \
+        ["F16", "BF16", "FP8", "NVFP4", "Q8_0", "Q4_K", "Q6_K", "Q4_0"]
     shapes = [(14336, 4096), (4096, 14336)]
     batches = [1, 8] if args.quick else [1, 4, 8]
     out = {}
@@ -152,6 +165,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                 # (and their DP4A int8 GEMV where Q4_K / Q6_K take tensor cores)
                 if qtype in wc.GGUF_QTYPES:
                     kinds = ("f32", "q8") + (("q8dp4a",) if nb > 1 and qtype in kq.GGUF_MMA_QTYPES else ())
+                elif qtype in lc.CODES_GEMV_MAX_BATCH:    # and a variant: FP8 by sm_89+'s cvt, NVFP4 at U 4
+                    kinds = ("codes", "hwcvt" if qtype == "FP8" else "u4")
                 else:
                     kinds = ("mma", "plain") if nb > 1 else ("plain",)
                 for kind in kinds:
@@ -168,12 +183,19 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                             lc.launch_gemv_q8(w, *lc.quantize_x(x), None, y, nb)
                         else:
                             lc.linear(x, w, out=y)
-                    t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
+                    saved = lc.FP8_HW_CVT, lc.NVFP4_UNROLL
+                    lc.FP8_HW_CVT, lc.NVFP4_UNROLL = kind == "hwcvt" or saved[0], 4 if kind == "u4" else saved[1]
+                    try:
+                        t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
+                    finally:
+                        lc.FP8_HW_CVT, lc.NVFP4_UNROLL = saved
                     gbps = weight_bytes(w0) / t["us"] / 1e3
                     if kind == "q8dp4a":
                         name = f"gemv_{qtype.lower()}_q8dp4a_bs{nb}"
                     elif qtype in wc.GGUF_QTYPES:
                         name = f"{lc.gemv_variant(ws[0], nb)}_{kind}act"
+                    elif kind in ("codes", "hwcvt", "u4"):
+                        name = lc.gemv_variant(ws[0], nb) + ("" if kind == "codes" else f"_{kind}")
                     else:
                         name = lc.gemv_variant(ws[0], nb, dense_kind=kind)
                     out[f"{name}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
@@ -417,6 +439,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="gemv,dense_batch,gemm,attention",
                     help="comma list of gemv, dense_batch, gemm, attention")
     ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--qtypes", default=None, help="the gemv benchmark's weight formats, e.g. BF16,FP8,NVFP4")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)

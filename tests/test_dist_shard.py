@@ -45,14 +45,25 @@ def test_shards_reassemble(qtype, world):
     assert all(p.shape == (6 * world, col_w) and p.data.flags.c_contiguous for p in col_parts)
 
 
+def _fp8(rng, rows, cols):
+    return QTensor("FP8", (rows, cols), rng.integers(0, 0x7F, (rows, cols), dtype=np.uint8),
+                   rng.uniform(0.5, 2.0, (rows, cols // 128)).astype(np.float32))
+
+
+def _nvfp4(rng, rows, cols):
+    return QTensor("NVFP4", (rows, cols), rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8),
+                   rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8), 0.37)
+
+
 @pytest.mark.parametrize("world", [2, 3])
-def test_fp8_shards_carry_their_scales(world):
-    """FP8 codes are cut with their scales (a scale per row and 128 columns): rows anywhere, columns
-    on 128-column groups (elsewhere the columns as BF16); padded rows are zero."""
+@pytest.mark.parametrize("make", [_fp8, _nvfp4], ids=["FP8", "NVFP4"])
+def test_code_shards_carry_their_scales(world, make):
+    """FP8 / NVFP4 codes are cut with their scales (a scale per row and 128 / 16 columns; NVFP4's
+    tensor scale kept): rows anywhere, columns on the scales' groups (elsewhere the columns as BF16);
+    padded rows are zero."""
     rng = np.random.default_rng(world)
     rows, cols = 5 * world, 256 * world
-    t = QTensor("FP8", (rows, cols), rng.integers(0, 0x7F, (rows, cols), dtype=np.uint8),
-                rng.uniform(0.5, 2.0, (rows, cols // 128)).astype(np.float32))
+    t = make(rng, rows, cols)
     full = t.dequantize()
     rows_w, col_w = rows // world, cols // world
     assert np.array_equal(np.concatenate([take_rows(t, r * rows_w, (r + 1) * rows_w).dequantize()
@@ -61,9 +72,10 @@ def test_fp8_shards_carry_their_scales(world):
                                           for r in range(world)], axis=1), full)
     padded = pad_rows(t, rows + 3).dequantize()
     assert np.array_equal(padded[:rows], full) and not padded[rows:].any()
-    assert all(take_cols(t, r * col_w, (r + 1) * col_w).qtype == "FP8" for r in range(world))
-    off = take_cols(t, 64, 192)
-    assert off.qtype == "BF16" and np.array_equal(off.dequantize(), full[:, 64:192])
+    assert all(take_cols(t, r * col_w, (r + 1) * col_w).qtype == t.qtype for r in range(world))
+    off = take_cols(t, 64, 192) if t.qtype == "FP8" else take_cols(t, 8, 40)
+    want = full[:, 64:192] if t.qtype == "FP8" else full[:, 8:40]
+    assert off.qtype == "BF16" and np.array_equal(off.dequantize(), want)
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "IQ4_XS", "BF16"])

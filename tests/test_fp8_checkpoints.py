@@ -11,7 +11,7 @@ from pocketcupy.loader.safetensors_loader import gguf_name
 from pocketcupy.models.registry import build_model
 from pocketcupy.quant.dequant import f32_to_bf16
 from pocketcupy.quant import minifloat_weights
-from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values, fp8_to_bf16, scaled_to_bf16
+from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values, fp8_to_bf16, nvfp4_to_bf16, scaled_to_bf16
 
 from .fp8_checkpoints import (TINY, bf16_reference, e2m1_reference, e4m3_decode, e4m3_reference, float_weight,
                               linear_names, pack_e2m1, quantize_fp8, quantize_nvfp4, reference_dequant, tiny_tensors,
@@ -128,7 +128,8 @@ def check_loaded(path, expected, original, max_rel, qtype="BF16"):
     for hf_name, bits in expected.items():
         t = loaded[gguf_name(hf_name)]
         assert t.qtype == qtype and t.shape == bits.shape
-        np.testing.assert_array_equal(fp8_to_bf16(t) if qtype == "FP8" else t.data, bits, err_msg=hf_name)
+        to_bf16 = {"FP8": fp8_to_bf16, "NVFP4": nvfp4_to_bf16}.get(qtype, lambda t: t.data)
+        np.testing.assert_array_equal(to_bf16(t), bits, err_msg=hf_name)
     quantized = {gguf_name(n) for n in expected}
     for name, t in tensors.items():
         if name not in quantized:
@@ -302,11 +303,27 @@ NVFP4_MAX_REL = 0.2
 @pytest.mark.parametrize("hf_quant_config_json", [False, True], ids=["config.json", "hf_quant_config.json"])
 def test_nvfp4_checkpoint(tmp_path, hf_quant_config_json, original):
     path, expected = build_nvfp4(tmp_path, hf_quant_config_json)
-    check_loaded(path, expected, original, NVFP4_MAX_REL)
+    check_loaded(path, expected, original, NVFP4_MAX_REL, qtype="NVFP4")
 
 
 def test_nvfp4_checkpoint_engine_greedy(tmp_path):
     check_engine_greedy(build_nvfp4(tmp_path)[0])
+
+
+def test_nvfp4_groups_of_32_load_as_bf16(tmp_path):
+    """Groups other than 16 have no kernel: the weights are dequantized to BF16 at load."""
+    tensors = tiny_tensors()
+    name = linear_names(tensors)[0]
+    codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name), group=32)
+    prefix = name.removesuffix("weight")
+    tensors[name] = ("U8", pack_e2m1(codes))
+    tensors[prefix + "weight_scale"] = ("F8_E4M3", scale_codes)
+    tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
+    values = np.array([[e2m1_reference(c) for c in row] for row in codes], np.float32)
+    path = write_checkpoint(tmp_path, tensors, {**NVFP4_CONFIG, "group_size": 32})
+    t = load_checkpoint(path).tensors[gguf_name(name)]
+    assert t.qtype == "BF16"
+    np.testing.assert_array_equal(t.data, reference_dequant(values, e4m3_decode(scale_codes), (1, 32), scale2))
 
 
 @pytest.mark.parametrize("edit_tensors, match", [
@@ -342,22 +359,23 @@ def test_u8_weight_in_an_fp8_checkpoint(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", ["fp8-block-128", "fp8-channel-autofp8-name"])
-def test_fp8_codes_on_cuda(tmp_path, case):
-    """The CUDA backend keeps the codes (gemv_fp8.cu for up to 16 rows, fp16 tiles into cuBLAS past them)
-    and its logits agree with the NumPy backend's BF16-rounded weights over a 12- and a 36-token prefill
-    and the 12 single-token decode steps after one."""
+@pytest.mark.parametrize("case", ["fp8-block-128", "fp8-channel-autofp8-name", "nvfp4"])
+def test_codes_on_cuda(tmp_path, case):
+    """The CUDA backend keeps the FP8 / NVFP4 codes (gemv_fp8.cu / gemv_nvfp4.cu for up to 16 rows, fp16
+    tiles into cuBLAS past them) and its logits agree with the NumPy backend's BF16-rounded weights over a
+    12- and a 36-token prefill and the 12 single-token decode steps after one."""
     from pocketcupy.backend.ops_cuda import CudaOps
     from pocketcupy.backend.weight_cuda import CudaWeight
 
     from .helpers import PagedRun
 
-    path = build_fp8(tmp_path, case)[0]
+    path = build_nvfp4(tmp_path)[0] if case == "nvfp4" else build_fp8(tmp_path, case)[0]
     ck = load_checkpoint(path)
     ops = CudaOps()
     model = build_model(ck.config, ck.tensors, ops)
     layer = model.layers[0]
-    assert all(isinstance(w, CudaWeight) and w.qtype == "FP8" for w in (layer.w_gate_up, layer.w_down, layer.wo))
+    qtype = "NVFP4" if case == "nvfp4" else "FP8"
+    assert all(isinstance(w, CudaWeight) and w.qtype == qtype for w in (layer.w_gate_up, layer.w_down, layer.wo))
     ref_model, ref_ops = load_reference_model(path)
     long = PROMPT * 3
     for ids in (PROMPT, long):
@@ -371,10 +389,12 @@ def test_fp8_codes_on_cuda(tmp_path, case):
     assert err <= 1e-2, f"prefill + decode: relative error {err:.2e}"
 
 
-def test_fp8_tensor_parallel_equals_one_rank(tmp_path):
-    """Two ranks cut the FP8 codes with their scales (tiny_llama's row-parallel columns, 32 and 64 of
-    them a rank, fall off the 128-column groups and are cut as BF16): the same greedy tokens."""
-    path = build_fp8(tmp_path, "fp8-block-128")[0]
+@pytest.mark.parametrize("case", ["fp8-block-128", "nvfp4"])
+def test_codes_tensor_parallel_equals_one_rank(tmp_path, case):
+    """Two ranks cut the FP8 / NVFP4 codes with their scales (tiny_llama's row-parallel columns, 32 and 64
+    of them a rank, fall off FP8's 128-column groups and are cut as BF16; NVFP4's groups of 16 stay codes):
+    the same greedy tokens."""
+    path = build_nvfp4(tmp_path)[0] if case == "nvfp4" else build_fp8(tmp_path, case)[0]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     want = Engine(path, device="cpu", progress=False).generate([PROMPT], params)[0].outputs[0].token_ids
     e = Engine(path, device="cpu", progress=False, tensor_parallel_size=2)

@@ -6,9 +6,11 @@
   - quantized weights, N <= 32: the same GEMV over column tiles of 8 (a weight read per tile
     still beats dequantizing the whole matrix); Q4_K / Q5_K / Q6_K at N 2-64 on int8 tensor cores
     (kquant_mma_cuda.py);
-  - FP8 weights, N <= 16: the tensor-core GEMV over the E4M3 codes (gemv_fp8.cu);
+  - FP8 / NVFP4 weights, N <= 16: the tensor-core GEMVs over the E4M3 / E2M1 codes (gemv_fp8.cu,
+    gemv_nvfp4.cu);
   - otherwise cuBLAS (fp16/bf16 inputs, fp32 output): activations cast to the weight dtype;
-    quantized and FP8 weights dequantized to fp16 in row tiles first (dequant.cu, gemv_fp8.cu).
+    quantized, FP8 and NVFP4 weights dequantized to fp16 in row tiles first (dequant.cu, gemv_fp8.cu,
+    gemv_nvfp4.cu).
 `get_rows(w, ids)` -> [N, cols] float32: the embedding lookup.
 CuPy is imported lazily: importing this module needs only NumPy."""
 from __future__ import annotations
@@ -30,6 +32,8 @@ from .weight_cuda import (DENSE_QTYPES, FP8_SCALE_FACTOR, KERNEL_TYPE_IDS, CudaW
 GEMV_MAX_BATCH = 8
 QUANT_GEMV_MAX_BATCH = 32
 FP8_GEMV_MAX_BATCH = 16         # gemv_fp8_mma<NT> instances: NT 1, 2 tiles of 8 rows
+NVFP4_GEMV_MAX_BATCH = 16       # gemv_nvfp4_mma<NT> likewise
+CODES_GEMV_MAX_BATCH = {"FP8": FP8_GEMV_MAX_BATCH, "NVFP4": NVFP4_GEMV_MAX_BATCH}
 DENSE_MMA_MIN_BATCH = 1         # fp16 / bf16 weights from this batch on take the tensor-core GEMV
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
@@ -79,8 +83,8 @@ def gemv_variant(w: CudaWeight, nb: int, dense_kind: str | None = None) -> str:
     """Readable name of the GEMV kernel linear() uses for batch nb (<= 8), e.g. gemv_q4_k_q8_r2_t128_bs1,
     gemv_q4_1_f32_lanes16_r2_bs1, gemv_q8_0_f32_xs_r4_bs2, gemv_bf16_bs1, gemv_bf16_mma_bs4;
     dense_kind: as gemv_dense's kind."""
-    if w.qtype == "FP8":
-        return f"gemv_fp8_mma_nt{-(-nb // 8)}_bs{nb}"
+    if w.qtype in CODES_GEMV_MAX_BATCH:
+        return f"gemv_{w.qtype.lower()}_mma_nt{-(-nb // 8)}_bs{nb}"
     if nt := gguf_mma_tiles(w, nb):
         return f"gemv_{w.qtype.lower()}_q8mma_nt{nt}_bs{nb}"
     if w.act_q8:
@@ -413,6 +417,26 @@ def gemv_fp8(x, w: CudaWeight, bias, out) -> None:
         (w.data, w.scales, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
 
 
+NVFP4_UNROLL = 8       # U of gemv_nvfp4_mma: 64-code chunks a warp loads at once (4 or 8)
+_NVFP4_MMA_EXPRS = tuple(f"gemv_nvfp4_mma<{nt}, {u}>" for nt in (1, 2) for u in (4, 8))
+
+
+def gemv_nvfp4(x, w: CudaWeight, bias, out) -> None:
+    """out [n, rows] = x [n, K] @ w.T (+ bias) for NVFP4 w, n <= NVFP4_GEMV_MAX_BATCH (tensor cores)."""
+    n, k = x.shape
+    kernel("gemv_nvfp4.cu", f"gemv_nvfp4_mma<{-(-n // 8)}, {NVFP4_UNROLL}>", name_expressions=_NVFP4_MMA_EXPRS)(
+        (-(-w.rows // 16),), (DENSE_MMA_THREADS,),
+        (w.data, w.scales, w.row_scales, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
+
+
+def dequant_nvfp4(w: CudaWeight, r0: int, nr: int, out, ids=None) -> None:
+    """out [nr, cols] (fp16 or float32) = rows r0 .. r0 + nr - 1 of NVFP4 w, or its rows ids (int32 [nr])."""
+    expr = f"dequant_nvfp4<{'float' if out.dtype == np.float32 else '__half'}>"
+    kernel("gemv_nvfp4.cu", expr, name_expressions=("dequant_nvfp4<__half>", "dequant_nvfp4<float>"))(
+        (grid_blocks(nr * w.cols // 8, 256, 8192),), (256,),
+        (w.data, w.scales, w.row_scales, np.int32(w.cols), np.int64(r0), opt_arg(ids), np.int32(nr), out))
+
+
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
 DENSE_MMA_THREADS = 256                                   # GM_WARPS (F8_WARPS) * 32 in gemv_dense_mma.cu (gemv_fp8.cu)
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>",
@@ -578,7 +602,10 @@ def dequant_tile_rows(rows: int, k: int) -> int:
 
 
 def dequant_tile(w: CudaWeight, r0: int, nr: int, scratch) -> None:
-    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized or FP8 w as fp16 (nr * cols < 2^31)."""
+    """scratch[:nr] = rows r0 .. r0 + nr - 1 of quantized, FP8 or NVFP4 w as fp16 (nr * cols < 2^31)."""
+    if w.qtype == "NVFP4":
+        dequant_nvfp4(w, r0, nr, scratch)
+        return
     if w.qtype == "FP8":
         kernel("gemv_fp8.cu", "dequant_fp8_f16")((grid_blocks(nr * w.cols // 8, 256, 8192),), (256,),
                                                  (w.data, w.scales, np.int32(w.cols), np.int64(r0), np.int32(nr), scratch))
@@ -653,6 +680,8 @@ def linear(x, w, bias=None, out=None):
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
     elif w.qtype == "FP8" and n <= FP8_GEMV_MAX_BATCH:
         gemv_fp8(x, w, bias, y)
+    elif w.qtype == "NVFP4" and n <= NVFP4_GEMV_MAX_BATCH:
+        gemv_nvfp4(x, w, bias, y)
     elif w.is_gguf and _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
@@ -780,7 +809,7 @@ def silu_mul_linear(gate, up, w, out=None):
     if not fits:
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-    gemm = not _gemv_gguf_takes(w, n) if w.is_gguf else n > (FP8_GEMV_MAX_BATCH if w.qtype == "FP8" else GEMV_MAX_BATCH)
+    gemm = not _gemv_gguf_takes(w, n) if w.is_gguf else n > CODES_GEMV_MAX_BATCH.get(w.qtype, GEMV_MAX_BATCH)
     vec4 = _vec4(gate) and _vec4(up)
     if gemm:
         _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w, vec4))
@@ -819,6 +848,8 @@ def get_rows(w, ids, out=None):
         codes = w.data[ids]
         scales = cp.repeat(w.scales[ids], FP8_GROUP, axis=1)[:, :w.cols] / FP8_SCALE_FACTOR
         out[...] = cp.asarray(E4M3_VALUES)[codes] * scales
+    elif w.qtype == "NVFP4":
+        dequant_nvfp4(w, 0, n, out, ids=cp.clip(ids, 0, w.rows - 1).astype(cp.int32))
     elif w.is_dense:
         fn = _get_rows_dense(w.qtype, idx64)
         fn((grid_blocks(n * w.cols, 256, 8192),), (256,),

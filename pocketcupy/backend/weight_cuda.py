@@ -1,7 +1,8 @@
 """Weights on the GPU in their stored format: `prepare_weight` uploads a QTensor -- 2-D F16/BF16
 stay dense (bf16 as uint16 bits), GGUF block types stay raw uint8 blocks [rows, bytes_per_row] (and
 note whether their activations are quantized to int8, quant/act_q8.py), FP8 stays E4M3 codes with
-their scales (gemv_fp8.cu; BF16 where its kernels cannot run), 1-D tensors become
+their scales (gemv_fp8.cu) and NVFP4 E2M1 codes with theirs (gemv_nvfp4.cu; both BF16 where their
+kernels cannot run), 1-D tensors become
 float32 -- and `concat_rows` joins projections of one input. Also the activation wrappers a fused
 kernel hands the linears (Q8Rows, Half16Rows). CuPy is imported lazily."""
 from __future__ import annotations
@@ -32,6 +33,8 @@ DENSE_QTYPES = {"F16": 0, "BF16": 1}          # template argument WT of the dens
 # "0": FP8 weights uploaded as BF16 (for comparisons; also where the FP8 kernels cannot run)
 FP8_CODES = os.environ.get("POCKETCUPY_FP8_CODES", "1") != "0"
 FP8_SCALE_FACTOR = 256.0    # gemv_fp8.cu reads a code as the fp16 of its value times 2^-8
+# "0": NVFP4 weights uploaded as BF16 (for comparisons; also where the NVFP4 kernels cannot run)
+NVFP4_CODES = os.environ.get("POCKETCUPY_NVFP4_CODES", "1") != "0"
 _PAD = 16     # bytes after the last block: the 2-byte-aligned loads may read 2 bytes past it
 
 
@@ -65,12 +68,16 @@ class Half16Rows:
 
 @dataclass
 class CudaWeight:
-    qtype: str            # "F16", "BF16", a GGUF block type name or "FP8"
+    qtype: str            # "F16", "BF16", a GGUF block type name, "FP8" or "NVFP4"
     shape: tuple          # (rows, cols), torch order
-    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits) / uint8 (E4M3), or uint8 [rows, bytes_per_row]
+    data: Any             # cupy: [rows, cols] float16 / uint16 (bf16 bits) / uint8 (E4M3), uint8 [rows, bytes_per_row],
+                          # or NVFP4: uint8 [rows, cols / 2] as nvfp4_relaid_codes lays them
     act_q8: bool = False  # GGUF blocks: the GEMV quantizes the activations to int8 (gemv_gguf.cu)
     relaid: bool = False  # blocks re-laid as RELAID_QTYPES says (kernel_qtype names that layout)
-    scales: Any = None    # FP8: float32 [rows, ceil(cols / 128)], times FP8_SCALE_FACTOR
+    scales: Any = None    # FP8: float32 [rows, ceil(cols / 128)], times FP8_SCALE_FACTOR; NVFP4: uint8 E4M3
+                          # codes [rows, cols / 16]
+    row_scales: Any = None  # NVFP4: float32 [rows], the tensor's scale_2 times FP8_SCALE_FACTOR (per row, so
+                            # that weights of different scale_2 join, concat_rows)
 
     @property
     def rows(self) -> int:
@@ -113,6 +120,18 @@ def q6k_relaid_rows(raw: np.ndarray) -> np.ndarray:
     return out
 
 
+def nvfp4_relaid_codes(packed: np.ndarray) -> np.ndarray:
+    """NVFP4 codes [rows, bytes] (value 2i in the low nibble of byte i; bytes a multiple of 4) -> the
+    layout gemv_nvfp4.cu reads: each 4-byte word's codes c0..c7 as the nibbles c0 c2 c4 c6 c1 c3 c5 c7
+    (nibble 0 first), so that one table lookup gives the even codes' fp16 and one the odd ones'."""
+    words = np.ascontiguousarray(packed, np.uint8).view("<u4")
+    nib = [(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)]
+    out = np.zeros_like(words)
+    for p, j in enumerate((0, 2, 4, 6, 1, 3, 5, 7)):
+        out |= nib[j] << np.uint32(4 * p)
+    return out.view(np.uint8)
+
+
 def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | None = None):
     """QTensor -> CudaWeight (2-D) or float32 cupy array (1-D: norm weights, biases). relay: blocks
     of RELAID_QTYPES re-laid on upload (None: RELAY_Q6K)."""
@@ -144,6 +163,14 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | No
         from ..quant.minifloat_weights import fp8_to_bf16
 
         return CudaWeight("BF16", (rows, cols), cp.asarray(fp8_to_bf16(t)))
+    if t.qtype == "NVFP4":
+        if NVFP4_CODES and cols % 64 == 0 and has_tensor_cores():
+            return CudaWeight("NVFP4", (rows, cols), cp.asarray(nvfp4_relaid_codes(t.data)),
+                              scales=cp.asarray(np.ascontiguousarray(t.scales, np.uint8)),
+                              row_scales=cp.full(rows, t.scale_2 * FP8_SCALE_FACTOR, dtype=cp.float32))
+        from ..quant.minifloat_weights import nvfp4_to_bf16
+
+        return CudaWeight("BF16", (rows, cols), cp.asarray(nvfp4_to_bf16(t)))
     # F32 and block types without kernels: fp16 (bf16 where fp16 would overflow)
     w = t.dequantize().astype(np.float32)
     if np.abs(w).max(initial=0.0) < 65000.0:
@@ -168,9 +195,12 @@ def concat_rows(ws):
     rows = sum(w.rows for w in ws)
     if ws[0].is_dense:
         return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0))
-    if qtype == "FP8":
-        return CudaWeight(qtype, (rows, cols), cp.concatenate([w.data for w in ws], axis=0),
-                          scales=cp.concatenate([w.scales for w in ws], axis=0))
+    if qtype in ("FP8", "NVFP4"):
+        def joined(field):
+            parts = [getattr(w, field) for w in ws]
+            return None if parts[0] is None else cp.concatenate(parts, axis=0)
+
+        return CudaWeight(qtype, (rows, cols), joined("data"), scales=joined("scales"), row_scales=joined("row_scales"))
     bpr = int(ws[0].data.shape[1])
     buf = cp.zeros(rows * bpr + _PAD, dtype=cp.uint8)
     r0 = 0

@@ -2,25 +2,28 @@
 
 The loaders hand out QTensors over memory maps, so a row shard is a view (only its pages are
 ever read) and a column shard copies just its own columns. GGUF block types are cut per row of
-blocks: rows anywhere, columns only on block boundaries (32 or 256 values). FP8 codes are cut with
-their scales; a column split off the scales' 128-column groups gets the columns as BF16."""
+blocks: rows anywhere, columns only on block boundaries (32 or 256 values). FP8 and NVFP4 codes are cut
+with their scales; a column split off the scales' groups (128 / 16 columns) gets the columns as BF16."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
 from ..loader.gguf import GGML_TYPES
-from ..quant.minifloat_weights import fp8_to_bf16
-from ..quant.qtensor import FP8_GROUP, QTensor
+from ..quant.minifloat_weights import fp8_to_bf16, nvfp4_to_bf16
+from ..quant.qtensor import FP8_GROUP, NVFP4_GROUP, QTensor
 from .layout import ShardLayout
 
 BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
-BLOCKS["FP8"] = (1, 1)      # any column (take_cols)
+BLOCKS["FP8"] = BLOCKS["NVFP4"] = (1, 1)      # any column (take_cols)
+CODE_GROUPS = {"FP8": (FP8_GROUP, 1, fp8_to_bf16), "NVFP4": (NVFP4_GROUP, 2, nvfp4_to_bf16)}   # group, codes a byte
 
 
 def take_rows(t: QTensor, start: int, stop: int) -> QTensor:
     """Rows [start, stop) of a 2-D weight, or elements of a 1-D one (a bias): a view."""
-    return QTensor(t.qtype, (stop - start,) + tuple(t.shape[1:]), t.data[start:stop],
-                   None if t.scales is None else t.scales[start:stop])
+    return replace(t, shape=(stop - start,) + tuple(t.shape[1:]), data=t.data[start:stop],
+                   scales=None if t.scales is None else t.scales[start:stop])
 
 
 def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTensor:
@@ -30,28 +33,31 @@ def take_cols(t: QTensor, start: int, stop: int, name: str = "weight") -> QTenso
         raise ValueError(problem)
     per_block, nbytes = BLOCKS[t.qtype]
     scales = None
-    if t.qtype == "FP8" and (start % FP8_GROUP or stop % FP8_GROUP and stop != t.shape[1]):
-        return QTensor("BF16", (t.shape[0], stop - start), np.ascontiguousarray(fp8_to_bf16(t)[:, start:stop]))
-    if t.is_dense:
+    if t.qtype in CODE_GROUPS:
+        group, per_byte, to_bf16 = CODE_GROUPS[t.qtype]
+        if start % group or stop % group and stop != t.shape[1]:
+            return QTensor("BF16", (t.shape[0], stop - start), np.ascontiguousarray(to_bf16(t)[:, start:stop]))
+        data = t.data[:, start // per_byte:stop // per_byte]
+        scales = np.ascontiguousarray(t.scales[:, start // group:-(-stop // group)])
+    elif t.is_dense:
         data = t.data[:, start:stop]
-    elif t.qtype == "FP8":
-        data, scales = t.data[:, start:stop], np.ascontiguousarray(t.scales[:, start // FP8_GROUP:-(-stop // FP8_GROUP)])
     else:
         data = t.data[:, start // per_block * nbytes:stop // per_block * nbytes]
-    return QTensor(t.qtype, (t.shape[0], stop - start), np.ascontiguousarray(data), scales)
+    return replace(t, shape=(t.shape[0], stop - start), data=np.ascontiguousarray(data), scales=scales)
 
 
 def pad_rows(t: QTensor, rows: int) -> QTensor:
-    """`rows` rows: t's rows followed by zero rows (all-zero bytes decode to 0 in every GGUF type)."""
+    """`rows` rows: t's rows followed by zero rows (all-zero bytes decode to 0 in every GGUF type, and
+    in FP8 and NVFP4 codes)."""
     if t.shape[0] == rows:
         return t
     data = np.zeros((rows,) + t.data.shape[1:], t.data.dtype)
     data[:t.shape[0]] = t.data
     scales = None
     if t.scales is not None:
-        scales = np.zeros((rows,) + t.scales.shape[1:], np.float32)
+        scales = np.zeros((rows,) + t.scales.shape[1:], t.scales.dtype)
         scales[:t.shape[0]] = t.scales
-    return QTensor(t.qtype, (rows,) + tuple(t.shape[1:]), data, scales)
+    return replace(t, shape=(rows,) + tuple(t.shape[1:]), data=data, scales=scales)
 
 
 def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = "weight") -> QTensor:

@@ -1,7 +1,8 @@
 """FP8 and NVFP4 weights of Hugging Face checkpoints. FP8 weights whose scales cover whole groups of
 128 columns (tensor, channel and 128 x 128 block scales) stay E4M3 codes with a scale per row and
-128 columns (QTensor "FP8"): the CUDA backend reads the codes (gemv_fp8.cu), the NumPy backend rounds
-them to BF16. Other FP8 scale blocks and NVFP4 are dequantized to BF16 at load.
+128 columns (QTensor "FP8"), NVFP4 weights of groups of 16 stay E2M1 codes with their E4M3 scales
+(QTensor "NVFP4"): the CUDA backend reads the codes (gemv_fp8.cu, gemv_nvfp4.cu), the NumPy backend
+rounds them to BF16. Other FP8 scale blocks and NVFP4 groups are dequantized to BF16 at load.
 
 quantization_config (config.json, or ModelOpt's older hf_quant_config.json) -> WeightQuantization;
 each quantized `X.weight` is then read with its scale tensors (never mapped as model tensors):
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..quant.minifloat_weights import e2m1_values, e4m3_values, fp8_row_scales, scaled_to_bf16
-from ..quant.qtensor import FP8_GROUP, QTensor
+from ..quant.qtensor import FP8_GROUP, NVFP4_GROUP, QTensor
 
 QUANTIZED_DTYPES = ("F8_E4M3", "U8")   # safetensors dtypes read as raw bytes for this module
 _DENSE = ("F32", "BF16", "F16")
@@ -116,7 +117,7 @@ def _modelopt(qc: dict, source: str) -> WeightQuantization:
 
 
 def read_quantized_weight(name: str, raw: dict, quant: WeightQuantization | None) -> QTensor:
-    """FP8 or BF16 QTensor of the quantized weight raw[name] (safetensors dtype in QUANTIZED_DTYPES),
+    """FP8, NVFP4 or BF16 QTensor of the quantized weight raw[name] (safetensors dtype in QUANTIZED_DTYPES),
     read with its scales from raw (tensor name -> (safetensors dtype, array), all shards)."""
     dtype, data = raw[name]
     if quant is None:
@@ -167,8 +168,11 @@ def _nvfp4_weight(name: str, raw: dict, quant: WeightQuantization) -> QTensor:
     scale2 = _finite("NVFP4", scale2_name, _dense(scale2_name, raw))
     if scale2.shape not in ((), (1,)):
         raise ValueError(f"NVFP4 scale {scale2_name!r} has shape {list(scale2.shape)}; it must be [] or [1]")
-    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]),
-                          _finite("NVFP4", scale_name, e4m3_values(scales)), (1, group), float(scale2.reshape(())))
+    values = _finite("NVFP4", scale_name, e4m3_values(scales))
+    if group == NVFP4_GROUP:
+        return QTensor("NVFP4", (rows, cols), packed, np.ascontiguousarray(scales, np.uint8), float(scale2.reshape(())))
+    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]), values, (1, group),
+                          float(scale2.reshape(())))
     return QTensor("BF16", (rows, cols), bits)
 
 

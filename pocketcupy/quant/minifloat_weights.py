@@ -60,6 +60,15 @@ def fp8_row_scales(scales: np.ndarray, block: tuple[int, int], shape: tuple[int,
     return np.ascontiguousarray(np.asarray(scales, np.float32)[np.arange(rows) // br][:, col_block])
 
 
+def nvfp4_to_bf16(t) -> np.ndarray:
+    """BF16 bits of an NVFP4 QTensor (E2M1 codes times E4M3 scales per row and NVFP4_GROUP columns
+    times the tensor's scale_2)."""
+    from .qtensor import NVFP4_GROUP
+
+    return scaled_to_bf16(t.shape, lambda r0, r1: e2m1_values(t.data[r0:r1]), e4m3_values(t.scales),
+                          (1, NVFP4_GROUP), t.scale_2)
+
+
 def fp8_to_bf16(t) -> np.ndarray:
     """BF16 bits of an FP8 QTensor (E4M3 codes times scales per row and FP8_GROUP columns)."""
     from .qtensor import FP8_GROUP
