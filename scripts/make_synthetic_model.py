@@ -10,24 +10,36 @@ One model, several formats, the same weights in all of them:
                              the decoder layers' linear weights F8_E4M3 with an F32
                              X.weight_scale_inv per 128 x 128 block (amax / 448), the rest BF16
                              (only with --formats fp8: not in the default set)
+    OUT/hf-nvfp4/            the same folder in NVIDIA ModelOpt's NVFP4 layout (quant_method "modelopt",
+                             quant_algo "NVFP4", group_size 16): the decoder layers' linear weights
+                             X.weight U8 [rows, cols / 2] of E2M1 codes two a byte (column 2i in the
+                             low nibble of byte i), X.weight_scale F8_E4M3 [rows, cols / 16],
+                             X.weight_scale_2 F32 [] and X.input_scale F32 [] (1.0), the rest BF16
+                             (only with --formats nvfp4: not in the default set)
     OUT/model-F16.gguf       llama.cpp layout (Q/K rows permuted as convert_hf_to_gguf.py does)
     OUT/model-Q8_0.gguf
     OUT/model-Q4_K_M.gguf    Q4_K; Q6_K for attn_v, ffn_down and output (--q4km-mix)
 
 Weights are normal(0, --std) rounded to bfloat16 (so BF16 and F16 hold the same numbers, and FP8
-quantizes them), norm weights 1.0. Each tensor is drawn in fixed row chunks, chunk c of tensor t
-from np.random.default_rng([seed, t, c]): the same seed gives the same model whatever the formats,
-threads or machine. Each chunk is one task for a pool of worker processes (--threads, default one
-per core): it is drawn once, converted to every format and written in place into files sized
-beforehand (named *.partial until complete), so memory is ~100 MB a worker. With fp8 a linear's
-tasks are its chunks with their boundaries moved to the next multiple of 128 rows, so that each
-task holds whole scale blocks (the rows moved are drawn again: a chunk's first rows drawn alone
-are the same numbers).
+and NVFP4 quantize them), norm weights 1.0. Each tensor is drawn in fixed row chunks, chunk c of
+tensor t from np.random.default_rng([seed, t, c]): the same seed gives the same model whatever the
+formats, threads or machine. Each chunk is one task for a pool of worker processes (--threads,
+default one per core): it is drawn once, converted to every format and written in place into files
+sized beforehand (named *.partial until complete), so memory is ~100 MB a worker. With fp8 a
+linear's tasks are its chunks with their boundaries moved to the next multiple of 128 rows, so that
+each task holds whole scale blocks (the rows moved are drawn again: a chunk's first rows drawn
+alone are the same numbers). NVFP4's groups are 16 columns of one row, so its tasks are the chunks
+as they are. ModelOpt sets an NVFP4 tensor's weight_scale_2 to amax(|W|) / (6 * 448), which needs
+the whole tensor before any chunk is written; here it is fixed by --std instead, to
+16 * std / (6 * 448) (normal weights never reach 16 std, so every group's scale
+amax / 6 / weight_scale_2 stays within E4M3's 448); each group's E4M3 scale is its
+amax / 6 / weight_scale_2 rounded to E4M3, as ModelOpt's.
 
     python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152
     python scripts/make_synthetic_model.py --out /tmp/tiny --hidden 256 --layers 2 --heads 4 \\
         --kv-heads 2 --intermediate 512 --formats bf16,q4_k_m
     python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152 --formats fp8
+    python scripts/make_synthetic_model.py --out /data/llama3-8b --vocab 49152 --formats nvfp4
 
 Defaults are the Llama-3-8B shape. With --vocab 49152 the tokenizer is SmolLM2's (from the
 default model's GGUF, or --tokenizer-gguf PATH where that cannot be downloaded); any other
@@ -57,9 +69,9 @@ from pocketcupy.quant.dequant import bf16_to_f32, f32_to_bf16  # noqa: E402
 from pocketcupy.quant.kv_quant import E4M3_VALUES, round_e4m3  # noqa: E402
 from pocketcupy.quant.quantize import quantize, row_bytes  # noqa: E402
 
-FORMATS = ("bf16", "fp8", "f16", "q8_0", "q4_k_m")
-DEFAULT_FORMATS = ("bf16", "f16", "q8_0", "q4_k_m")         # fp8 when asked for (8 GB more at 8B)
-HF_DIRS = {"bf16": "hf", "fp8": "hf-fp8"}                    # the formats written as Hugging Face folders
+FORMATS = ("bf16", "fp8", "nvfp4", "f16", "q8_0", "q4_k_m")
+DEFAULT_FORMATS = ("bf16", "f16", "q8_0", "q4_k_m")         # fp8, nvfp4 when asked for (8, 5 GB more at 8B)
+HF_DIRS = {"bf16": "hf", "fp8": "hf-fp8", "nvfp4": "hf-nvfp4"}   # the formats written as Hugging Face folders
 GGUF_NAMES = {"f16": "model-F16.gguf", "q8_0": "model-Q8_0.gguf", "q4_k_m": "model-Q4_K_M.gguf"}
 FILE_TYPES = {"f16": 1, "q8_0": 7, "q4_k_m": 15}            # llama_ftype: MOSTLY_F16, Q8_0, Q4_K_M
 SHARD_BYTES = 5 * 10**9
@@ -73,7 +85,15 @@ FP8_BLOCK = 128                                              # weight_block_size
 FP8_MAX = np.float32(448.0)                                  # the largest E4M3 value
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
               "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
-DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4}            # safetensors dtypes written
+NVFP4_GROUP = 16                                             # columns a weight_scale covers
+NVFP4_CONFIG = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": NVFP4_GROUP,
+                "ignore": ["lm_head"]}
+E2M1_MAX = np.float32(6.0)                                   # the largest E2M1 value
+# E2M1 magnitudes of codes 0..7 (codes 8..15: the negatives) and the midpoints between them
+E2M1_MAGNITUDES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
+E2M1_MIDPOINTS = (E2M1_MAGNITUDES[1:] + E2M1_MAGNITUDES[:-1]) / np.float32(2)
+NVFP4_SCALES = ("weight_scale", "weight_scale_2", "input_scale")   # X.<name> beside an NVFP4 X.weight
+DTYPE_BYTES = {"BF16": 2, "F8_E4M3": 1, "F32": 4, "U8": 1}   # safetensors dtypes written
 
 
 def log(msg: str) -> None:
@@ -243,20 +263,65 @@ def quantize_fp8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return codes, scales
 
 
+def nvfp4_scale_2(s: Spec) -> np.float32:
+    """The weight_scale_2 of every NVFP4 tensor: 16 std / (6 * 448), fixed before any weight is drawn
+    (ModelOpt's amax / (6 * 448) would need the whole tensor; normal(0, std) weights stay below 16 std)."""
+    return np.float32(16 * s.std) / (E2M1_MAX * FP8_MAX)
+
+
+def quantize_nvfp4(w: np.ndarray, scale_2: np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """ModelOpt's NVFP4 of w (float32 [rows, cols], cols a multiple of 16) with the tensor scale
+    scale_2: (packed E2M1 codes uint8 [rows, cols / 2], column 2i in the low nibble of byte i;
+    E4M3 scale codes uint8 [rows, cols / 16]). A group's scale is its amax / (6 * scale_2) rounded to
+    E4M3, ties to even (1.0 where that is 0: a group of zeros); code = w / (scale * scale_2) rounded
+    to the nearest E2M1 value (ties to the larger magnitude), saturating at 6, the sign bit set for
+    negative values that do not round to 0."""
+    rows, cols = w.shape
+    assert cols % NVFP4_GROUP == 0, cols
+    amax = np.maximum.reduceat(np.abs(w), np.arange(0, cols, NVFP4_GROUP), axis=1)
+    scale = round_e4m3(np.minimum(amax / (E2M1_MAX * np.float32(scale_2)), FP8_MAX))
+    scale = np.where(scale > 0, scale, np.float32(1.0)).astype(np.float32)
+    # 4 w / (scale * scale_2) (the quarter of the divisor is exact): every midpoint between E2M1
+    # magnitudes is a multiple of 1/4, so the quotient truncated to an integer (toward 0, with its
+    # sign) picks the code from a table
+    quarter = (scale * np.float32(scale_2)) * np.float32(0.25)
+    y = w.reshape(rows, -1, NVFP4_GROUP) / quarter[..., None]
+    np.clip(y, -E2M1_QUARTERS, E2M1_QUARTERS, out=y)
+    codes = E2M1_BY_QUARTER[y.astype(np.int8).reshape(rows, cols).view(np.uint8)]
+    packed = codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))
+    return packed, E4M3_CODES[scale.view(np.uint32) >> 20]
+
+
+def _e2m1_by_quarter() -> np.ndarray:
+    """E2M1 code of every y with trunc(4 y) = k, indexed by k as an int8's byte (k in -20..20: 4 y
+    beyond +-20, past the last midpoint 5, is clipped to it): the magnitude code counts the midpoints
+    <= |y| (a tie rounds up), the sign bit set where that is not 0."""
+    table = np.zeros(256, np.uint8)
+    for k in range(-E2M1_QUARTERS_INT, E2M1_QUARTERS_INT + 1):
+        mag = int(np.count_nonzero(4 * E2M1_MIDPOINTS <= abs(k)))
+        table[k & 0xFF] = mag | (8 if k < 0 and mag else 0)
+    return table
+
+
+E2M1_QUARTERS_INT = 20                                       # 4 * 5, the last midpoint
+E2M1_QUARTERS = np.float32(E2M1_QUARTERS_INT)
+E2M1_BY_QUARTER = _e2m1_by_quarter()
+
+
 @dataclass(frozen=True)
 class Target:
     """Where one tensor goes in one output file: its data offset, type and row order."""
     path: str
     offset: int
-    qtype: str                  # "BF16" or "F8_E4M3" (safetensors) or a GGUF type
+    qtype: str                  # "BF16", "F8_E4M3" or "NVFP4" (safetensors) or a GGUF type
     permute_heads: int = 0      # GGUF Q/K: rows land in permute_qk's order
-    scales: tuple | None = None  # F8_E4M3: (path, offset) of its weight_scale_inv
+    scales: tuple | None = None  # F8_E4M3: (path, offset) of its weight_scale_inv; NVFP4: of its weight_scale
 
 
 def make_rows(t: TensorSpec, s: Spec, r0: int, r1: int, targets: tuple[Target, ...]) -> None:
     """Generate rows r0..r1 of tensor t once, convert them to every target's type and write them
     in place (each row is quantized on its own, so rows can be permuted after quantizing; FP8
-    blocks of rows, which task_rows keeps whole)."""
+    blocks of rows, which task_rows keeps whole; NVFP4 groups of 16 columns of a row)."""
     vals, bits = generate_rows(t, s, r0, r1)
     for tg in targets:
         if tg.qtype == "BF16":
@@ -265,6 +330,9 @@ def make_rows(t: TensorSpec, s: Spec, r0: int, r1: int, targets: tuple[Target, .
             assert r0 % FP8_BLOCK == 0 and (r1 % FP8_BLOCK == 0 or r1 == t.shape[0]), (t.hf, r0, r1)
             data, scales = quantize_fp8(vals)
             write_rows(*tg.scales, np.arange(len(scales)) + r0 // FP8_BLOCK, scales)
+        elif tg.qtype == "NVFP4":
+            data, scales = quantize_nvfp4(vals, nvfp4_scale_2(s))
+            write_rows(*tg.scales, np.arange(r0, r0 + len(vals)), scales)
         else:
             data = quantize(vals, tg.qtype, threads=1)
         dest = np.arange(r0, r0 + len(vals))
@@ -431,13 +499,21 @@ def _finish(path: str) -> None:
 
 def hf_entries(plan: list[TensorSpec], fmt: str) -> list[tuple[str, str, tuple]]:
     """(name, safetensors dtype, shape) of every tensor of the `fmt` Hugging Face folder, in plan
-    order; fp8: a linear's F8_E4M3 weight followed by its scales."""
+    order; fp8: a linear's F8_E4M3 weight followed by its scales; nvfp4: a linear's U8 weight (E2M1
+    codes two a byte) followed by its weight_scale, weight_scale_2 and input_scale."""
     out = []
     for t in plan:
         if fmt == "fp8" and t.is_linear:
             rows, cols = t.shape
             grid = (-(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
             out += [(t.hf, "F8_E4M3", t.shape), (fp8_scale_name(t.hf), "F32", grid)]
+        elif fmt == "nvfp4" and t.is_linear:
+            rows, cols = t.shape
+            if cols % NVFP4_GROUP:
+                raise SystemExit(f"nvfp4: {t.hf} has {cols} columns, not a multiple of {NVFP4_GROUP}")
+            scale, scale_2, input_scale = nvfp4_scale_names(t.hf)
+            out += [(t.hf, "U8", (rows, cols // 2)), (scale, "F8_E4M3", (rows, cols // NVFP4_GROUP)),
+                    (scale_2, "F32", ()), (input_scale, "F32", ())]
         else:
             out.append((t.hf, "BF16", t.shape))
     return out
@@ -445,6 +521,11 @@ def hf_entries(plan: list[TensorSpec], fmt: str) -> list[tuple[str, str, tuple]]
 
 def fp8_scale_name(weight: str) -> str:
     return weight.removesuffix("weight") + "weight_scale_inv"
+
+
+def nvfp4_scale_names(weight: str) -> list[str]:
+    """X.weight_scale, X.weight_scale_2, X.input_scale of an NVFP4 X.weight."""
+    return [weight.removesuffix("weight") + n for n in NVFP4_SCALES]
 
 
 def _nbytes(dtype: str, shape: tuple) -> int:
@@ -590,7 +671,8 @@ def make_model(out: str, s: Spec, formats=DEFAULT_FORMATS, tokenizer: str = "aut
             tokenizer = "smollm2" if s.vocab == SMOLLM2_VOCAB else "synthetic"
         tok = gguf_tokenizer() if tokenizer == "smollm2" else synthetic_tokenizer(s.vocab)
     if len(tok["tokenizer.ggml.tokens"]) != s.vocab:
-        raise SystemExit(f"the {tokenizer} tokenizer has {len(tok['tokenizer.ggml.tokens'])} tokens, not --vocab {s.vocab}")
+        raise SystemExit(f"the {tokenizer} tokenizer has {len(tok['tokenizer.ggml.tokens'])} tokens, "
+                         f"not --vocab {s.vocab}")
 
     plan = tensor_plan(s)
     result = {"out": os.path.abspath(out), "tokenizer": tokenizer, "formats": {}}
@@ -602,8 +684,8 @@ def make_model(out: str, s: Spec, formats=DEFAULT_FORMATS, tokenizer: str = "aut
         hf_dir = os.path.join(out, HF_DIRS[f])
         os.makedirs(hf_dir, exist_ok=True)
         cfg = hf_config(s, tok)
-        if f == "fp8":
-            cfg["quantization_config"] = FP8_CONFIG
+        if f in ("fp8", "nvfp4"):
+            cfg["quantization_config"] = FP8_CONFIG if f == "fp8" else NVFP4_CONFIG
         _write_json(os.path.join(hf_dir, "config.json"), cfg)
         write_hf_tokenizer(hf_dir, tok, s.context)
         entries = hf_entries(plan, f)
@@ -611,8 +693,15 @@ def make_model(out: str, s: Spec, formats=DEFAULT_FORMATS, tokenizer: str = "aut
         st.create()
         dtypes = {name: dtype for name, dtype, _ in entries}
         for t in plan:
-            scales = st.offsets[fp8_scale_name(t.hf)] if dtypes[t.hf] == "F8_E4M3" else None
-            targets[t.gguf].append(Target(*st.offsets[t.hf], dtypes[t.hf], scales=scales))
+            qtype, scales = dtypes[t.hf], None
+            if qtype == "F8_E4M3":
+                scales = st.offsets[fp8_scale_name(t.hf)]
+            elif qtype == "U8":
+                qtype, (name, name_2, name_in) = "NVFP4", nvfp4_scale_names(t.hf)
+                scales = st.offsets[name]
+                for n, v in ((name_2, nvfp4_scale_2(s)), (name_in, 1.0)):   # the scalars, written here
+                    write_rows(*st.offsets[n], np.zeros(1, np.int64), np.array([v], np.float32))
+            targets[t.gguf].append(Target(*st.offsets[t.hf], qtype, scales=scales))
     types = {f: {t.gguf: gguf_type(f, t, s, mix) for t in plan} for f in formats if f in GGUF_NAMES}
     for f in types:
         offsets = create_gguf(os.path.join(out, GGUF_NAMES[f]), f, s, plan, types[f], tok)
