@@ -12,6 +12,7 @@
 // of batch rows 8j + g at the same k. The products accumulate in the mma's fp32 and are multiplied by
 // RS at the end.  x is rounded to fp16 (saturated at +-65504).  Needs K % 64 == 0.  Grid: ceil(rows / 16).
 // dequant_nvfp4<T>: rows of W as T (fp16 for the cuBLAS GEMM path's weight tile, float for get_rows).
+// relay_nvfp4_codes: the upload's re-layout, on the device.
 #include "minifloat.cuh"
 
 #define F4_WARPS 8
@@ -106,42 +107,50 @@ gemv_nvfp4_mma(const u8* __restrict__ W, const u8* __restrict__ S, const float* 
 #endif
 }
 
-__device__ __forceinline__ void store8(__half* out, const u32 (&h)[4], float rs) {
-    uint4 o;
-    u32* ov = reinterpret_cast<u32*>(&o);
+__device__ __forceinline__ void store16(__half* out, const u32 (&h)[8], float rs) {
+    u32 o[8];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < 8; ++q) {
         const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[q]));
-        ov[q] = pack_f2h2(v.x * rs, v.y * rs);
+        o[q] = pack_f2h2(v.x * rs, v.y * rs);
     }
-    *reinterpret_cast<uint4*>(out) = o;
+    reinterpret_cast<uint4*>(out)[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    reinterpret_cast<uint4*>(out)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-__device__ __forceinline__ void store8(float* out, const u32 (&h)[4], float rs) {
+__device__ __forceinline__ void store16(float* out, const u32 (&h)[8], float rs) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h[q]));
-        *reinterpret_cast<float2*>(out + 2 * q) = make_float2(v.x * rs, v.y * rs);
+        const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&h[2 * q]));
+        const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&h[2 * q + 1]));
+        reinterpret_cast<float4*>(out)[q] = make_float4(a.x * rs, a.y * rs, b.x * rs, b.y * rs);
     }
 }
 
 // out [nr, K] = rows ids[0 .. nr - 1] of W (ids null: rows r0 .. r0 + nr - 1) times their scales; a thread
-// per 8 codes
+// per scale group of 16 codes. Grid: (ceil(K / 16 / blockDim.x), up to nr).
 template <typename T>
 __global__ void dequant_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S, const float* __restrict__ RS,
                               int K, long long r0, const int* __restrict__ ids, int nr, T* __restrict__ out) {
     pdl_wait();
-    const int groups = K >> 4, per_row = K >> 3;
-    const long long n = (long long)nr * per_row;
+    const int groups = K >> 4, gi = blockIdx.x * blockDim.x + threadIdx.x;
+    if (gi >= groups) return;
+    for (int r = blockIdx.y; r < nr; r += gridDim.y) {
+        const long long src = ids ? (long long)ids[r] : r0 + r;
+        u32 h[8];
+        e2m1x16_to_h2x8(*reinterpret_cast<const uint2*>(W + src * (K >> 1) + 8 * gi), S[src * groups + gi], h);
+        store16(out + (long long)r * K + 16 * gi, h, RS[src]);
+    }
+}
+
+// Checkpoint-order codes -> the layout gemv_nvfp4_mma reads (nvfp4_relaid_codes), in place: nibble j of
+// each word moves to nibble 0, 4, 1, 5, 2, 6, 3, 7 for j = 0..7
+extern "C" __global__ void relay_nvfp4_codes(u32* __restrict__ w, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const long long r = i / per_row;
-        const int k = (int)(i - r * per_row) << 3;
-        const long long src = ids ? (long long)ids[r] : r0 + r;
-        const u32 w = *reinterpret_cast<const u32*>(W + src * (K >> 1) + (k >> 1));
-        u32 h[4];
-        e2m1x8_to_h2x4(w, e4m3_to_h2_bcast(S[src * groups + (k >> 4)]), h);
-        store8(out + r * K + k, h, RS[src]);
+        const u32 v = w[i];
+        w[i] = (v & 0xF000000Fu) | ((v & 0xF0u) << 12) | ((v >> 4) & 0xF0u) | ((v & 0xF000u) << 8)
+             | ((v >> 8) & 0xF00u) | ((v & 0xF00000u) << 4) | ((v >> 12) & 0xF000u);
     }
 }
 

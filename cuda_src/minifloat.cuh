@@ -44,6 +44,13 @@ __device__ __forceinline__ void e2m1x8_to_h2x4(u32 w, u32 s2, u32 (&h)[4]) {
     }
 }
 
+// An fp16 pair of two floats rounded to nearest, saturated at +-65504 (one cvt on sm_80+)
 __device__ __forceinline__ u32 pack_f2h2_sat(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 d;
+    asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
     return pack_f2h2(fminf(fmaxf(lo, -65504.0f), 65504.0f), fminf(fmaxf(hi, -65504.0f), 65504.0f));
+#endif
 }

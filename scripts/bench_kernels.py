@@ -6,7 +6,7 @@ cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
     python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
     python scripts/bench_kernels.py --only gemv,dense_batch,gemm,attention
     python scripts/bench_kernels.py --only dense_batch      # BF16 through cuBLAS at batches 16-64
-    python scripts/bench_kernels.py --only gemv --qtypes BF16,FP8,NVFP4   # the GEMVs of these formats
+    python scripts/bench_kernels.py --only gemv --qtypes BF16,FP8,NVFP4   # these formats' GEMVs (+ FP8 without the cvt, NVFP4 at U 8)
 
 Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
 cost excluded, as in the engine's decode graphs), median of `reps`; eager events if capture
@@ -165,8 +165,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                 # (and their DP4A int8 GEMV where Q4_K / Q6_K take tensor cores)
                 if qtype in wc.GGUF_QTYPES:
                     kinds = ("f32", "q8") + (("q8dp4a",) if nb > 1 and qtype in kq.GGUF_MMA_QTYPES else ())
-                elif qtype in lc.CODES_GEMV_MAX_BATCH:    # and a variant: FP8 by sm_89+'s cvt, NVFP4 at U 4
-                    kinds = ("codes", "hwcvt" if qtype == "FP8" else "u4")
+                elif qtype in lc.CODES_GEMV_MAX_BATCH:    # and a variant: FP8 without sm_89+'s cvt, NVFP4 at U 8
+                    kinds = ("codes", "swcvt" if qtype == "FP8" else "u8")
                 else:
                     kinds = ("mma", "plain") if nb > 1 else ("plain",)
                 for kind in kinds:
@@ -184,7 +184,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                         else:
                             lc.linear(x, w, out=y)
                     saved = lc.FP8_HW_CVT, lc.NVFP4_UNROLL
-                    lc.FP8_HW_CVT, lc.NVFP4_UNROLL = kind == "hwcvt" or saved[0], 4 if kind == "u4" else saved[1]
+                    lc.FP8_HW_CVT = saved[0] and kind != "swcvt"
+                    lc.NVFP4_UNROLL = 8 if kind == "u8" else saved[1]
                     try:
                         t = time_us(run, args.reps, len(ws) * max(1, 8 // len(ws)))
                     finally:
@@ -194,7 +195,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                         name = f"gemv_{qtype.lower()}_q8dp4a_bs{nb}"
                     elif qtype in wc.GGUF_QTYPES:
                         name = f"{lc.gemv_variant(ws[0], nb)}_{kind}act"
-                    elif kind in ("codes", "hwcvt", "u4"):
+                    elif kind in ("codes", "swcvt", "u8"):
                         name = lc.gemv_variant(ws[0], nb) + ("" if kind == "codes" else f"_{kind}")
                     else:
                         name = lc.gemv_variant(ws[0], nb, dense_kind=kind)

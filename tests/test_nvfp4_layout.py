@@ -3,6 +3,7 @@ gemv_nvfp4.cu decodes it with (minifloat.cuh's e2m1x8_to_h2x4), emulated here in
 every nibble position gives its E2M1 value in k order. The GPU rows (tests/kernel_rows_nvfp4.py) run
 the kernels themselves."""
 import numpy as np
+import pytest
 
 from pocketcupy.backend.weight_cuda import nvfp4_relaid_codes
 from pocketcupy.quant.minifloat_weights import E2M1_VALUES, e2m1_values
@@ -67,3 +68,14 @@ def test_relaid_rows_keep_their_words():
         for wd in range(16):
             np.testing.assert_array_equal(np.sort(e2m1_values(relaid[r:r + 1, 4 * wd:4 * wd + 4])),
                                           np.sort(e2m1_values(packed[r:r + 1, 4 * wd:4 * wd + 4])))
+
+
+@pytest.mark.gpu
+def test_relay_on_the_device_matches_numpy():
+    """prepare_weight re-lays the codes on the GPU (relay_nvfp4_codes); the NumPy function is its reference."""
+    import cupy as cp
+
+    from pocketcupy.backend.weight_cuda import relay_nvfp4_codes
+
+    packed = np.random.default_rng(2).integers(0, 256, (37, 96), dtype=np.uint8)
+    np.testing.assert_array_equal(cp.asnumpy(relay_nvfp4_codes(cp.asarray(packed))), nvfp4_relaid_codes(packed))

@@ -404,7 +404,7 @@ def gemv_dense(x, w: CudaWeight, bias, out, kind: str | None = None) -> None:
 
 
 FP8_UNROLL = 4         # U of gemv_fp8_mma: 64-code chunks a warp loads at once (2 or 4)
-FP8_HW_CVT = False     # HW of gemv_fp8_mma: codes to fp16 by sm_89+'s cvt (a variant not yet timed)
+FP8_HW_CVT = True      # HW of gemv_fp8_mma: codes to fp16 by sm_89+'s cvt (elsewhere moved bit by bit)
 _FP8_MMA_EXPRS = tuple(f"gemv_fp8_mma<{nt}, {u}, {hw}>" for nt in (1, 2) for u in (2, 4) for hw in ("false", "true"))
 
 
@@ -417,7 +417,7 @@ def gemv_fp8(x, w: CudaWeight, bias, out) -> None:
         (w.data, w.scales, np.int32(w.rows), np.int32(k), x, np.int32(n), opt_arg(bias), out))
 
 
-NVFP4_UNROLL = 8       # U of gemv_nvfp4_mma: 64-code chunks a warp loads at once (4 or 8)
+NVFP4_UNROLL = 4       # U of gemv_nvfp4_mma: 64-code chunks a warp loads at once (4 or 8)
 _NVFP4_MMA_EXPRS = tuple(f"gemv_nvfp4_mma<{nt}, {u}>" for nt in (1, 2) for u in (4, 8))
 
 
@@ -433,7 +433,7 @@ def dequant_nvfp4(w: CudaWeight, r0: int, nr: int, out, ids=None) -> None:
     """out [nr, cols] (fp16 or float32) = rows r0 .. r0 + nr - 1 of NVFP4 w, or its rows ids (int32 [nr])."""
     expr = f"dequant_nvfp4<{'float' if out.dtype == np.float32 else '__half'}>"
     kernel("gemv_nvfp4.cu", expr, name_expressions=("dequant_nvfp4<__half>", "dequant_nvfp4<float>"))(
-        (grid_blocks(nr * w.cols // 8, 256, 8192),), (256,),
+        (-(-w.cols // 16 // 128), max(1, min(nr, 65535))), (128,),
         (w.data, w.scales, w.row_scales, np.int32(w.cols), np.int64(r0), opt_arg(ids), np.int32(nr), out))
 
 

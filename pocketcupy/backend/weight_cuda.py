@@ -17,7 +17,7 @@ import numpy as np
 from ..loader.gguf import GGML_TYPES
 from ..quant.act_q8 import INT8_QTYPES, uses_q8
 from ..quant.qtensor import QTensor
-from .kernels import cuda_op, has_tensor_cores, null_arg
+from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg
 
 # GGUF block types the kernels read (act_q8.INT8_QTYPES): ggml type id, values per block, bytes per block
 GGUF_QTYPES = {name: (tid, qk, ts) for tid, (name, qk, ts) in GGML_TYPES.items() if name in INT8_QTYPES}
@@ -123,13 +123,23 @@ def q6k_relaid_rows(raw: np.ndarray) -> np.ndarray:
 def nvfp4_relaid_codes(packed: np.ndarray) -> np.ndarray:
     """NVFP4 codes [rows, bytes] (value 2i in the low nibble of byte i; bytes a multiple of 4) -> the
     layout gemv_nvfp4.cu reads: each 4-byte word's codes c0..c7 as the nibbles c0 c2 c4 c6 c1 c3 c5 c7
-    (nibble 0 first), so that one table lookup gives the even codes' fp16 and one the odd ones'."""
+    (nibble 0 first), so that one table lookup gives the even codes' fp16 and one the odd ones'. The
+    NumPy reference of relay_nvfp4_codes, which prepare_weight runs on the device."""
     words = np.ascontiguousarray(packed, np.uint8).view("<u4")
     nib = [(words >> np.uint32(4 * j)) & np.uint32(15) for j in range(8)]
     out = np.zeros_like(words)
     for p, j in enumerate((0, 2, 4, 6, 1, 3, 5, 7)):
         out |= nib[j] << np.uint32(4 * p)
     return out.view(np.uint8)
+
+
+def relay_nvfp4_codes(codes):
+    """nvfp4_relaid_codes of a cupy uint8 array, in place on the device (gemv_nvfp4.cu)."""
+    words = codes.reshape(-1).view(np.uint32)
+    if words.size:
+        kernel("gemv_nvfp4.cu", "relay_nvfp4_codes")((grid_blocks(words.size, 256, 8192),), (256,),
+                                                      (words, np.int64(words.size)))
+    return codes
 
 
 def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | None = None):
@@ -165,7 +175,7 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | No
         return CudaWeight("BF16", (rows, cols), cp.asarray(fp8_to_bf16(t)))
     if t.qtype == "NVFP4":
         if NVFP4_CODES and cols % 64 == 0 and has_tensor_cores():
-            return CudaWeight("NVFP4", (rows, cols), cp.asarray(nvfp4_relaid_codes(t.data)),
+            return CudaWeight("NVFP4", (rows, cols), relay_nvfp4_codes(cp.asarray(np.ascontiguousarray(t.data, np.uint8))),
                               scales=cp.asarray(np.ascontiguousarray(t.scales, np.uint8)),
                               row_scales=cp.full(rows, t.scale_2 * FP8_SCALE_FACTOR, dtype=cp.float32))
         from ..quant.minifloat_weights import nvfp4_to_bf16
