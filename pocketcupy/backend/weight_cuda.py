@@ -175,7 +175,8 @@ def prepare_weight(t: QTensor, quant_activations: str = "auto", relay: bool | No
         return CudaWeight("BF16", (rows, cols), cp.asarray(fp8_to_bf16(t)))
     if t.qtype == "NVFP4":
         if NVFP4_CODES and cols % 64 == 0 and has_tensor_cores():
-            return CudaWeight("NVFP4", (rows, cols), relay_nvfp4_codes(cp.asarray(np.ascontiguousarray(t.data, np.uint8))),
+            codes = relay_nvfp4_codes(cp.asarray(np.ascontiguousarray(t.data, np.uint8)))
+            return CudaWeight("NVFP4", (rows, cols), codes,
                               scales=cp.asarray(np.ascontiguousarray(t.scales, np.uint8)),
                               row_scales=cp.full(rows, t.scale_2 * FP8_SCALE_FACTOR, dtype=cp.float32))
         from ..quant.minifloat_weights import nvfp4_to_bf16
