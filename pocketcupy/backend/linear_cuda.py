@@ -437,6 +437,7 @@ def dequant_nvfp4(w: CudaWeight, r0: int, nr: int, out, ids=None) -> None:
         (w.data, w.scales, w.row_scales, np.int32(w.cols), np.int64(r0), opt_arg(ids), np.int32(nr), out))
 
 
+_CODES_GEMV = {"FP8": gemv_fp8, "NVFP4": gemv_nvfp4}     # the GEMVs of CODES_GEMV_MAX_BATCH's formats
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
 DENSE_MMA_THREADS = 256                                   # GM_WARPS (F8_WARPS) * 32 in gemv_dense_mma.cu (gemv_fp8.cu)
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>",
@@ -678,10 +679,8 @@ def linear(x, w, bias=None, out=None):
             gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
-    elif w.qtype == "FP8" and n <= FP8_GEMV_MAX_BATCH:
-        gemv_fp8(x, w, bias, y)
-    elif w.qtype == "NVFP4" and n <= NVFP4_GEMV_MAX_BATCH:
-        gemv_nvfp4(x, w, bias, y)
+    elif n <= CODES_GEMV_MAX_BATCH.get(w.qtype, 0):
+        _CODES_GEMV[w.qtype](x, w, bias, y)
     elif w.is_gguf and _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
