@@ -146,6 +146,7 @@ __global__ void dequant_nvfp4(const u8* __restrict__ W, const u8* __restrict__ S
 // Checkpoint-order codes -> the layout gemv_nvfp4_mma reads (nvfp4_relaid_codes), in place: nibble j of
 // each word moves to nibble 0, 4, 1, 5, 2, 6, 3, 7 for j = 0..7
 extern "C" __global__ void relay_nvfp4_codes(u32* __restrict__ w, long long n) {
+    pdl_wait();
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const u32 v = w[i];
