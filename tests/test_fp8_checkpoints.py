@@ -272,25 +272,25 @@ NVFP4_CONFIG = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size":
                 "kv_cache_quant_algo": None}
 
 
-def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None):
-    """ModelOpt NVFP4 tiny_llama in tmp_path -> (folder, {HF weight name: expected BF16 bits}); the
-    quantization in config.json, or (older exports) only in hf_quant_config.json."""
+def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None, group=16):
+    """ModelOpt NVFP4 tiny_llama in tmp_path (scales of `group` columns) -> (folder, {HF weight name:
+    expected BF16 bits}); the quantization in config.json, or (older exports) only in hf_quant_config.json."""
     tensors, expected = tiny_tensors(), {}
     for name in linear_names(tensors):
-        codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name))
+        codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name), group)
         prefix = name.removesuffix("weight")
         tensors[name] = ("U8", pack_e2m1(codes))
         tensors[prefix + "weight_scale"] = ("F8_E4M3", scale_codes)
         tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
         tensors[prefix + "input_scale"] = ("F32", np.array(0.01, np.float32))       # activations: ignored
         values = np.array([[e2m1_reference(c) for c in row] for row in codes], np.float32)
-        expected[name] = reference_dequant(values, e4m3_decode(scale_codes), (1, 16), scale2)
+        expected[name] = reference_dequant(values, e4m3_decode(scale_codes), (1, group), scale2)
     if edit_tensors is not None:
         edit_tensors(tensors)
     if not hf_quant_config_json:
-        return write_checkpoint(tmp_path, tensors, NVFP4_CONFIG), expected
+        return write_checkpoint(tmp_path, tensors, {**NVFP4_CONFIG, "group_size": group}), expected
     nested = {"producer": {"name": "modelopt", "version": "0.27.0"},
-              "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"],
+              "quantization": {"quant_algo": "NVFP4", "group_size": group, "exclude_modules": ["lm_head"],
                                "kv_cache_quant_algo": None}}
     return write_checkpoint(tmp_path, tensors, extra_files={"hf_quant_config.json": nested}), expected
 
@@ -310,20 +310,10 @@ def test_nvfp4_checkpoint_engine_greedy(tmp_path):
     check_engine_greedy(build_nvfp4(tmp_path)[0])
 
 
-def test_nvfp4_groups_of_32_load_as_bf16(tmp_path):
+def test_nvfp4_groups_of_32_load_as_bf16(tmp_path, original):
     """Groups other than 16 have no kernel: the weights are dequantized to BF16 at load."""
-    tensors = tiny_tensors()
-    name = linear_names(tensors)[0]
-    codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name), group=32)
-    prefix = name.removesuffix("weight")
-    tensors[name] = ("U8", pack_e2m1(codes))
-    tensors[prefix + "weight_scale"] = ("F8_E4M3", scale_codes)
-    tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
-    values = np.array([[e2m1_reference(c) for c in row] for row in codes], np.float32)
-    path = write_checkpoint(tmp_path, tensors, {**NVFP4_CONFIG, "group_size": 32})
-    t = load_checkpoint(path).tensors[gguf_name(name)]
-    assert t.qtype == "BF16"
-    np.testing.assert_array_equal(t.data, reference_dequant(values, e4m3_decode(scale_codes), (1, 32), scale2))
+    path, expected = build_nvfp4(tmp_path, group=32)
+    check_loaded(path, expected, original, NVFP4_MAX_REL)
 
 
 @pytest.mark.parametrize("edit_tensors, match", [

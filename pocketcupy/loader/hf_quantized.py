@@ -168,11 +168,10 @@ def _nvfp4_weight(name: str, raw: dict, quant: WeightQuantization) -> QTensor:
     scale2 = _finite("NVFP4", scale2_name, _dense(scale2_name, raw))
     if scale2.shape not in ((), (1,)):
         raise ValueError(f"NVFP4 scale {scale2_name!r} has shape {list(scale2.shape)}; it must be [] or [1]")
-    values = _finite("NVFP4", scale_name, e4m3_values(scales))
+    values, scale2 = _finite("NVFP4", scale_name, e4m3_values(scales)), float(scale2.reshape(()))
     if group == NVFP4_GROUP:
-        return QTensor("NVFP4", (rows, cols), packed, np.ascontiguousarray(scales, np.uint8), float(scale2.reshape(())))
-    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]), values, (1, group),
-                          float(scale2.reshape(())))
+        return QTensor("NVFP4", (rows, cols), packed, np.ascontiguousarray(scales, np.uint8), scale2)
+    bits = scaled_to_bf16((rows, cols), lambda r0, r1: e2m1_values(packed[r0:r1]), values, (1, group), scale2)
     return QTensor("BF16", (rows, cols), bits)
 
 
