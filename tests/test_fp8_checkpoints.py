@@ -212,7 +212,8 @@ def _set(name, dtype, value):
      r"compressed-tensors format 'pack-quantized' is not supported"),
     ("compressed-tensors-tensor", lambda qc: {**qc, "config_groups": {"group_0": {"weights": {
         "type": "int", "num_bits": 4, "strategy": "group"}}}}, None,
-     r"config_groups.group_0.weights: only 8-bit float \(FP8\) weights are supported, got \('int', 4\)"),
+     r"config_groups.group_0.weights: only 8-bit float \(FP8\) weights and nvfp4-pack-quantized 4-bit float "
+     r"\(NVFP4\) weights are supported, got \('int', 4\)"),
     ("compressed-tensors-tensor", lambda qc: {**qc, "config_groups": {"group_0": {"weights": {
         "type": "float", "num_bits": 8, "strategy": "group"}}}}, None, r"strategy 'group' is not supported"),
     ("fp8-tensor", None, _set(K0 + "weight_scale_inv", "F32", np.array(np.nan, np.float32)),
@@ -270,23 +271,40 @@ def test_scale_names_are_not_model_tensors():
 
 NVFP4_CONFIG = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"],
                 "kv_cache_quant_algo": None}
+_CT_FP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
+           "dynamic": False}
+# llm-compressor's NVFP4 (as RedHatAI's *-NVFP4 checkpoints): 4-bit activations too (ignored here)
+CT_NVFP4_CONFIG = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "ignore": ["lm_head"],
+                   "config_groups": {"group_0": {"targets": ["Linear"], "weights": _CT_FP4,
+                                                 "input_activations": {**_CT_FP4, "dynamic": "local"}}}}
 
 
-def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None, group=16):
-    """ModelOpt NVFP4 tiny_llama in tmp_path (scales of `group` columns) -> (folder, {HF weight name:
-    expected BF16 bits}); the quantization in config.json, or (older exports) only in hf_quant_config.json."""
+def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None, group=16, compressed_tensors=False):
+    """NVFP4 tiny_llama in tmp_path (scales of `group` columns) -> (folder, {HF weight name: expected BF16
+    bits}): ModelOpt's, the quantization in config.json or (older exports) only in hf_quant_config.json;
+    or compressed-tensors' (X.weight_packed, and X.weight_global_scale dividing the values)."""
     tensors, expected = tiny_tensors(), {}
     for name in linear_names(tensors):
         codes, scale_codes, scale2 = quantize_nvfp4(float_weight(tensors, name), group)
         prefix = name.removesuffix("weight")
-        tensors[name] = ("U8", pack_e2m1(codes))
         tensors[prefix + "weight_scale"] = ("F8_E4M3", scale_codes)
-        tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
-        tensors[prefix + "input_scale"] = ("F32", np.array(0.01, np.float32))       # activations: ignored
+        if compressed_tensors:
+            del tensors[name]
+            tensors[prefix + "weight_packed"] = ("U8", pack_e2m1(codes))
+            divisor = np.float32(1) / np.float32(scale2)
+            tensors[prefix + "weight_global_scale"] = ("F32", np.array([divisor], np.float32))
+            tensors[prefix + "input_global_scale"] = ("F32", np.array([100.0], np.float32))   # ignored
+            scale2 = float(np.float32(1) / divisor)                                           # as read
+        else:
+            tensors[name] = ("U8", pack_e2m1(codes))
+            tensors[prefix + "weight_scale_2"] = ("F32", np.array(scale2, np.float32))
+            tensors[prefix + "input_scale"] = ("F32", np.array(0.01, np.float32))       # activations: ignored
         values = np.array([[e2m1_reference(c) for c in row] for row in codes], np.float32)
         expected[name] = reference_dequant(values, e4m3_decode(scale_codes), (1, group), scale2)
     if edit_tensors is not None:
         edit_tensors(tensors)
+    if compressed_tensors:
+        return write_checkpoint(tmp_path, tensors, CT_NVFP4_CONFIG), expected
     if not hf_quant_config_json:
         return write_checkpoint(tmp_path, tensors, {**NVFP4_CONFIG, "group_size": group}), expected
     nested = {"producer": {"name": "modelopt", "version": "0.27.0"},
@@ -300,9 +318,10 @@ def build_nvfp4(tmp_path, hf_quant_config_json=False, edit_tensors=None, group=1
 NVFP4_MAX_REL = 0.2
 
 
-@pytest.mark.parametrize("hf_quant_config_json", [False, True], ids=["config.json", "hf_quant_config.json"])
-def test_nvfp4_checkpoint(tmp_path, hf_quant_config_json, original):
-    path, expected = build_nvfp4(tmp_path, hf_quant_config_json)
+@pytest.mark.parametrize("hf_quant_config_json, compressed_tensors", [(False, False), (True, False), (False, True)],
+                         ids=["config.json", "hf_quant_config.json", "compressed-tensors"])
+def test_nvfp4_checkpoint(tmp_path, hf_quant_config_json, compressed_tensors, original):
+    path, expected = build_nvfp4(tmp_path, hf_quant_config_json, compressed_tensors=compressed_tensors)
     check_loaded(path, expected, original, NVFP4_MAX_REL, qtype="NVFP4")
 
 
@@ -336,6 +355,30 @@ def test_nvfp4_groups_of_32_load_as_bf16(tmp_path, original):
         "fp8-weight-in-nvfp4", "nan-group-scale", "inf-scale-2"])
 def test_nvfp4_checkpoint_errors(tmp_path, edit_tensors, match):
     path, _ = build_nvfp4(tmp_path, edit_tensors=edit_tensors)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(path)
+    assert path in str(e.value)
+
+
+@pytest.mark.parametrize("edit_config, edit_tensors, match", [
+    (None, lambda t: t.pop(K0 + "weight_global_scale"),
+     rf"NVFP4 tensor '{K0}weight_packed' has no scale tensor '{K0}weight_global_scale'"),
+    (None, lambda t: t.update({K0 + "weight_global_scale": ("F32", np.zeros(1, np.float32))}),
+     rf"NVFP4 scale '{K0}weight_global_scale' is 0; it divides the weight's values"),
+    (None, lambda t: t.update({K0 + "weight_global_scale": ("F32", np.array([np.nan], np.float32))}),
+     rf"NVFP4 scale '{K0}weight_global_scale' holds NaN or infinite values"),
+    (lambda qc: {**qc, "config_groups": {"group_0": {"weights": {**_CT_FP4, "strategy": "group"}}}}, None,
+     r"config_groups.group_0.weights: NVFP4 strategy 'group' is not supported \(tensor_group\)"),
+    (lambda qc: {**qc, "config_groups": {"group_0": {"weights": {**_CT_FP4, "group_size": 0}}}}, None,
+     r"config_groups.group_0.weights: NVFP4 group_size must be a positive integer, got 0"),
+], ids=["missing-global-scale", "zero-global-scale", "nan-global-scale", "group-strategy", "group-size-0"])
+def test_compressed_tensors_nvfp4_errors(tmp_path, edit_config, edit_tensors, match):
+    path, _ = build_nvfp4(tmp_path, edit_tensors=edit_tensors, compressed_tensors=True)
+    if edit_config is not None:
+        cfg_path = tmp_path / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["quantization_config"] = edit_config(cfg["quantization_config"])
+        cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=match) as e:
         load_checkpoint(path)
     assert path in str(e.value)

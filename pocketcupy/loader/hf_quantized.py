@@ -17,6 +17,9 @@ each quantized `X.weight` is then read with its scale tensors (never mapped as m
     "modelopt" FP8: F8_E4M3 weight times X.weight_scale ([] / [1]).
     "modelopt" NVFP4: U8 weight [out, in / 2] of E2M1 codes (value 2i in the low nibble of byte i)
         times F8_E4M3 X.weight_scale [out, in / group_size] times X.weight_scale_2 ([] / [1]).
+    "compressed-tensors" NVFP4 (llm-compressor's nvfp4-pack-quantized, groups of strategy tensor_group):
+        the same codes and scales as X.weight_packed and X.weight_scale, divided by
+        X.weight_global_scale ([1]); packed_as_modelopt renames them to the ModelOpt form.
 
 Activation quantization (X.input_scale, activation_scheme) is ignored: activations stay in the
 backend's precision. Layers left unquantized (ignore / exclude_modules) are simply not F8 or U8."""
@@ -40,6 +43,7 @@ class WeightQuantization:
     fp8_scales: tuple[str, ...] = ()    # names of an F8 weight's scale (X.<name>), the first present used
     fp8_layouts: tuple = ()             # the scale layouts allowed: "tensor", "channel" or a block (b0, b1)
     nvfp4_group: int | None = None      # values a weight_scale covers along a row, for U8 (NVFP4) weights
+    nvfp4_packed: bool = False          # compressed-tensors' NVFP4 names (packed_as_modelopt renames them)
 
 
 def weight_quantization(qc, source: str) -> WeightQuantization | None:
@@ -76,23 +80,34 @@ def _fp8(qc: dict, source: str) -> WeightQuantization:
     return WeightQuantization("fp8", ("weight_scale_inv", "weight_scale"), layouts)
 
 
+CT_FP8_FORMATS = (None, "float-quantized", "naive-quantized")
+CT_NVFP4_FORMAT = "nvfp4-pack-quantized"
+
+
 def _compressed_tensors(qc: dict, source: str) -> WeightQuantization:
     fmt = qc.get("format")
-    if fmt not in (None, "float-quantized", "naive-quantized"):
-        raise ValueError(f"{source}: compressed-tensors format {fmt!r} is not supported "
-                         "(FP8 only: float-quantized, naive-quantized)")
+    if fmt not in CT_FP8_FORMATS + (CT_NVFP4_FORMAT, "mixed-precision"):
+        raise ValueError(f"{source}: compressed-tensors format {fmt!r} is not supported (FP8: float-quantized, "
+                         f"naive-quantized; NVFP4: {CT_NVFP4_FORMAT}; or mixed-precision groups of these)")
     groups = qc.get("config_groups") or {}
     if not isinstance(groups, dict):
         raise ValueError(f"{source}: quantization_config.config_groups must be an object, got {groups!r}")
-    layouts = []
+    layouts, nvfp4_group = [], None
     for name, group in groups.items():
         w = group.get("weights") if isinstance(group, dict) else None
         if w is None:
             continue
         where = f"{source}: quantization_config.config_groups.{name}.weights"
-        if not isinstance(w, dict) or w.get("type") != "float" or w.get("num_bits") != 8:
-            got = (w.get("type"), w.get("num_bits")) if isinstance(w, dict) else w
-            raise ValueError(f"{where}: only 8-bit float (FP8) weights are supported, got {got!r}")
+        kind = (w.get("type"), w.get("num_bits")) if isinstance(w, dict) else w
+        group_fmt = group.get("format", fmt)
+        if kind == ("float", 4) and group_fmt in (CT_NVFP4_FORMAT, "mixed-precision"):
+            if w.get("strategy") != "tensor_group":
+                raise ValueError(f"{where}: NVFP4 strategy {w.get('strategy')!r} is not supported (tensor_group)")
+            nvfp4_group = _group_size(w.get("group_size"), where)
+            continue
+        if kind != ("float", 8) or group_fmt not in CT_FP8_FORMATS + ("mixed-precision",):
+            raise ValueError(f"{where}: only 8-bit float (FP8) weights and {CT_NVFP4_FORMAT} 4-bit float "
+                             f"(NVFP4) weights are supported, got {kind!r} ({group_fmt})")
         strategy = w.get("strategy")
         if strategy in ("tensor", "channel"):
             layouts.append(strategy)
@@ -100,7 +115,14 @@ def _compressed_tensors(qc: dict, source: str) -> WeightQuantization:
             layouts.append(_block(w.get("block_structure"), "block_structure", where))
         else:
             raise ValueError(f"{where}: strategy {strategy!r} is not supported (tensor, channel, block)")
-    return WeightQuantization("compressed-tensors", ("weight_scale",), tuple(dict.fromkeys(layouts)))
+    return WeightQuantization("compressed-tensors", ("weight_scale",), tuple(dict.fromkeys(layouts)), nvfp4_group,
+                              nvfp4_packed=nvfp4_group is not None)
+
+
+def _group_size(value, where: str) -> int:
+    if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        raise ValueError(f"{where}: NVFP4 group_size must be a positive integer, got {value!r}")
+    return value
 
 
 def _modelopt(qc: dict, source: str) -> WeightQuantization:
@@ -109,10 +131,7 @@ def _modelopt(qc: dict, source: str) -> WeightQuantization:
     if algo == "FP8":
         return WeightQuantization("modelopt FP8", ("weight_scale",), ("tensor",))
     if algo == "NVFP4":
-        group = q.get("group_size", 16)
-        if not (isinstance(group, int) and not isinstance(group, bool) and group > 0):
-            raise ValueError(f"{source}: NVFP4 group_size must be a positive integer, got {group!r}")
-        return WeightQuantization("modelopt NVFP4", nvfp4_group=group)
+        return WeightQuantization("modelopt NVFP4", nvfp4_group=_group_size(q.get("group_size", 16), source))
     raise ValueError(f"{source}: modelopt quant_algo {q.get('quant_algo')!r} is not supported (supported: FP8, NVFP4)")
 
 
@@ -139,6 +158,23 @@ def read_quantized_weight(name: str, raw: dict, quant: WeightQuantization | None
         return QTensor("FP8", data.shape, data, row_scales)
     bits = scaled_to_bf16(data.shape, lambda r0, r1: e4m3_values(data[r0:r1]), scales, block)
     return QTensor("BF16", data.shape, bits)
+
+
+def packed_as_modelopt(raw: dict) -> None:
+    """compressed-tensors' NVFP4 tensors under ModelOpt's names, in place: X.weight_packed is X.weight,
+    and X.weight_global_scale, which divides the values, becomes X.weight_scale_2 = its reciprocal
+    (as vLLM reads it)."""
+    for name in [n for n in raw if n.endswith(".weight_packed")]:
+        prefix = name.removesuffix("weight_packed")
+        g = prefix + "weight_global_scale"
+        if g not in raw:
+            raise ValueError(f"NVFP4 tensor {name!r} has no scale tensor {g!r}")
+        divisor = _finite("NVFP4", g, _dense(g, raw))
+        if not np.all(divisor):
+            raise ValueError(f"NVFP4 scale {g!r} is 0; it divides the weight's values")
+        raw[prefix + "weight"] = raw.pop(name)
+        raw[prefix + "weight_scale_2"] = ("F32", (np.float32(1.0) / divisor.astype(np.float32)).reshape(divisor.shape))
+        del raw[g]
 
 
 def scaled_weight(name: str, raw: dict) -> str | None:

@@ -11,7 +11,8 @@ import numpy as np
 from ..config import (GatedDeltaNetConfig, MLAConfig, ModelConfig, MoEConfig, RopeScaling, SparseMoEConfig, is_count,
                       is_number)
 from ..quant.qtensor import QTensor
-from .hf_quantized import QUANTIZED_DTYPES, read_quantized_weight, scaled_weight, weight_quantization
+from .hf_quantized import (QUANTIZED_DTYPES, packed_as_modelopt, read_quantized_weight, scaled_weight,
+                           weight_quantization)
 
 ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
          "DeepseekV2ForCausalLM": "deepseek_v2", "DeepseekV3ForCausalLM": "deepseek_v3",
@@ -325,6 +326,11 @@ def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig
         if not os.path.isfile(path):
             raise ValueError(f"model: shard {path} listed in the index is missing")
         raw.update(_read_safetensors(path))
+    if quant is not None and quant.nvfp4_packed:
+        try:
+            packed_as_modelopt(raw)
+        except ValueError as e:
+            raise ValueError(f"model: {folder}: {e}") from None
     tensors: dict[str, QTensor] = {}
     for name, (qtype, data) in raw.items():
         target = gguf_name(name)
