@@ -331,6 +331,34 @@ def _raw_tensors(folder):
     return raw
 
 
+def _assert_same_files(a: str, b: str) -> None:
+    """Folders a and b hold the same files, byte for byte."""
+    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
+    for name in os.listdir(a):
+        with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
+            assert x.read() == y.read(), (a, name)
+
+
+def _check_beside_bf16(result, fmt: str, quantization_config: dict) -> str:
+    """The `fmt` Hugging Face folder of a bf16 + fmt run: one shard, its bytes as reported, the BF16
+    folder's config.json plus quantization_config, and the BF16 folder's tokenizer files. Returns it."""
+    p = _paths(result)
+    assert set(p) == {"bf16", fmt} and p[fmt].endswith(f"hf-{fmt}")
+    folder = p[fmt]
+    assert result["formats"][fmt]["shards"] == 1
+    assert result["formats"][fmt]["bytes"] == sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    with open(os.path.join(folder, "config.json")) as fh:
+        cfg = json.load(fh)
+    with open(os.path.join(p["bf16"], "config.json")) as fh:
+        bf16_cfg = json.load(fh)
+    assert cfg.pop("quantization_config") == quantization_config
+    assert cfg == bf16_cfg
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        with open(os.path.join(folder, f), "rb") as a, open(os.path.join(p["bf16"], f), "rb") as b:
+            assert a.read() == b.read(), f
+    return folder
+
+
 def test_quantize_fp8_rounding():
     """quantize_fp8's scale and rounding on chosen values: ties to the even code, 448 at the
     block's amax, -0 for a negative value below E4M3's range, a block of zeros (scale 1), and a
@@ -357,20 +385,8 @@ def test_quantize_fp8_rounding():
 def test_fp8_layout(fp8):
     mod = _script()
     p = _paths(fp8)
-    assert set(p) == {"bf16", "fp8"} and p["fp8"].endswith("hf-fp8")
-    folder = p["fp8"]
-    assert fp8["formats"]["fp8"]["shards"] == 1
-    assert fp8["formats"]["fp8"]["bytes"] == sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
-    with open(os.path.join(folder, "config.json")) as fh:
-        cfg = json.load(fh)
-    with open(os.path.join(p["bf16"], "config.json")) as fh:
-        bf16_cfg = json.load(fh)
-    assert cfg.pop("quantization_config") == {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                                              "weight_block_size": [128, 128]}
-    assert cfg == bf16_cfg
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        with open(os.path.join(folder, f), "rb") as a, open(os.path.join(p["bf16"], f), "rb") as b:
-            assert a.read() == b.read(), f
+    folder = _check_beside_bf16(fp8, "fp8", {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                             "weight_block_size": [128, 128]})
     raw, hf = _raw_tensors(folder), _raw_tensors(p["bf16"])
     scales = {k for k in raw if k.endswith("_scale_inv")}
     assert raw.keys() - scales == hf.keys()
@@ -432,11 +448,7 @@ def test_fp8_chunks_and_formats_do_not_change_the_files(fp8_cut, tmp_path, monke
     assert set(alone["formats"]) == {"fp8"} and not os.path.exists(tmp_path / "fp8" / "hf")
     bf16 = mod.main(["--out", str(tmp_path / "bf16"), *FP8, "--formats", "bf16", "--threads", "2"])
     for made, f in ((alone, "fp8"), (bf16, "bf16")):
-        a, b = _paths(made)[f], _paths(fp8_cut)[f]
-        assert sorted(os.listdir(a)) == sorted(os.listdir(b))
-        for name in os.listdir(a):
-            with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
-                assert x.read() == y.read(), (f, name)
+        _assert_same_files(_paths(made)[f], _paths(fp8_cut)[f])
     # down_proj [192, 320]: 7 chunks of 30 rows; FP8's tasks take rows 0..127 (chunks 0-4, the
     # first 8 rows of chunk 4) and 128..191 (the rest of chunk 4, chunks 5 and 6)
     spec = mod.Spec(hidden=192, intermediate=320, heads=4, kv_heads=2)
@@ -445,17 +457,22 @@ def test_fp8_chunks_and_formats_do_not_change_the_files(fp8_cut, tmp_path, monke
     assert mod.task_rows(down) == [(r, min(r + 30, 192)) for r in range(0, 192, 30)]
 
 
+def _check_logits_close_to_bf16(result, fmt: str, bound: float) -> None:
+    """A prompt's logits of the `fmt` folder on the NumPy backend within `bound` of the BF16 model's;
+    the engine generates 4 tokens greedily from it."""
+    p = _paths(result)
+    ids = Tokenizer.from_hf_dir(p[fmt]).encode(TEXTS[0] + " " + TEXTS[3])
+    logits = {f: full_logits(*load_reference_model(p[f]), ids) for f in ("bf16", fmt)}
+    assert _rel(logits[fmt], logits["bf16"]) < bound
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    out = Engine(p[fmt], device="cpu", progress=False).generate("the cat", params)[0]
+    assert len(out.outputs[0].token_ids) == 4
+
+
 def test_fp8_logits_close_to_bf16(fp8):
-    """A prompt's logits on the NumPy backend near the BF16 model's; the engine generates."""
-    p = _paths(fp8)
-    ids = Tokenizer.from_hf_dir(p["fp8"]).encode(TEXTS[0] + " " + TEXTS[3])
-    logits = {f: full_logits(*load_reference_model(p[f]), ids) for f in ("bf16", "fp8")}
     # measured 0.052 (seeds 4-6: 0.044-0.059; Q8_0 of the same models 0.012-0.015, ~4x less as
     # its weights' error, 0.54% against FP8's 2.6%)
-    assert _rel(logits["fp8"], logits["bf16"]) < 0.1
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    out = Engine(p["fp8"], device="cpu", progress=False).generate("the cat", params)[0]
-    assert len(out.outputs[0].token_ids) == 4
+    _check_logits_close_to_bf16(fp8, "fp8", 0.1)
 
 
 # --- nvfp4 ---------------------------------------------------------------------------------------
@@ -509,21 +526,8 @@ def test_quantize_nvfp4_rounding():
 def test_nvfp4_layout(nvfp4):
     mod = _script()
     p = _paths(nvfp4)
-    assert set(p) == {"bf16", "nvfp4"} and p["nvfp4"].endswith("hf-nvfp4")
-    folder = p["nvfp4"]
-    assert nvfp4["formats"]["nvfp4"]["shards"] == 1
-    assert nvfp4["formats"]["nvfp4"]["bytes"] == sum(os.path.getsize(os.path.join(folder, f))
-                                                     for f in os.listdir(folder))
-    with open(os.path.join(folder, "config.json")) as fh:
-        cfg = json.load(fh)
-    with open(os.path.join(p["bf16"], "config.json")) as fh:
-        bf16_cfg = json.load(fh)
-    assert cfg.pop("quantization_config") == {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-                                              "ignore": ["lm_head"]}
-    assert cfg == bf16_cfg
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        with open(os.path.join(folder, f), "rb") as a, open(os.path.join(p["bf16"], f), "rb") as b:
-            assert a.read() == b.read(), f
+    folder = _check_beside_bf16(nvfp4, "nvfp4", {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                                 "group_size": 16, "ignore": ["lm_head"]})
     raw, hf = _raw_tensors(folder), _raw_tensors(p["bf16"])
     extra = {k for k in raw if k.endswith(("_scale", "_scale_2", "input_scale"))}
     assert raw.keys() - extra == hf.keys() and len(extra) == 7 * 2 * 3
@@ -596,21 +600,10 @@ def test_nvfp4_alone_writes_the_same_files(nvfp4, tmp_path, monkeypatch):
     monkeypatch.setattr(mod, "GEN_CHUNK", NVFP4_CHUNK)
     alone = mod.main(["--out", str(tmp_path), *NVFP4, "--formats", "nvfp4", "--threads", "1"])
     assert set(alone["formats"]) == {"nvfp4"} and not os.path.exists(tmp_path / "hf")
-    a, b = _paths(alone)["nvfp4"], _paths(nvfp4)["nvfp4"]
-    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
-    for name in os.listdir(a):
-        with open(os.path.join(a, name), "rb") as x, open(os.path.join(b, name), "rb") as y:
-            assert x.read() == y.read(), name
+    _assert_same_files(_paths(alone)["nvfp4"], _paths(nvfp4)["nvfp4"])
 
 
 def test_nvfp4_logits_close_to_bf16(nvfp4):
-    """A prompt's logits on the NumPy backend near the BF16 model's; the engine generates greedily."""
-    p = _paths(nvfp4)
-    ids = Tokenizer.from_hf_dir(p["nvfp4"]).encode(TEXTS[0] + " " + TEXTS[3])
-    logits = {f: full_logits(*load_reference_model(p[f]), ids) for f in ("bf16", "nvfp4")}
     # measured 0.157 (seeds 5-7: 0.148-0.158; FP8 of the same models 0.039-0.045, ~4x less as its
     # weights' error, 2.6% against NVFP4's 9.5%)
-    assert _rel(logits["nvfp4"], logits["bf16"]) < 0.25
-    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    out = Engine(p["nvfp4"], device="cpu", progress=False).generate("the cat", params)[0]
-    assert len(out.outputs[0].token_ids) == 4
+    _check_logits_close_to_bf16(nvfp4, "nvfp4", 0.25)
