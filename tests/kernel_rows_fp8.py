@@ -11,6 +11,7 @@ import numpy as np
 from pocketcupy.backend import weight_cuda
 from pocketcupy.quant.minifloat_weights import e4m3_values
 from pocketcupy.quant.qtensor import FP8_GROUP, QTensor
+from tests.codes_rows import GEMM_TOL, GEMV_TOL, CodesFormat, with_linear_cuda
 from tests.kernel_table import KernelRow
 
 ROWS_OUT = 83            # not a multiple of 16 rows a block
@@ -45,58 +46,6 @@ def _w64(inp) -> np.ndarray:
     return e4m3_values(inp["codes"]).astype(np.float64) * grid
 
 
-def _x64(inp) -> np.ndarray:
-    x = inp["x"].astype(np.float64)
-    if "up" in inp:
-        x = x / (1.0 + np.exp(-x)) * inp["up"].astype(np.float64)
-    return x
-
-
-def _ref_linear(inp):
-    y = _x64(inp) @ _w64(inp).T
-    return y + inp["bias"] if "bias" in inp else y
-
-
-def _weight(inp):
-    return weight_cuda.prepare_weight(QTensor("FP8", inp["shape"], inp["codes"], inp["scales"]))
-
-
-def _cuda_linear(inp, poison):
-    import cupy as cp
-
-    from pocketcupy.backend import linear_cuda
-
-    w = _weight(inp)
-    assert w.qtype == "FP8"
-    out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
-    bias = cp.asarray(inp["bias"]) if "bias" in inp else None
-    return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
-
-
-def _cuda_linear_variant(u: int, hw: bool = False):
-    """linear with gemv_fp8_mma's U (64-code chunks in flight a warp) set to u and its HW (the
-    hardware's conversion on sm_89+) to hw."""
-    def run(inp, poison):
-        from pocketcupy.backend import linear_cuda
-
-        saved = linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT
-        linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT = u, hw
-        try:
-            return _cuda_linear(inp, poison)
-        finally:
-            linear_cuda.FP8_UNROLL, linear_cuda.FP8_HW_CVT = saved
-    return run
-
-
-def _cuda_silu_mul_linear(inp, poison):
-    import cupy as cp
-
-    from pocketcupy.backend import linear_cuda
-
-    out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
-    return linear_cuda.silu_mul_linear(cp.asarray(inp["x"]), cp.asarray(inp["up"]), _weight(inp), out=out)
-
-
 def _split(inp) -> list[dict]:
     """The weight as three parts of 29, 38 and 16 rows."""
     parts, r0 = [], 0
@@ -107,15 +56,17 @@ def _split(inp) -> list[dict]:
     return parts
 
 
-def _cuda_concat_rows(inp, poison):
-    import cupy as cp
+def _weight(inp):
+    return weight_cuda.prepare_weight(QTensor("FP8", inp["shape"], inp["codes"], inp["scales"]))
 
-    from pocketcupy.backend import linear_cuda
 
-    w = weight_cuda.concat_rows([_weight(p) for p in _split(inp)])
-    assert w.qtype == "FP8" and w.shape == inp["shape"]
-    out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
-    return linear_cuda.linear(cp.asarray(inp["x"]), w, None, out=out)
+FP8 = CodesFormat("FP8", _weight, _w64, _split)
+
+
+def _cuda_linear_variant(u: int, hw: bool = False):
+    """linear with gemv_fp8_mma's U (64-code chunks in flight a warp) set to u and its HW (the
+    hardware's conversion on sm_89+) to hw."""
+    return with_linear_cuda(FP8.cuda_linear, FP8_UNROLL=u, FP8_HW_CVT=hw)
 
 
 def _make_ids(rng):
@@ -124,36 +75,19 @@ def _make_ids(rng):
     return inp
 
 
-def _ref_get_rows(inp):
-    return _w64(inp)[inp["ids"]]
-
-
-def _cuda_get_rows(inp, poison):
-    import cupy as cp
-
-    from pocketcupy.backend import linear_cuda
-
-    out = poison((inp["ids"].size, inp["shape"][1]), np.float32)
-    return linear_cuda.get_rows(_weight(inp), cp.asarray(inp["ids"]), out=out)
-
-
-# fp16 activations (relative rounding 2^-11) into fp32 sums: ~3e-4; past batch 16 the weights are
-# rounded to fp16 as well
-_GEMV_TOL, _GEMM_TOL = 1e-3, 2e-3
-
-ROWS = [KernelRow("linear", f"gemv_fp8_mma_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 3), _ref_linear,
-                  _cuda_linear, _GEMV_TOL) for n in (1, 3, 8, 9, 16)]
-ROWS += [KernelRow("linear", f"gemv_fp8_mma_u{u}_bs{n}-{ROWS_OUT}x{COLS}", _make(n), _ref_linear,
-                   _cuda_linear_variant(u), _GEMV_TOL) for u in (2, 4) for n in (2, 11)]
+ROWS = [KernelRow("linear", f"gemv_fp8_mma_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 3), FP8.ref_linear,
+                  FP8.cuda_linear, GEMV_TOL) for n in (1, 3, 8, 9, 16)]
+ROWS += [KernelRow("linear", f"gemv_fp8_mma_u{u}_bs{n}-{ROWS_OUT}x{COLS}", _make(n), FP8.ref_linear,
+                   _cuda_linear_variant(u), GEMV_TOL) for u in (2, 4) for n in (2, 11)]
 ROWS += [KernelRow("linear", f"gemv_fp8_mma_hw_cvt{'_small_codes' * small}_bs{n}-{ROWS_OUT}x{COLS}",
-                   _make(n, small=small), _ref_linear, _cuda_linear_variant(4, hw=True), _GEMV_TOL)
+                   _make(n, small=small), FP8.ref_linear, _cuda_linear_variant(4, hw=True), GEMV_TOL)
          for n, small in ((1, False), (11, False), (3, True))]
 ROWS += [KernelRow("linear", f"gemv_fp8_mma_small_codes_bs{n}-{ROWS_OUT}x{COLS}", _make(n, small=True),
-                   _ref_linear, _cuda_linear, _GEMV_TOL) for n in (1, 12)]
-ROWS += [KernelRow("linear", f"gemm_fp8_n{n}-{ROWS_OUT}x{COLS}", _make(n, small=n == 40, bias=n == 17), _ref_linear,
-                   _cuda_linear, _GEMM_TOL) for n in (17, 40)]
-ROWS += [KernelRow("silu_mul_linear", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), _ref_linear,
-                   _cuda_silu_mul_linear, _GEMV_TOL if n <= 16 else _GEMM_TOL) for n in (2, 33)]
-ROWS += [KernelRow("concat_rows", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n), _ref_linear, _cuda_concat_rows,
-                   _GEMV_TOL if n <= 16 else _GEMM_TOL) for n in (4, 20)]
-ROWS.append(KernelRow("get_rows", f"get_rows_fp8-50x{COLS}", _make_ids, _ref_get_rows, _cuda_get_rows, 1e-6))
+                   FP8.ref_linear, FP8.cuda_linear, GEMV_TOL) for n in (1, 12)]
+ROWS += [KernelRow("linear", f"gemm_fp8_n{n}-{ROWS_OUT}x{COLS}", _make(n, small=n == 40, bias=n == 17), FP8.ref_linear,
+                   FP8.cuda_linear, GEMM_TOL) for n in (17, 40)]
+ROWS += [KernelRow("silu_mul_linear", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), FP8.ref_linear,
+                   FP8.cuda_silu_mul_linear, GEMV_TOL if n <= 16 else GEMM_TOL) for n in (2, 33)]
+ROWS += [KernelRow("concat_rows", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n), FP8.ref_linear, FP8.cuda_concat_rows,
+                   GEMV_TOL if n <= 16 else GEMM_TOL) for n in (4, 20)]
+ROWS.append(KernelRow("get_rows", f"get_rows_fp8-50x{COLS}", _make_ids, FP8.ref_get_rows, FP8.cuda_get_rows, 1e-6))

@@ -1,0 +1,92 @@
+"""What the kernel rows of weights kept as codes with scales share (tests/kernel_rows_fp8.py,
+tests/kernel_rows_nvfp4.py): the float64 references and the CUDA calls of linear, silu_mul_linear,
+concat_rows and get_rows, given a format's upload of a row's inputs and their exact values."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# fp16 activations (relative rounding 2^-11) into fp32 sums: ~3e-4; past batch 16 the weights are
+# rounded to fp16 as well
+GEMV_TOL, GEMM_TOL = 1e-3, 2e-3
+
+
+def x64(inp) -> np.ndarray:
+    """The linear's input in float64: x, or silu(x) * up where the row has up."""
+    x = inp["x"].astype(np.float64)
+    if "up" in inp:
+        x = x / (1.0 + np.exp(-x)) * inp["up"].astype(np.float64)
+    return x
+
+
+def with_linear_cuda(run: Callable, **settings) -> Callable:
+    """run(inp, poison) with linear_cuda's module settings (e.g. FP8_UNROLL=2) set for the call."""
+    def wrapped(inp, poison):
+        from pocketcupy.backend import linear_cuda
+
+        saved = {k: getattr(linear_cuda, k) for k in settings}
+        for k, v in settings.items():
+            setattr(linear_cuda, k, v)
+        try:
+            return run(inp, poison)
+        finally:
+            for k, v in saved.items():
+                setattr(linear_cuda, k, v)
+    return wrapped
+
+
+@dataclass(frozen=True)
+class CodesFormat:
+    qtype: str                          # the CudaWeight's qtype the uploads must keep
+    weight: Callable                    # inputs -> CudaWeight (weight_cuda.prepare_weight of their QTensor)
+    w64: Callable                       # inputs -> the weight's exact values, float64 [rows, cols]
+    split: Callable                     # inputs -> the inputs of three row parts (concat_rows)
+
+    def ref_linear(self, inp):
+        y = x64(inp) @ self.w64(inp).T
+        return y + inp["bias"] if "bias" in inp else y
+
+    def ref_concat(self, inp):
+        return np.concatenate([self.ref_linear(p) for p in self.split(inp)], axis=1)
+
+    def ref_get_rows(self, inp):
+        return self.w64(inp)[inp["ids"]]
+
+    def cuda_linear(self, inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        w = self.weight(inp)
+        assert w.qtype == self.qtype
+        out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
+        bias = cp.asarray(inp["bias"]) if "bias" in inp else None
+        return linear_cuda.linear(cp.asarray(inp["x"]), w, bias, out=out)
+
+    def cuda_silu_mul_linear(self, inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
+        return linear_cuda.silu_mul_linear(cp.asarray(inp["x"]), cp.asarray(inp["up"]), self.weight(inp), out=out)
+
+    def cuda_concat_rows(self, inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda, weight_cuda
+
+        w = weight_cuda.concat_rows([self.weight(p) for p in self.split(inp)])
+        assert w.qtype == self.qtype and w.shape == inp["shape"]
+        out = poison((inp["x"].shape[0], inp["shape"][0]), np.float32)
+        return linear_cuda.linear(cp.asarray(inp["x"]), w, None, out=out)
+
+    def cuda_get_rows(self, inp, poison):
+        import cupy as cp
+
+        from pocketcupy.backend import linear_cuda
+
+        out = poison((inp["ids"].size, inp["shape"][1]), np.float32)
+        return linear_cuda.get_rows(self.weight(inp), cp.asarray(inp["ids"]), out=out)
