@@ -173,7 +173,7 @@ def packed_as_modelopt(raw: dict) -> None:
         if not np.all(divisor):
             raise ValueError(f"NVFP4 scale {g!r} is 0; it divides the weight's values")
         raw[prefix + "weight"] = raw.pop(name)
-        raw[prefix + "weight_scale_2"] = ("F32", (np.float32(1.0) / divisor.astype(np.float32)).reshape(divisor.shape))
+        raw[prefix + "weight_scale_2"] = ("F32", np.float32(1.0) / divisor.astype(np.float32))
         del raw[g]
 
 
