@@ -141,6 +141,23 @@ def test_context_error_names_both_counts(server):
     assert "1000000" in msg and "maximum context length is 8192" in msg and "in the messages" in msg
 
 
+@pytest.mark.parametrize("path,body", [(CHAT, chat(max_tokens=10**6)), (COMP, comp(max_tokens=10**6)),
+                                       (CHAT, chat(messages=[{"role": "user", "content": "hello " * 9000}])),
+                                       (COMP, comp(prompt="hello " * 9000))])
+def test_context_error_has_openai_code(server, path, body):
+    """OpenAI's context-length errors carry code 'context_length_exceeded', which clients (LangChain,
+    agents) test to shorten the conversation and retry; through the openai client too."""
+    import openai
+
+    status, resp, _ = request(server, "POST", path, body)
+    assert status == 400 and resp["error"]["code"] == "context_length_exceeded", resp
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    create = c.chat.completions.create if path == CHAT else c.completions.create
+    with pytest.raises(openai.BadRequestError) as e:
+        create(**body)
+    assert e.value.code == "context_length_exceeded" and "maximum context length is 8192" in e.value.message
+
+
 @pytest.mark.parametrize("raw,path", [(b'{"model": ', CHAT), (b"[1, 2]", CHAT), (b"", COMP), (b"\xff\xfe{", CHAT),
                                       (b'{"model": "smollm2", "prompt": "x", "temperature": NaN}', COMP),
                                       (b"[" * 100000 + b"]" * 100000, CHAT)])

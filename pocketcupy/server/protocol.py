@@ -291,16 +291,21 @@ def check_model(f: Fields, served_names: list[str]) -> str:
     return model
 
 
+CONTEXT_CODE = "context_length_exceeded"   # OpenAI's code for it, which clients test to shorten and retry
+
+
 def check_context(max_model_len: int, prompt_len: int, max_tokens, prompt_param: str, what: str) -> None:
-    """OpenAI's context-length errors, naming both counts. max_tokens: (field name, value) or None."""
+    """OpenAI's context-length errors, naming both counts, with OpenAI's code. max_tokens: (field name,
+    value) or None."""
     if prompt_len >= max_model_len:
-        raise bad(prompt_param, f"This model's maximum context length is {max_model_len} tokens. However, "
-                                f"your {what} resulted in {prompt_len} tokens, leaving no room for the completion.")
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your "
+                            f"{what} resulted in {prompt_len} tokens, leaving no room for the completion.",
+                       prompt_param, CONTEXT_CODE)
     if max_tokens and prompt_len + max_tokens[1] > max_model_len:
         name, mt = max_tokens
-        raise bad(name, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                        f"{prompt_len + mt} tokens ({prompt_len} in the {what}, {mt} in the completion). "
-                        f"Please reduce the length of the {what} or completion.")
+        raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                            f"{prompt_len + mt} tokens ({prompt_len} in the {what}, {mt} in the completion). "
+                            f"Please reduce the length of the {what} or completion.", name, CONTEXT_CODE)
 
 
 def make_params(kw: dict, logprobs: int | None, prompt_logprobs: int | None = None) -> SamplingParams:
