@@ -10,7 +10,8 @@ import pytest
 
 import pocketcupy
 
-from tests.test_server_harness import MODEL, client, metric, metrics, request, server, sse_events  # noqa: F401
+from tests.test_server_harness import (MODEL, client, metric, metrics, openai_client, request, server,  # noqa: F401
+                                       serving, sse_events)
 
 Q = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -31,6 +32,25 @@ def test_models_and_probes(client, server):
     status, body, _ = request(server, "GET", f"/v1/models/{MODEL}")
     assert status == 200 and body["max_model_len"] > 0
     assert request(server, "GET", "/version")[:2] == (200, {"version": pocketcupy.__version__})
+
+
+@pytest.fixture(scope="module")
+def path_named(smollm2_gguf):
+    """A server whose second served name is the model's absolute path (the default name without
+    --served-model-name)."""
+    yield from serving(smollm2_gguf, "--served-model-name", MODEL, smollm2_gguf)
+
+
+def test_models_retrieve_by_a_path_name(path_named, smollm2_gguf):
+    """The openai client asks for /v1/models/%2Fabs%2Fpath.gguf: the id, leading slash and all, is
+    found (it was a 404: werkzeug's path converter refused the leading slash)."""
+    c = openai_client(path_named)
+    assert [m.id for m in c.models.list().data] == [MODEL, smollm2_gguf]
+    assert c.models.retrieve(smollm2_gguf).id == smollm2_gguf and c.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("/" + MODEL)
+    assert e.value.code == "model_not_found"
+    assert request(path_named, "GET", "/v1/models/org/name")[1]["error"]["code"] == "model_not_found"
 
 
 def test_openai_hint_fields_accepted(client):

@@ -7,6 +7,7 @@ import logging
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import PathConverter
 
 from .. import __version__
 from .anthropic_api import handle_count_tokens, handle_messages
@@ -27,6 +28,15 @@ log = logging.getLogger("pocketcupy.server")
 
 def _json(obj, status: int = 200) -> Response:
     return Response(json_bytes(obj), status=status, mimetype="application/json")
+
+
+class _ModelIdConverter(PathConverter):
+    """A model id as the rest of the path, slashes included, a leading one too: the default served name is
+    the --model path, and the openai client's models.retrieve('/abs/model.gguf') asks for
+    /v1/models/%2Fabs%2Fmodel.gguf, which reaches the app as /v1/models//abs/model.gguf (werkzeug's
+    path converter refuses the leading slash; its redirect to the merged slashes lost it: a 404)."""
+    regex = ".+"
+    part_isolating = False   # (werkzeug infers True from a regex without '/')
 
 
 def _no_constants(name):
@@ -74,6 +84,7 @@ def _body(limit: int, stall_s: float) -> dict:
 
 def create_app(state) -> Flask:
     app = Flask("pocketcupy")
+    app.url_map.converters["model_id"] = _ModelIdConverter
     app.config["MAX_CONTENT_LENGTH"] = state.config.max_request_bytes
     app.extensions["pocketcupy"] = state
     metrics = state.metrics
@@ -217,7 +228,7 @@ def create_app(state) -> Flask:
         _ready()
         return _json({"object": "list", "data": [_model_card(n) for n in state.config.served_model_names]})
 
-    @app.get("/v1/models/<path:model_id>")
+    @app.get("/v1/models/<model_id:model_id>")
     def model(model_id):
         _ready()
         if model_id not in state.config.served_model_names:
