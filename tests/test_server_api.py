@@ -247,6 +247,18 @@ def test_seed_reproducible(client):
     assert others != {a}
 
 
+def test_top_p_0_is_the_most_likely_token(client):
+    """OpenAI takes top_p 0 (some clients send it by default): the nucleus is the most likely token
+    alone, so any temperature and seed give the greedy output; it was a 400."""
+    greedy = chat(client, max_tokens=10).choices[0].message.content
+    assert {chat(client, max_tokens=10, temperature=1.5, top_p=0, seed=s).choices[0].message.content
+            for s in (1, 2)} == {greedy}
+    kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=6)
+    assert client.completions.create(**kw, temperature=2, top_p=0).choices[0].text == \
+        client.completions.create(**kw, temperature=0).choices[0].text
+    assert client.responses.create(model=MODEL, input="hi", max_output_tokens=2, top_p=0).top_p == 0
+
+
 def test_logprobs_chat(client):
     r = chat(client, logprobs=True, top_logprobs=3, max_tokens=5)
     content = r.choices[0].logprobs.content

@@ -175,7 +175,7 @@ def test_fields_validation_and_error_body():
     f.reject_unknown()
     assert kw["n"] == 2 and kw["stop"] == ["x"] and kw["seed"] == -1 and kw["max_tokens"] == ("max_tokens", 7)
     assert priority == 3
-    for body, param in [({"n": True}, "n"), ({"temperature": "1"}, "temperature"), ({"top_p": 0}, "top_p"),
+    for body, param in [({"n": True}, "n"), ({"temperature": "1"}, "temperature"), ({"top_p": -0.1}, "top_p"),
                         ({"stop": [1]}, "stop"), ({"stop_token_ids": [100]}, "stop_token_ids"),
                         ({"n": None, "whatever": 1}, "whatever")]:
         with pytest.raises(ApiError) as e:

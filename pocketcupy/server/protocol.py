@@ -241,7 +241,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     kw = {
         "n": f.int("n", 1, 1, MAX_N),
         "temperature": f.num("temperature", d["temperature"], 0.0, 2.0),
-        "top_p": f.num("top_p", d["top_p"], 0.0, 1.0, lo_open=True),
+        "top_p": f.num("top_p", d["top_p"], 0.0, 1.0),
         "top_k": f.int("top_k", d["top_k"], -1, None) or 0,
         "min_p": f.num("min_p", d["min_p"], 0.0, 1.0),
         "presence_penalty": f.num("presence_penalty", 0.0, -2.0, 2.0),
@@ -255,6 +255,8 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
         "include_stop_str_in_output": f.bool("include_stop_str_in_output", False),
         "min_tokens": f.int("min_tokens", 0, 0, None) or 0,
     }
+    if kw["top_p"] == 0:   # OpenAI takes 0 (the smallest nucleus: the most likely token alone); SamplingParams
+        kw["top_p"], kw["top_k"] = 1.0, 1   # wants (0, 1], so it is top_k 1
     kw["seed"] = f.int("seed", None, *INT64)
     max_tokens = None
     for name in max_tokens_names:  # the first one given wins (max_completion_tokens over max_tokens)

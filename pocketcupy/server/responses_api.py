@@ -125,7 +125,7 @@ def handle_responses(state, body, gone):
             "store": store is not None,
             "temperature": req.params.temperature, "text": {"format": text_format},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
-            "top_p": req.params.top_p, "truncation": "disabled", "usage": None,
+            "top_p": 0.0 if body.get("top_p") == 0 else req.params.top_p, "truncation": "disabled", "usage": None,
             **{k: body.get(k) for k in ECHOED}}
     output = OutputItems(req.style.call_id)
     kept = (store, items)
