@@ -172,6 +172,24 @@ def test_completions_several_prompts_and_token_ids(client):
     assert ids.usage.prompt_tokens == 5 and ids.choices[0].text.startswith("Hello, my name is")
 
 
+def test_completions_best_of(client):
+    """OpenAI's best_of: best_of samples a prompt, the n of the highest mean log-probability per token
+    come back (best first, indexes per prompt), and usage counts every sample; it was a 400."""
+    kw = dict(model=MODEL, prompt=["Once upon a time", "The best fruit is"], max_tokens=6, temperature=1.2, seed=4)
+    every = client.completions.create(**kw, n=4, logprobs=0)   # the same seeds: the same samples
+
+    def mean(c):
+        return sum(c.logprobs.token_logprobs) / len(c.logprobs.token_logprobs)
+    best = [sorted(every.choices[4 * p:4 * p + 4], key=mean, reverse=True) for p in (0, 1)]
+    r = client.completions.create(**kw, best_of=4, n=2)
+    assert [(c.index, c.text, c.logprobs) for c in r.choices] == \
+        [(i, c.text, None) for i, c in enumerate(best[0][:2] + best[1][:2])]
+    assert r.usage.completion_tokens == every.usage.completion_tokens
+    one = client.completions.create(**kw, best_of=3, logprobs=1)
+    assert [c.text for c in one.choices] == [max(every.choices[4 * p:4 * p + 3], key=mean).text for p in (0, 1)]
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) > 0 for c in one.choices)
+
+
 def test_completions_stream_of_several_prompts_interleaves(client):
     """The prompts of one streamed completion run together, and their chunks come as they are made
     (the second prompt's once waited for the first's to finish); each choice's text is the one the

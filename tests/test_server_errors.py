@@ -118,6 +118,8 @@ TABLE = [  # (path, body, status, param)
     (COMP, comp(logprobs=50), 400, "logprobs"),
     (COMP, comp(suffix="x"), 400, "suffix"),
     (COMP, comp(max_tokens=10**6), 400, "max_tokens"),
+    (COMP, comp(best_of=1, n=2), 400, "best_of"),
+    (COMP, comp(best_of=3, stream=True), 400, "best_of"),
     (COMP, comp(model="nope"), 404, "model"),
 ]
 

@@ -65,7 +65,9 @@ def handle_completion(state, body, gone):
     model = check_model(f, state.config.served_model_names)
     suffix = f.str("suffix", None)
     prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=suffix is None)
-    kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling)
+    kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling, best_of_over_n=True)
+    n = kw["n"]
+    best_of = int(f.get("best_of") or n)   # (checked by parse_common: an integer >= n)
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
     kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)   # vLLM's: per choice, in its own shape
@@ -73,6 +75,8 @@ def handle_completion(state, body, gone):
     return_ids = f.bool("return_token_ids", False)     # vLLM's: each choice's prompt and generated ids
     if kp is not None and stream:
         raise bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true")
+    if best_of > n and stream:   # as OpenAI: the best are known only at the end
+        raise bad("best_of", "'best_of' greater than 'n' is not available with 'stream': true")
     kw["structured_outputs"] = parse_structured_outputs(f)
     f.reject_unknown()
 
@@ -92,13 +96,15 @@ def handle_completion(state, body, gone):
     for ids, _ in prompts:
         check_context(C, len(ids), kw["max_tokens"], "prompt", "prompt")
     echo_k = k if echo else None
-    params = make_params(kw, k, None if echo_k is None and kp is None else max(echo_k or 0, kp or 0))
+    if best_of > n:   # sample best_of, keep the n of the highest log-probability per token (the sampled ones')
+        kw["n"] = best_of
+    params = make_params(kw, k if best_of == n else (k or 0),
+                         None if echo_k is None and kp is None else max(echo_k or 0, kp or 0))
     rid = new_id("cmpl")
     job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"},
               generates=not scores_only)
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
-    n = params.n
     if stream:
         return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage),
                                  scores_only, return_ids), job)
@@ -106,16 +112,16 @@ def handle_completion(state, body, gone):
         finals = job.results()
     choices, generated = [], 0
     for pi, out in enumerate(finals):
-        for o in out.outputs:
+        generated += sum(len(_generated(o, scores_only)[0]) for o in out.outputs)   # best_of's all count
+        for index, o in enumerate(_best(out.outputs, n)):
             ids, lps, text, fr = _generated(o, scores_only)
-            generated += len(ids)
             lp = None
             if k is not None:
                 cl = CompletionLogprobs(tok, k)
                 lp = cl.make(out.prompt_token_ids, out.prompt_logprobs) if echo else None
                 gen = cl.make(ids, lps)
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
-            choice = {"index": pi * n + o.index, "text": (prompts[pi][1] if echo else "") + text,
+            choice = {"index": pi * n + index, "text": (prompts[pi][1] if echo else "") + text,
                       "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason}
             if kp is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, kp)
@@ -124,6 +130,18 @@ def handle_completion(state, body, gone):
             choices.append(choice)
     return dict(head, object="text_completion", choices=choices,
                 usage=usage(sum(len(p) for p, _ in prompts), generated, sum(out.num_cached_tokens for out in finals)))
+
+
+def _best(outputs: list, n: int) -> list:
+    """The n of a prompt's outputs (best_of of them, in their order) whose sampled tokens have the highest
+    mean log-probability, as OpenAI's best_of picks them; all of them, in their order, when there are n."""
+    if len(outputs) <= n:
+        return sorted(outputs, key=lambda o: o.index)
+
+    def mean_logprob(o) -> float:
+        lps = [pos[t].logprob for t, pos in zip(o.token_ids, o.logprobs or [])]
+        return sum(lps) / len(lps) if lps else 0.0
+    return sorted(outputs, key=mean_logprob, reverse=True)[:n]
 
 
 def _generated(o, scores_only: bool):

@@ -234,9 +234,10 @@ def parse_stream(f: Fields) -> tuple[bool, bool, bool]:
 
 
 def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
-                 defaults: dict | None = None) -> tuple[dict, int]:
+                 defaults: dict | None = None, best_of_over_n: bool = False) -> tuple[dict, int]:
     """The sampling fields both endpoints share -> (SamplingParams kwargs, priority). defaults: the
-    model's recommended settings (Engine.default_sampling) for the fields a request leaves out."""
+    model's recommended settings (Engine.default_sampling) for the fields a request leaves out.
+    best_of_over_n: best_of may exceed n (legacy completions, which read it again); else it must equal n."""
     d = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **(defaults or {})}
     kw = {
         "n": f.int("n", 1, 1, MAX_N),
@@ -267,8 +268,10 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     if max_tokens and kw["min_tokens"] > max_tokens[1]:
         raise bad("min_tokens", f"'min_tokens' ({kw['min_tokens']}) must be <= {max_tokens[0]} ({max_tokens[1]})")
     best_of = f.int("best_of", None, 1, MAX_N)
-    if best_of is not None and best_of != kw["n"]:
-        raise bad("best_of", "'best_of' is only supported equal to 'n'")
+    if best_of is not None and best_of < kw["n"]:
+        raise bad("best_of", f"'best_of' ({best_of}) must be >= 'n' ({kw['n']})")
+    if best_of is not None and best_of != kw["n"] and not best_of_over_n:
+        raise bad("best_of", "'best_of' is only supported equal to 'n' here (legacy completions take more)")
     kw["logit_bias"] = parse_logit_bias(f, vocab_size)
     # (an empty list, and bad_words' values, are SamplingParams' to reject: make_params names the field)
     kw["allowed_token_ids"] = (None if f.get("allowed_token_ids") is None
