@@ -221,6 +221,9 @@ def test_add_request_rejects_bad_constraints(engine):
     with pytest.raises(ValueError, match="structured_outputs.regex"):
         engine.add_request("bad", "x", SamplingParams(structured_outputs={"regex": "(["}))
     assert not engine.has_unfinished_requests()
+    with pytest.raises(ValueError, match="structured_outputs.json: the constraint cannot be satisfied"):
+        engine.add_request("bad", "x", SamplingParams(structured_outputs={"json": {"$ref": "#"}}))  # no first token
+    assert not engine.has_unfinished_requests()
 
 
 def test_stats_count_constrained_requests_and_mask_time(engine):

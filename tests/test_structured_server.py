@@ -108,6 +108,17 @@ BAD = [  # (path, extra body fields, param)
     (COMP, {"guided_regex": "[0-9]+\\"}, "guided_regex"),  # (llguidance dropped the backslash)
     (COMP, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}},
      "response_format.json_schema.schema"),
+    # compiles, but no output matches it (no first token): found when compiled against the tokenizer
+    # (it was a 200 with empty content and finish_reason "abort")
+    (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+     "response_format.json_schema.schema"),
+    (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}},
+            "stream": True}, "response_format.json_schema.schema"),
+    (COMP, {"guided_json": {"$ref": "#"}}, "guided_json"),
+    (CHAT, {"structured_outputs": {"json": {"$ref": "#"}}}, "structured_outputs"),
+    (CHAT, {"tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}]},
+     "tools[0].function.parameters"),
 ]
 
 
@@ -123,6 +134,18 @@ def test_bad_schema_through_the_client(client):
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}})
     assert "response_format.json_schema.schema" in str(e.value)
+
+
+def test_unsatisfiable_schema_is_a_400_through_the_client(client):
+    """A schema that compiles but that no output matches ({"$ref": "#"}, its own definition) was a 200 with
+    empty content and finish_reason "abort"; now a 400 naming the field, and the server goes on."""
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, stream=stream,
+                 response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}})
+        assert e.value.body["param"] == "response_format.json_schema.schema"
+        assert e.value.body["message"].startswith("response_format.json_schema.schema: the constraint cannot")
+    jsonschema.validate(json.loads(chat(client, response_format=JSON_SCHEMA).choices[0].message.content), PERSON)
 
 
 def test_metrics_count_constrained_requests(client, server):

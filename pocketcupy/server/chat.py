@@ -11,7 +11,7 @@ from .protocol import (Fields, bad, check_context, check_model, make_params, par
 from .reasoning import ReasoningParser, message_texts
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
-from .structured_fields import parse_structured_outputs
+from .structured_fields import engine_renames, parse_structured_field
 from .tool_prompt import (ToolStyle, for_template, forced_call_arguments, parse_messages, parse_tool_choice,
                           parse_tools, template_knows_tools, tool_style)
 from .tools import ForcedCallParser, ToolParser, forced_prefill
@@ -34,6 +34,7 @@ class ChatRequest:
     max_tokens: tuple | None
     style: ToolStyle                # how the template writes calls: forced prefill, id form, marker tokens
     return_token_ids: bool          # vLLM's: the prompt's and each choice's token ids in the response
+    structured_param: str | None = None  # the field of the structured-output constraint, if any
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -111,7 +112,7 @@ def parse_chat(state, body) -> ChatRequest:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
     stream, include_usage, continuous_usage = parse_stream(f)
     return_ids = f.bool("return_token_ids", False)
-    kw["structured_outputs"] = parse_structured_outputs(f)
+    kw["structured_outputs"], structured_param = parse_structured_field(f)
     template = parse_template_fields(f)
     check_hint_fields(f)
     f.reject_unknown()
@@ -130,7 +131,7 @@ def parse_chat(state, body) -> ChatRequest:
     params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, forced, parallel, mt, style, return_ids)
+                       tools, mode, forced, parallel, mt, style, return_ids, structured_param)
 
 
 def encode_prompt(state, text: str) -> list[int]:
@@ -236,8 +237,11 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
     ids = truncate_prompt(encode_prompt(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
+    constraint = req.structured_param if not forced else next(
+        f"tools[{i}].function.parameters" for i, t in enumerate(req.tools) if t["function"]["name"] == forced)
     job = Job(state, rid, [ids], params, req.priority, gone,
-              {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages"})
+              {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages",
+               **engine_renames(constraint)})
     job.start()
     return job, forced, ids
 

@@ -9,7 +9,7 @@ from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import CompletionLogprobs, chunk_usage, finish_reason, new_id, prompt_logprobs_json, usage
 from .sse import SSEStream
-from .structured_fields import parse_structured_outputs
+from .structured_fields import engine_renames, parse_structured_field
 
 MAX_PROMPTS = 64
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -77,7 +77,7 @@ def handle_completion(state, body, gone):
         raise bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true")
     if best_of > n and stream:   # as OpenAI: the best are known only at the end
         raise bad("best_of", "'best_of' greater than 'n' is not available with 'stream': true")
-    kw["structured_outputs"] = parse_structured_outputs(f)
+    kw["structured_outputs"], structured_param = parse_structured_field(f)
     f.reject_unknown()
 
     if suffix is not None:   # fill in the middle: between each prompt and the suffix
@@ -101,7 +101,8 @@ def handle_completion(state, body, gone):
     params = make_params(kw, k if best_of == n else (k or 0),
                          None if echo_k is None and kp is None else max(echo_k or 0, kp or 0))
     rid = new_id("cmpl")
-    job = Job(state, rid, [p for p, _ in prompts], params, priority, gone, {"prompt": "prompt"},
+    job = Job(state, rid, [p for p, _ in prompts], params, priority, gone,
+              {"prompt": "prompt", **engine_renames(structured_param)},
               generates=not scores_only)
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}

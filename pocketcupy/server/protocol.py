@@ -71,6 +71,8 @@ def from_value_error(e: ValueError, default_param: str | None, rename: dict | No
     head = msg.split(":", 1)[0].strip()
     param = head if head and " " not in head else default_param
     if rename and param in rename:
+        if param.startswith("structured_outputs.") and param == head:  # the constraint's field, as parsing says
+            msg = rename[param] + msg[len(head):]
         param = rename[param]
     return bad(param, msg)
 

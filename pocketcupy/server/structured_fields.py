@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ..structured import StructuredOutputsParams, as_structured_outputs
+from ..structured.params import KINDS
 from .protocol import Fields, bad
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -43,7 +44,14 @@ def _response_format(f: Fields):
     return spec
 
 
-def parse_structured_outputs(f: Fields) -> StructuredOutputsParams | None:
+def engine_renames(param: str | None) -> dict:
+    """Job's param_names for a constraint given in `param`: the engine's errors when it compiles the
+    constraint against the tokenizer ('structured_outputs.json: ...') name that field instead."""
+    return {} if param is None else {f"structured_outputs.{kind}": param for kind in KINDS}
+
+
+def parse_structured_field(f: Fields) -> tuple[StructuredOutputsParams | None, str | None]:
+    """(the constraint, the request field it came from), or (None, None)."""
     specs = []
     rf = _response_format(f)
     if rf is not None:
@@ -57,10 +65,10 @@ def parse_structured_outputs(f: Fields) -> StructuredOutputsParams | None:
         raise bad(specs[1][1], "give only one of response_format (json_object, json_schema), structured_outputs, "
                                + ", ".join(GUIDED))
     if not specs:
-        return None
+        return None, None
     spec, param = specs[0]
     try:
-        return as_structured_outputs(spec)
+        return as_structured_outputs(spec), param
     except ValueError as e:
         msg = str(e)
         if param != "structured_outputs":  # 'structured_outputs.json: ...' -> the field the client sent

@@ -63,6 +63,9 @@ class StructuredOutputManager:
         m = llguidance.LLMatcher(self.ll_tokenizer, params.ll_grammar, log_level=0)
         if m.is_error():
             raise ValueError(f"structured_outputs.{params.kind}: {m.get_error()}")
+        if not any(m.compute_bitmask()) or m.is_error():  # e.g. the schema {"$ref": "#"}: no first token
+            raise ValueError(f"structured_outputs.{params.kind}: the constraint cannot be satisfied (no output "
+                             "matches it)")
         return m
 
     def add_request(self, params: StructuredOutputsParams) -> None:
