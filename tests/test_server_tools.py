@@ -11,6 +11,9 @@ structured-output engine constrains them).
 """
 import json
 
+import openai
+import pytest
+
 from tests.test_server_harness import MODEL, client, metric, metrics, request, server  # noqa: F401
 
 TOOLS = [
@@ -131,6 +134,18 @@ def test_forced_arguments_follow_the_schema(client, server):
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}]}
     status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
     assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters"
+
+
+def test_tool_strict_must_be_a_boolean(client):
+    """OpenAI's function.strict is a boolean (or null); a string was taken silently (200)."""
+    bad = [{"type": "function", "function": {"name": "f", "strict": "yes", "parameters": {"type": "object"}}}]
+    for choice in ("auto", "required"):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(client, tools=bad, tool_choice=choice, max_tokens=4)
+        assert e.value.body["param"] == "tools[0].function.strict"
+    ok = [{"type": "function", "function": {"name": "f", "strict": None, "parameters": {"type": "object"}}},
+          {"type": "function", "function": {"name": "g", "strict": True, "parameters": {"type": "object"}}}]
+    assert create(client, tools=ok, tool_choice="auto", max_tokens=4).choices[0].finish_reason
 
 
 def test_qwen_xml_calls_with_typed_arguments(client):
