@@ -67,7 +67,7 @@ def handle_completion(state, body, gone):
     prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=suffix is None)
     kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling, best_of_over_n=True)
     n = kw["n"]
-    best_of = int(f.get("best_of") or n)   # (checked by parse_common: an integer >= n)
+    best_of = kw.pop("best_of")
     echo = f.bool("echo", False)
     k = f.int("logprobs", None, 0, MAX_LOGPROBS)
     kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)   # vLLM's: per choice, in its own shape

@@ -71,7 +71,7 @@ def from_value_error(e: ValueError, default_param: str | None, rename: dict | No
     head = msg.split(":", 1)[0].strip()
     param = head if head and " " not in head else default_param
     if rename and param in rename:
-        if param.startswith("structured_outputs.") and param == head:  # the constraint's field, as parsing says
+        if param == head:   # the message names the field as the engine knows it: name the client's
             msg = rename[param] + msg[len(head):]
         param = rename[param]
     return bad(param, msg)
@@ -239,7 +239,8 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
                  defaults: dict | None = None, best_of_over_n: bool = False) -> tuple[dict, int]:
     """The sampling fields both endpoints share -> (SamplingParams kwargs, priority). defaults: the
     model's recommended settings (Engine.default_sampling) for the fields a request leaves out.
-    best_of_over_n: best_of may exceed n (legacy completions, which read it again); else it must equal n."""
+    best_of_over_n: best_of may exceed n (legacy completions: it is kw["best_of"], n where not given, for
+    them to take out); else it must equal n."""
     d = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **(defaults or {})}
     kw = {
         "n": f.int("n", 1, 1, MAX_N),
@@ -274,6 +275,8 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
         raise bad("best_of", f"'best_of' ({best_of}) must be >= 'n' ({kw['n']})")
     if best_of is not None and best_of != kw["n"] and not best_of_over_n:
         raise bad("best_of", "'best_of' is only supported equal to 'n' here (legacy completions take more)")
+    if best_of_over_n:
+        kw["best_of"] = best_of or kw["n"]
     kw["logit_bias"] = parse_logit_bias(f, vocab_size)
     # (an empty list, and bad_words' values, are SamplingParams' to reject: make_params names the field)
     kw["allowed_token_ids"] = (None if f.get("allowed_token_ids") is None

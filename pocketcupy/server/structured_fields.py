@@ -7,7 +7,7 @@ import re
 
 from ..structured import StructuredOutputsParams, as_structured_outputs
 from ..structured.params import KINDS
-from .protocol import Fields, bad
+from .protocol import Fields, bad, from_value_error
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -69,8 +69,5 @@ def parse_structured_field(f: Fields) -> tuple[StructuredOutputsParams | None, s
     spec, param = specs[0]
     try:
         return as_structured_outputs(spec), param
-    except ValueError as e:
-        msg = str(e)
-        if param != "structured_outputs":  # 'structured_outputs.json: ...' -> the field the client sent
-            msg = re.sub(r"^structured_outputs(\.\w+)?", param, msg)
-        raise bad(param, msg) from None
+    except ValueError as e:   # 'structured_outputs.json: ...' -> the field the client sent
+        raise from_value_error(e, param, {"structured_outputs": param, **engine_renames(param)}) from None
