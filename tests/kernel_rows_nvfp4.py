@@ -65,6 +65,11 @@ def _cuda_linear_unroll(u: int):
     return with_linear_cuda(NVFP4.cuda_linear, NVFP4_UNROLL=u)
 
 
+def _cuda_linear_sliced(inp, poison):
+    """linear with batches past 16 run as GEMV slices of 16 (linear_cuda.CODES_SLICED_MAX_BATCH)."""
+    return with_linear_cuda(NVFP4.cuda_linear, CODES_SLICED_MAX_BATCH=64)(inp, poison)
+
+
 def _make_ids(rng):
     inp = _make(1, rows=50)(rng)
     inp["ids"] = rng.integers(0, 50, 37).astype(np.int64)
@@ -79,6 +84,8 @@ ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_subnormal_scales_bs{n}-{ROWS_OUT}x
                    NVFP4.ref_linear, NVFP4.cuda_linear, GEMV_TOL) for n in (1, 12)]
 ROWS += [KernelRow("linear", f"gemm_nvfp4_n{n}-{ROWS_OUT}x{COLS}", _make(n, subnormal=n == 40, bias=n == 17),
                    NVFP4.ref_linear, NVFP4.cuda_linear, GEMM_TOL) for n in (17, 40)]
+ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_sliced_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 17),
+                   NVFP4.ref_linear, _cuda_linear_sliced, GEMV_TOL) for n in (17, 40)]
 ROWS += [KernelRow("silu_mul_linear", f"nvfp4_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), NVFP4.ref_linear,
                    NVFP4.cuda_silu_mul_linear, GEMV_TOL if n <= 16 else GEMM_TOL) for n in (2, 33)]
 ROWS += [KernelRow("concat_rows", f"nvfp4_bs{n}-{ROWS_OUT}x{COLS}", _make(n), NVFP4.ref_concat, NVFP4.cuda_concat_rows,
