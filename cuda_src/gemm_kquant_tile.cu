@@ -135,8 +135,8 @@ __device__ __forceinline__ void kt_rows(u8* kt_smem, const u8* __restrict__ W, l
     }
     cp_async_wait<0>();
     if constexpr (KW > 1) __syncthreads();   // the stages become red: every warp is done reading them
-    kquant_tiles_store<8, MT, RG, KW>(acc, reinterpret_cast<float(*)[8 * MT * 4][32]>(kt_smem), warp, rg, kw, lane,
-                                      row0 + 16 * MT * rg, rows, nb, bias, y);
+    mma_tiles_store<8, MT, RG, KW>(acc, reinterpret_cast<float(*)[8 * MT * 4][32]>(kt_smem), warp, rg, kw, lane,
+                                   row0 + 16 * MT * rg, rows, nb, nullptr, bias, y);
 }
 
 template <int QT, int MT, int RG, int KW, int ST>

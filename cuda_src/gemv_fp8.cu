@@ -17,33 +17,6 @@
 
 #define F8_WARPS 8
 
-// Whether gemv_fp8_mma<.., HW = true> converts with the hardware's cvt (sm_89+): its fp16 are the
-// codes' values themselves, not times 2^-8
-template <bool HW>
-__device__ __forceinline__ constexpr bool hw_cvt() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    return HW;
-#else
-    return false;
-#endif
-}
-
-template <bool HW>
-__device__ __forceinline__ void e4m3x16_to_h2x8(const uint4& w, u32 (&h)[8]) {
-    const u32 v[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-        if constexpr (HW) {
-            asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
-                : "=r"(h[2 * i]), "=r"(h[2 * i + 1]) : "r"(v[i]));
-            continue;
-        }
-#endif
-        e4m3x4_to_h2x2(v[i], h[2 * i], h[2 * i + 1]);
-    }
-}
-
 template <int NT, int U, bool HW>
 __global__ void __launch_bounds__(F8_WARPS * 32, 2)
 gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, int K,

@@ -130,7 +130,7 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
                 kquant_superblock<QT, TG, ACC>(ra, rb, b, x, accp);
         }
     }
-    kquant_tiles_store<NT, MT, RW, KW>(acc, red, warp, rg, kw, lane, row0, rows, nb, bias, y);
+    mma_tiles_store<NT, MT, RW, KW>(acc, red, warp, rg, kw, lane, row0, rows, nb, nullptr, bias, y);
 }
 
 template <int QT, int NT, int TG = NT, int WARPS = KM_WARPS, int U = 1, int MINB = 0, int RW = 1, int ACC = 0,

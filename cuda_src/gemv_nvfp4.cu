@@ -17,13 +17,6 @@
 
 #define F4_WARPS 8
 
-// 16 codes (8 bytes) and their scale code -> 8 fp16 pairs, codes (0, 1), (2, 3), ..., (14, 15)
-__device__ __forceinline__ void e2m1x16_to_h2x8(const uint2& w, u32 scale_code, u32 (&h)[8]) {
-    const u32 s2 = e4m3_to_h2_bcast(scale_code);
-    e2m1x8_to_h2x4(w.x, s2, *reinterpret_cast<u32(*)[4]>(&h[0]));
-    e2m1x8_to_h2x4(w.y, s2, *reinterpret_cast<u32(*)[4]>(&h[4]));
-}
-
 template <int NT, int U>
 __global__ void __launch_bounds__(F4_WARPS * 32, 2)
 gemv_nvfp4_mma(const u8* __restrict__ W, const u8* __restrict__ S, const float* __restrict__ RS, int rows, int K,

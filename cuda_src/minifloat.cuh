@@ -44,6 +44,40 @@ __device__ __forceinline__ void e2m1x8_to_h2x4(u32 w, u32 s2, u32 (&h)[4]) {
     }
 }
 
+// 16 codes (8 bytes) and their scale code -> 8 fp16 pairs, codes (0, 1), (2, 3), ..., (14, 15)
+__device__ __forceinline__ void e2m1x16_to_h2x8(const uint2& w, u32 scale_code, u32 (&h)[8]) {
+    const u32 s2 = e4m3_to_h2_bcast(scale_code);
+    e2m1x8_to_h2x4(w.x, s2, *reinterpret_cast<u32(*)[4]>(&h[0]));
+    e2m1x8_to_h2x4(w.y, s2, *reinterpret_cast<u32(*)[4]>(&h[4]));
+}
+
+// Whether a kernel instance with HW = true converts E4M3 codes with the hardware's cvt (sm_89+): its fp16 are the
+// codes' values themselves, not times 2^-8
+template <bool HW>
+__device__ __forceinline__ constexpr bool hw_cvt() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    return HW;
+#else
+    return false;
+#endif
+}
+
+template <bool HW>
+__device__ __forceinline__ void e4m3x16_to_h2x8(const uint4& w, u32 (&h)[8]) {
+    const u32 v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+        if constexpr (HW) {
+            asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\ncvt.rn.f16x2.e4m3x2 %1, h;\n}"
+                : "=r"(h[2 * i]), "=r"(h[2 * i + 1]) : "r"(v[i]));
+            continue;
+        }
+#endif
+        e4m3x4_to_h2x2(v[i], h[2 * i], h[2 * i + 1]);
+    }
+}
+
 // An fp16 pair of two floats rounded to nearest, saturated at +-65504 (one cvt on sm_80+)
 __device__ __forceinline__ u32 pack_f2h2_sat(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

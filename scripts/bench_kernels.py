@@ -4,8 +4,9 @@ cuBLAS fp16 GEMM 8192^3 rate. Prints ONE JSON object.
 
     python scripts/bench_kernels.py                  # everything
     python scripts/bench_kernels.py --quick          # fewer repetitions and shapes
-    python scripts/bench_kernels.py --only gemv,dense_batch,gemm,attention
-    python scripts/bench_kernels.py --only dense_batch      # BF16 through cuBLAS at batches 16-64
+    python scripts/bench_kernels.py --only gemv,batch,gemm,attention
+    python scripts/bench_kernels.py --only batch            # BF16 through cuBLAS at batches 16-64
+    python scripts/bench_kernels.py --only batch --qtypes BF16,FP8,NVFP4   # and FP8 / NVFP4 by each path
     python scripts/bench_kernels.py --only gemv --qtypes BF16,FP8,NVFP4   # these formats' GEMVs (+ FP8 without the cvt, NVFP4 at U 8)
 
 Timing: CUDA events around CUDA-graph replays of `inner` back-to-back calls (Python launch
@@ -216,27 +217,66 @@ def bench_gemv(args, copy_gbps: float) -> dict:
     return out
 
 
-def bench_dense_batch(args, copy_gbps: float) -> dict:
-    """BF16 weights of the 8B decode step at batches 16-64 (many sequences decoding) through cuBLAS
-    (linear()'s path past the GEMVs); GB/s of the weights, cycled over copies larger than twice the L2."""
+# linear()'s paths for FP8 / NVFP4 past the GEMVs, as (module, setting, value) overrides: the tile kernel
+# (the default), dequantization to fp16 tiles + cuBLAS, the GEMV over slices of 16 rows
+_CODES_BATCH_VARIANTS = {"tile": (), "dequant": (("codes_tile_cuda", "CODES_TILE_MAX_BATCH", 0),),
+                         "sliced": (("codes_tile_cuda", "CODES_TILE_MAX_BATCH", 0),
+                                    ("linear_cuda", "CODES_SLICED_MAX_BATCH", 64))}
+
+
+def _with_settings(run, overrides):
+    """run() with pocketcupy.backend modules' settings overridden ((module, name, value) triples)."""
+    import importlib
+
+    mods = [(importlib.import_module(f"pocketcupy.backend.{m}"), k, v) for m, k, v in overrides]
+    saved = [(mod, k, getattr(mod, k)) for mod, k, _ in mods]
+    for mod, k, v in mods:
+        setattr(mod, k, v)
+    try:
+        return run()
+    finally:
+        for mod, k, v in saved:
+            setattr(mod, k, v)
+
+
+def bench_batch(args, copy_gbps: float) -> dict:
+    """The 8B decode step's weights at batches 16-64 (many sequences decoding), past the GEMVs: BF16
+    through cuBLAS; FP8 / NVFP4 (--qtypes) by each of linear()'s paths (_CODES_BATCH_VARIANTS), their
+    activations rounded to fp16 beforehand as the norms write them. GB/s of the weights as stored,
+    cycled over copies larger than twice the L2."""
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
+    from pocketcupy.backend.weight_cuda import Half16Rows
 
     rng = np.random.default_rng(3)
     out = {}
-    for rows, cols in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (49152, 4096)):
-        w0 = make_weight("BF16", rows, cols, rng)
-        copies = [w0] + [make_weight("BF16", rows, cols, rng) for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
-        for nb in ((16, 64) if args.quick else (16, 32, 48, 64)):
-            x16 = lc._cast(cp.random.standard_normal((nb, cols), dtype=cp.float32), "BF16")
-            y = cp.empty((nb, rows), cp.float32)
-            it = iter(range(1 << 62))
-            t = time_us(lambda: lc._gemm_dense(x16, copies[next(it) % len(copies)], y), args.reps,
-                        len(copies) * max(1, 8 // len(copies)))
-            gbps = weight_bytes(w0) / t["us"] / 1e3
-            out[f"bf16_cublas_bs{nb}-{rows}x{cols}"] = {**t, "GBps": round(gbps, 1),
-                                                       "frac_copy_bw": round(gbps / copy_gbps, 3)}
-        del copies, w0
+    for qtype in (args.qtypes.split(",") if args.qtypes else ["BF16"]):
+        for rows, cols in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (49152, 4096)):
+            w0 = make_weight(qtype, rows, cols, rng)
+            copies = [w0] + [make_weight(qtype, rows, cols, rng)
+                             for _ in range(-(-2 * L2_BYTES // weight_bytes(w0)) - 1)]
+            for nb in ((32, 64) if args.quick else (16, 32, 48, 64)):
+                x = cp.random.standard_normal((nb, cols), dtype=cp.float32)
+                x16 = lc._cast(x, "BF16" if qtype == "BF16" else "F16")
+                y = cp.empty((nb, rows), cp.float32)
+                it = iter(range(1 << 62))
+                variants = {"cublas": ()} if qtype == "BF16" else _CODES_BATCH_VARIANTS
+                for variant, overrides in variants.items():
+                    if qtype == "BF16":
+                        def run():
+                            lc._gemm_dense(x16, copies[next(it) % len(copies)], y)
+                    else:
+                        h = Half16Rows(x, x16, "F16")
+
+                        def run():
+                            lc.linear(h, copies[next(it) % len(copies)], out=y)
+                    t = _with_settings(lambda: time_us(run, args.reps, len(copies) * max(1, 8 // len(copies))),
+                                       overrides)
+                    gbps = weight_bytes(w0) / t["us"] / 1e3
+                    out[f"{qtype.lower()}_{variant}_bs{nb}-{rows}x{cols}"] = {
+                        **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3),
+                        "TFLOPs": round(2 * nb * rows * cols / t["us"] / 1e6, 1)}
+            del copies, w0
     return out
 
 
@@ -437,10 +477,11 @@ def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="gemv,dense_batch,gemm,attention",
-                    help="comma list of gemv, dense_batch, gemm, attention")
+    ap.add_argument("--only", default="gemv,batch,gemm,attention",
+                    help="comma list of gemv, batch, gemm, attention")
     ap.add_argument("--reps", type=int, default=None)
-    ap.add_argument("--qtypes", default=None, help="the gemv benchmark's weight formats, e.g. BF16,FP8,NVFP4")
+    ap.add_argument("--qtypes", default=None,
+                    help="the gemv and batch benchmarks' weight formats, e.g. BF16,FP8,NVFP4")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
@@ -459,8 +500,8 @@ def main(argv=None) -> int:
         res["gemv"] = bench_gemv(args, copy_gbps)
         if not args.quick:
             res["gemv_rows_per_block"] = bench_rows_per_block(args, copy_gbps)
-    if "dense_batch" in only:
-        res["dense_batch"] = bench_dense_batch(args, copy_gbps)
+    if "batch" in only:
+        res["batch"] = bench_batch(args, copy_gbps)
     if "gemm" in only:
         res["gemm"] = bench_gemm(args, peak, copy_gbps)
     if "attention" in only:

@@ -1,8 +1,10 @@
 """What the kernel rows of weights kept as codes with scales share (tests/kernel_rows_fp8.py,
 tests/kernel_rows_nvfp4.py): the float64 references and the CUDA calls of linear, silu_mul_linear,
-concat_rows and get_rows, given a format's upload of a row's inputs and their exact values."""
+concat_rows and get_rows, given a format's upload of a row's inputs and their exact values, and the
+rows of the batches past the GEMVs (gemm_codes_tile.cu, and the dequantization + cuBLAS path)."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,19 +23,19 @@ def x64(inp) -> np.ndarray:
     return x
 
 
-def with_linear_cuda(run: Callable, **settings) -> Callable:
-    """run(inp, poison) with linear_cuda's module settings (e.g. FP8_UNROLL=2) set for the call."""
+def with_settings(run: Callable, module: str = "linear_cuda", **settings) -> Callable:
+    """run(inp, poison) with a pocketcupy.backend module's settings (e.g. linear_cuda's FP8_UNROLL=2) set
+    for the call."""
     def wrapped(inp, poison):
-        from pocketcupy.backend import linear_cuda
-
-        saved = {k: getattr(linear_cuda, k) for k in settings}
+        mod = importlib.import_module(f"pocketcupy.backend.{module}")
+        saved = {k: getattr(mod, k) for k in settings}
         for k, v in settings.items():
-            setattr(linear_cuda, k, v)
+            setattr(mod, k, v)
         try:
             return run(inp, poison)
         finally:
             for k, v in saved.items():
-                setattr(linear_cuda, k, v)
+                setattr(mod, k, v)
     return wrapped
 
 
@@ -90,3 +92,24 @@ class CodesFormat:
 
         out = poison((inp["ids"].size, inp["shape"][1]), np.float32)
         return linear_cuda.get_rows(self.weight(inp), cp.asarray(inp["ids"]), out=out)
+
+
+def gemm_rows(fmt: CodesFormat, make: Callable, rows_out: int, cols: int) -> list:
+    """linear past the GEMVs: gemm_codes_tile at each launch shape (batches 20 and 64: 4 and 8 column
+    tiles) and at the default shape over 40 and 100 rows (two launches, one of them partial), with a
+    bias; and dequantization + cuBLAS (the tile kernel off: a prefill's path) at batches 17 and 40.
+    make(n, bias=...): a row's inputs."""
+    from pocketcupy.backend.codes_tile_cuda import CODES_TILE_SHAPES
+    from tests.kernel_table import KernelRow
+
+    name = fmt.qtype.lower()
+    rows = [KernelRow("linear", f"gemm_codes_tile_{name}_{''.join(map(str, shape))}_n{n}-{rows_out}x{cols}",
+                      make(n), fmt.ref_linear,
+                      with_settings(fmt.cuda_linear, "codes_tile_cuda", SHAPE_OVERRIDE=shape), GEMM_TOL)
+            for shape in CODES_TILE_SHAPES for n in (20, 64)]
+    rows += [KernelRow("linear", f"gemm_codes_tile_{name}_n{n}-{rows_out}x{cols}", make(n, bias=True),
+                       fmt.ref_linear, fmt.cuda_linear, GEMM_TOL) for n in (40, 100)]
+    rows += [KernelRow("linear", f"gemm_{name}_dequant_n{n}-{rows_out}x{cols}", make(n, bias=n == 17), fmt.ref_linear,
+                       with_settings(fmt.cuda_linear, "codes_tile_cuda", CODES_TILE_MAX_BATCH=0), GEMM_TOL)
+             for n in (17, 40)]
+    return rows

@@ -1,6 +1,6 @@
 """Kernel-table rows for FP8 weights (E4M3 codes with a float32 scale per row and 128 columns):
 linear at batches 1-16 (gemv_fp8.cu's tensor-core GEMV, activations rounded to fp16) and past them
-(cuBLAS over fp16 tiles of the dequantized weight), silu_mul_linear, the joined weight of
+(gemm_codes_tile.cu; cuBLAS over fp16 tiles of the dequantized weight), silu_mul_linear, the joined weight of
 concat_rows, and get_rows. Reference: float64 NumPy over the exact code values times their scales.
 Codes are random bytes (NaN codes excluded), or small ones only (subnormals and the first binade);
 scales differ per row and group, so a wrong row or group shows."""
@@ -11,7 +11,7 @@ import numpy as np
 from pocketcupy.backend import weight_cuda
 from pocketcupy.quant.minifloat_weights import e4m3_values
 from pocketcupy.quant.qtensor import FP8_GROUP, QTensor
-from tests.codes_rows import GEMM_TOL, GEMV_TOL, CodesFormat, with_linear_cuda
+from tests.codes_rows import GEMM_TOL, GEMV_TOL, CodesFormat, gemm_rows, with_settings
 from tests.kernel_table import KernelRow
 
 ROWS_OUT = 83            # not a multiple of 16 rows a block
@@ -66,7 +66,7 @@ FP8 = CodesFormat("FP8", _weight, _w64, _split)
 def _cuda_linear_variant(u: int, hw: bool = False):
     """linear with gemv_fp8_mma's U (64-code chunks in flight a warp) set to u and its HW (the
     hardware's conversion on sm_89+) to hw."""
-    return with_linear_cuda(FP8.cuda_linear, FP8_UNROLL=u, FP8_HW_CVT=hw)
+    return with_settings(FP8.cuda_linear, FP8_UNROLL=u, FP8_HW_CVT=hw)
 
 
 def _make_ids(rng):
@@ -84,8 +84,10 @@ ROWS += [KernelRow("linear", f"gemv_fp8_mma_hw_cvt{'_small_codes' * small}_bs{n}
          for n, small in ((1, False), (11, False), (3, True))]
 ROWS += [KernelRow("linear", f"gemv_fp8_mma_small_codes_bs{n}-{ROWS_OUT}x{COLS}", _make(n, small=True),
                    FP8.ref_linear, FP8.cuda_linear, GEMV_TOL) for n in (1, 12)]
-ROWS += [KernelRow("linear", f"gemm_fp8_n{n}-{ROWS_OUT}x{COLS}", _make(n, small=n == 40, bias=n == 17), FP8.ref_linear,
-                   FP8.cuda_linear, GEMM_TOL) for n in (17, 40)]
+ROWS += gemm_rows(FP8, _make, ROWS_OUT, COLS)
+ROWS += [KernelRow("linear", f"gemm_codes_tile_fp8_{cvt}_small_codes_n{n}-{ROWS_OUT}x{COLS}", _make(n, small=True),
+                   FP8.ref_linear, _cuda_linear_variant(4, hw=cvt == "hw_cvt"), GEMM_TOL)
+         for cvt in ("hw_cvt", "sw_cvt") for n in (24, 48)]
 ROWS += [KernelRow("silu_mul_linear", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), FP8.ref_linear,
                    FP8.cuda_silu_mul_linear, GEMV_TOL if n <= 16 else GEMM_TOL) for n in (2, 33)]
 ROWS += [KernelRow("concat_rows", f"fp8_bs{n}-{ROWS_OUT}x{COLS}", _make(n), FP8.ref_linear, FP8.cuda_concat_rows,

@@ -1,6 +1,6 @@
 """Kernel-table rows for NVFP4 weights (E2M1 codes, an E4M3 scale per row and 16 columns, a float32
 scale per tensor): linear at batches 1-16 (gemv_nvfp4.cu's tensor-core GEMV, activations rounded to
-fp16) and past them (cuBLAS over fp16 tiles of the dequantized weight), silu_mul_linear, the joined
+fp16) and past them (gemm_codes_tile.cu; cuBLAS over fp16 tiles of the dequantized weight), silu_mul_linear, the joined
 weight of concat_rows (parts of different tensor scales), and get_rows. Reference: float64 NumPy
 over the exact code values times their scales. Codes are random bytes; scale codes random normal
 ones, or subnormal ones; the scales differ per row and group, so a wrong row or group shows."""
@@ -11,7 +11,7 @@ import numpy as np
 from pocketcupy.backend import weight_cuda
 from pocketcupy.quant.minifloat_weights import e2m1_values, e4m3_values
 from pocketcupy.quant.qtensor import NVFP4_GROUP, QTensor
-from tests.codes_rows import GEMM_TOL, GEMV_TOL, CodesFormat, with_linear_cuda
+from tests.codes_rows import GEMM_TOL, GEMV_TOL, CodesFormat, gemm_rows, with_settings
 from tests.kernel_table import KernelRow
 
 ROWS_OUT = 83            # not a multiple of 16 rows a block
@@ -62,12 +62,12 @@ NVFP4 = CodesFormat("NVFP4", _weight, _w64, _split)
 
 def _cuda_linear_unroll(u: int):
     """linear with gemv_nvfp4_mma's U (64-code chunks in flight a warp) set to u."""
-    return with_linear_cuda(NVFP4.cuda_linear, NVFP4_UNROLL=u)
+    return with_settings(NVFP4.cuda_linear, NVFP4_UNROLL=u)
 
 
 def _cuda_linear_sliced(inp, poison):
     """linear with batches past 16 run as GEMV slices of 16 (linear_cuda.CODES_SLICED_MAX_BATCH)."""
-    return with_linear_cuda(NVFP4.cuda_linear, CODES_SLICED_MAX_BATCH=64)(inp, poison)
+    return with_settings(NVFP4.cuda_linear, CODES_SLICED_MAX_BATCH=64)(inp, poison)
 
 
 def _make_ids(rng):
@@ -82,8 +82,9 @@ ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_u{u}_bs{n}-{ROWS_OUT}x{COLS}", _ma
                    _cuda_linear_unroll(u), GEMV_TOL) for u in (4, 8) for n in (2, 11)]
 ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_subnormal_scales_bs{n}-{ROWS_OUT}x{COLS}", _make(n, subnormal=True),
                    NVFP4.ref_linear, NVFP4.cuda_linear, GEMV_TOL) for n in (1, 12)]
-ROWS += [KernelRow("linear", f"gemm_nvfp4_n{n}-{ROWS_OUT}x{COLS}", _make(n, subnormal=n == 40, bias=n == 17),
-                   NVFP4.ref_linear, NVFP4.cuda_linear, GEMM_TOL) for n in (17, 40)]
+ROWS += gemm_rows(NVFP4, _make, ROWS_OUT, COLS)
+ROWS += [KernelRow("linear", f"gemm_codes_tile_nvfp4_subnormal_scales_n40-{ROWS_OUT}x{COLS}", _make(40, subnormal=True),
+                   NVFP4.ref_linear, NVFP4.cuda_linear, GEMM_TOL)]
 ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_sliced_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 17),
                    NVFP4.ref_linear, _cuda_linear_sliced, GEMV_TOL) for n in (17, 40)]
 ROWS += [KernelRow("silu_mul_linear", f"nvfp4_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), NVFP4.ref_linear,

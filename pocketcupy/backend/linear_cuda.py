@@ -22,6 +22,7 @@ import numpy as np
 
 from ..quant.kv_quant import E4M3_VALUES
 from ..quant.qtensor import FP8_GROUP
+from .codes_tile_cuda import codes_tile_takes, launch_gemm_codes_tile
 from .cublas_graph import COMPUTE_32F, GEMM_DEFAULT, OP_N, OP_T, R_16BF, R_16F, R_32F, gemm_ex
 from .kernels import cuda_op, grid_blocks, has_tensor_cores, kernel, null_arg, opt_arg
 from .kquant_mma_cuda import (KQUANT_MAX_BATCH, gguf_mma_tiles, kquant_mma_joinable, launch_gemv_kquant_mma,
@@ -556,12 +557,25 @@ def _gemm_into(a16, w16, rows: int, dtype: int, out, col0: int = 0, out_type: in
             out.data.ptr + col0 * out.itemsize, out_type, out.shape[1], COMPUTE_32F, GEMM_DEFAULT)
 
 
+def half16_type(w) -> str | None:
+    """The 16-bit type of w's GEMM input: fp16 / bf16 weights' own, "F16" for FP8 / NVFP4 codes (their
+    tile kernel and fp16 tiles); None for the rest (GGUF types round their input themselves)."""
+    if not isinstance(w, CudaWeight):
+        return None
+    return w.qtype if w.is_dense else ("F16" if w.qtype in _CODES_GEMV else None)
+
+
+def gemm_batch(w, n: int) -> bool:
+    """Whether fp16 / bf16 or FP8 / NVFP4 w runs batch n past its GEMVs (the input rounded to half16_type)."""
+    return n > (codes_gemv_max_batch(w) if w.qtype in _CODES_GEMV else GEMV_MAX_BATCH)
+
+
 def _half16_input(h, w):
     """(x, x16) of an activation for w: a Half16Rows' float32 rows and its 16-bit copy where that
-    copy is of w's type (else None: the GEMM casts x); a plain array with no copy."""
+    copy is of w's GEMM input type (else None: the GEMM casts x); a plain array with no copy."""
     if not isinstance(h, Half16Rows):
         return h, None
-    return h.x, (h.x16 if isinstance(w, CudaWeight) and w.qtype == h.qtype else None)
+    return h.x, (h.x16 if half16_type(w) == h.qtype else None)
 
 
 def _dense_type(w: CudaWeight) -> int:
@@ -635,6 +649,9 @@ def _gemm(x, w: CudaWeight, bias, out, x16=None) -> None:
     else:
         if x16 is None:
             x16 = quantize_x(x, half=True) if w.act_q8 else _cast(x, "F16")
+        if codes_tile_takes(w, n):
+            launch_gemm_codes_tile(w, x16, bias, out, n, FP8_HW_CVT)
+            return
         tile = dequant_tile_rows(w.rows, k)
         scratch = cp.empty((tile, k), dtype=cp.float16)
         for r0 in range(0, w.rows, tile):
@@ -682,11 +699,12 @@ def linear(x, w, bias=None, out=None):
         bias = cp.ascontiguousarray(bias, dtype=cp.float32)
     if n == 0:
         return out
+    x16 = x16 if x16 is not None and x16.shape == x.shape else None
     if w.is_dense:
         if n <= GEMV_MAX_BATCH and k % 8 == 0:
             gemv_dense(x, w, bias, y)
         else:
-            _gemm(x, w, bias, y, x16=x16 if x16 is not None and x16.shape == x.shape else None)
+            _gemm(x, w, bias, y, x16=x16)
     elif n <= codes_gemv_max_batch(w):
         step = CODES_GEMV_MAX_BATCH[w.qtype]
         for i in range(0, n, step):
@@ -694,7 +712,7 @@ def linear(x, w, bias=None, out=None):
     elif w.is_gguf and _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
-        _gemm(x, w, bias, y)
+        _gemm(x, w, bias, y, x16=x16)
     return out if out.shape == lead + (w.rows,) else out.reshape(lead + (w.rows,))
 
 
@@ -818,8 +836,7 @@ def silu_mul_linear(gate, up, w, out=None):
     if not fits:
         return linear(silu_mul(gate, up), w, out=out)
     out = cp.empty((n, w.rows), dtype=cp.float32) if out is None else out
-    gemm = not _gemv_gguf_takes(w, n) if w.is_gguf else n > (codes_gemv_max_batch(w) if w.qtype in _CODES_GEMV
-                                                              else GEMV_MAX_BATCH)
+    gemm = not _gemv_gguf_takes(w, n) if w.is_gguf else gemm_batch(w, n)
     vec4 = _vec4(gate) and _vec4(up)
     if gemm:
         _gemm(gate, w, None, out, x16=_silu_mul16(gate, up, w, vec4))

@@ -129,8 +129,8 @@ class CudaOps:
                 if fused is not None:
                     out, residual, xq, xds = fused
                     return Q8Rows(out, xq, xds), residual
-            qtype = feeds[0].qtype
-            if n > linear_cuda.GEMV_MAX_BATCH and qtype in ("F16", "BF16") and all(f.qtype == qtype for f in feeds):
+            qtype = linear_cuda.half16_type(feeds[0])
+            if qtype and all(linear_cuda.half16_type(f) == qtype and linear_cuda.gemm_batch(f, n) for f in feeds):
                 fused = elementwise_cuda.add_rms_norm_h16(x, residual, w, eps, qtype)
                 if fused is not None:
                     out, residual, x16 = fused

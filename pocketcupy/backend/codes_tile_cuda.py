@@ -1,0 +1,63 @@
+"""The FP8 / NVFP4 linears of decode batches past the codes GEMVs' 16 (gemm_codes_tile.cu: the codes
+decoded on tensor cores, a block's fp16 activations staged once in shared memory), in place of
+dequantizing the whole weight to fp16 tiles for cuBLAS every step: where linear_cuda takes it, its
+launch shapes and launcher."""
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import has_tensor_cores, kernel, max_block_smem, num_sms, opt_arg
+from .weight_cuda import CudaWeight
+
+CODES_TILE_FORMATS = {"FP8": 0, "NVFP4": 1}     # template argument F (CODES_FP8, CODES_NVFP4)
+# batches up to this many rows take the tile kernel, in launches of at most 64 (each reads the codes
+# again); larger ones (prefills) dequantize to fp16 tiles for cuBLAS. 0: never
+CODES_TILE_MAX_BATCH = 128
+# launch shapes (MT, RG, KW, ST), most rows a block first: a weight takes the first whose blocks fill
+# the SMs, else the last
+CODES_TILE_SHAPES = ((2, 4, 1, 3), (1, 4, 2, 3), (1, 2, 4, 2))
+SHAPE_OVERRIDE: tuple[int, int, int, int] | None = None     # for sweeps (bench_kernels.py)
+
+
+def codes_tile_takes(w: CudaWeight, n: int) -> bool:
+    """Whether the tile kernel runs w's linear at batch n (past the GEMVs, checked by the caller)."""
+    return w.qtype in CODES_TILE_FORMATS and n <= CODES_TILE_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores()
+
+
+def codes_tile_shape(rows: int) -> tuple[int, int, int, int]:
+    if SHAPE_OVERRIDE is not None:
+        return SHAPE_OVERRIDE
+    for mt, rg, kw, st in CODES_TILE_SHAPES:
+        if -(-rows // (16 * mt * rg)) >= num_sms():
+            return mt, rg, kw, st
+    return CODES_TILE_SHAPES[-1]
+
+
+def codes_tile_smem(qtype: str, nt: int, shape: tuple[int, int, int, int]) -> int:
+    """gemm_codes_tile's dynamic shared memory: its stages (CtLayout), or the end's reduction if larger."""
+    mt, rg, kw, st = shape
+    rows = 16 * mt * rg
+    slot = rows * (64 if qtype == "FP8" else 32 + 4) + 8 * nt * 144
+    return max(st * kw * slot, (kw - 1) * rg * nt * mt * 4 * 32 * 4)
+
+
+def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) -> None:
+    """out [n, rows] = x16 (fp16 [n, K]) @ w.T (+ bias) for FP8 / NVFP4 w, in launches of 64 rows at most
+    (hw_cvt: FP8 codes by sm_89+'s cvt)."""
+    shape = codes_tile_shape(w.rows)
+    mt, rg, kw, st = shape
+    for i in range(0, n, 64):
+        nb = min(64, n - i)
+        nt = 4 if nb <= 32 else 8
+        expr = (f"gemm_codes_tile<{CODES_TILE_FORMATS[w.qtype]}, {nt}, {mt}, {rg}, {kw}, {st}, "
+                f"{'true' if hw_cvt and w.qtype == 'FP8' else 'false'}>")
+        smem = codes_tile_smem(w.qtype, nt, shape)
+        if smem > max_block_smem():
+            raise ValueError(f"gemm_codes_tile: shape {shape} needs {smem} bytes of shared memory a block, "
+                             f"this device allows {max_block_smem()}")
+        fn = kernel("gemm_codes_tile.cu", expr, name_expressions=(expr,))
+        if fn.fn.max_dynamic_shared_size_bytes < smem:
+            fn.fn.max_dynamic_shared_size_bytes = smem
+        fn((-(-w.rows // (16 * mt * rg)),), (32 * rg * kw,),
+           (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
+            opt_arg(bias), out[i:i + nb]), shared_mem=smem)
