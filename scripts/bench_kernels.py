@@ -260,7 +260,10 @@ def bench_batch(args, copy_gbps: float) -> dict:
                 x16 = lc._cast(x, "BF16" if qtype == "BF16" else "F16")
                 y = cp.empty((nb, rows), cp.float32)
                 it = iter(range(1 << 62))
-                variants = {"cublas": ()} if qtype == "BF16" else _CODES_BATCH_VARIANTS
+                variants = {"cublas": ()} if qtype == "BF16" else dict(_CODES_BATCH_VARIANTS)
+                if qtype != "BF16" and nb == 64:     # --tile-shapes: "tile_2413" = (MT, RG, KW, ST) (2, 4, 1, 3)
+                    variants.update({f"tile_{sh}": (("codes_tile_cuda", "SHAPE_OVERRIDE", tuple(map(int, sh))),)
+                                     for sh in args.tile_shapes.split(",") if sh})
                 for variant, overrides in variants.items():
                     if qtype == "BF16":
                         def run():
@@ -482,6 +485,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--qtypes", default=None,
                     help="the gemv and batch benchmarks' weight formats, e.g. BF16,FP8,NVFP4")
+    ap.add_argument("--tile-shapes", default="",
+                    help="the batch benchmark's extra gemm_codes_tile launch shapes at batch 64, as MT RG KW ST "
+                         "digits (e.g. 1413,2213)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
