@@ -11,6 +11,7 @@
 // the 4 values at 4s..4s+3 of them as the fragment's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9),
 // a permutation of k that A and B share.  Grid: ceil(rows / 16).  Needs K % 64 == 0.
 #include "mma_prims.cuh"
+#include "mma_tiles.cuh"
 
 #define GM_WARPS 8
 #define GM_UNROLL 2         // chunks whose loads are in flight together
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32, 2)   // min blocks: else ptxas 
 gemv_dense_mma(const u16* __restrict__ W, int rows, int K, const float* __restrict__ x, int nb,
                const float* __restrict__ bias, float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ float red[GM_WARPS - 1][32][4];
+    __shared__ float red[GM_WARPS - 1][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16;
     const uint4* wa = reinterpret_cast<const uint4*>(W + (i64)min(row0 + g, rows - 1) * K) + 2 * t;
@@ -36,7 +37,7 @@ gemv_dense_mma(const u16* __restrict__ W, int rows, int K, const float* __restri
     const bool has_x = g < nb;
     const float4* xr = reinterpret_cast<const float4*>(x + (i64)(has_x ? g : 0) * K) + 4 * t;
     const int nchunks = K >> 6;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float c[1][1][4] = {{{0.0f, 0.0f, 0.0f, 0.0f}}};
     for (int c0 = warp; c0 < nchunks; c0 += GM_WARPS * GM_UNROLL) {
         uint4 a[GM_UNROLL][4];
         float4 xv[GM_UNROLL][4];
@@ -60,27 +61,12 @@ gemv_dense_mma(const u16* __restrict__ W, int rows, int K, const float* __restri
                 const u32 af[4] = {ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1]};
                 const float4 v = xv[u][s];
                 const u32 b0 = use_x ? pack_x2<WT>(v.x, v.y) : 0u, b1 = use_x ? pack_x2<WT>(v.z, v.w) : 0u;
-                if constexpr (WT == 0) mma_16816(c, af, b0, b1);
-                else mma_16816_bf16(c, af, b0, b1);
+                if constexpr (WT == 0) mma_16816(c[0][0], af, b0, b1);
+                else mma_16816_bf16(c[0][0], af, b0, b1);
             }
         }
     }
-    if (warp > 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp - 1][lane][i] = c[i];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int w = 0; w < GM_WARPS - 1; ++w)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) c[i] += red[w][lane][i];
-    // c: (row g, batch 2t), (row g, 2t + 1), (row g + 8, 2t), (row g + 8, 2t + 1)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int row = row0 + g + 8 * (i >> 1), n = 2 * t + (i & 1);
-        if (row < rows && n < nb) y[(i64)n * rows + row] = bias ? c[i] + bias[row] : c[i];
-    }
+    mma_tiles_store<1, 1, 1, GM_WARPS>(c, red, warp, 0, warp, lane, row0, rows, nb, nullptr, bias, y);
 #else
     pdl_wait();
 #endif

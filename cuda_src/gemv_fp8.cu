@@ -14,6 +14,7 @@
 // +-65504); accumulation fp32.  Needs K % 64 == 0.  Grid: ceil(rows / 16).
 // dequant_fp8_f16: rows of W as fp16 values (scale applied), the cuBLAS GEMM path's weight tile.
 #include "minifloat.cuh"
+#include "mma_tiles.cuh"
 
 #define F8_WARPS 8
 
@@ -22,7 +23,7 @@ __global__ void __launch_bounds__(F8_WARPS * 32, 2)
 gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, int K,
              const float* __restrict__ x, int nb, const float* __restrict__ bias, float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ float red[F8_WARPS - 1][32][4 * NT];
+    __shared__ float red[F8_WARPS - 1][4 * NT][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16, ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const int groups = (K + 127) >> 7;
@@ -33,11 +34,11 @@ gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, in
     prefetch_l2(W + (i64)row0 * K, (i64)K * (min(rows, row0 + 16) - row0));
     pdl_wait();
     const int nchunks = K >> 6;
-    float c[NT][4];
+    float c[NT][1][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) c[j][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) c[j][0][i] = 0.0f;
     for (int c0 = warp; c0 < nchunks; c0 += F8_WARPS * U) {
         uint4 a[U][2];
 #pragma unroll
@@ -67,35 +68,14 @@ gemv_fp8_mma(const u8* __restrict__ W, const float* __restrict__ S, int rows, in
                     const bool use = n < nb;
                     mma_16816(p, af, use ? pack_f2h2_sat(v.x, v.y) : 0u, use ? pack_f2h2_sat(v.z, v.w) : 0u);
                 }
-                c[j][0] = fmaf(s0, p[0], c[j][0]);
-                c[j][1] = fmaf(s0, p[1], c[j][1]);
-                c[j][2] = fmaf(s1, p[2], c[j][2]);
-                c[j][3] = fmaf(s1, p[3], c[j][3]);
+                c[j][0][0] = fmaf(s0, p[0], c[j][0][0]);
+                c[j][0][1] = fmaf(s0, p[1], c[j][0][1]);
+                c[j][0][2] = fmaf(s1, p[2], c[j][0][2]);
+                c[j][0][3] = fmaf(s1, p[3], c[j][0][3]);
             }
         }
     }
-    if (warp > 0) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp - 1][lane][4 * j + i] = c[j][i];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int w = 0; w < F8_WARPS - 1; ++w)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) c[j][i] += red[w][lane][4 * j + i];
-    // c[j]: (row g, batch 8j + 2t), (row g, 8j + 2t + 1), (row g + 8, 8j + 2t), (row g + 8, 8j + 2t + 1)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = row0 + g + 8 * (i >> 1), n = 8 * j + 2 * t + (i & 1);
-            if (row < rows && n < nb) y[(i64)n * rows + row] = bias ? c[j][i] + bias[row] : c[j][i];
-        }
+    mma_tiles_store<NT, 1, 1, F8_WARPS>(c, red, warp, 0, warp, lane, row0, rows, nb, nullptr, bias, y);
 #else
     pdl_wait();
 #endif

@@ -14,6 +14,7 @@
 // dequant_nvfp4<T>: rows of W as T (fp16 for the cuBLAS GEMM path's weight tile, float for get_rows).
 // relay_nvfp4_codes: the upload's re-layout, on the device.
 #include "minifloat.cuh"
+#include "mma_tiles.cuh"
 
 #define F4_WARPS 8
 
@@ -22,7 +23,7 @@ __global__ void __launch_bounds__(F4_WARPS * 32, 2)
 gemv_nvfp4_mma(const u8* __restrict__ W, const u8* __restrict__ S, const float* __restrict__ RS, int rows, int K,
                const float* __restrict__ x, int nb, const float* __restrict__ bias, float* __restrict__ y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    __shared__ float red[F4_WARPS - 1][32][4 * NT];
+    __shared__ float red[F4_WARPS - 1][4 * NT][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 16, ra = min(row0 + g, rows - 1), rb = min(row0 + g + 8, rows - 1);
     const int groups = K >> 4;
@@ -33,11 +34,11 @@ gemv_nvfp4_mma(const u8* __restrict__ W, const u8* __restrict__ S, const float* 
     prefetch_l2(W + (i64)row0 * (K >> 1), (i64)(K >> 1) * (min(rows, row0 + 16) - row0));
     pdl_wait();
     const int nchunks = K >> 6;
-    float c[NT][4];
+    float c[NT][1][4];
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) c[j][i] = 0.0f;
+        for (int i = 0; i < 4; ++i) c[j][0][i] = 0.0f;
     for (int c0 = warp; c0 < nchunks; c0 += F4_WARPS * U) {
         uint2 a[U][2];
         u32 s[U][2];
@@ -65,36 +66,12 @@ gemv_nvfp4_mma(const u8* __restrict__ W, const u8* __restrict__ S, const float* 
                 for (int q = 0; q < 4; ++q) {
                     const u32 af[4] = {ha[2 * q], hb[2 * q], ha[2 * q + 1], hb[2 * q + 1]};
                     const float4 v = xr[q];
-                    mma_16816(c[j], af, use ? pack_f2h2_sat(v.x, v.y) : 0u, use ? pack_f2h2_sat(v.z, v.w) : 0u);
+                    mma_16816(c[j][0], af, use ? pack_f2h2_sat(v.x, v.y) : 0u, use ? pack_f2h2_sat(v.z, v.w) : 0u);
                 }
             }
         }
     }
-    if (warp > 0) {
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp - 1][lane][4 * j + i] = c[j][i];
-    }
-    __syncthreads();
-    if (warp > 0) return;
-#pragma unroll
-    for (int w = 0; w < F4_WARPS - 1; ++w)
-#pragma unroll
-        for (int j = 0; j < NT; ++j)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) c[j][i] += red[w][lane][4 * j + i];
-    // c[j]: (row g, batch 8j + 2t), (row g, 8j + 2t + 1), (row g + 8, 8j + 2t), (row g + 8, 8j + 2t + 1)
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int row = row0 + g + 8 * (i >> 1), n = 8 * j + 2 * t + (i & 1);
-            if (row < rows && n < nb) {
-                const float v = c[j][i] * RS[row];
-                y[(i64)n * rows + row] = bias ? v + bias[row] : v;
-            }
-        }
+    mma_tiles_store<NT, 1, 1, F4_WARPS>(c, red, warp, 0, warp, lane, row0, rows, nb, RS, bias, y);
 #else
     pdl_wait();
 #endif
