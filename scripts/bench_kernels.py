@@ -224,21 +224,6 @@ _CODES_BATCH_VARIANTS = {"tile": (), "dequant": (("codes_tile_cuda", "CODES_TILE
                                     ("linear_cuda", "CODES_SLICED_MAX_BATCH", 64))}
 
 
-def _with_settings(run, overrides):
-    """run() with pocketcupy.backend modules' settings overridden ((module, name, value) triples)."""
-    import importlib
-
-    mods = [(importlib.import_module(f"pocketcupy.backend.{m}"), k, v) for m, k, v in overrides]
-    saved = [(mod, k, getattr(mod, k)) for mod, k, _ in mods]
-    for mod, k, v in mods:
-        setattr(mod, k, v)
-    try:
-        return run()
-    finally:
-        for mod, k, v in saved:
-            setattr(mod, k, v)
-
-
 def bench_batch(args, copy_gbps: float) -> dict:
     """The 8B decode step's weights at batches 16-64 (many sequences decoding), past the GEMVs: BF16
     through cuBLAS; FP8 / NVFP4 (--qtypes) by each of linear()'s paths (_CODES_BATCH_VARIANTS), their
@@ -246,6 +231,7 @@ def bench_batch(args, copy_gbps: float) -> dict:
     cycled over copies larger than twice the L2."""
     cp = _cp()
     from pocketcupy.backend import linear_cuda as lc
+    from pocketcupy.backend.settings import overridden
     from pocketcupy.backend.weight_cuda import Half16Rows
 
     rng = np.random.default_rng(3)
@@ -273,8 +259,8 @@ def bench_batch(args, copy_gbps: float) -> dict:
 
                         def run():
                             lc.linear(h, copies[next(it) % len(copies)], out=y)
-                    t = _with_settings(lambda: time_us(run, args.reps, len(copies) * max(1, 8 // len(copies))),
-                                       overrides)
+                    with overridden(overrides):
+                        t = time_us(run, args.reps, len(copies) * max(1, 8 // len(copies)))
                     gbps = weight_bytes(w0) / t["us"] / 1e3
                     out[f"{qtype.lower()}_{variant}_bs{nb}-{rows}x{cols}"] = {
                         **t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3),

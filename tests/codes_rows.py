@@ -4,7 +4,6 @@ concat_rows and get_rows, given a format's upload of a row's inputs and their ex
 rows of the batches past the GEMVs (gemm_codes_tile.cu, and the dequantization + cuBLAS path)."""
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,15 +26,10 @@ def with_settings(run: Callable, module: str = "linear_cuda", **settings) -> Cal
     """run(inp, poison) with a pocketcupy.backend module's settings (e.g. linear_cuda's FP8_UNROLL=2) set
     for the call."""
     def wrapped(inp, poison):
-        mod = importlib.import_module(f"pocketcupy.backend.{module}")
-        saved = {k: getattr(mod, k) for k in settings}
-        for k, v in settings.items():
-            setattr(mod, k, v)
-        try:
+        from pocketcupy.backend.settings import overridden
+
+        with overridden([(module, k, v) for k, v in settings.items()]):
             return run(inp, poison)
-        finally:
-            for k, v in saved.items():
-                setattr(mod, k, v)
     return wrapped
 
 
