@@ -218,10 +218,8 @@ def bench_gemv(args, copy_gbps: float) -> dict:
 
 
 # linear()'s paths for FP8 / NVFP4 past the GEMVs, as (module, setting, value) overrides: the tile kernel
-# (the default), dequantization to fp16 tiles + cuBLAS, the GEMV over slices of 16 rows
-_CODES_BATCH_VARIANTS = {"tile": (), "dequant": (("codes_tile_cuda", "CODES_TILE_MAX_BATCH", 0),),
-                         "sliced": (("codes_tile_cuda", "CODES_TILE_MAX_BATCH", 0),
-                                    ("linear_cuda", "CODES_SLICED_MAX_BATCH", 64))}
+# (the default), dequantization to fp16 tiles + cuBLAS
+_CODES_BATCH_VARIANTS = {"tile": (), "dequant": (("codes_tile_cuda", "CODES_TILE_MAX_BATCH", 0),)}
 
 
 def bench_batch(args, copy_gbps: float) -> dict:

@@ -65,11 +65,6 @@ def _cuda_linear_unroll(u: int):
     return with_settings(NVFP4.cuda_linear, NVFP4_UNROLL=u)
 
 
-def _cuda_linear_sliced(inp, poison):
-    """linear with batches past 16 run as GEMV slices of 16 (linear_cuda.CODES_SLICED_MAX_BATCH)."""
-    return with_settings(NVFP4.cuda_linear, CODES_SLICED_MAX_BATCH=64)(inp, poison)
-
-
 def _make_ids(rng):
     inp = _make(1, rows=50)(rng)
     inp["ids"] = rng.integers(0, 50, 37).astype(np.int64)
@@ -85,8 +80,6 @@ ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_subnormal_scales_bs{n}-{ROWS_OUT}x
 ROWS += gemm_rows(NVFP4, _make, ROWS_OUT, COLS)
 ROWS += [KernelRow("linear", f"gemm_codes_tile_nvfp4_subnormal_scales_n40-{ROWS_OUT}x{COLS}", _make(40, subnormal=True),
                    NVFP4.ref_linear, NVFP4.cuda_linear, GEMM_TOL)]
-ROWS += [KernelRow("linear", f"gemv_nvfp4_mma_sliced_bs{n}-{ROWS_OUT}x{COLS}", _make(n, bias=n == 17),
-                   NVFP4.ref_linear, _cuda_linear_sliced, GEMV_TOL) for n in (17, 40)]
 ROWS += [KernelRow("silu_mul_linear", f"nvfp4_bs{n}-{ROWS_OUT}x{COLS}", _make(n, up=True), NVFP4.ref_linear,
                    NVFP4.cuda_silu_mul_linear, GEMV_TOL if n <= 16 else GEMM_TOL) for n in (2, 33)]
 ROWS += [KernelRow("concat_rows", f"nvfp4_bs{n}-{ROWS_OUT}x{COLS}", _make(n), NVFP4.ref_concat, NVFP4.cuda_concat_rows,

@@ -35,9 +35,6 @@ QUANT_GEMV_MAX_BATCH = 32
 FP8_GEMV_MAX_BATCH = 16         # gemv_fp8_mma<NT> instances: NT 1, 2 tiles of 8 rows
 NVFP4_GEMV_MAX_BATCH = 16       # gemv_nvfp4_mma<NT> likewise
 CODES_GEMV_MAX_BATCH = {"FP8": FP8_GEMV_MAX_BATCH, "NVFP4": NVFP4_GEMV_MAX_BATCH}
-# FP8 / NVFP4 batches up to this many rows run the GEMV over slices of CODES_GEMV_MAX_BATCH rows (each
-# slice reads the codes again) instead of dequantizing the weight for cuBLAS (s64: not yet measured)
-CODES_SLICED_MAX_BATCH = 16
 DENSE_MMA_MIN_BATCH = 1         # fp16 / bf16 weights from this batch on take the tensor-core GEMV
 GEMV_THREADS = 128
 DEQUANT_TILE_ELEMS = 32 << 20                  # fp16 scratch of the quantized GEMM path: 64 MiB
@@ -442,11 +439,6 @@ def dequant_nvfp4(w: CudaWeight, r0: int, nr: int, out, ids=None) -> None:
 
 
 _CODES_GEMV = {"FP8": gemv_fp8, "NVFP4": gemv_nvfp4}     # the GEMVs of CODES_GEMV_MAX_BATCH's formats
-
-
-def codes_gemv_max_batch(w) -> int:
-    """The largest batch the codes GEMVs take for w (0: not FP8 / NVFP4), in slices past one launch."""
-    return max(CODES_GEMV_MAX_BATCH[w.qtype], CODES_SLICED_MAX_BATCH) if w.qtype in _CODES_GEMV else 0
 _DENSE_MMA_EXPRS = ("gemv_dense_mma<0>", "gemv_dense_mma<1>")
 DENSE_MMA_THREADS = 256                                   # GM_WARPS (F8_WARPS) * 32 in gemv_dense_mma.cu (gemv_fp8.cu)
 _QUANTIZE_EXPRS = ("quantize_q8_x<false, false>", "quantize_q8_x<true, false>", "quantize_q8_x<false, true>",
@@ -567,7 +559,7 @@ def half16_type(w) -> str | None:
 
 def gemm_batch(w, n: int) -> bool:
     """Whether fp16 / bf16 or FP8 / NVFP4 w runs batch n past its GEMVs (the input rounded to half16_type)."""
-    return n > (codes_gemv_max_batch(w) if w.qtype in _CODES_GEMV else GEMV_MAX_BATCH)
+    return n > CODES_GEMV_MAX_BATCH.get(w.qtype, GEMV_MAX_BATCH)
 
 
 def _half16_input(h, w):
@@ -705,10 +697,8 @@ def linear(x, w, bias=None, out=None):
             gemv_dense(x, w, bias, y)
         else:
             _gemm(x, w, bias, y, x16=x16)
-    elif n <= codes_gemv_max_batch(w):
-        step = CODES_GEMV_MAX_BATCH[w.qtype]
-        for i in range(0, n, step):
-            _CODES_GEMV[w.qtype](x[i:i + step], w, bias, y[i:i + step])
+    elif n <= CODES_GEMV_MAX_BATCH.get(w.qtype, 0):
+        _CODES_GEMV[w.qtype](x, w, bias, y)
     elif w.is_gguf and _gemv_gguf_takes(w, n):
         _gemv_gguf(x, w, bias, y, xqd=xqd, xk=xk)
     else:
