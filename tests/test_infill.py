@@ -70,6 +70,19 @@ def test_completions_between_prompt_and_suffix(fim_state):
     assert bad.status_code == 400 and bad.get_json()["error"]["param"] == "truncate_prompt_tokens"
 
 
+def test_echo_with_logprobs_refused_with_suffix(fim_state):
+    """echo with logprobs and suffix: a 400 naming echo (the logprobs were the fill-in-the-middle prompt's,
+    markers and suffix included, their text_offset past the echoed text); echo alone, logprobs alone stay."""
+    client = create_app(fim_state).test_client()
+    body = {"model": MODEL, "prompt": "x = ", "suffix": "\nprint(x)", "max_tokens": 2, "temperature": 0}
+    for extra in ({"echo": True, "logprobs": 0}, {"echo": True, "logprobs": 1, "stream": True}):
+        resp = client.post("/v1/completions", json=dict(body, **extra))
+        assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "echo", resp.get_json()
+    echo = client.post("/v1/completions", json=dict(body, echo=True)).get_json()["choices"][0]
+    lps = client.post("/v1/completions", json=dict(body, logprobs=1)).get_json()["choices"][0]
+    assert echo["text"].startswith("x = ") and lps["logprobs"]["text_offset"][0] == 0
+
+
 def test_a_model_without_markers_refuses_suffix(server):
     status, body, _ = request(server, "POST", "/v1/completions", {"model": MODEL, "prompt": "x = ", "suffix": "\n"})
     assert status == 400 and body["error"]["param"] == "suffix" and "fill-in-the-middle" in body["error"]["message"]

@@ -87,6 +87,8 @@ def handle_completion(state, body, gone):
             prompts = [(infill_prompt(tok, ids, suffix), text) for ids, text in prompts]
         except ValueError as e:
             raise bad("suffix", str(e).partition(": ")[2]) from None
+        if echo and k is not None:   # its logprobs would be those of the markers and the suffix too, not the echo's
+            raise bad("echo", "'echo' with 'logprobs' cannot be combined with 'suffix'")
     C = engine.max_model_len
     kept = [truncate_prompt(ids, kw["truncate_prompt_tokens"], C) for ids, _ in prompts]
     prompts = [(short, text if len(short) == len(ids) else tok.decode(short))
