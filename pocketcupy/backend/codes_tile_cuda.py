@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import has_tensor_cores, kernel, max_block_smem, num_sms, opt_arg
+from .kernels import has_tensor_cores, num_sms, opt_arg, smem_kernel
 from .weight_cuda import CudaWeight
 
 CODES_TILE_FORMATS = {"FP8": 0, "NVFP4": 1}     # template argument F (CODES_FP8, CODES_NVFP4)
@@ -52,12 +52,7 @@ def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) 
         expr = (f"gemm_codes_tile<{CODES_TILE_FORMATS[w.qtype]}, {nt}, {mt}, {rg}, {kw}, {st}, "
                 f"{'true' if hw_cvt and w.qtype == 'FP8' else 'false'}>")
         smem = codes_tile_smem(w.qtype, nt, shape)
-        if smem > max_block_smem():
-            raise ValueError(f"gemm_codes_tile: shape {shape} needs {smem} bytes of shared memory a block, "
-                             f"this device allows {max_block_smem()}")
-        fn = kernel("gemm_codes_tile.cu", expr, name_expressions=(expr,))
-        if fn.fn.max_dynamic_shared_size_bytes < smem:
-            fn.fn.max_dynamic_shared_size_bytes = smem
-        fn((-(-w.rows // (16 * mt * rg)),), (32 * rg * kw,),
-           (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
-            opt_arg(bias), out[i:i + nb]), shared_mem=smem)
+        smem_kernel("gemm_codes_tile.cu", expr, smem)(
+            (-(-w.rows // (16 * mt * rg)),), (32 * rg * kw,),
+            (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
+             opt_arg(bias), out[i:i + nb]), shared_mem=smem)

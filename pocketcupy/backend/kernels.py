@@ -100,6 +100,18 @@ def kernel(filename: str, name: str, name_expressions: tuple[str, ...] = (), def
     return Kernel(module(filename, name_expressions, defines).get_function(name))
 
 
+def smem_kernel(filename: str, expr: str, smem: int):
+    """kernel() of a template instance `expr` that takes `smem` bytes of dynamic shared memory, its opt-in
+    raised to that the first time (a ValueError where the device allows less)."""
+    fn = kernel(filename, expr, name_expressions=(expr,))
+    if fn.fn.max_dynamic_shared_size_bytes < smem:
+        if smem > max_block_smem():
+            raise ValueError(f"{expr}: needs {smem} bytes of shared memory a block, this device allows "
+                             f"{max_block_smem()}")
+        fn.fn.max_dynamic_shared_size_bytes = smem
+    return fn
+
+
 def null_arg():
     """A null pointer kernel argument."""
     return np.uint64(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import kernel, max_block_smem, null_arg, num_sms
+from .kernels import max_block_smem, null_arg, num_sms, smem_kernel
 from .weight_cuda import KERNEL_TYPE_IDS, CudaWeight, joined_block_ends, joined_segments
 
 # the weight types gemm_kquant_tile.cu reads (16-byte aligned super-blocks) -> their rows' bytes in
@@ -52,13 +52,6 @@ def kquant_tile_shape(ws, n: int) -> tuple[int, int, int, int] | None:
     return TILE_SHAPES[qtype]
 
 
-def _tile_kernel(expr: str, smem: int):
-    fn = kernel("gemm_kquant_tile.cu", expr, name_expressions=(expr,))
-    if fn.fn.max_dynamic_shared_size_bytes < smem:
-        fn.fn.max_dynamic_shared_size_bytes = smem
-    return fn
-
-
 def kquant_tile_smem(ws, shape: tuple[int, int, int, int]) -> int:
     """Dynamic shared memory of a gemm_kquant_tile(3) launch of shape (MT, RG, KW, ST) over ws."""
     mt, rg, kw, st = shape
@@ -70,7 +63,8 @@ def launch_gemm_kquant_tile(w: CudaWeight, xk, bias, out, n: int, shape: tuple[i
     (gemm_kquant_tile.cu) of shape (MT 16-row tiles a warp, RG row groups, KW warps over K, ST stages)."""
     mt, rg, kw, st = shape
     smem = kquant_tile_smem([w], shape)
-    _tile_kernel(f"gemm_kquant_tile<{KERNEL_TYPE_IDS[w.kernel_qtype]}, {mt}, {rg}, {kw}, {st}>", smem)(
+    expr = f"gemm_kquant_tile<{KERNEL_TYPE_IDS[w.kernel_qtype]}, {mt}, {rg}, {kw}, {st}>"
+    smem_kernel("gemm_kquant_tile.cu", expr, smem)(
         (-(-w.rows // (16 * mt * rg)),), (32 * rg * kw,),
         (w.data, np.int64(w.data.shape[1]), np.int32(w.rows), np.int32(w.cols), *xk, np.int32(n),
          null_arg() if bias is None else bias, out), shared_mem=smem)
@@ -81,5 +75,6 @@ def launch_gemm_kquant_tile3(ws, xk, biases, outs, n: int, shape: tuple[int, int
     mt, rg, kw, st = shape
     ends, tids, seg_args = joined_segments(ws, biases, outs, 16 * mt * rg)
     smem = kquant_tile_smem(ws, shape)
-    _tile_kernel(f"gemm_kquant_tile3<{tids}, {mt}, {rg}, {kw}, {st}>", smem)((ends[-1],), (32 * rg * kw,), (
+    expr = f"gemm_kquant_tile3<{tids}, {mt}, {rg}, {kw}, {st}>"
+    smem_kernel("gemm_kquant_tile.cu", expr, smem)((ends[-1],), (32 * rg * kw,), (
         np.int32(ws[0].cols), *xk, np.int32(n), np.int32(ends[0]), np.int32(ends[1]), *seg_args), shared_mem=smem)
