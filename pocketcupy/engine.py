@@ -199,7 +199,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         kept = truncate_prompt(ids, params.truncate_prompt_tokens, self.max_model_len)
         if len(kept) < len(ids):   # the text, if given, becomes that of the tokens kept
             text, ids = None if text is None else self.tokenizer.decode(kept), kept
-        max_tokens = self._max_tokens(len(ids), params)
+        # an embedding's one sampled token is dropped and needs no K/V, so its prompt may fill the context
+        fills_context = pooling is not None and len(ids) == self.max_model_len
+        max_tokens = 1 if fills_context else self._max_tokens(len(ids), params)
         for name, tokens in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids),
                              ("preserved_token_ids", params.preserved_token_ids),
                              ("stop_token_ids", params.stop_token_ids)):
@@ -241,7 +243,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if room <= 0:
             raise ValueError(f"prompt: {prompt_len} tokens do not fit the context of {self.max_model_len} tokens")
         if params.max_tokens is None:  # up to the context, or what the KV pool holds if that is less
-            pool_room = self.scheduler.num_blocks_total * self.args.block_size - prompt_len
+            pool_room = self.scheduler.num_blocks_total * self.args.block_size + 1 - prompt_len   # (last: no K/V)
             return max(1, min(room, pool_room))  # a prompt that cannot fit is refused by the scheduler
         if params.max_tokens > room:
             raise ValueError(f"max_tokens: prompt ({prompt_len} tokens) plus max_tokens ({params.max_tokens}) "

@@ -68,9 +68,9 @@ def test_max_num_seqs():
 
 def test_request_that_never_fits_is_rejected():
     s = make(num_blocks=5, block_size=4)   # 4 usable blocks = 16 tokens
-    add(s, "ok", 12, max_tokens=4)
+    add(s, "ok", 12, max_tokens=5)   # the last token needs no K/V: 16 slots
     with pytest.raises(ValueError, match="KV blocks"):
-        add(s, "big", 12, max_tokens=5)
+        add(s, "big", 12, max_tokens=6)
     with pytest.raises(ValueError, match="request_id"):
         add(s, "ok", 1)
     assert list(s.waiting) == [s.requests["ok"]]
@@ -80,10 +80,10 @@ def test_rejection_names_the_field_to_lower():
     """The server turns the message's head into the 400's `param`: max_tokens when the prompt
     alone fits, prompt when it does not."""
     s = make(num_blocks=5, block_size=4)   # 16 tokens
-    with pytest.raises(ValueError, match="^max_tokens: 12 prompt tokens plus max_tokens 5 need 5 KV blocks"):
-        add(s, "a", 12, max_tokens=5)
-    with pytest.raises(ValueError, match="^prompt: 16 prompt tokens"):
-        add(s, "b", 16, max_tokens=1)
+    with pytest.raises(ValueError, match="^max_tokens: 12 prompt tokens plus max_tokens 6 need 5 KV blocks"):
+        add(s, "a", 12, max_tokens=6)
+    with pytest.raises(ValueError, match="^prompt: 17 prompt tokens"):
+        add(s, "b", 17, max_tokens=1)
     assert not s.requests
 
 

@@ -11,6 +11,7 @@ from pocketcupy import Engine, PoolingParams
 from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
 
 TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today."]
+LONG = "word " * 9000   # past SmolLM2's context
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +58,15 @@ def test_raw_http_token_ids_and_extensions(server, local):
     ({"normalize": "yes"}, "normalize"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"temperature": 0.5}, "temperature"),
-    ({"input": "word " * 9000}, "input"),
+    ({"input": LONG}, "input"),
 ])
 def test_malformed_requests(server, patch, param):
     body = {"model": MODEL, "input": "hello", **patch}
     body = {k: v for k, v in body.items() if v is not None}
     status, resp, _ = request(server, "POST", "/v1/embeddings", body)
     assert status == 400 and resp["error"]["param"] == param, resp
+    if patch.get("input") == LONG:
+        assert resp["error"]["code"] == "context_length_exceeded" and "embedding" in resp["error"]["message"]
 
 
 def test_unknown_model(server):

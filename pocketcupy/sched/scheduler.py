@@ -105,10 +105,10 @@ class Scheduler:
     def add(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request_id: {req.request_id!r} is already in use")
-        need = self._blocks_for(len(req.prompt_token_ids) + req.max_tokens)
+        need = self._blocks_for(len(req.prompt_token_ids) + req.max_tokens - 1)   # the last token needs no K/V
         usable = self.pool.num_usable_blocks
-        if need > usable:  # blame max_tokens when the prompt alone (and one token) would fit
-            field = "max_tokens" if self._blocks_for(len(req.prompt_token_ids) + 1) <= usable else "prompt"
+        if need > usable:  # blame max_tokens when the prompt alone would fit
+            field = "max_tokens" if self._blocks_for(len(req.prompt_token_ids)) <= usable else "prompt"
             raise ValueError(f"{field}: {len(req.prompt_token_ids)} prompt tokens plus max_tokens "
                              f"{req.max_tokens} need {need} KV blocks; the cache has {usable}")
         req.arrival_seq = next(self._arrivals)

@@ -11,7 +11,7 @@ from ..pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from ..sampling import SamplingParams, truncate_prompt
 from .completions import parse_prompts
 from .generation import Job
-from .protocol import ApiError, Fields, bad, check_context, check_model
+from .protocol import CONTEXT_CODE, ApiError, Fields, bad, check_model
 from .responses import new_id
 
 MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
@@ -58,11 +58,15 @@ def pooling_params(f: Fields, engine, normalize: bool = True) -> PoolingParams:
 
 
 def fitted_ids(prompts: list[tuple[list[int], str]], pooling: PoolingParams, engine, field: str) -> list[list[int]]:
-    """parse_prompts' prompts as pooled: truncated as pooling says, each checked against the context."""
+    """parse_prompts' prompts as pooled: truncated as pooling says, each checked against the context (which
+    a pooled input may fill: nothing is generated after it)."""
     C = engine.max_model_len
     ids = [truncate_prompt(p, pooling.truncate_prompt_tokens, C) for p, _ in prompts]
     for p in ids:
-        check_context(C, len(p), None, field, field)
+        if len(p) > C:
+            raise ApiError(400, f"This model's maximum context length is {C} tokens. However, you requested "
+                                f"{len(p)} tokens in the input for embedding generation. Please reduce the length "
+                                "of the input.", field, CONTEXT_CODE)
     return ids
 
 
