@@ -65,6 +65,22 @@ def test_named_tool_call_streams_as_deltas(client):
     assert chunks[-1].choices[0].finish_reason in ("tool_calls", "length")
 
 
+def test_forced_call_cut_by_a_stop_string_is_not_a_finished_call(client):
+    """A stop string inside a forced call's arguments (here the key its schema requires) cuts them short:
+    finish_reason is "stop" with that string as stop_reason, whole and streamed, named and "required"; it
+    was "tool_calls", telling the client to run a call whose arguments are not JSON."""
+    for choice in (NAMED, "required"):
+        c = create(client, tool_choice=choice, stop=["city"]).choices[0]
+        (call,) = c.message.tool_calls
+        assert (c.finish_reason, c.model_extra["stop_reason"]) == ("stop", "city")
+        with pytest.raises(ValueError):
+            json.loads(call.function.arguments)
+        chunks = list(create(client, tool_choice=choice, stop=["city"], stream=True))
+        assert chunks[-1].choices[0].finish_reason == "stop"
+        assert "".join(d.function.arguments or "" for ch in chunks
+                       for d in ch.choices[0].delta.tool_calls or []) == call.function.arguments
+
+
 def finished(m) -> float:
     return sum(v for (name, _), v in m.items() if name == "pocketcupy_request_finished_total")
 

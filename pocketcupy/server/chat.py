@@ -211,7 +211,8 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             if ended[i]:
                 continue
             events = [("content", o.delta_text)] if p is None else p.feed(o.delta_text)
-            complete = isinstance(p, ForcedCallParser) and p.done
+            forced_call = isinstance(p, ForcedCallParser)
+            complete = forced_call and p.done
             if p is not None and (o.finished or complete):
                 events += p.finish()
             events = [e for e in events if e[0] not in ("content", "reasoning") or e[1]]
@@ -220,7 +221,9 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             if req.top_logprobs is not None and o.logprobs is not None and len(o.logprobs) > sent[i]:
                 lps = chat_logprobs(tok, o.token_ids[sent[i]:], o.logprobs[sent[i]:], req.top_logprobs)
                 sent[i] = len(o.logprobs)
-            fr = "tool_calls" if complete else finish_reason(o, called[i])
+            # a forced call's arguments cut short by a stop string or token are no finished call
+            cut = forced_call and o.stop_reason is not None
+            fr = "tool_calls" if complete else finish_reason(o, called[i] and not cut)
             ended[i] = fr is not None
             yield ChatUpdate(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids),
                              out.num_cached_tokens or 0, o.token_ids)
