@@ -232,6 +232,12 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             return
 
 
+def _chat_finish(req: ChatRequest, reason: str | None) -> str | None:
+    """A chat choice's finish_reason as OpenAI's API gives it: a call of the function tool_choice
+    names ends with "stop" (vLLM's too); calls the model chose ("auto", "required") with "tool_calls"."""
+    return "stop" if reason == "tool_calls" and isinstance(req.tool_mode, tuple) else reason
+
+
 def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | None, list[int]]:
     """The running engine job of a parsed chat request (also the Responses and Anthropic APIs'), the
     function the server forces the model to call (None: none) and the prompt's token ids."""
@@ -283,7 +289,8 @@ def handle_chat(state, body, gone):
         if calls[i]:
             msg["tool_calls"] = calls[i]
         lp = None if req.top_logprobs is None else {"content": lps[i], "refusal": None}
-        choices.append({"index": i, "message": msg, "logprobs": lp, "finish_reason": final[i].finish_reason,
+        choices.append({"index": i, "message": msg, "logprobs": lp,
+                        "finish_reason": _chat_finish(req, final[i].finish_reason),
                         "stop_reason": final[i].stop_reason})
         if req.return_token_ids:
             choices[-1]["token_ids"] = list(final[i].token_ids)
@@ -331,7 +338,7 @@ def _stream(state, req: ChatRequest, job: Job, head: dict, forced, prompt_ids: l
         if delta or u.logprobs or u.finish_reason:  # one choice per chunk, as OpenAI does
             c = {"index": u.index, "delta": delta,
                  "logprobs": None if u.logprobs is None else {"content": u.logprobs, "refusal": None},
-                 "finish_reason": u.finish_reason}
+                 "finish_reason": _chat_finish(req, u.finish_reason)}
             if u.finish_reason:
                 c["stop_reason"] = u.stop_reason
             if req.return_token_ids:   # the tokens since this choice's last chunk
