@@ -12,11 +12,13 @@
 Each value is text, typed by the function's JSON schema as vLLM's qwen3_coder parser types it:
 strings stay as written (less the newline after the tag and before its end); integers, numbers
 and booleans are converted; objects and arrays are parsed as JSON; "null" is null; a value that
-does not convert is kept as text, as is a parameter the schema does not list.
+does not convert is kept as text, as is a parameter the schema does not list. NaN and the
+infinities are no JSON, so a value that would be one stays text too.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 
 _FUNCTION = re.compile(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", re.S)
@@ -58,11 +60,21 @@ def _typed(text: str, schema) -> object:
             if kind == "integer":
                 return int(s)
             if kind == "number":
-                return int(s) if re.fullmatch(r"[-+]?\d+", s) else float(s)
+                return int(s) if re.fullmatch(r"[-+]?\d+", s) else _finite(float(s))
             if kind == "boolean" and s.lower() in ("true", "false"):
                 return s.lower() == "true"
             if kind in ("object", "array", None):
-                return json.loads(s)
+                return json.loads(s, parse_constant=_not_json, parse_float=lambda f: _finite(float(f)))
         except ValueError:   # (json.JSONDecodeError is one)
             continue
     return text
+
+
+def _finite(v: float) -> float:
+    if not math.isfinite(v):   # (1e999 too)
+        raise ValueError(v)
+    return v
+
+
+def _not_json(name: str):
+    raise ValueError(name)
