@@ -91,9 +91,9 @@ class EngineLoop:
             self._wake.notify()
         return stream
 
-    def abort(self, stream: RequestStream | str) -> None:
-        """Aborts a stream's request (a request id: the live request of that id)."""
-        if isinstance(stream, str):
+    def abort(self, stream) -> None:
+        """Aborts a stream's request (a request id, or an iterable of them: the live requests of those ids)."""
+        if not isinstance(stream, RequestStream):
             self.engine.abort_request(stream)
         else:
             self.engine._abort_request_of(stream.request_id, stream)

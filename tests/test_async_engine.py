@@ -100,6 +100,25 @@ def test_abort_by_id_ends_the_generator(engine, aengine):
     assert len(outs[-1].outputs[0].token_ids) < 3000
 
 
+def test_abort_a_list_of_ids(engine, aengine):
+    """abort() takes a list of ids, as its signature says (it raised AttributeError on the list)."""
+    long = SamplingParams(max_tokens=3000, ignore_eos=True)
+
+    async def main():
+        async def reader(rid):
+            return await _last(aengine.generate("Tell a long story.", long, request_id=rid))
+        tasks = [asyncio.ensure_future(reader(rid)) for rid in ("many-1", "many-2")]
+        while engine.stats()["num_running"] < 2:
+            await asyncio.sleep(0.01)
+        await aengine.abort(["many-1", "many-2"])
+        return await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    finals = [last for last, _ in asyncio.run(main())]
+    assert [f.outputs[0].finish_reason for f in finals] == ["abort", "abort"]
+    assert asyncio.run(_last(aengine.generate("The sky is", GREEDY)))[0].outputs[0].token_ids == \
+        engine.generate("The sky is", GREEDY)[0].outputs[0].token_ids
+
+
 def test_caller_stopping_early_aborts(engine, aengine):
     long = SamplingParams(max_tokens=3000, ignore_eos=True)
 
