@@ -269,7 +269,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         stop = StopStringMatcher(p.stop, p.include_stop_str_in_output) if p.stop else None
         detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, p.skip_special_tokens,
                                        p.preserved_token_ids)
-        out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None)
+        out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None,
+                               cumulative_logprob=None if p.logprobs is None else 0.0)
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
         return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
 

@@ -51,6 +51,7 @@ class EngineOutputs:
         out.delta_token_ids.append(tok)
         if out.logprobs is not None:
             out.logprobs.extend(self._decorate([logprobs]))
+            out.cumulative_logprob += logprobs[tok].logprob
         stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
         if not stop_token or p.include_stop_str_in_output:
             self._emit(s, s.detok.push(tok))
@@ -114,7 +115,8 @@ class EngineOutputs:
             o = s.output
             outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
                                          None if o.logprobs is None else list(o.logprobs),
-                                         o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids))
+                                         o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids,
+                                         o.cumulative_logprob))
             o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
         req = g.seqs[0].req
         queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time

@@ -15,6 +15,7 @@ class CompletionOutput:
     # what this step added (for streaming)
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None  # the sum of the tokens' logprobs (vLLM's: only with logprobs)
 
     @property
     def finished(self) -> bool:

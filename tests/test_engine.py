@@ -282,6 +282,16 @@ def test_logprobs(engine):
         assert lp[tok].decoded_token == engine.tokenizer.decode([tok])
 
 
+def test_cumulative_logprob(engine):
+    """vLLM's CompletionOutput.cumulative_logprob: the sum of the sampled tokens' logprobs, None
+    unless logprobs are asked for (logprobs=0: the sampled token's alone)."""
+    outs = engine.generate("The cat sat on the", SamplingParams(n=2, seed=5, max_tokens=5, logprobs=0))[0].outputs
+    for c in outs:
+        assert c.cumulative_logprob == pytest.approx(sum(lp[t].logprob for t, lp in zip(c.token_ids, c.logprobs)))
+        assert c.cumulative_logprob < 0
+    assert text_of(engine, "The cat sat on the", GREEDY).cumulative_logprob is None
+
+
 def test_prompt_logprobs(engine):
     ids = engine.tokenizer.encode("The cat sat on the mat")
     out = engine.generate("The cat sat on the mat", SamplingParams(max_tokens=1, prompt_logprobs=2))[0]
