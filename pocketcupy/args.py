@@ -99,6 +99,10 @@ class EngineArgs:
             self._apply_speculative_config()
         if isinstance(self.speculative_model, os.PathLike):
             self.speculative_model = os.fspath(self.speculative_model)
+        if isinstance(self.cache_dir, os.PathLike):
+            self.cache_dir = os.fspath(self.cache_dir)
+        if self.cache_dir is not None and not isinstance(self.cache_dir, str):
+            raise ValueError(f"cache_dir: must be a path or None, got {self.cache_dir!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device: must be 'auto', 'cpu' or 'cuda', got {self.device!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",

@@ -532,6 +532,7 @@ def test_engine_args_bridges(smollm2_gguf):
     e = Engine.from_args(EngineArgs(model=pathlib.Path(smollm2_gguf), device="cpu", progress=False,
                                     max_model_len=256))   # a path object too
     assert e.max_model_len == 256 and e.args.model == smollm2_gguf
+    assert EngineArgs(cache_dir=pathlib.Path("/tmp/models")).cache_dir == "/tmp/models"
     e.add_request("np-priority", "hi", SamplingParams(max_tokens=1), priority=np.int64(2))   # a NumPy integer
     assert e.scheduler.requests["np-priority"].priority == 2
     with pytest.raises(ValueError, match="args"):
@@ -544,6 +545,7 @@ def test_engine_args_bridges(smollm2_gguf):
     (dict(enable_prefix_caching=1), "enable_prefix_caching"),
     (dict(gpu_memory_utilization=True), "gpu_memory_utilization"),
     (dict(model=b"model.gguf"), "model"),
+    (dict(cache_dir=5), "cache_dir"),   # was a TypeError from os.path.join at load
 ])
 def test_engine_args_types(kwargs, field):
     """Every bool setting must be a bool ("no" was taken as true); environment booleans must be a
