@@ -79,11 +79,11 @@ class EngineLoop:
         """Adds a request (pooling: an embedding request, Engine._add_request's); its outputs go to
         the stream returned, or, with `outputs`, as (key, output) into that queue (shared by several
         requests, e.g. the prompts of one API call)."""
-        if self._stopping:
-            raise RuntimeError("the engine loop is shutting down")
         request_id = request_id or f"req-{next(self._ids)}"
         stream = RequestStream(self, request_id, outputs, key)
-        with self._wake:
+        with self._wake:   # (checked under it: the loop thread decides to stop under it too)
+            if self._stopping:
+                raise RuntimeError("the engine loop is shutting down")
             # the stream is the request's mailbox: its outputs reach it and no later request's of its id
             self.engine._add_request(request_id, prompt, params, priority, prompt_token_ids, mailbox=stream,
                                      pooling=pooling)
@@ -106,7 +106,8 @@ class EngineLoop:
                 while not self._stopping and not self.engine.has_unfinished_requests() \
                         and not self.engine.has_pending_outputs():
                     self._wake.wait()
-                if self._stopping and not self.engine.has_unfinished_requests():
+                if self._stopping and not self.engine.has_unfinished_requests() \
+                        and not self.engine.has_pending_outputs():   # (an abort's final output)
                     return
             try:
                 self.engine.step()   # (its outputs go to the streams, the requests' mailboxes)
@@ -126,7 +127,7 @@ class EngineLoop:
         return len(self._streams)
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """Let running requests finish, then stop the loop thread."""
+        """Let running requests finish (and aborted ones get their last output), then stop the loop thread."""
         with self._wake:
             self._stopping = True
             self._wake.notify()

@@ -51,6 +51,21 @@ def test_abort_from_client(engine):
     assert engine.scheduler.num_blocks_used == 0
 
 
+def test_shutdown_delivers_an_abort_still_owed(engine):
+    """A request aborted just before shutdown() still gets its final output (the loop used to stop
+    once no request was running, and the stream's reader waited forever)."""
+    loop = EngineLoop(engine)
+    with loop._wake:   # the loop thread cannot step before shutdown() is called
+        stream = loop.submit("Write a long story.", SamplingParams(max_tokens=3000, ignore_eos=True))
+        stream.abort()
+        loop.shutdown(0)
+    loop._thread.join(30)
+    assert not loop._thread.is_alive()
+    last = stream.get(timeout=5)
+    assert last.finished and last.outputs[0].finish_reason == "abort"
+    assert not engine.has_pending_outputs()
+
+
 def test_bad_submission_raises_in_caller(engine):
     loop = EngineLoop(engine)
     with pytest.raises(ValueError, match="max_tokens"):
