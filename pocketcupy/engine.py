@@ -192,6 +192,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
             raise ValueError(f"priority: must be an integer, got {priority!r}")
         priority = int(priority)   # (a NumPy integer too)
+        if isinstance(prompt, dict):
+            prompt, prompt_token_ids = prompt_of_dict(prompt, prompt_token_ids)
         text, ids = (self._prompt_ids(prompt) if prompt_token_ids is None
                      else self._prompt_ids(prompt_token_ids, "prompt_token_ids"))
         if prompt_token_ids is not None and isinstance(prompt, str):
@@ -615,8 +617,23 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         return prompt_or_messages, params
 
 
+def prompt_of_dict(prompt: dict, prompt_token_ids) -> tuple:
+    """vLLM's TextPrompt {"prompt": text} or TokensPrompt {"prompt_token_ids": ids} (a "prompt" beside
+    them is only echoed back) as add_request's (prompt, prompt_token_ids)."""
+    unknown = sorted(map(repr, set(prompt) - {"prompt", "prompt_token_ids"}))
+    if unknown or not prompt:
+        raise ValueError("prompt: a prompt dict has 'prompt' (text) and/or 'prompt_token_ids', got "
+                         + (f"key {unknown[0]}" if unknown else "neither"))
+    if "prompt_token_ids" in prompt and prompt_token_ids is not None:
+        raise ValueError("prompt_token_ids: given both in the prompt dict and as an argument")
+    text, ids = prompt.get("prompt"), prompt.get("prompt_token_ids", prompt_token_ids)
+    if ids is not None and text is not None and not isinstance(text, str):
+        raise ValueError(f"prompt: must be a string beside prompt_token_ids, got {type(text).__name__}")
+    return text, ids
+
+
 def as_prompt_list(prompts, field: str = "prompts") -> list:
-    if isinstance(prompts, str):
+    if isinstance(prompts, (str, dict)):
         return [prompts]
     if isinstance(prompts, (list, tuple)):
         if not prompts:
@@ -624,4 +641,4 @@ def as_prompt_list(prompts, field: str = "prompts") -> list:
         if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompts):
             return [list(prompts)]
         return list(prompts)
-    raise ValueError(f"{field}: must be a string, a list of token ids, or a list of those")
+    raise ValueError(f"{field}: must be a string, a list of token ids, a prompt dict, or a list of those")

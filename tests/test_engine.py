@@ -44,6 +44,26 @@ def test_token_id_prompt_equals_text_prompt(engine):
     assert b.prompt is None and a.token_ids == b.outputs[0].token_ids
 
 
+def test_prompt_dicts(engine):
+    """vLLM's TextPrompt / TokensPrompt dicts, alone or in a list, in generate, stream and embed (a
+    ValueError before); a "prompt" beside the ids is echoed back."""
+    ids = engine.tokenizer.encode("Water boils at")
+    want = text_of(engine, "Water boils at", GREEDY)
+    outs = engine.generate([{"prompt_token_ids": ids}, {"prompt": "Water boils at"},
+                            {"prompt": "echoed", "prompt_token_ids": ids}], GREEDY)
+    assert all(o.outputs[0].token_ids == want.token_ids and o.prompt_token_ids == ids for o in outs)
+    assert [o.prompt for o in outs] == [None, "Water boils at", "echoed"]
+    assert engine.generate({"prompt_token_ids": ids}, GREEDY)[0].outputs[0].token_ids == want.token_ids
+    assert "".join(engine.stream({"prompt_token_ids": ids}, GREEDY)) == want.text
+    assert engine.embed({"prompt_token_ids": ids})[0].outputs.embedding == engine.embed(ids)[0].outputs.embedding
+    for bad, field in [({}, "prompt"), ({"prompt": "x", "multi_modal_data": {}}, "prompt"),
+                       ({"prompt_token_ids": [10**9]}, "prompt_token_ids"),
+                       ({"prompt_token_ids": ids, "prompt": 5}, "prompt")]:
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            engine.generate([bad], GREEDY)
+    assert not engine.has_unfinished_requests()
+
+
 def test_batch_equals_alone(engine):
     prompts = ["One, two, three,", "The best way to learn Python is", "def fibonacci(n):", "Roses are red"]
     alone = [text_of(engine, p, GREEDY).token_ids for p in prompts]
