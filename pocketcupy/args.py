@@ -108,6 +108,11 @@ class EngineArgs:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                      "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             positive(name)
+        if isinstance(self.kv_cache_memory, str):   # "4GiB", as on the command line
+            try:
+                self.kv_cache_memory = size_in_bytes(self.kv_cache_memory)
+            except ValueError as e:
+                raise ValueError(f"kv_cache_memory: {e}") from None
         for name in ("max_model_len", "num_kv_blocks", "kv_cache_memory"):
             positive(name, allow_none=True)
         gmu = self.gpu_memory_utilization

@@ -20,7 +20,7 @@ class PoolingParams:
     """pooling_type: "last" (the last prompt token's hidden state: what decoder embedding models
     such as Qwen3-Embedding and e5-mistral are trained for) or "mean" (over the prompt's tokens);
     normalize: scale the vector to unit L2 norm; truncate_prompt_tokens: keep only the prompt's last
-    k tokens (as SamplingParams'), None for all."""
+    k tokens (as SamplingParams': -1 the last max_model_len), None for all."""
     pooling_type: str = "last"
     normalize: bool = True
     truncate_prompt_tokens: int | None = None
@@ -32,8 +32,9 @@ class PoolingParams:
         if not isinstance(self.normalize, bool):
             raise ValueError(f"normalize: must be a bool, got {self.normalize!r}")
         t = self.truncate_prompt_tokens
-        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
-            raise ValueError(f"truncate_prompt_tokens: must be a positive integer or None, got {t!r}")
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or not (t >= 1 or t == -1)):
+            raise ValueError(f"truncate_prompt_tokens: must be an int >= 1, -1 (the context length) or None, "
+                             f"got {t!r}")
 
 
 @dataclass

@@ -151,7 +151,8 @@ def test_bad_pooling_params(kwargs, field):
 
 def test_input_may_fill_the_context(smollm2_gguf, engine):
     """An embedding's one sampled token is dropped and needs no K/V: a prompt of exactly max_model_len
-    tokens is embedded (in a pool of exactly its blocks) as without the limit; one more is refused."""
+    tokens is embedded (in a pool of exactly its blocks) as without the limit; one more is refused, or
+    truncated to the context by truncate_prompt_tokens=-1."""
     ids = [int(t) for t in np.random.default_rng(3).integers(10, 40000, 49)]
     mean = PoolingParams("mean", normalize=False)
     tight = Engine(smollm2_gguf, device="cpu", progress=False, max_model_len=48, block_size=16, num_kv_blocks=4)
@@ -159,6 +160,9 @@ def test_input_may_fill_the_context(smollm2_gguf, engine):
                                rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="^prompt: 49 tokens do not fit the context of 48"):
         tight.embed([ids], mean)
+    last = PoolingParams("mean", normalize=False, truncate_prompt_tokens=-1)   # (-1: the last max_model_len)
+    np.testing.assert_allclose(_vectors(tight.embed([ids], last)), _vectors(engine.embed([ids[1:]], mean)),
+                               rtol=1e-6, atol=1e-6)
 
 
 def test_bad_embed_arguments(engine):

@@ -585,11 +585,12 @@ def test_engine_args_env_bools():
                                          ("4g", 4 << 30), ("2GB", 2 * 10**9), ("100 KB", 10**5), ("64B", 64)])
 def test_engine_args_sizes(text, size):
     """kv_cache_memory in the environment and on the command line takes a unit, as vLLM's and
-    llama.cpp's users write sizes; a bad one is an error naming the setting."""
+    llama.cpp's users write sizes, and so does EngineArgs; a bad one is an error naming the setting."""
     assert EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": text}).kv_cache_memory == size
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
     assert EngineArgs.from_cli(parser.parse_args(["--kv-cache-memory", text])).kv_cache_memory == size
+    assert EngineArgs(kv_cache_memory=text).kv_cache_memory == size   # (the library takes the text too)
 
 
 def test_engine_args_bad_sizes(capsys):
@@ -597,6 +598,8 @@ def test_engine_args_bad_sizes(capsys):
         EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": "4GX"})
     with pytest.raises(ValueError, match="not a whole number of bytes"):
         EngineArgs.from_env({"POCKETCUPY_KV_CACHE_MEMORY": "1.3B"})
+    with pytest.raises(ValueError, match="^kv_cache_memory: '4GX' is not a size in bytes"):
+        EngineArgs(kv_cache_memory="4GX")
     parser = argparse.ArgumentParser()
     EngineArgs.add_cli_args(parser)
     with pytest.raises(SystemExit):

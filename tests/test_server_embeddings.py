@@ -57,6 +57,7 @@ def test_raw_http_token_ids_and_extensions(server, local):
     ({"pooling": "max"}, "pooling"),
     ({"normalize": "yes"}, "normalize"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
+    ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"temperature": 0.5}, "temperature"),
     ({"input": LONG}, "input"),
 ])

@@ -11,7 +11,7 @@ from ..pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from ..sampling import SamplingParams, truncate_prompt
 from .completions import parse_prompts
 from .generation import Job
-from .protocol import CONTEXT_CODE, ApiError, Fields, bad, check_model
+from .protocol import CONTEXT_CODE, ApiError, Fields, bad, check_model, from_value_error
 from .responses import new_id
 
 MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
@@ -50,11 +50,14 @@ def handle_embeddings(state, body, gone) -> dict:
 
 def pooling_params(f: Fields, engine, normalize: bool = True) -> PoolingParams:
     """The pooling fields of a request: vLLM's "truncate_prompt_tokens", ours "pooling"."""
-    truncate = f.int("truncate_prompt_tokens", None, 1)
+    truncate = f.int("truncate_prompt_tokens", None, -1)
     pooling_type = f.str("pooling", default_pooling_type(engine.config))
     if pooling_type not in POOLING_TYPES:
         raise bad("pooling", f"'pooling' must be one of {', '.join(map(repr, POOLING_TYPES))}, got {pooling_type!r}")
-    return PoolingParams(pooling_type, normalize, truncate)
+    try:
+        return PoolingParams(pooling_type, normalize, truncate)
+    except ValueError as e:   # (truncate_prompt_tokens 0)
+        raise from_value_error(e, "truncate_prompt_tokens") from None
 
 
 def fitted_ids(prompts: list[tuple[list[int], str]], pooling: PoolingParams, engine, field: str) -> list[list[int]]:
