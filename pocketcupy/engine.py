@@ -210,6 +210,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             if tokens and max(tokens) >= self.config.vocab_size:
                 raise ValueError(f"{name}: token id {max(tokens)} is outside the vocabulary "
                                  f"(0..{self.config.vocab_size - 1})")
+        if params.allowed_token_ids and params.min_tokens:
+            stops = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
+            if set(params.allowed_token_ids) <= stops:
+                raise ValueError("min_tokens: allowed_token_ids hold only stop tokens (EOS, stop_token_ids), which "
+                                 "min_tokens forbids: no token could be sampled")
         if params.allowed_token_ids and params.structured_outputs is not None:
             raise ValueError("allowed_token_ids: cannot be combined with structured outputs (their masks could "
                              "leave no token)")

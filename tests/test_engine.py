@@ -198,8 +198,9 @@ def test_logit_bias(engine):
 
 
 def test_allowed_token_ids(engine):
-    """Only the listed tokens are sampled, greedy and random; ids past the vocabulary and the
-    combination with structured outputs are ValueErrors naming the field."""
+    """Only the listed tokens are sampled, greedy and random; ids past the vocabulary, the
+    combination with structured outputs and a list of only stop tokens under min_tokens are
+    ValueErrors naming the field."""
     ids = engine.tokenizer.encode(" yes no maybe", add_special_tokens=False)
     for params in (SamplingParams(temperature=0, max_tokens=8, allowed_token_ids=ids, ignore_eos=True),
                    SamplingParams(temperature=1.5, seed=3, n=3, max_tokens=8, allowed_token_ids=ids, ignore_eos=True)):
@@ -209,6 +210,12 @@ def test_allowed_token_ids(engine):
         engine.generate("hi", SamplingParams(allowed_token_ids=[1, 49152]))
     with pytest.raises(ValueError, match="^allowed_token_ids: cannot be combined"):
         engine.generate("hi", SamplingParams(allowed_token_ids=ids, structured_outputs={"choice": ["a", "b"]}))
+    eos = sorted(engine.tokenizer.eos_token_ids)
+    with pytest.raises(ValueError, match="^min_tokens: allowed_token_ids hold only stop tokens"):
+        engine.generate("hi", SamplingParams(allowed_token_ids=eos + ids[:1], stop_token_ids=ids[:1], min_tokens=2))
+    got = engine.generate("hi", SamplingParams(allowed_token_ids=eos, min_tokens=2, max_tokens=3, ignore_eos=True))
+    toks = got[0].outputs[0].token_ids
+    assert len(toks) == 3 and set(toks) <= set(eos)   # (ignore_eos: EOS is no stop token)
     assert not engine.has_unfinished_requests()
 
 
