@@ -117,6 +117,16 @@ def test_function_call_round_trip(client):
     assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its output are in the prompt
 
 
+def test_empty_tools_are_no_tools(client):
+    """tools [] is the API's default (a response echoes it; the Agents SDK sends it for an agent without
+    tools), with tool_choice 'auto' or 'none' too: the reply is the one without tools; it was a 400."""
+    plain = respond(client, max_output_tokens=8)
+    for choice in ({}, {"tool_choice": "auto"}, {"tool_choice": "none"}):
+        r = respond(client, max_output_tokens=8, tools=[], **choice)
+        assert r.output_text == plain.output_text and r.tools == []
+        assert r.tool_choice == choice.get("tool_choice", "auto")
+
+
 def test_function_call_streams_argument_deltas(client):
     whole = respond(client, input="Weather in Rome?", tools=TOOLS, tool_choice="required").output[0]
     events = list(respond(client, input="Weather in Rome?", tools=TOOLS, tool_choice="required", stream=True))

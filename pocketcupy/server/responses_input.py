@@ -190,8 +190,11 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
         r.str("summary")
         r.str("generate_summary")
         r.reject_unknown()
+    tools, choice = _tools(f.get("tools")), _tool_choice(f.get("tool_choice"))
+    if not tools and choice in ("auto", "none", None):   # tools [] is the API's default (the Agents SDK sends it)
+        tools = choice = None
     extra = {"stream": f.get("stream"), "max_completion_tokens": f.get("max_output_tokens"),
-             "tools": _tools(f.get("tools")), "tool_choice": _tool_choice(f.get("tool_choice")),
+             "tools": tools, "tool_choice": choice,
              "response_format": _response_format(f.obj("text")), "top_logprobs": top, "reasoning_effort": effort,
              "logprobs": True if include or top is not None else None}
     body.update({k: v for k, v in extra.items() if v is not None})
