@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from tests.test_server_harness import MODEL, metrics, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, metric, metrics, request, server, serving  # noqa: F401
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -224,3 +224,23 @@ def test_healthy_after_errors(server):
     assert status == 200 and resp["usage"]["completion_tokens"] >= 1
     m = metrics(server)
     assert not [k for k, v in m.items() if k[0] == "pocketcupy_http_requests_total" and ("status", "500") in k[1] and v]
+
+
+@pytest.fixture(scope="module")
+def small_pool(smollm2_gguf):
+    """A server whose KV pool (7 usable blocks of 16 tokens) holds a short prompt but not a long one."""
+    yield from serving(smollm2_gguf, "--num-kv-blocks", "8")
+
+
+def test_prompt_the_pool_cannot_hold_is_no_finished_request(small_pool):
+    """Of a completion's prompts, those submitted before the one the KV pool cannot hold are taken back
+    uncounted: the request is a 400, not an aborted request in request_finished_total (it was)."""
+    m0 = metrics(small_pool)
+    status, resp, _ = request(small_pool, "POST", COMP, comp(prompt=["hi", "word " * 200], max_tokens=4))
+    assert status == 400 and resp["error"]["param"] == "prompt" and "KV blocks" in resp["error"]["message"]
+    m1 = metrics(small_pool)
+    for name, labels in [("pocketcupy_request_finished_total", {"finish_reason": "abort"}),
+                         ("pocketcupy_prompt_tokens_total", {}), ("pocketcupy_requests_in_flight", {})]:
+        assert metric(m1, name, **labels) == metric(m0, name, **labels), name
+    assert request(small_pool, "POST", COMP, comp(prompt=["hi", "hello"]))[0] == 200
+    assert metric(metrics(small_pool), "pocketcupy_kv_blocks_used") == 0

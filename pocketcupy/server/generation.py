@@ -79,12 +79,13 @@ class Job:
         self.close()
 
     def close(self, reason: str = "abort") -> None:
-        """Abort what still runs (counted as finished for `reason`)."""
+        """Abort what still runs (counted as finished for `reason`; not where start() failed: the
+        prompts submitted before the one the engine refused are part of a 400, not finished requests)."""
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
                 params = self.params[i] if isinstance(self.params, list) else self.params
-                if self.metered:
+                if self.metered and self._counted:
                     self.state.metrics.finished.labels(reason).inc(params.n)
                 s.abort()
         if self._counted:
