@@ -16,8 +16,10 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pocketcupy import Engine, SamplingParams  # noqa: E402
+import bench_args  # noqa: E402
+from pocketcupy import SamplingParams  # noqa: E402
 
 # llama.cpp on the same H200 (CUDA graphs on), Llama-3-8B shape, vocab 49152 (shared/GPU.md)
 LLAMA_CPP_H200 = {"decode_f16": 198, "decode_q8_0": 224, "decode_q4_k_m": 228,
@@ -89,11 +91,17 @@ def time_decode(engine, context: int, tokens: int, rng) -> float:
     return (len(stamps) - 1) / (stamps[-1] - stamps[0])
 
 
-def bench_model(path: str, args, bandwidth) -> dict:
+def bench_model(path: str, args, bandwidth, ap=None) -> dict:
     t0 = time.perf_counter()
-    engine = Engine(path, device=args.device, progress=False, max_num_batched_tokens=max(2048, args.prefill[-1]),
-                    max_num_seqs=8, kv_cache_memory=args.kv_cache_gb << 30,
-                    tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
+    engine = bench_args.engine(ap, path, device=args.device, progress=False,
+                               max_num_batched_tokens=max(2048, *args.prefill), max_num_seqs=8,
+                               kv_cache_memory=args.kv_cache_gb << 30, tensor_parallel_size=args.tensor_parallel_size,
+                               async_scheduling=args.async_scheduling)
+    longest = max(*args.prefill, max(args.context) + args.decode_tokens)
+    if ap is not None and longest > engine.max_model_len:
+        engine.close()
+        ap.error(f"{path}: --prefill / --context + --decode-tokens need {longest} tokens, the model holds "
+                 f"{engine.max_model_len}")
     try:
         return _bench_engine(engine, path, time.perf_counter() - t0, args, bandwidth)
     finally:
@@ -125,32 +133,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("models", nargs="+")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--prefill", type=int, nargs="+", default=[512, 2048])
-    ap.add_argument("--context", type=int, nargs="+", default=[512, 4096])
-    ap.add_argument("--decode-tokens", type=int, default=128)
-    ap.add_argument("--kv-cache-gb", type=int, default=4, help="KV pool per model (several models load in turn)")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, help="ranks (GPUs) each model is split over")
+    ap.add_argument("--prefill", type=bench_args.count(), nargs="+", default=[512, 2048])
+    ap.add_argument("--context", type=bench_args.count(), nargs="+", default=[512, 4096])
+    ap.add_argument("--decode-tokens", type=bench_args.count(2), default=128)
+    ap.add_argument("--kv-cache-gb", type=bench_args.count(), default=4,
+                    help="KV pool per model (several models load in turn)")
+    ap.add_argument("--tensor-parallel-size", type=bench_args.count(), default=1,
+                    help="ranks (GPUs) each model is split over")
     ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
                     help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
     args = ap.parse_args()
-    device = "cuda" if args.device == "auto" and _has_cuda() else args.device
+    device = bench_args.device(ap, args.device)
+    for m in args.models:
+        if not os.path.exists(m):
+            ap.error(f"model: {m} does not exist")
     bw = copy_bandwidth(device)
     out = {"copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None, "models": [],
            "llama_cpp_h200_reference_tok_s": LLAMA_CPP_H200}
     for m in args.models:
-        out["models"].append(bench_model(m, args, bw))
+        out["models"].append(bench_model(m, args, bw, ap))
         gc.collect()  # the next model needs this one's memory
         if device == "cuda":
             import cupy
 
             cupy.get_default_memory_pool().free_all_blocks()
     print(json.dumps(out))
-
-
-def _has_cuda() -> bool:
-    from pocketcupy.backend import cuda_available
-
-    return cuda_available()
 
 
 if __name__ == "__main__":

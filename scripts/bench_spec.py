@@ -14,8 +14,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench_decode import _has_cuda, copy_bandwidth, weight_bytes  # noqa: E402
-from pocketcupy import Engine, SamplingParams  # noqa: E402
+import bench_args  # noqa: E402
+from bench_decode import copy_bandwidth, weight_bytes  # noqa: E402
+from pocketcupy import SamplingParams  # noqa: E402
 
 CODE = ("def merge_sort(xs):\n    if len(xs) <= 1:\n        return xs\n    mid = len(xs) // 2\n"
         "    left = merge_sort(xs[:mid])\n    right = merge_sort(xs[mid:])\n    out = []\n"
@@ -42,9 +43,9 @@ def decode(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     return tokens, (n - 1) / (stamps[-1] - stamps[0]) if n > 1 else 0.0
 
 
-def run(path: str, args, spec: dict, bandwidth, baseline=None) -> dict:
-    engine = Engine(path, device=args.device, progress=False, max_num_seqs=4, max_model_len=args.max_model_len,
-                    **spec)
+def run(path: str, args, spec: dict, bandwidth, baseline=None, ap=None) -> dict:
+    engine = bench_args.engine(ap, path, device=args.device, progress=False, max_num_seqs=4,
+                               max_model_len=args.max_model_len, **spec)
     try:
         _, wbytes = weight_bytes(engine)     # the bytes a decode token reads
         decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
@@ -79,17 +80,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 6], help="num_speculative_tokens values to try")
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--max-model-len", type=int, default=4096, help="(two models' K/V share the KV pool)")
-    ap.add_argument("--prompt-lookup-min", type=int, default=2)
-    ap.add_argument("--prompt-lookup-max", type=int, default=4)
+    ap.add_argument("--k", type=bench_args.count(), nargs="+", default=[2, 4, 6],
+                    help="num_speculative_tokens values to try")
+    ap.add_argument("--max-tokens", type=bench_args.count(), default=128)
+    ap.add_argument("--max-model-len", type=bench_args.count(), default=4096,
+                    help="(two models' K/V share the KV pool)")
+    ap.add_argument("--prompt-lookup-min", type=bench_args.count(), default=2)
+    ap.add_argument("--prompt-lookup-max", type=bench_args.count(), default=4)
     ap.add_argument("--draft-model", help="also draft with this model (same vocabulary) at each --k")
     ap.add_argument("--mtp", action="store_true", help="also draft with the model's MTP layer (DeepSeek-V3) at each --k")
     args = ap.parse_args()
-    args.device = "cuda" if args.device == "auto" and _has_cuda() else args.device
+    args.device = bench_args.device(ap, args.device)
+    if args.prompt_lookup_min > args.prompt_lookup_max:
+        ap.error(f"--prompt-lookup-min {args.prompt_lookup_min} exceeds --prompt-lookup-max {args.prompt_lookup_max}")
+    if args.draft_model and not os.path.exists(args.draft_model):
+        ap.error(f"--draft-model: {args.draft_model} does not exist")
     bw = copy_bandwidth(args.device)
-    plain = run(args.model, args, {}, bw)
+    plain = run(args.model, args, {}, bw, ap=ap)
     out = {"model": args.model, "device": args.device, "max_tokens": args.max_tokens,
            "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None,
            "plain": {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
@@ -97,14 +104,14 @@ def main() -> None:
     for k in args.k:
         spec = dict(speculative_method="ngram", num_speculative_tokens=k, prompt_lookup_min=args.prompt_lookup_min,
                     prompt_lookup_max=args.prompt_lookup_max)
-        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, baseline=plain)
+        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, baseline=plain, ap=ap)
         if args.draft_model:
             spec = dict(speculative_method="draft_model", speculative_model=args.draft_model,
                         num_speculative_tokens=k)
-            out[f"draft_model_k{k}"] = run(args.model, args, spec, bw, baseline=plain)
+            out[f"draft_model_k{k}"] = run(args.model, args, spec, bw, baseline=plain, ap=ap)
         if args.mtp:
             out[f"mtp_k{k}"] = run(args.model, args, dict(speculative_method="mtp", num_speculative_tokens=k), bw,
-                                   baseline=plain)
+                                   baseline=plain, ap=ap)
     print(json.dumps(out))
 
 

@@ -13,8 +13,10 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pocketcupy import Engine, SamplingParams  # noqa: E402
+import bench_args  # noqa: E402
+from pocketcupy import SamplingParams  # noqa: E402
 
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "email", "city", "tags"],
           "properties": {"name": {"type": "string", "maxLength": 24},
@@ -54,20 +56,29 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--batch", type=bench_args.count(), default=64)
+    ap.add_argument("--prompt-len", type=bench_args.count(), default=128)
+    ap.add_argument("--max-tokens", type=bench_args.count(), default=256)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--schema", help="a JSON schema file (default: an array of people, minItems = max_tokens)")
     a = ap.parse_args()
-
-    engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=a.batch,
-                    max_num_batched_tokens=max(2048, a.batch * a.prompt_len))
     if a.schema:
-        with open(a.schema) as f:
-            schema = json.load(f)
+        try:
+            with open(a.schema) as f:
+                schema = json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"--schema: {e}")
     else:
         schema = people_schema(a.max_tokens)  # each person is > 1 token: never complete within max_tokens
+    try:
+        SamplingParams(temperature=a.temperature, structured_outputs={"json": schema})
+    except ValueError as e:
+        ap.error(str(e))
+    engine = bench_args.engine(ap, a.model, device=a.device, progress=False, max_num_seqs=a.batch,
+                               max_num_batched_tokens=max(2048, a.batch * a.prompt_len))
+    if a.prompt_len + a.max_tokens > engine.max_model_len:
+        ap.error(f"--prompt-len {a.prompt_len} + --max-tokens {a.max_tokens} tokens do not fit the model's "
+                 f"{engine.max_model_len}")
     rng = np.random.default_rng(0)
     vocab = engine.tokenizer.vocab_size
 

@@ -19,8 +19,10 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from pocketcupy import Engine, SamplingParams  # noqa: E402
+import bench_args  # noqa: E402
+from pocketcupy import SamplingParams  # noqa: E402
 from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES  # noqa: E402
 
 
@@ -83,21 +85,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 256])
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--output", type=int, default=256)
-    ap.add_argument("--prefix-tokens", type=int, default=8192 - 128)
-    ap.add_argument("--repeats", type=int, default=3, help="runs of each level of at most 16 requests, pooled")
+    ap.add_argument("--concurrency", type=bench_args.count(), nargs="+", default=[1, 4, 16, 64, 256])
+    ap.add_argument("--prompt", type=bench_args.count(), default=512)
+    ap.add_argument("--output", type=bench_args.count(), default=256)
+    ap.add_argument("--prefix-tokens", type=bench_args.count(0), default=8192 - 128, help="0: no prefix run")
+    ap.add_argument("--repeats", type=bench_args.count(), default=3,
+                    help="runs of each level of at most 16 requests, pooled")
     ap.add_argument("--async-scheduling", default="auto", choices=("auto", "on", "off"),
                     help="launch each step before the last one's tokens reach the host (auto: on for CUDA)")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="KV cache pages: the backend's float type, or quantized (quant/kv_quant.py)")
     a = ap.parse_args(argv)
-    if a.repeats < 1:
-        ap.error("--repeats must be at least 1")
     top = max(a.concurrency)
-    engine = Engine(a.model, device=a.device, progress=False, max_num_seqs=top, max_num_batched_tokens=8192,
-                    async_scheduling=a.async_scheduling, kv_cache_dtype=a.kv_cache_dtype)
+    engine = bench_args.engine(ap, a.model, device=a.device, progress=False, max_num_seqs=top,
+                               max_num_batched_tokens=8192, async_scheduling=a.async_scheduling,
+                               kv_cache_dtype=a.kv_cache_dtype)
+    if a.prompt + a.output > engine.max_model_len:
+        ap.error(f"--prompt {a.prompt} + --output {a.output} tokens do not fit the model's {engine.max_model_len}")
     rng = np.random.default_rng(0)
     vocab = engine.config.vocab_size
 

@@ -31,6 +31,38 @@ def test_kernel_benches_without_a_gpu_say_so(script):
     assert "Traceback" not in out.stderr
 
 
+MODEL_BENCHES = ["bench_throughput.py", "bench_decode.py", "bench_spec.py", "bench_structured.py"]
+
+
+@pytest.mark.parametrize("script, args, says", [
+    *((s, ["/nonexistent.gguf"], "model: /nonexistent.gguf does not exist") for s in MODEL_BENCHES),
+    ("bench_throughput.py", ["M", "--concurrency", "4", "-1"], "argument --concurrency: must be at least 1, got -1"),
+    ("bench_throughput.py", ["M", "--device", "cpu", "--prompt", "9000"],
+     "--prompt 9000 + --output 256 tokens do not fit the model's 8192"),
+    ("bench_throughput.py", ["M", "--device", "gpu"], "device: must be 'auto', 'cpu' or 'cuda', got 'gpu'"),
+    ("bench_decode.py", ["M", "--decode-tokens", "1"], "argument --decode-tokens: must be at least 2, got 1"),
+    ("bench_decode.py", ["M", "--kv-cache-gb", "0"], "argument --kv-cache-gb: must be at least 1, got 0"),
+    ("bench_spec.py", ["M", "--draft-model", "/nonexistent.gguf"], "--draft-model: /nonexistent.gguf does not exist"),
+    ("bench_structured.py", ["M", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
+    ("bench_structured.py", ["M", "--schema", "/nonexistent.json"], "--schema: [Errno 2] No such file"),
+])
+def test_model_benches_refuse_bad_arguments_in_one_line(smollm2_gguf, script, args, says):
+    """A missing model, a count below its least, a device Engine refuses, a prompt longer than the
+    model's context: a usage error (exit 2) naming it, before any benchmark runs, not a traceback."""
+    out = _run(script, *[smollm2_gguf if a == "M" else a for a in args])
+    assert out.returncode == 2 and f"{script}: error: {says}" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.skipif(cuda_available(), reason="a GPU is present")
+@pytest.mark.parametrize("script", MODEL_BENCHES)
+def test_model_benches_asked_for_cuda_without_a_gpu_say_so(smollm2_gguf, script):
+    out = _run(script, smollm2_gguf, "--device", "cuda")
+    assert out.returncode == 2 and "device: 'cuda' requested but CuPy with a usable GPU is not available" \
+        in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
 @pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py", "profile_kernels.py",
                                     "profile_marginal.py", "profile_variants.py", "profile_host.py"])
 def test_help_describes_the_script_in_its_first_paragraph(script):
