@@ -99,6 +99,8 @@ def main(argv=None) -> int:
             v = getattr(ns, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v}")
+        if ns.port > 65535:
+            raise ValueError(f"port: must be at most 65535, got {ns.port}")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -68,3 +68,10 @@ def test_fetch_models_prints_path_last(smollm2_gguf):
     assert r.stdout.strip().splitlines()[-1] == smollm2_gguf
     r = run("scripts/fetch_models.py", "--cache-dir", cache)
     assert r.stdout.strip().splitlines()[-1] == smollm2_gguf
+
+
+def test_serve_refuses_a_port_out_of_range(smollm2_gguf):
+    """--port 99999 was a traceback from gunicorn's bind (OverflowError), exit 1."""
+    r = run("scripts/serve.py", "--model", smollm2_gguf, "--port", "99999")
+    assert r.returncode == 2 and "error: port: must be at most 65535, got 99999" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
