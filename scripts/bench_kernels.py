@@ -461,6 +461,23 @@ def bench_prefill_over_prefix(args, cache, hq: int, d: int, bs: int, prefix: int
     return out
 
 
+BENCHES = ("gemv", "batch", "gemm", "attention")
+QTYPES = ("F16", "BF16", "FP8", "NVFP4", *_SCALE_FIELDS)     # the formats make_weight builds
+
+
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Usage errors before anything runs (an unknown qtype was a KeyError once the GPU had timed the ceilings)."""
+    for flag, given, known in (("--only", args.only, BENCHES), ("--qtypes", args.qtypes or "", QTYPES)):
+        bad = [v for v in given.split(",") if v and v not in known]
+        if bad:
+            ap.error(f"{flag}: unknown {bad[0]!r} (choose from {', '.join(known)})")
+    bad = [sh for sh in args.tile_shapes.split(",") if sh and not (len(sh) == 4 and sh.isdigit())]
+    if bad:
+        ap.error(f"--tile-shapes: {bad[0]!r} is not 4 digits (MT RG KW ST)")
+    if args.reps is not None and args.reps < 1:
+        ap.error(f"--reps: must be at least 1, got {args.reps}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -475,6 +492,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
+    check_args(ap, args)
     if not cuda_available():
         ap.exit(2, f"bench_kernels: times CUDA kernels, but {NO_CUDA}\n")
     args.reps = args.reps or (5 if args.quick else 30)

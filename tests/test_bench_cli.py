@@ -63,6 +63,18 @@ def test_model_benches_asked_for_cuda_without_a_gpu_say_so(smollm2_gguf, script)
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--qtypes", "BF16,Q4_X"], "--qtypes: unknown 'Q4_X' (choose from F16, BF16, FP8, NVFP4, Q4_0"),
+    (["--only", "gemv,gemvv"], "--only: unknown 'gemvv' (choose from gemv, batch, gemm, attention)"),
+    (["--tile-shapes", "2413,24"], "--tile-shapes: '24' is not 4 digits"),
+])
+def test_bench_kernels_refuses_bad_arguments_before_the_gpu(args, says):
+    """Usage errors with or without a GPU (on one, an unknown qtype was a KeyError after the ceilings'
+    timing; without one, the same command said only that it needs a GPU)."""
+    out = _run("bench_kernels.py", *args)
+    assert out.returncode == 2 and f"bench_kernels.py: error: {says}" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py", "profile_kernels.py",
                                     "profile_marginal.py", "profile_variants.py", "profile_host.py"])
 def test_help_describes_the_script_in_its_first_paragraph(script):
