@@ -653,8 +653,15 @@ def make_model(out: str, s: Spec, formats=DEFAULT_FORMATS, tokenizer: str = "aut
     t_start = time.monotonic()
     formats = [f for f in FORMATS if f in formats]
     threads = threads or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    small = [n for n in ("vocab", "hidden", "layers", "heads", "kv_heads", "intermediate", "context")
+             if getattr(s, n) < 1]
+    if small:
+        raise SystemExit(f"--{small[0].replace('_', '-')} must be at least 1, got {getattr(s, small[0])}")
     if s.hidden % s.heads or s.heads % s.kv_heads or s.head_dim % 2:
         raise SystemExit("--hidden must divide into --heads even-sized heads, and --heads by --kv-heads")
+    if {"q8_0", "q4_k_m"} & set(formats) and (s.hidden % 32 or s.intermediate % 32):
+        raise SystemExit("q8_0 / q4_k_m: --hidden and --intermediate must be multiples of 32 (the rows of "
+                         "their 32-value blocks)")
     os.makedirs(out, exist_ok=True)
     est = estimate_bytes(s, formats, mix)
     free = shutil.disk_usage(out).free

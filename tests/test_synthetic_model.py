@@ -269,6 +269,11 @@ def test_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit):
         mod.main(["--out", str(tmp_path), "--vocab", "100", "--hidden", "64", "--layers", "1", "--heads", "4",
                   "--kv-heads", "2", "--intermediate", "128"])
+    # a traceback from the worker pool (quantize: row length 100 ...), a ZeroDivisionError
+    for args, says in ((["--intermediate", "100", "--formats", "bf16,q4_k_m"], "must be multiples of 32"),
+                       (["--heads", "0"], "--heads must be at least 1, got 0")):
+        with pytest.raises(SystemExit, match=says):
+            mod.main(["--out", str(tmp_path / "bad"), *SMALL, *args, "--threads", "1"])
 
 
 def test_tokenizer_from_another_gguf(small, tmp_path):
