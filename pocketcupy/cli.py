@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         from .engine import Engine
 
         engine = Engine.from_args(EngineArgs.from_cli(ns))
-    except ValueError as e:
+    except (ValueError, OSError) as e:   # OSError: the default model's download, an unreadable file
         print(f"error: {e}", file=sys.stderr)
         return 2
     if ns.command == "embed":

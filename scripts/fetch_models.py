@@ -12,7 +12,10 @@ def main() -> None:
     ap.add_argument("--cache-dir", default=None, help="default: $POCKETCUPY_CACHE or ~/.cache/pocketcupy")
     args = ap.parse_args()
     print(f"cache: {cache_dir(args.cache_dir)}")
-    print(default_model_path(args.cache_dir))
+    try:
+        print(default_model_path(args.cache_dir))
+    except OSError as e:   # no network, a cache folder that cannot be made
+        ap.exit(1, f"fetch_models.py: error: {e}\n")
 
 
 if __name__ == "__main__":

