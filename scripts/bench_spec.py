@@ -29,10 +29,13 @@ PROMPTS = {
 }
 
 
+def chat_ids(engine, prompt: str) -> list[int]:
+    return engine.tokenizer.encode(engine.render_chat([{"role": "user", "content": prompt}]), add_special_tokens=False)
+
+
 def decode(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     """Greedy tokens of one chat request alone, and its decode tok/s (first token to last)."""
-    ids = engine.tokenizer.encode(engine.render_chat([{"role": "user", "content": prompt}]), add_special_tokens=False)
-    engine.add_request("bench", ids, SamplingParams(temperature=0, max_tokens=max_tokens))
+    engine.add_request("bench", chat_ids(engine, prompt), SamplingParams(temperature=0, max_tokens=max_tokens))
     stamps, n, tokens = [], 0, []
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -47,6 +50,10 @@ def run(path: str, args, spec: dict, bandwidth, baseline=None, ap=None) -> dict:
     engine = bench_args.engine(ap, path, device=args.device, progress=False, max_num_seqs=4,
                                max_model_len=args.max_model_len, **spec)
     try:
+        longest = max(len(chat_ids(engine, p)) for p in PROMPTS.values())
+        if ap is not None and longest + args.max_tokens > engine.max_model_len:
+            ap.error(f"--max-tokens {args.max_tokens}: with the longest prompt ({longest} tokens) it exceeds the "
+                     f"context of {engine.max_model_len} tokens")
         _, wbytes = weight_bytes(engine)     # the bytes a decode token reads
         decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
         before = engine.stats()

@@ -43,6 +43,8 @@ MODEL_BENCHES = ["bench_throughput.py", "bench_decode.py", "bench_spec.py", "ben
     ("bench_decode.py", ["M", "--decode-tokens", "1"], "argument --decode-tokens: must be at least 2, got 1"),
     ("bench_decode.py", ["M", "--kv-cache-gb", "0"], "argument --kv-cache-gb: must be at least 1, got 0"),
     ("bench_spec.py", ["M", "--draft-model", "/nonexistent.gguf"], "--draft-model: /nonexistent.gguf does not exist"),
+    ("bench_spec.py", ["M", "--device", "cpu", "--max-model-len", "64", "--max-tokens", "60"],
+     "--max-tokens 60: with the longest prompt"),
     ("bench_structured.py", ["M", "--batch", "0"], "argument --batch: must be at least 1, got 0"),
     ("bench_structured.py", ["M", "--schema", "/nonexistent.json"], "--schema: [Errno 2] No such file"),
 ])
