@@ -3,7 +3,7 @@
 // in shared memory. (The GEMVs' warps each read their batch's activations for their 16 rows alone: at
 // batch 64, 8 bytes of fp16 activations a byte of FP8 codes.)
 //
-// gemm_codes_tile<F, NT, MT, RG, KW, ST, HW>: y[n, r] = sum_k x16[n, k] W[r, k] (scales) (+ bias[r]) for
+// gemm_codes_tile<F, NT, MT, RG, KW, ST, HW, SPLIT>: y[n, r] = sum_k x16[n, k] W[r, k] (scales) (+ bias[r]) for
 // n < nb <= 8 NT. A block of RG row groups (MT 16-row tiles each) x KW warps over K; per step it copies with
 // cp.async, ST - 1 steps ahead, KW 64-column chunks of its rows' codes (NVFP4: and their scale codes) and
 // of the 8 NT activation rows into one of ST shared-memory stages; warp (rg, kw) = (warp % RG, warp / RG)
@@ -11,8 +11,12 @@
 // GEMVs do (FP8: HW, sm_89+'s cvt; NVFP4: times the group's scale) and multiplies them by the NT 8-column
 // tiles. FP8 adds each chunk's sums times the rows' scales; NVFP4 multiplies the sums by RS at the end.
 // The KW warps of a row group add their tiles at the end (mma_tiles_store).
+// SPLIT: split K (gridDim.y = SK, for weights with too few row blocks to fill the SMs): block (x, s) takes
+// the s-th of SK runs of chunks and writes its sums to ws [SK][nb][rows]; the last of a row block's SK
+// blocks to finish (counters[x], left at 0 again) adds the SK parts in order into y, so the sums do not
+// depend on which finishes last.
 // x16: fp16 [nb, K] (rounded by the kernel that wrote it). Block: 32 RG KW threads; dynamic shared memory
-// max(CtLayout::SMEM, the end's reduction); grid: ceil(rows / (16 MT RG)). Needs K % 64 == 0.
+// max(CtLayout::SMEM, the end's reduction); grid: (ceil(rows / (16 MT RG)), SK). Needs K % 64 == 0.
 #include "minifloat.cuh"
 #include "mma_tiles.cuh"
 
@@ -34,17 +38,18 @@ struct CtLayout {
     static constexpr int STAGE = KW * SLOT, SMEM = ST * STAGE, THREADS = 32 * RG * KW;
 };
 
-// Codes (and NVFP4's scale codes) of step `step`'s chunks into a stage: issued before pdl_wait (constant).
+// Codes (and NVFP4's scale codes) of step `step`'s chunks (from c0, below c1) into a stage: issued before
+// pdl_wait (constant).
 template <int F, int NT, int MT, int RG, int KW, int ST>
 __device__ __forceinline__ void ct_load_w(u8* stage, const u8* __restrict__ W, const u8* __restrict__ S4, int rows,
-                                          int K, int row0, int step, int nchunks) {
+                                          int K, int row0, int step, int c0, int c1) {
     using L = CtLayout<F, NT, MT, RG, KW, ST>;
     constexpr int P = L::WB / 16;
     const i64 row_bytes = F == CODES_FP8 ? K : K / 2;
 #pragma unroll
     for (int s = 0; s < KW; ++s) {
-        const int ch = KW * step + s;
-        if (ch >= nchunks) break;
+        const int ch = c0 + KW * step + s;
+        if (ch >= c1) break;
         u8* base = stage + s * L::SLOT;
         for (int i = threadIdx.x; i < L::ROWS * P; i += L::THREADS) {
             const int r = i / P, p = i - r * P;
@@ -60,12 +65,12 @@ __device__ __forceinline__ void ct_load_w(u8* stage, const u8* __restrict__ W, c
 // Activations of step `step`'s chunks into a stage; rows past nb are zeros.
 template <int F, int NT, int MT, int RG, int KW, int ST>
 __device__ __forceinline__ void ct_load_x(u8* stage, const __half* __restrict__ x16, int nb, int K, int step,
-                                          int nchunks) {
+                                          int c0, int c1) {
     using L = CtLayout<F, NT, MT, RG, KW, ST>;
 #pragma unroll
     for (int s = 0; s < KW; ++s) {
-        const int ch = KW * step + s;
-        if (ch >= nchunks) break;
+        const int ch = c0 + KW * step + s;
+        if (ch >= c1) break;
         u8* xs = stage + s * L::SLOT + L::X_OFF;
         for (int i = threadIdx.x; i < 8 * NT * 8; i += L::THREADS) {
             const int n = i >> 3, p = i & 7;
@@ -88,25 +93,29 @@ __device__ __forceinline__ void ct_decode(const u8* slot, int sc_off, int r, int
     }
 }
 
-template <int F, int NT, int MT, int RG, int KW, int ST, bool HW>
+template <int F, int NT, int MT, int RG, int KW, int ST, bool HW, bool SPLIT>
 __global__ void __launch_bounds__(32 * RG * KW, 2)
 gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const float* __restrict__ RS, int rows, int K,
-                const __half* __restrict__ x16, int nb, const float* __restrict__ bias, float* __restrict__ y) {
+                const __half* __restrict__ x16, int nb, const float* __restrict__ bias, float* __restrict__ y,
+                float* __restrict__ ws, int* __restrict__ counters) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using L = CtLayout<F, NT, MT, RG, KW, ST>;
     extern __shared__ __align__(16) u8 ct_smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int rg = warp % RG, kw = warp / RG, row0 = blockIdx.x * L::ROWS;
-    const int nchunks = K >> 6, steps = (nchunks + KW - 1) / KW, groups = (K + 127) >> 7;
+    const int nchunks = K >> 6, groups = (K + 127) >> 7, sk = SPLIT ? gridDim.y : 1, split = SPLIT ? blockIdx.y : 0;
+    const int c0 = SPLIT ? (int)((i64)nchunks * split / sk) : 0;
+    const int c1 = SPLIT ? (int)((i64)nchunks * (split + 1) / sk) : nchunks;
+    const int steps = (c1 - c0 + KW - 1) / KW;
     const u8* S4 = reinterpret_cast<const u8*>(S);
     const float* S8 = reinterpret_cast<const float*>(S);
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s)
-        if (s < steps) ct_load_w<F, NT, MT, RG, KW, ST>(ct_smem + s * L::STAGE, W, S4, rows, K, row0, s, nchunks);
+        if (s < steps) ct_load_w<F, NT, MT, RG, KW, ST>(ct_smem + s * L::STAGE, W, S4, rows, K, row0, s, c0, c1);
     pdl_wait();
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
-        if (s < steps) ct_load_x<F, NT, MT, RG, KW, ST>(ct_smem + s * L::STAGE, x16, nb, K, s, nchunks);
+        if (s < steps) ct_load_x<F, NT, MT, RG, KW, ST>(ct_smem + s * L::STAGE, x16, nb, K, s, c0, c1);
         cp_async_commit();
     }
     float acc[NT][MT][4];
@@ -121,12 +130,12 @@ gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const floa
         const int nx = it + ST - 1;
         if (nx < steps) {
             u8* st = ct_smem + (nx % ST) * L::STAGE;
-            ct_load_w<F, NT, MT, RG, KW, ST>(st, W, S4, rows, K, row0, nx, nchunks);
-            ct_load_x<F, NT, MT, RG, KW, ST>(st, x16, nb, K, nx, nchunks);
+            ct_load_w<F, NT, MT, RG, KW, ST>(st, W, S4, rows, K, row0, nx, c0, c1);
+            ct_load_x<F, NT, MT, RG, KW, ST>(st, x16, nb, K, nx, c0, c1);
         }
         cp_async_commit();
-        const int ch = KW * it + kw;
-        if (ch >= nchunks) continue;
+        const int ch = c0 + KW * it + kw;
+        if (ch >= c1) continue;
         const u8* slot = ct_smem + (it % ST) * L::STAGE + kw * L::SLOT;
         u32 ha[MT][8], hb[MT][8];
         float sa[MT], sb[MT];
@@ -172,7 +181,9 @@ gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const floa
     cp_async_wait<0>();
     if constexpr (KW > 1) __syncthreads();   // the stages become red: every warp is done reading them
     mma_tiles_store<NT, MT, RG, KW>(acc, reinterpret_cast<float(*)[NT * MT * 4][32]>(ct_smem), warp, rg, kw, lane,
-                                    row0 + 16 * MT * rg, rows, nb, F == CODES_NVFP4 ? RS : nullptr, bias, y);
+                                    row0 + 16 * MT * rg, rows, nb, F == CODES_NVFP4 ? RS : nullptr,
+                                    split == 0 ? bias : nullptr, SPLIT ? ws + (i64)split * nb * rows : y);
+    if constexpr (SPLIT) split_k_fixup(ws, counters, sk, rows, nb, row0, L::ROWS, y);
 #else
     pdl_wait();
 #endif
@@ -180,10 +191,11 @@ gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const floa
 
 #ifndef __CUDACC_RTC__
 // nvcc-only instances (the module NVRTC builds names its own)
-#define GEMM_CODES_TILE(F, NT, MT, RG, KW, ST, HW) template __global__ void gemm_codes_tile<F, NT, MT, RG, KW, ST, HW>( \
-    const u8*, const void*, const float*, int, int, const __half*, int, const float*, float*);
-GEMM_CODES_TILE(CODES_FP8, 8, 2, 4, 1, 3, true)
-GEMM_CODES_TILE(CODES_FP8, 4, 1, 2, 4, 2, false)
-GEMM_CODES_TILE(CODES_NVFP4, 8, 2, 4, 1, 3, false)
-GEMM_CODES_TILE(CODES_NVFP4, 4, 1, 2, 4, 2, false)
+#define GEMM_CODES_TILE(F, NT, MT, RG, KW, ST, HW, SPLIT) \
+    template __global__ void gemm_codes_tile<F, NT, MT, RG, KW, ST, HW, SPLIT>( \
+    const u8*, const void*, const float*, int, int, const __half*, int, const float*, float*, float*, int*);
+GEMM_CODES_TILE(CODES_FP8, 8, 2, 4, 1, 3, true, false)
+GEMM_CODES_TILE(CODES_FP8, 4, 1, 2, 4, 2, false, true)
+GEMM_CODES_TILE(CODES_NVFP4, 8, 2, 4, 1, 3, false, true)
+GEMM_CODES_TILE(CODES_NVFP4, 4, 1, 2, 4, 2, false, false)
 #endif

@@ -1,5 +1,5 @@
 // The end of the tensor-core kernels whose warps hold MT 16-row tiles x NT 8-column tiles of a
-// block's rows (gemv_kquant_mma.cu, gemm_kquant_tile.cu, gemm_codes_tile.cu).
+// block's rows (gemv_kquant_mma.cu, gemm_kquant_tile.cu, gemm_codes_tile.cu), and split K's sum of parts.
 #pragma once
 
 #include "common.cuh"
@@ -40,5 +40,29 @@ __device__ __forceinline__ void mma_tiles_store(const float (&acc)[NT][MT][4], f
                 }
             }
         }
+    }
+}
+
+// Split K's end, after a block of grid (x, s) wrote its part of rows [row0, row0 + nrows) to ws[s]
+// ([SK][nb][rows]): the last of column x's SK blocks to get here adds the parts in order of s into y
+// [nb, rows] (the same sums whichever finishes last) and leaves counters[x] at 0 for the next launch.
+__device__ __forceinline__ void split_k_fixup(const float* ws, int* counters, int sk, int rows, int nb, int row0,
+                                              int nrows, float* __restrict__ y) {
+    __shared__ int last;
+    __threadfence();   // this block's part, visible to the block that adds them
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counters + blockIdx.x, 1) == sk - 1;
+        if (last) counters[blockIdx.x] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int n = min(nrows, rows - row0);
+    for (int i = threadIdx.x; i < n * nb; i += blockDim.x) {
+        const int col = i / n, r = row0 + i - col * n;
+        float v = 0.0f;
+        for (int s = 0; s < sk; ++s) v += __ldcg(ws + ((i64)s * nb + col) * rows + r);
+        y[(i64)col * rows + r] = v;
     }
 }

@@ -245,8 +245,9 @@ def bench_batch(args, copy_gbps: float) -> dict:
                 y = cp.empty((nb, rows), cp.float32)
                 it = iter(range(1 << 62))
                 variants = {"cublas": ()} if qtype == "BF16" else dict(_CODES_BATCH_VARIANTS)
-                if qtype != "BF16" and nb == 64:     # --tile-shapes: "tile_2413" = (MT, RG, KW, ST) (2, 4, 1, 3)
-                    variants.update({f"tile_{sh}": (("codes_tile_cuda", "SHAPE_OVERRIDE", tuple(map(int, sh))),)
+                if qtype != "BF16":     # --tile-shapes: "tile_24134" = (MT, RG, KW, ST) (2, 4, 1, 3), 4 splits
+                    variants.update({f"tile_{sh}": (("codes_tile_cuda", "SHAPE_OVERRIDE", tuple(map(int, sh[:4]))),
+                                                    ("codes_tile_cuda", "SPLITS_OVERRIDE", int(sh[4:]) if sh[4:] else None))
                                      for sh in args.tile_shapes.split(",") if sh})
                 for variant, overrides in variants.items():
                     if qtype == "BF16":
@@ -471,9 +472,9 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
         bad = [v for v in given.split(",") if v and v not in known]
         if bad:
             ap.error(f"{flag}: unknown {bad[0]!r} (choose from {', '.join(known)})")
-    bad = [sh for sh in args.tile_shapes.split(",") if sh and not (len(sh) == 4 and sh.isdigit())]
+    bad = [sh for sh in args.tile_shapes.split(",") if sh and not (len(sh) in (4, 5) and sh.isdigit())]
     if bad:
-        ap.error(f"--tile-shapes: {bad[0]!r} is not 4 digits (MT RG KW ST)")
+        ap.error(f"--tile-shapes: {bad[0]!r} is not 4 or 5 digits (MT RG KW ST [splits])")
     if args.reps is not None and args.reps < 1:
         ap.error(f"--reps: must be at least 1, got {args.reps}")
 
@@ -487,8 +488,8 @@ def main(argv=None) -> int:
     ap.add_argument("--qtypes", default=None,
                     help="the gemv and batch benchmarks' weight formats, e.g. BF16,FP8,NVFP4")
     ap.add_argument("--tile-shapes", default="",
-                    help="the batch benchmark's extra gemm_codes_tile launch shapes at batch 64, as MT RG KW ST "
-                         "digits (e.g. 1413,2213)")
+                    help="the batch benchmark's extra gemm_codes_tile launches, as MT RG KW ST digits and the "
+                         "splits of K (none: its own choice), e.g. 24131,24138,1242")
     ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)

@@ -42,6 +42,19 @@ def test_shape_most_rows_a_block_that_still_fills_the_sms(device):
     assert codes_tile_shape(28672) == (1, 4, 2, 3)
 
 
+def test_split_k_where_blocks_leave_sms_idle_over_a_long_k(device):
+    """The 8B's down projection (4096 x 14336: 128 blocks of 32 rows, 56 chunks a warp) splits in 3 (2 blocks
+    a SM); its other weights fill the SMs or have short K."""
+    def splits(rows, cols):
+        return ct.codes_tile_splits(codes_tile_shape(rows), rows, cols)
+    assert splits(4096, 14336) == 3
+    assert splits(4096, 4096) == splits(6144, 4096) == splits(28672, 4096) == splits(49152, 4096) == 1
+    assert ct.codes_tile_splits((2, 4, 1, 3), 4096, 14336) == ct.MAX_SPLITS       # 32 blocks
+    assert ct.codes_tile_splits((2, 4, 1, 3), 128 * 50, 64 * 40) == 5    # 40 chunks a warp: 8 in each split
+    device.setattr(ct, "SPLITS_OVERRIDE", 5)
+    assert splits(28672, 4096) == 5
+
+
 def test_shared_memory_of_every_shape_fits_sm86():
     """The stages (codes, NVFP4's scale codes, 8 NT activation rows of 144 bytes a chunk) within the 99 KB a block may have on sm_86 / sm_89 (the least of sm_80+)."""
     assert codes_tile_smem("FP8", 8, (2, 4, 1, 3)) == 3 * (128 * 64 + 64 * 144)

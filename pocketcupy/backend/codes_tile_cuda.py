@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import has_tensor_cores, num_sms, opt_arg, smem_kernel
+from .kernels import has_tensor_cores, null_arg, num_sms, opt_arg, smem_kernel
 from .weight_cuda import CudaWeight
 
 CODES_TILE_FORMATS = {"FP8": 0, "NVFP4": 1}     # template argument F (CODES_FP8, CODES_NVFP4)
@@ -17,6 +17,15 @@ CODES_TILE_MAX_BATCH = 128
 # the SMs, else the last
 CODES_TILE_SHAPES = ((2, 4, 1, 3), (1, 4, 2, 3), (1, 2, 4, 2))
 SHAPE_OVERRIDE: tuple[int, int, int, int] | None = None     # for sweeps (bench_kernels.py)
+SPLITS_OVERRIDE: int | None = None
+# split K where a launch's blocks leave SMs without one and each warp would otherwise run more than this
+# many 64-column chunks (a long K: session 67 measured FP8 4096 x 14336 at batch 32 77.3 µs split 3 ways
+# against 97.1, the same at 64)
+SPLIT_MIN_WARP_CHUNKS = 32
+MAX_SPLITS = 8
+SPLIT_WARP_CHUNKS = 8     # chunks a warp runs at least in each split
+COUNTERS = 1 << 16        # split K's arrival counters: row blocks a launch may have
+_counters: dict[int, object] = {}
 
 
 def codes_tile_takes(w: CudaWeight, n: int) -> bool:
@@ -33,6 +42,18 @@ def codes_tile_shape(rows: int) -> tuple[int, int, int, int]:
     return CODES_TILE_SHAPES[-1]
 
 
+def codes_tile_splits(shape: tuple[int, int, int, int], rows: int, cols: int) -> int:
+    """How many runs of K a launch splits into (grid.y; 1: not split): where the blocks are fewer than the SMs
+    and K is long, enough runs for 2 blocks a SM, at most MAX_SPLITS, each SPLIT_WARP_CHUNKS a warp."""
+    if SPLITS_OVERRIDE is not None:
+        return SPLITS_OVERRIDE
+    mt, rg, kw, _ = shape
+    blocks, warp_chunks = -(-rows // (16 * mt * rg)), cols // 64 // kw
+    if blocks >= num_sms() or warp_chunks <= SPLIT_MIN_WARP_CHUNKS:
+        return 1
+    return min(MAX_SPLITS, -(-2 * num_sms() // blocks), warp_chunks // SPLIT_WARP_CHUNKS)
+
+
 def codes_tile_smem(qtype: str, nt: int, shape: tuple[int, int, int, int]) -> int:
     """gemm_codes_tile's dynamic shared memory: its stages (CtLayout), or the end's reduction if larger."""
     mt, rg, kw, st = shape
@@ -41,18 +62,32 @@ def codes_tile_smem(qtype: str, nt: int, shape: tuple[int, int, int, int]) -> in
     return max(st * kw * slot, (kw - 1) * rg * nt * mt * 4 * 32 * 4)
 
 
+def _split_counters():
+    import cupy as cp
+
+    dev = cp.cuda.Device().id
+    if dev not in _counters:
+        _counters[dev] = cp.zeros(COUNTERS, np.int32)    # each launch leaves them at 0
+    return _counters[dev]
+
+
 def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) -> None:
     """out [n, rows] = x16 (fp16 [n, K]) @ w.T (+ bias) for FP8 / NVFP4 w, in launches of 64 rows at most
     (hw_cvt: FP8 codes by sm_89+'s cvt)."""
+    import cupy as cp
+
     shape = codes_tile_shape(w.rows)
     mt, rg, kw, st = shape
+    blocks, sk = -(-w.rows // (16 * mt * rg)), codes_tile_splits(shape, w.rows, w.cols)
+    if blocks > COUNTERS:
+        raise ValueError(f"gemm_codes_tile: {w.rows} rows need {blocks} row blocks, more than {COUNTERS}")
     for i in range(0, n, 64):
         nb = min(64, n - i)
         nt = 4 if nb <= 32 else 8
         expr = (f"gemm_codes_tile<{CODES_TILE_FORMATS[w.qtype]}, {nt}, {mt}, {rg}, {kw}, {st}, "
-                f"{'true' if hw_cvt and w.qtype == 'FP8' else 'false'}>")
+                f"{'true' if hw_cvt and w.qtype == 'FP8' else 'false'}, {'true' if sk > 1 else 'false'}>")
         smem = codes_tile_smem(w.qtype, nt, shape)
-        smem_kernel("gemm_codes_tile.cu", expr, smem)(
-            (-(-w.rows // (16 * mt * rg)),), (32 * rg * kw,),
-            (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
-             opt_arg(bias), out[i:i + nb]), shared_mem=smem)
+        ws = cp.empty((sk, nb, w.rows), np.float32) if sk > 1 else None
+        smem_kernel("gemm_codes_tile.cu", expr, smem)((blocks, sk), (32 * rg * kw,),
+           (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
+            opt_arg(bias), out[i:i + nb], opt_arg(ws), _split_counters() if sk > 1 else null_arg()), shared_mem=smem)
