@@ -211,7 +211,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 raise ValueError(f"{name}: token id {max(tokens)} is outside the vocabulary "
                                  f"(0..{self.config.vocab_size - 1})")
         if params.allowed_token_ids and params.min_tokens:
-            stops = set(params.stop_token_ids or ()) | (set() if params.ignore_eos else set(self.tokenizer.eos_token_ids))
+            eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
+            stops = set(params.stop_token_ids or ()) | set(eos)
             if set(params.allowed_token_ids) <= stops:
                 raise ValueError("min_tokens: allowed_token_ids hold only stop tokens (EOS, stop_token_ids), which "
                                  "min_tokens forbids: no token could be sampled")

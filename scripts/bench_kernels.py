@@ -246,9 +246,10 @@ def bench_batch(args, copy_gbps: float) -> dict:
                 it = iter(range(1 << 62))
                 variants = {"cublas": ()} if qtype == "BF16" else dict(_CODES_BATCH_VARIANTS)
                 if qtype != "BF16":     # --tile-shapes: "tile_24134" = (MT, RG, KW, ST) (2, 4, 1, 3), 4 splits
-                    variants.update({f"tile_{sh}": (("codes_tile_cuda", "SHAPE_OVERRIDE", tuple(map(int, sh[:4]))),
-                                                    ("codes_tile_cuda", "SPLITS_OVERRIDE", int(sh[4:]) if sh[4:] else None))
-                                     for sh in args.tile_shapes.split(",") if sh})
+                    variants.update({f"tile_{sh}": (
+                        ("codes_tile_cuda", "SHAPE_OVERRIDE", tuple(map(int, sh[:4]))),
+                        ("codes_tile_cuda", "SPLITS_OVERRIDE", int(sh[4:]) if sh[4:] else None))
+                        for sh in args.tile_shapes.split(",") if sh})
                 for variant, overrides in variants.items():
                     if qtype == "BF16":
                         def run():
