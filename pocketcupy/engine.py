@@ -495,8 +495,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             touched[id(s.group)] = s.group
 
     # --- convenience APIs ----------------------------------------------------------------
-    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run many prompts concurrently to completion; outputs in the order of the prompts."""
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
+                 sampling_params=None) -> list[RequestOutput]:
+        """Run many prompts concurrently to completion; outputs in the order of the prompts.
+        sampling_params: params by vLLM's name for them (so for chat, stream; embed's and score's pooling_params)."""
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         prompts = as_prompt_list(prompts)
         if isinstance(params, (list, tuple)):
             if len(params) != len(prompts):
@@ -508,18 +511,22 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         final = {out.request_id: out for out in self._run(requests) if out.finished}
         return [final[rid] for rid, _, _ in requests]
 
-    def embed(self, prompts, pooling: PoolingParams | None = None) -> list[EmbeddingRequestOutput]:
+    def embed(self, prompts, pooling: PoolingParams | None = None, *,
+              pooling_params=None) -> list[EmbeddingRequestOutput]:
         """Embeddings of many prompts (text or token ids), run concurrently and alongside any
         generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
         own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
+        pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
         requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in as_prompt_list(prompts)]
         final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling)) if out.finished}
         return [self.embedding_output(final[rid]) for rid, _, _ in requests]
 
-    def score(self, text_1, text_2, pooling: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+    def score(self, text_1, text_2, pooling: PoolingParams | None = None, *,
+              pooling_params=None) -> list[ScoringRequestOutput]:
         """vLLM's score: of each pair, text_1 one text (scored against each of text_2) or as many as
         text_2 (side by side); texts or token ids. The cosine similarity of their embeddings (embed()'s,
         with this pooling), or with score_tokens a reranker's P(yes) after the pair. In pair order."""
+        pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
         first, second, pairs = self.score_inputs(text_1, text_2)
         if self.score_token_ids is not None:
             prompts = [self.pair_ids(first[i], second[j]) for i, j in pairs]
@@ -578,7 +585,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 self._abort_request_of(rid, boxes[rid])
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False, *,
+             sampling_params=None) -> list[RequestOutput]:
         """One conversation (a list of message dicts) or several (a list of such lists).
         continue_final_message (with add_generation_prompt=False): the model continues the last
         message (e.g. an assistant reply begun by the caller) instead of starting a new one."""
@@ -586,6 +594,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             raise ValueError("messages: must be a non-empty list of messages or of conversations, "
                              f"got {messages!r:.60}")
         convs = [messages] if isinstance(messages[0], dict) else messages
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         return self.generate([self.chat_prompt_ids(c, tools, add_generation_prompt, chat_template_kwargs,
                                                    continue_final_message) for c in convs], params)
 
@@ -603,8 +612,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                                                   tools=tools, continue_final_message=continue_final_message,
                                                   **check_template_kwargs(chat_template_kwargs))
 
-    def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> Iterator[str]:
+    def stream(self, prompt_or_messages, params: SamplingParams | None = None, *,
+               sampling_params=None) -> Iterator[str]:
         """Yields text deltas of one request (n must be 1) as they are produced."""
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         prompt, params = self.stream_request(prompt_or_messages, params)
         with contextlib.closing(self._run([(f"stream-{next(self._ids)}", prompt, params)])) as outs:
             for out in outs:  # a stream closed early aborts its request (_run's finally) right away
@@ -621,6 +632,15 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
             return self.chat_prompt_ids(prompt_or_messages), params
         return prompt_or_messages, params
+
+
+def vllm_named(ours, theirs, name: str, their_name: str):
+    """An argument given by our name or by vLLM's LLM's (sampling_params, pooling_params), not both."""
+    if theirs is None:
+        return ours
+    if ours is not None:
+        raise ValueError(f"{their_name}: given together with {name} (the same argument)")
+    return theirs
 
 
 def prompt_of_dict(prompt: dict, prompt_token_ids) -> tuple:

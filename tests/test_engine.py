@@ -628,3 +628,26 @@ def test_tokenizer_via_engine(engine):
     assert ids[0] == 1 and ids[-1] == 2
     assert engine.tokenizer.decode(ids) == "<|im_start|>user\nhi<|im_end|>"
     assert np.all(np.asarray(ids) < engine.config.vocab_size)
+
+
+def test_vllm_argument_names(engine):
+    """vLLM's LLM names the params sampling_params (generate, chat) and pooling_params (embed, score):
+    by either name the same outputs; both at once is a ValueError naming vLLM's."""
+    from pocketcupy import PoolingParams
+
+    p = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ids = lambda outs: [o.outputs[0].token_ids for o in outs]   # noqa: E731
+    assert ids(engine.generate(["Hi", "The sky"], sampling_params=p)) == ids(engine.generate(["Hi", "The sky"], p))
+    msgs = [{"role": "user", "content": "Name a fruit."}]
+    assert ids(engine.chat(msgs, sampling_params=p)) == ids(engine.chat(msgs, p))
+    assert "".join(engine.stream("Hi", sampling_params=p)) == engine.generate("Hi", p)[0].outputs[0].text
+    mean = PoolingParams("mean", normalize=False)
+    assert engine.embed(["Hi"], pooling_params=mean)[0].outputs.embedding == \
+        engine.embed(["Hi"], mean)[0].outputs.embedding
+    assert engine.score("Hi", ["Hello"], pooling_params=mean)[0].outputs.score == \
+        engine.score("Hi", ["Hello"], mean)[0].outputs.score
+    with pytest.raises(ValueError, match="^sampling_params: given together with params"):
+        engine.generate("Hi", p, sampling_params=p)
+    with pytest.raises(ValueError, match="^pooling_params: given together with pooling"):
+        engine.embed(["Hi"], mean, pooling_params=mean)
+    assert not engine.has_unfinished_requests()
