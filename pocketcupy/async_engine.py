@@ -11,6 +11,7 @@ import itertools
 import threading
 from typing import AsyncIterator
 
+from .api_names import vllm_named
 from .engine_loop import EngineLoop
 from .outputs import EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import PoolingParams
@@ -78,10 +79,13 @@ class AsyncEngine:
         self._ids = itertools.count()
 
     async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                       priority: int = 0, prompt_token_ids: list[int] | None = None) -> AsyncIterator[RequestOutput]:
+                       priority: int = 0, prompt_token_ids: list[int] | None = None, *,
+                       sampling_params=None) -> AsyncIterator[RequestOutput]:
         """One request (text or token ids, as Engine.add_request takes): its RequestOutput after each
         step that advanced it (text and tokens so far, and the step's deltas), the last one finished.
-        A bad argument raises ValueError at the first iteration."""
+        A bad argument raises ValueError at the first iteration. sampling_params: params by vLLM's name
+        (so for chat and stream; embed's and score's pooling_params)."""
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         rid = request_id or f"agen-{next(self._ids)}"
         async for out in self._outputs(rid, prompt, params, priority, prompt_token_ids):
             yield out
@@ -89,31 +93,37 @@ class AsyncEngine:
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, tools=None,
                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
                    continue_final_message: bool = False, request_id: str | None = None,
-                   priority: int = 0) -> AsyncIterator[RequestOutput]:
+                   priority: int = 0, *, sampling_params=None) -> AsyncIterator[RequestOutput]:
         """One conversation through the chat template (Engine.chat's arguments), as generate()."""
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         ids = self.engine.chat_prompt_ids(messages, tools, add_generation_prompt, chat_template_kwargs,
                                           continue_final_message)
         async for out in self.generate(ids, params, request_id, priority):
             yield out
 
-    async def stream(self, prompt_or_messages, params: SamplingParams | None = None) -> AsyncIterator[str]:
+    async def stream(self, prompt_or_messages, params: SamplingParams | None = None, *,
+                     sampling_params=None) -> AsyncIterator[str]:
         """The text deltas of one request (a prompt, or a conversation's messages; n must be 1)."""
+        params = vllm_named(params, sampling_params, "params", "sampling_params")
         prompt, params = self.engine.stream_request(prompt_or_messages, params)
         async for out in self.generate(prompt, params):
             if out.outputs[0].delta_text:
                 yield out.outputs[0].delta_text
 
     async def embed(self, prompt, pooling: PoolingParams | None = None, request_id: str | None = None,
-                    priority: int = 0) -> EmbeddingRequestOutput:
+                    priority: int = 0, *, pooling_params=None) -> EmbeddingRequestOutput:
         """One prompt's embedding (Engine.embed's pooling), computed among the other requests."""
+        pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
         rid = request_id or f"aembd-{next(self._ids)}"
         last = await self._last(self._outputs(rid, prompt, None, priority,
                                               pooling=self.engine.pooling_or_default(pooling)))
         return self.engine.embedding_output(last)
 
-    async def score(self, text_1, text_2, pooling: PoolingParams | None = None) -> list[ScoringRequestOutput]:
+    async def score(self, text_1, text_2, pooling: PoolingParams | None = None, *,
+                    pooling_params=None) -> list[ScoringRequestOutput]:
         """Engine.score's pairs (one text_1 against each text_2, or side by side), computed among the
         other requests: the cosine of their embeddings, or with score_tokens a reranker's P(yes)."""
+        pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
         e = self.engine
         first, second, pairs = e.score_inputs(text_1, text_2)
         if e.score_token_ids is not None:

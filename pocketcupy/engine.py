@@ -12,6 +12,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from .api_names import vllm_named
 from .args import EngineArgs
 from .bad_words import bad_words_token_ids, banned_tokens
 from .engine_build import EngineBuild
@@ -632,15 +633,6 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
             return self.chat_prompt_ids(prompt_or_messages), params
         return prompt_or_messages, params
-
-
-def vllm_named(ours, theirs, name: str, their_name: str):
-    """An argument given by our name or by vLLM's LLM's (sampling_params, pooling_params), not both."""
-    if theirs is None:
-        return ours
-    if ours is not None:
-        raise ValueError(f"{their_name}: given together with {name} (the same argument)")
-    return theirs
 
 
 def prompt_of_dict(prompt: dict, prompt_token_ids) -> tuple:

@@ -60,10 +60,10 @@ def test_chat_stream_and_n(engine, aengine):
     two = SamplingParams(n=2, temperature=0.8, seed=5, max_tokens=6)
     want_two = [c.token_ids for c in engine.generate("Once upon a time", two)[0].outputs]
 
-    async def main():
+    async def main():   # (by vLLM's keyword name too)
         chat, _ = await _last(aengine.chat(messages, GREEDY))
-        text = "".join([d async for d in aengine.stream(messages, GREEDY)])
-        pair, _ = await _last(aengine.generate("Once upon a time", two))
+        text = "".join([d async for d in aengine.stream(messages, sampling_params=GREEDY)])
+        pair, _ = await _last(aengine.generate("Once upon a time", sampling_params=two))
         return chat, text, pair
 
     chat, text, pair = asyncio.run(main())
@@ -76,8 +76,8 @@ def test_embed_equals_engine_embed(engine, aengine):
     for pooling in (None, PoolingParams("mean", normalize=False)):
         want = engine.embed(texts, pooling)
 
-        async def main():
-            return await asyncio.gather(*(aengine.embed(t, pooling) for t in texts))
+        async def main():   # (by vLLM's keyword name too)
+            return await asyncio.gather(*(aengine.embed(t, pooling_params=pooling) for t in texts))
 
         for got, w in zip(asyncio.run(main()), want):
             assert got.prompt_token_ids == w.prompt_token_ids
@@ -183,6 +183,8 @@ def test_bad_arguments_raise_and_the_engine_goes_on(engine, aengine):
             [d async for d in aengine.stream("hi", SamplingParams(n=2))]
         with pytest.raises(ValueError, match="pooling"):
             await aengine.embed("hi", "mean")
+        with pytest.raises(ValueError, match="^sampling_params: given together with params"):
+            await _last(aengine.generate("hi", GREEDY, sampling_params=GREEDY))
         last, _ = await _last(aengine.generate("hi", SamplingParams(max_tokens=2)))
         return last
 
