@@ -21,7 +21,7 @@ from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
 from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import Pooler, PoolingParams, default_pooling_type
-from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator
+from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator, min_tokens_stops
 from .sampling import SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
@@ -212,9 +212,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 raise ValueError(f"{name}: token id {max(tokens)} is outside the vocabulary "
                                  f"(0..{self.config.vocab_size - 1})")
         if params.allowed_token_ids and params.min_tokens:
-            eos = () if params.ignore_eos else self.tokenizer.eos_token_ids
-            stops = set(params.stop_token_ids or ()) | set(eos)
-            if set(params.allowed_token_ids) <= stops:
+            if set(params.allowed_token_ids) <= set(min_tokens_stops(params, self.tokenizer.eos_token_ids)):
                 raise ValueError("min_tokens: allowed_token_ids hold only stop tokens (EOS, stop_token_ids), which "
                                  "min_tokens forbids: no token could be sampled")
         if params.allowed_token_ids and params.structured_outputs is not None:

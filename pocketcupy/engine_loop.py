@@ -103,11 +103,9 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and not self.engine.has_unfinished_requests() \
-                        and not self.engine.has_pending_outputs():
+                while not self._stopping and self._idle():
                     self._wake.wait()
-                if self._stopping and not self.engine.has_unfinished_requests() \
-                        and not self.engine.has_pending_outputs():   # (an abort's final output)
+                if self._stopping and self._idle():
                     return
             try:
                 self.engine.step()   # (its outputs go to the streams, the requests' mailboxes)
@@ -121,6 +119,10 @@ class EngineLoop:
                 continue
             with self._wake:
                 self._streams = {s for s in self._streams if not s._closed}
+
+    def _idle(self) -> bool:
+        """Nothing to step: no request running or waiting, and no aborted one owing its final output."""
+        return not self.engine.has_unfinished_requests() and not self.engine.has_pending_outputs()
 
     @property
     def num_open_streams(self) -> int:

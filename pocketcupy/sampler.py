@@ -132,11 +132,15 @@ def apply_allowed_mask(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
 def suppressed_tokens(row: SamplingRow, eos_token_ids: Sequence[int], V: int) -> list[int]:
     """The tokens a row forbids this step after the logprobs are taken: its banned_ids, and its stop
     tokens (and eos, unless ignore_eos) while len(output) < min_tokens."""
-    p = row.params
     ids = list(row.banned_ids)
-    if len(row.output_ids) < p.min_tokens:
-        ids += list(p.stop_token_ids) + ([] if p.ignore_eos else list(eos_token_ids))
+    if len(row.output_ids) < row.params.min_tokens:
+        ids += min_tokens_stops(row.params, eos_token_ids)
     return [t for t in ids if 0 <= t < V]
+
+
+def min_tokens_stops(p, eos_token_ids: Sequence[int]) -> list[int]:
+    """The tokens min_tokens forbids until it is reached: the stop tokens, and eos unless ignore_eos."""
+    return list(p.stop_token_ids or ()) + ([] if p.ignore_eos else list(eos_token_ids))
 
 
 def apply_suppressed(logits: np.ndarray, rows: Sequence[SamplingRow], eos_token_ids: Iterable[int]) -> None:

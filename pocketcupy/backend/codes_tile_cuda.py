@@ -36,10 +36,7 @@ def codes_tile_takes(w: CudaWeight, n: int) -> bool:
 def codes_tile_shape(rows: int) -> tuple[int, int, int, int]:
     if SHAPE_OVERRIDE is not None:
         return SHAPE_OVERRIDE
-    for mt, rg, kw, st in CODES_TILE_SHAPES:
-        if -(-rows // (16 * mt * rg)) >= num_sms():
-            return mt, rg, kw, st
-    return CODES_TILE_SHAPES[-1]
+    return next((sh for sh in CODES_TILE_SHAPES if _row_blocks(sh, rows) >= num_sms()), CODES_TILE_SHAPES[-1])
 
 
 def codes_tile_splits(shape: tuple[int, int, int, int], rows: int, cols: int) -> int:
@@ -47,11 +44,15 @@ def codes_tile_splits(shape: tuple[int, int, int, int], rows: int, cols: int) ->
     and K is long, enough runs for 2 blocks a SM, at most MAX_SPLITS, each SPLIT_WARP_CHUNKS a warp."""
     if SPLITS_OVERRIDE is not None:
         return SPLITS_OVERRIDE
-    mt, rg, kw, _ = shape
-    blocks, warp_chunks = -(-rows // (16 * mt * rg)), cols // 64 // kw
+    blocks, warp_chunks = _row_blocks(shape, rows), cols // 64 // shape[2]
     if blocks >= num_sms() or warp_chunks <= SPLIT_MIN_WARP_CHUNKS:
         return 1
     return min(MAX_SPLITS, -(-2 * num_sms() // blocks), warp_chunks // SPLIT_WARP_CHUNKS)
+
+
+def _row_blocks(shape: tuple[int, int, int, int], rows: int) -> int:
+    """A launch's blocks: 16 * MT * RG rows each."""
+    return -(-rows // (16 * shape[0] * shape[1]))
 
 
 def codes_tile_smem(qtype: str, nt: int, shape: tuple[int, int, int, int]) -> int:
@@ -78,7 +79,7 @@ def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) 
 
     shape = codes_tile_shape(w.rows)
     mt, rg, kw, st = shape
-    blocks, sk = -(-w.rows // (16 * mt * rg)), codes_tile_splits(shape, w.rows, w.cols)
+    blocks, sk = _row_blocks(shape, w.rows), codes_tile_splits(shape, w.rows, w.cols)
     if blocks > COUNTERS:
         raise ValueError(f"gemm_codes_tile: {w.rows} rows need {blocks} row blocks, more than {COUNTERS}")
     for i in range(0, n, 64):
