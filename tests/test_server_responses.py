@@ -239,6 +239,25 @@ def test_previous_response_id_continues_the_conversation(stored):
     assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
 
 
+def test_stream_keeps_the_whole_responses_items(stored):
+    """Whitespace-only text beside function calls (here between and after them, written under a regex
+    constraint) is no message item, streamed or not, as chat leaves such content null; a stream
+    announced and stored it."""
+    srv, c = stored
+    call = '<tool_call>\n\\{"name": "get_weather", "arguments": \\{"city": "Paris"\\}\\}\n</tool_call>'
+    kw = dict(input="Weather in Paris?", tools=TOOLS, max_output_tokens=80,
+              extra_body={"structured_outputs": {"regex": f"Sure\\.\n{call}\n{call}\n"}})
+    whole = [(o.type, o.content[0].text if o.type == "message" else o.arguments) for o in respond(c, **kw).output]
+    assert whole == [("message", "Sure.\n")] + [("function_call", '{"city": "Paris"}')] * 2
+    events = list(respond(c, stream=True, **kw))
+    final = events[-1].response
+    saved = c.responses.retrieve(final.id).output
+    assert [o.type for o in final.output] == [o.type for o in saved] == [t for t, _ in whole]
+    assert final.output[0].content[0].text == saved[0].content[0].text == "Sure.\n"
+    assert [e.item.type for e in events if e.type == "response.output_item.added"] == [t for t, _ in whole]
+    assert [e.output_index for e in events if e.type == "response.output_item.done"] == [0, 1, 2]
+
+
 def test_store_retrieve_delete_and_evict(stored):
     srv, c = stored
     kept = respond(c, max_output_tokens=4)

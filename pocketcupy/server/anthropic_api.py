@@ -51,7 +51,7 @@ class ContentBlocks:
         return {"type": "text", "text": s["text"]}
 
     def whole(self) -> list[dict]:
-        return [self.block(i) for i in self.segments.kept()]
+        return [self.block(i) for i in range(len(self.segments.segs))]
 
     def _announce(self, change: tuple) -> list[dict]:
         what, i = change[0], change[1]

@@ -8,29 +8,51 @@ class Segments:
     """segs: dicts {"kind": "content" | "reasoning" | "call", "text": str (a call's: its arguments),
     "name": a call's function}. feed() returns each change as ("open", i), ("delta", i, text) or
     ("close", i), for an API to announce in its own events; a segment closes when the next opens
-    or at close()."""
+    or at close().
+
+    Text that is only whitespace so far is held back: as chat leaves a message with tool calls null
+    when it holds only whitespace, a call that follows it, or the end of a reply with calls, drops
+    it; other text or reasoning that follows makes it a segment, as does the end of a reply without
+    calls. So a stream announces the same segments a whole reply shows."""
 
     def __init__(self):
         self.segs: list[dict] = []
         self.current: int | None = None     # the segment text goes to
         self.calls: dict[int, int] = {}     # the parser's call index -> segment index
+        self.held = ""                      # whitespace-only text not yet a segment
 
     def feed(self, events: list) -> list[tuple]:
         out = []
         for ev in events:
-            if ev[0] in ("content", "reasoning"):
-                if self.current is None or self.segs[self.current]["kind"] != ev[0]:
+            if ev[0] == "content" and not self._in("content"):
+                self.held += ev[1]
+                if self.held.strip():
+                    out += self._release()
+            elif ev[0] in ("content", "reasoning"):
+                out += self._release()
+                if not self._in(ev[0]):
                     out += self._open({"kind": ev[0], "text": "", "name": None})
                 out += self._append(self.current, ev[1])
             elif ev[0] == "call":
+                self.held = ""
                 out += self._open({"kind": "call", "text": "", "name": ev[2]})
                 self.calls[ev[1]] = self.current
             else:                                  # ("args", call index, text)
                 out += self._append(self.calls[ev[1]], ev[2])
         return out
 
+    def _in(self, kind: str) -> bool:
+        return self.current is not None and self.segs[self.current]["kind"] == kind
+
+    def _release(self) -> list[tuple]:
+        """The held text as a content segment."""
+        text, self.held = self.held, ""
+        if not text:
+            return []
+        return self._open({"kind": "content", "text": "", "name": None}) + self._append(self.current, text)
+
     def _open(self, seg: dict) -> list[tuple]:
-        out = self.close()
+        out = self._close_current()
         self.segs.append(seg)
         self.current = len(self.segs) - 1
         return out + [("open", self.current)]
@@ -39,12 +61,12 @@ class Segments:
         self.segs[i]["text"] += text
         return [("delta", i, text)]
 
-    def close(self) -> list[tuple]:
+    def _close_current(self) -> list[tuple]:
         i, self.current = self.current, None
         return [] if i is None else [("close", i)]
 
-    def kept(self) -> list[int]:
-        """The segments a whole (non-streamed) reply shows: as chat leaves a message with tool calls
-        null when it holds only whitespace, such text is left out."""
-        calls = any(s["kind"] == "call" for s in self.segs)
-        return [i for i, s in enumerate(self.segs) if not (calls and s["kind"] == "content" and not s["text"].strip())]
+    def close(self) -> list[tuple]:
+        """The end of the reply."""
+        if self.calls:
+            self.held = ""
+        return self._release() + self._close_current()

@@ -46,10 +46,6 @@ class OutputItems:
         """Closes the last item ('incomplete' when the response is); its events."""
         return [e for change in self.segments.close() for e in self._announce(change, status)]
 
-    def whole(self) -> list[dict]:
-        """The items of a whole (non-streamed) response."""
-        return [self.items[i] for i in self.segments.kept()]
-
     def _ref(self, i: int) -> dict:
         return {"item_id": self.items[i]["id"], "output_index": i}
 
@@ -137,7 +133,7 @@ def handle_responses(state, body, gone):
             output.feed(u.events, u.logprobs)
             last = u
     output.finish(_status(last))
-    return _final(state, base, output.whole(), last, prompt_len, kept)
+    return _final(state, base, output.items, last, prompt_len, kept)
 
 
 def _status(last) -> str:
