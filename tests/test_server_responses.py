@@ -97,10 +97,24 @@ def test_logprobs(client):
     want = c.choices[0].logprobs.content
     assert [(lp.token, len(lp.top_logprobs)) for lp in lps] == [(w.token, 3) for w in want]
     assert all(abs(lp.logprob - w.logprob) < 1e-4 for lp, w in zip(lps, want))
-    streamed = [lp for e in respond(client, max_output_tokens=6, top_logprobs=3, stream=True)
+    streamed = [lp for e in respond(client, max_output_tokens=6, include=["message.output_text.logprobs"],
+                                    top_logprobs=3, stream=True)
                 if e.type == "response.output_text.delta" for lp in e.logprobs]
     assert [lp.token for lp in streamed] == [lp.token for lp in lps]
     assert respond(client, max_output_tokens=6).output[0].content[0].logprobs == []
+
+
+def test_logprobs_only_when_included(client):
+    """As OpenAI's API: output_text logprobs come only with include ["message.output_text.logprobs"];
+    top_logprobs says how many alternatives, not whether (they came back without include)."""
+    r = respond(client, max_output_tokens=4, top_logprobs=3)
+    assert r.output[0].content[0].logprobs == [] and r.top_logprobs == 3
+    events = list(respond(client, max_output_tokens=4, top_logprobs=3, stream=True))
+    texts = [e for e in events if e.type in ("response.output_text.delta", "response.output_text.done")]
+    assert texts and all(e.logprobs == [] for e in texts)
+    assert events[-1].response.output[0].content[0].logprobs == []
+    lps = respond(client, max_output_tokens=4, include=["message.output_text.logprobs"]).output[0].content[0].logprobs
+    assert lps and all(lp.top_logprobs == [] for lp in lps)     # included without top_logprobs: no alternatives
 
 
 def test_function_call_round_trip(client):
@@ -158,6 +172,8 @@ def test_text_format_json_schema(client):
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "include": ""}, "include"),
+    ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "temperature": 3}, "temperature"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0]"),

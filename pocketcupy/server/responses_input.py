@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .protocol import Fields, bad, renamed_errors, short_repr
+from .protocol import MAX_LOGPROBS, Fields, bad, renamed_errors, short_repr
 
 # Responses fields passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
@@ -166,10 +166,12 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
     if truncation != "disabled":
         raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400), "
                                 f"got {short_repr(truncation)}")
-    include = f.get("include") or []
-    if not isinstance(include, list) or any(v != LOGPROBS_INCLUDE for v in include):
+    include = f.get("include")
+    if include is not None and (not isinstance(include, list) or any(v != LOGPROBS_INCLUDE for v in include)):
         raise bad("include", f"'include' may only hold {LOGPROBS_INCLUDE!r}, got {short_repr(include)}")
-    top = f.get("top_logprobs")
+    # as OpenAI's API: logprobs only when included; top_logprobs says how many alternatives
+    logprobs = LOGPROBS_INCLUDE in (include or [])
+    top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
     items, first = conversation(f, store)
     msgs, origin = input_messages(items, f.str("instructions"), first)
     body = {"messages": msgs}
@@ -195,8 +197,8 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
         tools = choice = None
     extra = {"stream": f.get("stream"), "max_completion_tokens": f.get("max_output_tokens"),
              "tools": tools, "tool_choice": choice,
-             "response_format": _response_format(f.obj("text")), "top_logprobs": top, "reasoning_effort": effort,
-             "logprobs": True if include or top is not None else None}
+             "response_format": _response_format(f.obj("text")), "reasoning_effort": effort,
+             "logprobs": logprobs or None, "top_logprobs": top if logprobs else None}
     body.update({k: v for k, v in extra.items() if v is not None})
     f.reject_unknown()
     return body, origin, items
