@@ -193,6 +193,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):
             raise ValueError(f"priority: must be an integer, got {priority!r}")
         priority = int(priority)   # (a NumPy integer too)
+        if priority != 0 and self.args.scheduling_policy != "priority":   # vLLM's ValueError too
+            raise ValueError(f"priority: got {priority}, but priority scheduling is not enabled (scheduling_policy "
+                             f"is {self.args.scheduling_policy!r}; start the engine with scheduling_policy='priority')")
         if isinstance(prompt, dict):
             prompt, prompt_token_ids = prompt_of_dict(prompt, prompt_token_ids)
         text, ids = (self._prompt_ids(prompt) if prompt_token_ids is None

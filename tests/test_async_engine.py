@@ -185,6 +185,10 @@ def test_bad_arguments_raise_and_the_engine_goes_on(engine, aengine):
             await aengine.embed("hi", "mean")
         with pytest.raises(ValueError, match="^sampling_params: given together with params"):
             await _last(aengine.generate("hi", GREEDY, sampling_params=GREEDY))
+        with pytest.raises(ValueError, match="^priority: .*not enabled"):   # the engine's policy is fcfs
+            await _last(aengine.generate("hi", GREEDY, priority=2))
+        with pytest.raises(ValueError, match="^priority: .*not enabled"):
+            await aengine.embed("hi", priority=-1)
         last, _ = await _last(aengine.generate("hi", SamplingParams(max_tokens=2)))
         return last
 

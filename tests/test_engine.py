@@ -488,6 +488,17 @@ def test_bad_requests(engine, call, field):
     assert not engine.has_unfinished_requests()
 
 
+def test_priority_needs_the_priority_policy(engine):
+    """Under fcfs a nonzero priority is refused (as vLLM's ValueError), not silently ignored; 0 is the default."""
+    for priority in (1, -1, np.int64(3)):
+        with pytest.raises(ValueError, match="^priority: got .* scheduling_policy='priority'"):
+            engine.add_request("prio", "hi", SamplingParams(max_tokens=1), priority=priority)
+    assert not engine.has_unfinished_requests()
+    engine.add_request("prio", "hi", SamplingParams(max_tokens=1), priority=0)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 def test_duplicate_request_id(engine):
     engine.add_request("dup", "hello", SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="request_id"):
@@ -557,7 +568,7 @@ def test_engine_args_bridges(smollm2_gguf):
     with pytest.raises(ValueError, match="max_num_seqs"):
         EngineArgs.from_env({"POCKETCUPY_MAX_NUM_SEQS": "many"})
     e = Engine.from_args(EngineArgs(model=pathlib.Path(smollm2_gguf), device="cpu", progress=False,
-                                    max_model_len=256))   # a path object too
+                                    max_model_len=256, scheduling_policy="priority"))   # a path object too
     assert e.max_model_len == 256 and e.args.model == smollm2_gguf
     assert EngineArgs(cache_dir=pathlib.Path("/tmp/models")).cache_dir == "/tmp/models"
     e.add_request("np-priority", "hi", SamplingParams(max_tokens=1), priority=np.int64(2))   # a NumPy integer

@@ -137,6 +137,27 @@ def test_malformed_request(server, path, body, status, param):
     _check_body(resp, status, param)
 
 
+PRIORITY = [(CHAT, chat(priority=1)), (CHAT, chat(priority=-2, stream=True)), (COMP, comp(priority=3)),
+            ("/v1/embeddings", {"model": MODEL, "input": "hi", "priority": 1}),
+            ("/v1/score", {"model": MODEL, "text_1": "a", "text_2": "b", "priority": 1}),
+            ("/v1/rerank", {"model": MODEL, "query": "a", "documents": ["b"], "priority": 1}),
+            ("/v1/responses", {"model": MODEL, "input": "hi", "max_output_tokens": 2, "priority": 1}),
+            ("/v1/messages", {"model": MODEL, "messages": MSGS, "max_tokens": 2, "priority": 1})]
+
+
+@pytest.mark.parametrize("path,body", PRIORITY, ids=[p for p, _ in PRIORITY])
+def test_priority_refused_under_fcfs(server, path, body):
+    """The server schedules fcfs: a nonzero priority is a 400 naming it (vLLM's), not silently ignored; 0 is fine."""
+    status, resp, _ = request(server, "POST", path, body)
+    assert status == 400, resp
+    if path == "/v1/messages":   # the Anthropic error body (no param)
+        assert resp["error"]["message"].startswith("priority:"), resp
+    else:
+        _check_body(resp, 400, "priority")
+    assert "scheduling_policy" in json.dumps(resp), resp
+    assert request(server, "POST", path, dict(body, priority=0))[0] == 200
+
+
 def test_context_error_names_both_counts(server):
     _, resp, _ = request(server, "POST", CHAT, chat(max_tokens=10**6))
     msg = resp["error"]["message"]
