@@ -126,6 +126,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
         self._ended: list[RequestGroup] = []   # aborted, owing their final output to the next step()
+        self._held: dict[int, RequestGroup] = {}   # add_request's, with outputs owed to the caller's next step()
         self._lock = EngineLock()
         self.proposer = self._make_proposer(num_blocks)
         self.backoff = DraftBackoff()
@@ -316,13 +317,15 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._ended.append(group)
 
     def has_unfinished_requests(self) -> bool:
+        """True while a request runs, or while outputs that generate()'s steps made for it wait for step()."""
         with self._lock:
-            return self.scheduler.has_unfinished() or self._inflight is not None
+            return self.scheduler.has_unfinished() or self._inflight is not None or bool(self._held)
 
     def has_pending_outputs(self) -> bool:
-        """True when an aborted request still owes its final output to the next step()."""
+        """True when an aborted request still owes its final output to the next step(), or outputs
+        made by generate()'s steps wait for it."""
         with self._lock:
-            return bool(self._ended)
+            return bool(self._ended or self._held)
 
     def stats(self) -> dict:
         """Counters a server exports (see server/metrics.py): the scheduler's, the recurrent state
@@ -342,13 +345,24 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         An error of one request's own (its sampling row, grammar, detokenizer, stop strings, prompt
         logprobs) ends that request alone, with finish_reason "error" (its mailbox, e.g. a server's
         stream, gets the exception); any other error (the batch's forward) ends every request so,
-        and the engine goes on with new ones."""
+        and the engine goes on with new ones.
+
+        The outputs that generate()'s (chat()'s, ...) steps made for add_request's requests come
+        from the next step() (one output a request, the deltas since the last one)."""
+        return self._step_outputs(hold=False)
+
+    def _step_outputs(self, hold: bool) -> list[RequestOutput]:
+        """hold: a step of generate()'s (_run), whose caller reads only its own requests' mailboxes: the
+        outputs of requests without a mailbox (add_request's) wait for step() instead of being lost."""
         self._lock.yield_to_waiters()
         with self._lock:
             # the requests with an output this step, by id(group): an aborted request and a new one
             # of the same id may both have one
             touched = {id(g): g for g in self._ended}
             self._ended = []
+            if not hold:
+                touched.update(self._held)
+                self._held = {}
             try:
                 self._step(touched)
             except Exception as e:   # not one request's: none can go on, and none may hang
@@ -357,6 +371,12 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 for g in list(self._groups.values()):
                     self._fail(g, e)
                     touched[id(g)] = g
+            if hold:   # (their output is built later: the deltas add up till then)
+                for key, g in list(touched.items()):
+                    if g.mailbox is None:
+                        self._held[key] = touched.pop(key)
+                        if g.finished:
+                            self._forget(g)
             outputs = [self._request_output(g) for g in touched.values()]
             for g, out in zip(touched.values(), outputs):
                 if g.mailbox is not None:
@@ -572,7 +592,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 self._add_request(rid, prompt, params, mailbox=boxes[rid], pooling=pooling)
                 pending.add(rid)
             while pending:
-                self.step()
+                self._step_outputs(hold=True)
                 for rid, box in boxes.items():
                     while box:
                         out = box.popleft()

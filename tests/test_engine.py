@@ -532,6 +532,39 @@ def test_request_id_reusable_at_once_after_abort(engine):
     assert engine.scheduler.num_blocks_used == 0
 
 
+def test_add_request_outputs_kept_across_generate(engine):
+    """generate() steps the shared engine: its steps' outputs of add_request's requests (one that finishes
+    meanwhile, one that goes on, one aborted) wait for the caller's next step(), their deltas added up.
+    They were dropped: a step() loop missed tokens, and never saw the first one finish."""
+    short, long = SamplingParams(temperature=0, max_tokens=3), SamplingParams(temperature=0, max_tokens=30)
+    want = {"short": text_of(engine, "The sky is", short), "long": text_of(engine, "Once upon a time", long)}
+    engine.add_request("short", "The sky is", short)
+    engine.add_request("long", "Once upon a time", long)
+    engine.add_request("gone", "hi", SamplingParams(max_tokens=50))
+    outs = {"short": [], "long": [], "gone": []}
+    for o in engine.step():
+        outs[o.request_id].append(o)
+    engine.abort_request("gone")
+    engine.generate("Water boils at", SamplingParams(temperature=0, max_tokens=8))
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            outs[o.request_id].append(o)
+    for rid in ("short", "long"):
+        assert [o.finished for o in outs[rid]] == [False] * (len(outs[rid]) - 1) + [True]
+        assert outs[rid][-1].outputs[0].token_ids == want[rid].token_ids
+        assert [t for o in outs[rid] for t in o.outputs[0].delta_token_ids] == want[rid].token_ids
+        assert "".join(o.outputs[0].delta_text for o in outs[rid]) == want[rid].text
+    assert len(outs["short"]) == 2   # its first token, then the rest and its finish after generate()
+    assert [o.outputs[0].finish_reason for o in outs["gone"]] == [None, "abort"]
+    # a request that generate() saw to its end still counts as unfinished until step() returned its output
+    engine.add_request("solo", "hi", SamplingParams(max_tokens=2))
+    engine.generate("Water boils at", SamplingParams(temperature=0, max_tokens=8))
+    assert engine.has_unfinished_requests()
+    (out,) = engine.step()
+    assert out.request_id == "solo" and out.finished and len(out.outputs[0].delta_token_ids) == 2
+    assert not engine.has_unfinished_requests() and not engine.has_pending_outputs()
+
+
 def test_request_id_reusable_after_it_finished(engine):
     engine.add_request("done", "hi", SamplingParams(max_tokens=1))
     assert engine.step()[0].finished
