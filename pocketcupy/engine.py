@@ -228,7 +228,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             if used is not None:
                 raise ValueError(f"request_id: {used!r} is already in use")
             if params.structured_outputs is not None:
-                self.structured.add_request(params.structured_outputs)  # compiles; ValueError if it cannot
+                self.structured.prepare(params.structured_outputs)  # compiles; ValueError if it cannot
             group = RequestGroup(request_id, text, ids, params, allowed_mask=self._allowed_mask(params),
                                  bad_words=bad_words_token_ids(self.tokenizer, params.bad_words), mailbox=mailbox,
                                  pooler=None if pooling is None else Pooler(pooling))
@@ -244,6 +244,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self._groups[request_id] = group
             for s in group.seqs:
                 self._seqs[s.req.request_id] = s
+            if params.structured_outputs is not None:   # counted once admitted, not where refused above
+                self.structured.stats.num_requests += 1
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without params gets: the model's recommended settings (default_sampling)."""
@@ -302,12 +304,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 if group is not None:
                     self._abort(group)
 
-    def _abort_request_of(self, request_id: str, mailbox) -> None:
-        """Aborts the request of that id if its outputs go to mailbox (the id may be another's by now)."""
+    def _abort_request_of(self, request_id: str, mailbox, refused: bool = False) -> None:
+        """Aborts the request of that id if its outputs go to mailbox (the id may be another's by now).
+        refused: the call that added it was refused after it was admitted (a later prompt of the call
+        was), so it is not counted as a structured-output request either."""
         with self._lock:
             group = self._groups.get(request_id)
             if group is not None and group.mailbox is mailbox:
                 self._abort(group)
+                if refused and group.params.structured_outputs is not None:
+                    self.structured.stats.num_requests -= 1
 
     def _abort(self, group: RequestGroup) -> None:
         for s in group.seqs:
@@ -586,11 +592,12 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         generate() or stream(), a step loop) may produce them: each request's go to its mailbox.
         Aborts what is left when the caller stops early (an exception, a stream closed)."""
         boxes = {rid: collections.deque() for rid, _, _ in requests}
-        pending = set()
+        pending, adding = set(), True
         try:
             for rid, prompt, params in requests:
                 self._add_request(rid, prompt, params, mailbox=boxes[rid], pooling=pooling)
                 pending.add(rid)
+            adding = False
             while pending:
                 self._step_outputs(hold=True)
                 for rid, box in boxes.items():
@@ -604,7 +611,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                         yield out
         finally:
             for rid in pending:
-                self._abort_request_of(rid, boxes[rid])
+                self._abort_request_of(rid, boxes[rid], refused=adding)
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False, *,

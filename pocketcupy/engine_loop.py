@@ -58,9 +58,9 @@ class RequestStream:
             pass
         return last
 
-    def abort(self) -> None:
+    def abort(self, refused: bool = False) -> None:
         if not self._closed:
-            self.loop.abort(self)
+            self.loop.abort(self, refused)
 
 
 class EngineLoop:
@@ -91,12 +91,13 @@ class EngineLoop:
             self._wake.notify()
         return stream
 
-    def abort(self, stream) -> None:
-        """Aborts a stream's request (a request id, or an iterable of them: the live requests of those ids)."""
+    def abort(self, stream, refused: bool = False) -> None:
+        """Aborts a stream's request (a request id, or an iterable of them: the live requests of those ids);
+        refused: see Engine._abort_request_of."""
         if not isinstance(stream, RequestStream):
             self.engine.abort_request(stream)
         else:
-            self.engine._abort_request_of(stream.request_id, stream)
+            self.engine._abort_request_of(stream.request_id, stream, refused)
         with self._wake:
             self._wake.notify()
 

@@ -265,3 +265,17 @@ def test_prompt_the_pool_cannot_hold_is_no_finished_request(small_pool):
         assert metric(m1, name, **labels) == metric(m0, name, **labels), name
     assert request(small_pool, "POST", COMP, comp(prompt=["hi", "hello"]))[0] == 200
     assert metric(metrics(small_pool), "pocketcupy_kv_blocks_used") == 0
+
+
+def test_refused_constrained_request_is_not_counted(small_pool):
+    """A constrained prompt the KV pool cannot hold is refused after its grammar compiled, and a prompt
+    submitted before it is taken back: neither is in structured_requests_total (both were)."""
+    def n():
+        return metric(metrics(small_pool), "pocketcupy_structured_requests_total")
+    n0 = n()
+    for prompt in ("word " * 200, ["hi", "word " * 200]):
+        status, resp, _ = request(small_pool, "POST", COMP, comp(prompt=prompt, max_tokens=4, guided_regex="[a-z]+"))
+        assert status == 400 and "KV blocks" in resp["error"]["message"], resp
+    assert n() == n0
+    assert request(small_pool, "POST", COMP, comp(max_tokens=4, guided_regex="[a-z]+"))[0] == 200
+    assert n() == n0 + 1

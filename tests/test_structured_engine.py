@@ -230,3 +230,18 @@ def test_stats_count_constrained_requests_and_mask_time(engine):
     st = engine.stats()["structured"]
     assert st["requests"] >= len(SCHEMAS) and st["mask_count"] > 0 and st["mask_sum"] > 0
     assert st["mask_buckets"][-1][1] <= st["mask_count"] and json.dumps(st, allow_nan=False)  # plain JSON
+
+
+def test_stats_count_only_admitted_requests(smollm2_gguf):
+    """A constrained request refused after its grammar compiled (the KV pool cannot hold it), or one
+    whose generate() call is refused for another of its prompts, is not counted; an admitted one is."""
+    small = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=4)
+    so = {"json": {"type": "object"}}
+    with pytest.raises(ValueError, match="max_tokens: .* KV blocks"):
+        small.add_request("big", "Hi", greedy(structured_outputs=so, max_tokens=200))
+    p = greedy(structured_outputs=so, max_tokens=8)
+    with pytest.raises(ValueError, match="prompt: .* KV blocks"):
+        small.generate(["Hi", list(range(1000, 1100))], p)
+    assert small.stats()["structured"]["requests"] == 0 and not small.has_unfinished_requests()
+    small.generate("Hi", p)
+    assert small.stats()["structured"]["requests"] == 1

@@ -97,16 +97,16 @@ def test_masks_forbid_ids_past_the_tokenizer(tokenizer):
     for width in (V, V + 17, V + 64 + 5):
         mgr = StructuredOutputManager(tokenizer, width)
         so = StructuredOutputsParams(json=True)
-        mgr.add_request(so)
+        mgr.prepare(so)
         seq = type("Seq", (), {})()
         seq.matcher, seq.row = mgr.new_matcher(so), SamplingRow(SamplingParams())
         seq.matcher.ll.consume_tokens(tokenizer.encode('{"a": ', add_special_tokens=False))
         mgr.fill_masks([seq])
         allowed = unpack_mask(seq.row.packed_mask, width)
         assert allowed[:V].sum() > 10 and not allowed[V:].any()
-        assert mgr.stats.snapshot()["mask_count"] == 1 and mgr.stats.num_requests == 1
+        assert mgr.stats.snapshot()["mask_count"] == 1
     narrow = StructuredOutputManager(tokenizer, V - 40)  # a tokenizer wider than the logits: cut to them
-    narrow.add_request(so)
+    narrow.prepare(so)
     seq.matcher, seq.row = narrow.new_matcher(so), SamplingRow(SamplingParams())
     narrow.fill_masks([seq])
     assert seq.row.packed_mask.shape == ((V - 40 + 31) // 32,)
@@ -125,7 +125,7 @@ def test_special_token_literals_are_spelled_as_text(tokenizer, spec, text):
 
     mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
     so = StructuredOutputsParams(**spec)
-    mgr.add_request(so)
+    mgr.prepare(so)
     seq = type("Seq", (), {})()
     seq.matcher, seq.row = mgr.new_matcher(so), SamplingRow(SamplingParams())
     ids = []
@@ -172,7 +172,7 @@ def test_roots_per_thread_give_the_same_masks(tokenizer):
     for threads in (1, 3):
         mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
         mgr.threads = threads
-        mgr.add_request(so)
+        mgr.prepare(so)
         seqs = []
         for text in prefixes:
             seq = type("Seq", (), {})()

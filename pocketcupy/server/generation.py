@@ -87,7 +87,7 @@ class Job:
                 params = self.params[i] if isinstance(self.params, list) else self.params
                 if self.metered and self._counted:
                     self.state.metrics.finished.labels(reason).inc(params.n)
-                s.abort()
+                s.abort(refused=not self._counted)
         if self._counted:
             self._counted = False
             self.state.metrics.requests_in_flight.dec()

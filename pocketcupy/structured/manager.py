@@ -68,10 +68,10 @@ class StructuredOutputManager:
                              "matches it)")
         return m
 
-    def add_request(self, params: StructuredOutputsParams) -> None:
-        """Compile (or find) the request's grammar; raises ValueError naming what is wrong."""
+    def prepare(self, params: StructuredOutputsParams) -> None:
+        """Compile (or find) the request's grammar; raises ValueError naming what is wrong. Not counted
+        in stats.num_requests: the engine may still refuse the request, and counts it once admitted."""
         self._compiled_matcher(params)
-        self.stats.num_requests += 1
 
     def new_matcher(self, params: StructuredOutputsParams) -> SequenceMatcher:
         root = next(self._turn) % self.threads
