@@ -29,13 +29,20 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_kernels import L2_BYTES, copy_bandwidth, make_weight, time_us, weight_bytes  # noqa: E402
+import bench_args  # noqa: E402
+from bench_kernels import _SCALE_FIELDS, L2_BYTES, copy_bandwidth, make_weight, time_us, weight_bytes  # noqa: E402
 from pocketcupy.backend import NO_CUDA, cuda_available  # noqa: E402
 
 SMOL = [("Q4_1", 960, 576), ("Q4_1", 576, 576), ("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576)]
 BIG = [("Q8_0", 14336, 4096), ("Q4_K", 14336, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)]
 CONFIGS = ("lanes:32:1,lanes:32:2,lanes:16:1,lanes:16:2,lanes:8:2,lanes:8:4,lanes:4:4,xs:2,xs:4,xs:8,xsw:2,xsw:4,"
            "block:1,block:2,block:4")
+BENCHES = ("gemv", "small")
+LAYOUTS = ("relaid", "raw")
+SHAPE_QTYPES = tuple(_SCALE_FIELDS)     # the GGUF formats make_weight builds
+# each --configs kind: how many numbers may follow it (parse_config)
+CONFIG_FIELDS = {"lanes": {2}, "xs": {1}, "xsw": {1}, "block": {1}, "q8": {0, 1, 2}, "q8mma": {0, 2, 3, 4, 5, 6, 7},
+                 "q8tile": {4}, "gemm": {0}, "kq": {2}, "kqs": {2}}
 
 
 def parse_config(s: str):
@@ -132,7 +139,7 @@ def bench_gemv(args, copy_gbps: float) -> dict:
                     continue
                 gbps = weight_bytes(w0) / t["us"] / 1e3
                 out[key] = {**t, "GBps": round(gbps, 1), "frac_copy_bw": round(gbps / copy_gbps, 3)}
-        del copies, w0
+        copies = w0 = None     # freed before the next shape's
     return out
 
 
@@ -176,6 +183,27 @@ def bench_small(args) -> dict:
     return out
 
 
+def check_args(ap: argparse.ArgumentParser, args) -> None:
+    """Usage errors before anything touches the GPU (on one, a bad --configs, --shapes or --batches entry
+    was a traceback mid-run, an unknown --only name ran nothing)."""
+    for flag, given, known in (("--only", args.only, BENCHES), ("--q6k-layouts", args.q6k_layouts, LAYOUTS)):
+        bad = [v for v in given.split(",") if v not in known]
+        if bad:
+            ap.error(f"{flag}: unknown {bad[0]!r} (choose from {', '.join(known)})")
+    bad = [b for b in args.batches.split(",") if not (b.isdigit() and int(b) >= 1)]
+    if bad:
+        ap.error(f"--batches: {bad[0]!r} is not a batch size of at least 1")
+    for c in args.configs.split(","):
+        kind, *nums = c.split(":")
+        if len(nums) not in CONFIG_FIELDS.get(kind, ()) or not all(n.isdigit() for n in nums):
+            ap.error(f"--configs: {c!r} is not a launch config (kinds {', '.join(CONFIG_FIELDS)}; see --help)")
+    for sh in args.shapes.split(",") if args.shapes else ():
+        qtype, _, dims = sh.partition(":")
+        rows, _, cols = dims.partition("x")
+        if qtype not in SHAPE_QTYPES or not (rows.isdigit() and cols.isdigit()):
+            ap.error(f"--shapes: {sh!r} is not QTYPE:ROWSxCOLS with QTYPE one of {', '.join(SHAPE_QTYPES)}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="gemv,small")
@@ -184,8 +212,9 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="", help="QTYPE:ROWSxCOLS list, e.g. Q4_1:960x576,Q8_0:14336x4096")
     ap.add_argument("--small-only", action="store_true", help="GEMV: SmolLM2 shapes only")
     ap.add_argument("--q6k-layouts", default="relaid", help="Q6_K upload layouts to time: relaid,raw")
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=bench_args.count(), default=20)
     args = ap.parse_args(argv)
+    check_args(ap, args)
     if not cuda_available():
         ap.exit(2, f"bench_decode_kernels: times CUDA kernels, but {NO_CUDA}\n")
     only = set(args.only.split(","))

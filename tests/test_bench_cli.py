@@ -77,6 +77,21 @@ def test_bench_kernels_refuses_bad_arguments_before_the_gpu(args, says):
     assert out.returncode == 2 and f"bench_kernels.py: error: {says}" in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--only", "gemv,smal"], "--only: unknown 'smal' (choose from gemv, small)"),
+    (["--reps", "0"], "argument --reps: must be at least 1, got 0"),
+    (["--batches", "1,x"], "--batches: 'x' is not a batch size of at least 1"),
+    (["--configs", "lanes:16:2,xs"], "--configs: 'xs' is not a launch config"),
+    (["--shapes", "Q4_1:960"], "--shapes: 'Q4_1:960' is not QTYPE:ROWSxCOLS"),
+    (["--q6k-layouts", "relaid,rawr"], "--q6k-layouts: unknown 'rawr' (choose from relaid, raw)"),
+])
+def test_bench_decode_kernels_refuses_bad_arguments_before_the_gpu(args, says):
+    """Usage errors with or without a GPU (without one, they said only that it needs a GPU; on one, a bad
+    --configs, --shapes or --batches entry was a traceback mid-run, an unknown --only name ran nothing)."""
+    out = _run("bench_decode_kernels.py", *args)
+    assert out.returncode == 2 and f"bench_decode_kernels.py: error: {says}" in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py", "profile_kernels.py",
                                     "profile_marginal.py", "profile_variants.py", "profile_host.py"])
 def test_help_describes_the_script_in_its_first_paragraph(script):
