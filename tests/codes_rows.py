@@ -90,9 +90,9 @@ class CodesFormat:
 
 def gemm_rows(fmt: CodesFormat, make: Callable, rows_out: int, cols: int) -> list:
     """linear past the GEMVs: gemm_codes_tile at each launch shape unsplit (batches 20 and 64: 4 and 8 column
-    tiles); split over K in 3 (uneven runs of chunks; a bias, added once) at batch 20, and in 2 over several
-    row blocks at batch 100 (two launches: the split counters left at 0 by the first); at its own shape over
-    40 and 100 rows, with a bias; and dequantization + cuBLAS (the tile kernel off: a prefill's path) at
+    tiles); split over K in 3 (uneven runs of chunks; a bias, added once) at batch 20, in 8 (the down
+    projection's plan) at batch 64, and in 2 over several row blocks at batch 100 (two launches: the split
+    counters left at 0 by the first); at its own shape over 40 and 100 rows, with a bias; and dequantization + cuBLAS (the tile kernel off: a prefill's path) at
     batches 17 and 40. make(n, bias=...): a row's inputs."""
     from pocketcupy.backend.codes_tile_cuda import CODES_TILE_SHAPES
     from tests.kernel_table import KernelRow
@@ -108,7 +108,8 @@ def gemm_rows(fmt: CodesFormat, make: Callable, rows_out: int, cols: int) -> lis
     rows = [KernelRow("linear", row_name(shape, 1, n), make(n), fmt.ref_linear, tile(shape, 1), GEMM_TOL)
             for shape in CODES_TILE_SHAPES for n in (20, 64)]
     rows += [KernelRow("linear", row_name(shape, splits, n), make(n, bias=True), fmt.ref_linear, tile(shape, splits),
-                       GEMM_TOL) for shape, splits, n in ((CODES_TILE_SHAPES[0], 3, 20), (CODES_TILE_SHAPES[2], 2, 100))]
+                       GEMM_TOL) for shape, splits, n in ((CODES_TILE_SHAPES[0], 3, 20), (CODES_TILE_SHAPES[0], 8, 64),
+                                                        (CODES_TILE_SHAPES[2], 2, 100))]
     rows += [KernelRow("linear", f"gemm_codes_tile_{name}_n{n}-{rows_out}x{cols}", make(n, bias=True),
                        fmt.ref_linear, fmt.cuda_linear, GEMM_TOL) for n in (40, 100)]
     rows += [KernelRow("linear", f"gemm_{name}_dequant_n{n}-{rows_out}x{cols}", make(n, bias=n == 17), fmt.ref_linear,

@@ -4,7 +4,7 @@ rows of tests/test_kernels.py on a GPU)."""
 import pytest
 
 from pocketcupy.backend import codes_tile_cuda as ct
-from pocketcupy.backend.codes_tile_cuda import CODES_TILE_SHAPES, codes_tile_shape, codes_tile_smem, codes_tile_takes
+from pocketcupy.backend.codes_tile_cuda import CODES_TILE_SHAPES, codes_tile_plan, codes_tile_smem, codes_tile_takes
 from pocketcupy.backend.linear_cuda import gemm_batch, half16_type
 from pocketcupy.backend.weight_cuda import CudaWeight
 
@@ -33,6 +33,10 @@ def test_tile_kernel_between_the_gemvs_and_the_prefill_gemm(device):
     assert not codes_tile_takes(weight("FP8", 4096), 64)
 
 
+def codes_tile_shape(rows, cols=4096):
+    return codes_tile_plan(rows, cols)[0]
+
+
 def test_shape_most_rows_a_block_that_still_fills_the_sms(device):
     assert codes_tile_shape(28672) == codes_tile_shape(49152) == codes_tile_shape(128 * 132) == (2, 4, 1, 3)
     assert codes_tile_shape(128 * 132 - 128) == (1, 4, 2, 3)           # 131 blocks of 128 rows
@@ -43,16 +47,23 @@ def test_shape_most_rows_a_block_that_still_fills_the_sms(device):
 
 
 def test_split_k_where_blocks_leave_sms_idle_over_a_long_k(device):
-    """The 8B's down projection (4096 x 14336: 128 blocks of 32 rows, 56 chunks a warp) splits in 3 (2 blocks
-    a SM); its other weights fill the SMs or have short K."""
-    def splits(rows, cols):
-        return ct.codes_tile_splits(codes_tile_shape(rows), rows, cols)
-    assert splits(4096, 14336) == 3
-    assert splits(4096, 4096) == splits(6144, 4096) == splits(28672, 4096) == splits(49152, 4096) == 1
-    assert ct.codes_tile_splits((2, 4, 1, 3), 4096, 14336) == ct.MAX_SPLITS       # 32 blocks
+    """The 8B's down projection (4096 x 14336: 128 blocks at the last shape, 56 chunks a warp) runs at the first
+    shape (32 blocks of 128 rows) in 8 runs of K: 256 blocks, 2 a SM in one wave. Its other weights fill the SMs
+    or have short K."""
+    assert codes_tile_plan(4096, 14336) == ((2, 4, 1, 3), 8)
+    for rows, cols in ((4096, 4096), (6144, 4096), (28672, 4096), (49152, 4096)):
+        assert codes_tile_plan(rows, cols)[1] == 1
+    assert codes_tile_plan(4096, 4096) == ((1, 2, 4, 2), 1)
+    assert ct.codes_tile_splits((1, 2, 4, 2), 4096, 14336) == 2      # floor(264 / 128): one wave
     assert ct.codes_tile_splits((2, 4, 1, 3), 128 * 50, 64 * 40) == 5    # 40 chunks a warp: 8 in each split
+    assert ct.codes_tile_splits((2, 4, 1, 3), 128 * 20, 64 * 40) == 5    # 13 runs fill the SMs; 8 chunks each
     device.setattr(ct, "SPLITS_OVERRIDE", 5)
-    assert splits(28672, 4096) == 5
+    assert codes_tile_plan(28672, 4096) == ((2, 4, 1, 3), 5)
+    device.setattr(ct, "SPLITS_OVERRIDE", 1)
+    assert codes_tile_plan(4096, 14336) == ((1, 2, 4, 2), 1)           # before the split: the last shape
+    device.setattr(ct, "SHAPE_OVERRIDE", (1, 2, 4, 2))
+    device.setattr(ct, "SPLITS_OVERRIDE", None)
+    assert codes_tile_plan(4096, 14336) == ((1, 2, 4, 2), 2)
 
 
 def test_shared_memory_of_every_shape_fits_sm86():

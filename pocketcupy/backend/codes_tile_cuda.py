@@ -13,14 +13,12 @@ CODES_TILE_FORMATS = {"FP8": 0, "NVFP4": 1}     # template argument F (CODES_FP8
 # batches up to this many rows take the tile kernel, in launches of at most 64 (each reads the codes
 # again); larger ones (prefills) dequantize to fp16 tiles for cuBLAS. 0: never
 CODES_TILE_MAX_BATCH = 128
-# launch shapes (MT, RG, KW, ST), most rows a block first: a weight takes the first whose blocks fill
-# the SMs, else the last
+# launch shapes (MT, RG, KW, ST), most rows a block first (codes_tile_plan picks one)
 CODES_TILE_SHAPES = ((2, 4, 1, 3), (1, 4, 2, 3), (1, 2, 4, 2))
 SHAPE_OVERRIDE: tuple[int, int, int, int] | None = None     # for sweeps (bench_kernels.py)
-SPLITS_OVERRIDE: int | None = None
+SPLITS_OVERRIDE: int | None = None     # alone: the shape that fills the SMs (or the last) in this many runs
 # split K where a launch's blocks leave SMs without one and each warp would otherwise run more than this
-# many 64-column chunks (a long K: session 67 measured FP8 4096 x 14336 at batch 32 77.3 µs split 3 ways
-# against 97.1, the same at 64)
+# many 64-column chunks (a long K)
 SPLIT_MIN_WARP_CHUNKS = 32
 MAX_SPLITS = 8
 SPLIT_WARP_CHUNKS = 8     # chunks a warp runs at least in each split
@@ -33,21 +31,26 @@ def codes_tile_takes(w: CudaWeight, n: int) -> bool:
     return w.qtype in CODES_TILE_FORMATS and n <= CODES_TILE_MAX_BATCH and w.cols % 64 == 0 and has_tensor_cores()
 
 
-def codes_tile_shape(rows: int) -> tuple[int, int, int, int]:
+def codes_tile_plan(rows: int, cols: int) -> tuple[tuple[int, int, int, int], int]:
+    """A weight's launch shape and runs of K (grid.y; 1: not split). The shape: the first whose blocks fill the
+    SMs, else the last; where that one's blocks still leave SMs idle over a long K, the first shape (most rows
+    a block) split K into as many runs as fill 2 blocks a SM in one wave (session 67: FP8 4096 x 14336 at
+    batch 32 57.1 µs so, 77.3 split 3 ways at (1,2,4,2), 97.1 unsplit)."""
     if SHAPE_OVERRIDE is not None:
-        return SHAPE_OVERRIDE
-    return next((sh for sh in CODES_TILE_SHAPES if _row_blocks(sh, rows) >= num_sms()), CODES_TILE_SHAPES[-1])
+        return SHAPE_OVERRIDE, SPLITS_OVERRIDE or codes_tile_splits(SHAPE_OVERRIDE, rows, cols)
+    shape = next((sh for sh in CODES_TILE_SHAPES if _row_blocks(sh, rows) >= num_sms()), CODES_TILE_SHAPES[-1])
+    if SPLITS_OVERRIDE is None and codes_tile_splits(shape, rows, cols) > 1:
+        shape = CODES_TILE_SHAPES[0]
+    return shape, SPLITS_OVERRIDE or codes_tile_splits(shape, rows, cols)
 
 
 def codes_tile_splits(shape: tuple[int, int, int, int], rows: int, cols: int) -> int:
-    """How many runs of K a launch splits into (grid.y; 1: not split): where the blocks are fewer than the SMs
-    and K is long, enough runs for 2 blocks a SM, at most MAX_SPLITS, each SPLIT_WARP_CHUNKS a warp."""
-    if SPLITS_OVERRIDE is not None:
-        return SPLITS_OVERRIDE
+    """How many runs of K a launch at shape splits into: where the blocks are fewer than the SMs and K is long,
+    as many as fill 2 blocks a SM in one wave, at most MAX_SPLITS, each SPLIT_WARP_CHUNKS a warp at least."""
     blocks, warp_chunks = _row_blocks(shape, rows), cols // 64 // shape[2]
     if blocks >= num_sms() or warp_chunks <= SPLIT_MIN_WARP_CHUNKS:
         return 1
-    return min(MAX_SPLITS, -(-2 * num_sms() // blocks), warp_chunks // SPLIT_WARP_CHUNKS)
+    return min(MAX_SPLITS, 2 * num_sms() // blocks, warp_chunks // SPLIT_WARP_CHUNKS)
 
 
 def _row_blocks(shape: tuple[int, int, int, int], rows: int) -> int:
@@ -77,9 +80,9 @@ def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) 
     (hw_cvt: FP8 codes by sm_89+'s cvt)."""
     import cupy as cp
 
-    shape = codes_tile_shape(w.rows)
+    shape, sk = codes_tile_plan(w.rows, w.cols)
     mt, rg, kw, st = shape
-    blocks, sk = _row_blocks(shape, w.rows), codes_tile_splits(shape, w.rows, w.cols)
+    blocks = _row_blocks(shape, w.rows)
     if blocks > COUNTERS:
         raise ValueError(f"gemm_codes_tile: {w.rows} rows need {blocks} row blocks, more than {COUNTERS}")
     for i in range(0, n, 64):
