@@ -119,24 +119,17 @@ gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const floa
         cp_async_commit();
     }
     float acc[NT][MT][4];
-#pragma unroll
-    for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) acc[j][m][0] = acc[j][m][1] = acc[j][m][2] = acc[j][m][3] = 0.0f;
+    mma_tiles_zero(acc);
     constexpr float unit = hw_cvt<HW>() ? 1.0f / 256.0f : 1.0f;   // FP8: the scales hold 2^8 (gemv_fp8.cu)
-    for (int it = 0; it < steps; ++it) {
-        cp_async_wait<ST - 2>();
-        __syncthreads();                 // stage it landed for all; stage it - 1 free for the next copy
-        const int nx = it + ST - 1;
-        if (nx < steps) {
-            u8* st = ct_smem + (nx % ST) * L::STAGE;
-            ct_load_w<F, NT, MT, RG, KW, ST>(st, W, S4, rows, K, row0, nx, c0, c1);
-            ct_load_x<F, NT, MT, RG, KW, ST>(st, x16, nb, K, nx, c0, c1);
-        }
-        cp_async_commit();
+    const auto load = [&](int stage, int step) {
+        u8* st = ct_smem + stage * L::STAGE;
+        ct_load_w<F, NT, MT, RG, KW, ST>(st, W, S4, rows, K, row0, step, c0, c1);
+        ct_load_x<F, NT, MT, RG, KW, ST>(st, x16, nb, K, step, c0, c1);
+    };
+    cp_async_stages<ST>(steps, load, [&](int stage, int it) {
         const int ch = c0 + KW * it + kw;
-        if (ch >= c1) continue;
-        const u8* slot = ct_smem + (it % ST) * L::STAGE + kw * L::SLOT;
+        if (ch >= c1) return;
+        const u8* slot = ct_smem + stage * L::STAGE + kw * L::SLOT;
         u32 ha[MT][8], hb[MT][8];
         float sa[MT], sb[MT];
 #pragma unroll
@@ -177,8 +170,7 @@ gemm_codes_tile(const u8* __restrict__ W, const void* __restrict__ S, const floa
                 }
             }
         }
-    }
-    cp_async_wait<0>();
+    });
     if constexpr (KW > 1) __syncthreads();   // the stages become red: every warp is done reading them
     mma_tiles_store<NT, MT, RG, KW>(acc, reinterpret_cast<float(*)[NT * MT * 4][32]>(ct_smem), warp, rg, kw, lane,
                                     row0 + 16 * MT * rg, rows, nb, F == CODES_NVFP4 ? RS : nullptr,

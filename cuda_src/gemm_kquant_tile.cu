@@ -99,22 +99,15 @@ __device__ __forceinline__ void kt_rows(u8* kt_smem, const u8* __restrict__ W, l
         cp_async_commit();
     }
     float acc[8][MT][4];
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
-    for (int it = 0; it < steps; ++it) {
-        cp_async_wait<ST - 2>();
-        __syncthreads();                 // stage it landed for all; stage it - 1 free for the next copy
-        const int nx = it + ST - 1;
-        if (nx < steps) {
-            u8* st = kt_smem + (nx % ST) * L::STAGE;
-            kt_load_w<QT, MT, RG, KW, ST>(st, W, bpr, rows, row0, nx, nblk);
-            kt_load_x<QT, MT, RG, KW, ST>(st, xq, xd, xb, nb, K, nx, nblk);
-        }
-        cp_async_commit();
+    mma_tiles_zero(acc);
+    const auto load = [&](int stage, int step) {
+        u8* st = kt_smem + stage * L::STAGE;
+        kt_load_w<QT, MT, RG, KW, ST>(st, W, bpr, rows, row0, step, nblk);
+        kt_load_x<QT, MT, RG, KW, ST>(st, xq, xd, xb, nb, K, step, nblk);
+    };
+    cp_async_stages<ST>(steps, load, [&](int stage, int it) {
         if (KW * it + kw < nblk) {
-            const u8* base = kt_smem + (it % ST) * L::STAGE + kw * L::SB_BYTES;
+            const u8* base = kt_smem + stage * L::STAGE + kw * L::SB_BYTES;
             const u8* xs = base + L::W_BYTES;
             const u8* ra[MT];
             const u8* rb[MT];
@@ -132,8 +125,7 @@ __device__ __forceinline__ void kt_rows(u8* kt_smem, const u8* __restrict__ W, l
                                    reinterpret_cast<const short*>(xs + L::X_BYTES + L::XD_BYTES), 256, 64, g, t, 2048};
             kquant_superblock_k<QT, 8, 2048, MT>(ra, rb, da, db, 0, x, acc);
         }
-    }
-    cp_async_wait<0>();
+    });
     if constexpr (KW > 1) __syncthreads();   // the stages become red: every warp is done reading them
     mma_tiles_store<8, MT, RG, KW>(acc, reinterpret_cast<float(*)[8 * MT * 4][32]>(kt_smem), warp, rg, kw, lane,
                                    row0 + 16 * MT * rg, rows, nb, nullptr, bias, y);

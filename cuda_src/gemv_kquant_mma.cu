@@ -109,10 +109,7 @@ __device__ __forceinline__ void kquant_mma_rows(const u8* __restrict__ W, long l
     prefetch_l2(W + (i64)first * bpr, bpr * (min(rows, first + 16 * MT * RW) - first));
     pdl_wait();
     float acc[NT][MT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int m = 0; m < MT; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
+    mma_tiles_zero(acc);
     const int nblk = K / 256;
 #pragma unroll
     for (int p = 0; p < NT / TG; ++p) {

@@ -1,8 +1,33 @@
-// The end of the tensor-core kernels whose warps hold MT 16-row tiles x NT 8-column tiles of a
-// block's rows (gemv_kquant_mma.cu, gemm_kquant_tile.cu, gemm_codes_tile.cu), and split K's sum of parts.
+// The tensor-core kernels whose warps hold MT 16-row tiles x NT 8-column tiles of a block's rows
+// (gemv_kquant_mma.cu, gemm_kquant_tile.cu, gemm_codes_tile.cu): their accumulators' start, the tile
+// kernels' main loop over shared-memory stages, their end, and split K's sum of parts.
 #pragma once
 
 #include "common.cuh"
+
+template <int NT, int MT> __device__ __forceinline__ void mma_tiles_zero(float (&acc)[NT][MT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int m = 0; m < MT; ++m) acc[nt][m][0] = acc[nt][m][1] = acc[nt][m][2] = acc[nt][m][3] = 0.0f;
+}
+
+// A block's loop over `steps` steps of K in ST shared-memory stages, the first ST - 1 already issued
+// by the caller (a cp.async group each): each step waits for its stage, has load(stage, step) copy the
+// step ST - 1 ahead into the stage the last one freed, and runs use(stage, step); at the end every
+// copy has landed.
+template <int ST, class Load, class Use>
+__device__ __forceinline__ void cp_async_stages(int steps, Load&& load, Use&& use) {
+    for (int it = 0; it < steps; ++it) {
+        cp_async_wait<ST - 2>();
+        __syncthreads();                 // stage it landed for all; stage it - 1 free for the next copy
+        const int nx = it + ST - 1;
+        if (nx < steps) load(nx % ST, nx);
+        cp_async_commit();
+        use(it % ST, it);
+    }
+    cp_async_wait<0>();
+}
 
 // The KW warps of a row group (warp = kw * RW + rg) add their tiles through red ([(KW - 1) * RW]
 // [NT * MT * 4][32], written by the warps past the first), and the first writes y [nb, rows] from
