@@ -114,6 +114,28 @@ def test_completions_stream_equals_non_stream(client):
     assert lp.text_offset == sorted(lp.text_offset)
 
 
+def test_completions_text_offset_past_split_characters(client):
+    """text_offset is where each token's text starts in the choice's text, also after tokens that hold
+    part of a character (日 and 国 are split over three tokens here, each shown as U+FFFD): the offsets
+    were counted by those strings' lengths and ran past the text; echoed and generated, streamed too."""
+    kw = dict(model=MODEL, prompt="Japan in Japanese is 日本. China in Japanese is", max_tokens=10, temperature=0,
+              logprobs=0)
+
+    def check(text, tokens, offsets):
+        assert offsets == sorted(offsets) and offsets[-1] < len(text)
+        whole = [(t, o) for t, o in zip(tokens, offsets) if "\ufffd" not in t]
+        assert [text[o:o + len(t)] for t, o in whole] == [t for t, _ in whole]
+        return len(whole) < len(tokens)    # some token held part of a character
+
+    echo = client.completions.create(**kw, echo=True).choices[0]
+    assert check(echo.text, echo.logprobs.tokens, echo.logprobs.text_offset)
+    generated = echo.text[len(kw["prompt"]):]
+    chunks = [ch.choices[0] for ch in client.completions.create(**kw, stream=True)]
+    assert "".join(c.text for c in chunks) == generated and "中" in generated
+    assert check(generated, [t for c in chunks for t in c.logprobs.tokens],
+                 [o for c in chunks for o in c.logprobs.text_offset])
+
+
 def test_echo_with_max_tokens_0_scores_the_prompt(client, server):
     """echo with max_tokens 0 (lm-eval's loglikelihood requests): each prompt and its logprobs come
     back, nothing generated (nor counted in the metrics); the logprobs are those of the same prompt

@@ -120,8 +120,8 @@ def handle_completion(state, body, gone):
             ids, lps, text, fr = _generated(o, scores_only)
             lp = None
             if k is not None:
-                cl = CompletionLogprobs(tok, k)
-                lp = cl.make(out.prompt_token_ids, out.prompt_logprobs) if echo else None
+                cl = CompletionLogprobs(tok, k, out.prompt_token_ids, params.skip_special_tokens)
+                lp = cl.echo(out.prompt_token_ids, out.prompt_logprobs) if echo else None
                 gen = cl.make(ids, lps)
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
             choice = {"index": pi * n + index, "text": (prompts[pi][1] if echo else "") + text,
@@ -174,14 +174,15 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return
             if idx in ended:  # (n > 1: a choice that ended comes along with the others' later steps)
                 continue
             if idx not in logs:
-                logs[idx], sent[idx], sent_ids[idx] = CompletionLogprobs(tok, k or 0), 0, None
+                logs[idx] = CompletionLogprobs(tok, k or 0, out.prompt_token_ids, job.params.skip_special_tokens)
+                sent[idx], sent_ids[idx] = 0, None
             ids, lps, _, fr = _generated(o, scores_only)
             text, lp = "" if scores_only else o.delta_text, None
             if echo and idx not in echoed:
                 echoed.add(idx)
                 text = prompts[pi][1] + text
                 if k is not None:
-                    lp = logs[idx].make(out.prompt_token_ids, out.prompt_logprobs)
+                    lp = logs[idx].echo(out.prompt_token_ids, out.prompt_logprobs)
             if k is not None and len(lps) > sent[idx]:
                 gen = logs[idx].make(ids[sent[idx]:], lps[sent[idx]:])
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}

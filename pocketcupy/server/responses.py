@@ -5,6 +5,8 @@ import json
 import math
 import uuid
 
+from ..tokenizer import IncrementalDetokenizer
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
@@ -72,19 +74,34 @@ def chat_logprobs(tokenizer, token_ids, positions, k: int) -> list[dict]:
 
 
 class CompletionLogprobs:
-    """The legacy {tokens, token_logprobs, top_logprobs, text_offset} shape, built incrementally so
-    streamed chunks carry offsets that continue where the previous chunk stopped."""
+    """The legacy {tokens, token_logprobs, top_logprobs, text_offset} shape of one choice, built
+    incrementally so streamed chunks carry offsets that continue where the previous chunk stopped.
+    text_offset is where each token's text starts in the choice's text (the echoed prompt's, then the
+    generated): counted on that text as it is decoded, not by the length of each token's own string,
+    which for a token holding part of a character is a whole U+FFFD (the offsets ran past the text)."""
 
-    def __init__(self, tokenizer, k: int):
+    def __init__(self, tokenizer, k: int, prompt_ids, skip_special_tokens: bool = True):
         self.tokenizer, self.k, self.offset = tokenizer, k, 0
+        self._generated = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+
+    def echo(self, prompt_ids, positions) -> dict:
+        """The echoed prompt's entries; its text is decode(prompt_ids), special tokens and all."""
+        detok = IncrementalDetokenizer(self.tokenizer, None, skip_special_tokens=False)
+        d = self._make(prompt_ids, positions, detok)
+        self.offset += len(detok.flush())
+        return d
 
     def make(self, token_ids, positions) -> dict:
+        """The generated tokens' entries."""
+        return self._make(token_ids, positions, self._generated)
+
+    def _make(self, token_ids, positions, detok) -> dict:
         d = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for tid, pos in zip(token_ids, positions):
             text = self.tokenizer.decode([tid])
             d["tokens"].append(text)
             d["text_offset"].append(self.offset)
-            self.offset += len(text)
+            self.offset += len(detok.push(tid))
             if pos is None:  # the first prompt token has no logprob
                 d["token_logprobs"].append(None)
                 d["top_logprobs"].append(None)
