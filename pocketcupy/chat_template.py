@@ -123,15 +123,22 @@ def check_template_kwargs(kwargs) -> dict:
     return kwargs
 
 
-def _content_text(content, where: str) -> str | None:
+def _content_text(content, where: str, role: str) -> str | None:
+    """A message's content as text: a list of parts is their texts joined by newlines. An assistant's
+    refusal parts (OpenAI's, in a conversation replayed to the model) count as its text, as vLLM reads them."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
         texts = []
         for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"{where}.content[{j}]: only {{'type': 'text', 'text': str}} parts are supported")
-            texts.append(part["text"])
+            kind = part.get("type") if isinstance(part, dict) else None
+            key = "refusal" if kind == "refusal" and role == "assistant" else "text"
+            if kind != key or not isinstance(part.get(key), str):
+                want = "{'type': 'text', 'text': str}" + (
+                    " or {'type': 'refusal', 'refusal': str}" if role == "assistant" else "")
+                raise ValueError(f"{where}.content[{j}]: must be {want}; this model reads text only "
+                                 f"(got type {kind!r:.40})")
+            texts.append(part[key])
         return "\n".join(texts)
     raise ValueError(f"{where}.content: must be a string, null or a list of text parts, "
                      f"got {type(content).__name__}")
@@ -149,7 +156,7 @@ def validate_messages(messages) -> list[dict]:
         if not isinstance(m.get("role"), str) or not m["role"]:
             raise ValueError(f"{where}.role: must be a non-empty string")
         m = dict(m)
-        m["content"] = _content_text(m.get("content"), where)
+        m["content"] = _content_text(m.get("content"), where, m["role"])
         if m["content"] is None and m["role"] != "assistant":
             raise ValueError(f"{where}.content: required (it may be null only in assistant messages)")
         if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):

@@ -328,6 +328,24 @@ def test_logit_bias(client):
     assert plain.choices[0].message.content != content[0].token * 4
 
 
+def test_assistant_refusal_parts(client):
+    """An assistant turn's content may hold OpenAI's refusal parts (a refused reply sent back in the
+    conversation): they read as its text, as vLLM reads them; it was a 400. Elsewhere, and for
+    non-text parts such as images, a 400 naming the part and saying the model reads text only."""
+    def turns(content, role="assistant"):
+        return Q + [{"role": role, "content": content}, {"role": "user", "content": "Why not?"}]
+    refusal = "I can't help with that."
+    parts = chat(client, messages=turns([{"type": "refusal", "refusal": refusal}, {"type": "text", "text": "Sorry."}]))
+    plain = chat(client, messages=turns(refusal + "\nSorry."))
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+    for content, role in [([{"type": "refusal", "refusal": refusal}], "user"),
+                          ([{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}], "user")]:
+        with pytest.raises(openai.BadRequestError) as e:
+            chat(client, messages=turns(content, role))
+        assert e.value.body["param"] == "messages[1].content[0]" and "text only" in e.value.body["message"]
+
+
 def test_continue_final_message(client):
     """An assistant reply begun by the caller is continued (vLLM's extension): the same tokens as
     the completions endpoint on the template's text cut after that reply."""
