@@ -41,6 +41,7 @@ TABLE = [  # (path, body, status, param)
      "messages[0].content[0]"),
     (CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "messages[0].content"),
     (CHAT, chat(messages=MSGS + [{"role": "tool", "content": "18C"}]), 400, "messages[1].tool_call_id"),
+    (CHAT, chat(messages=[{"role": "user", "content": "hi", "name": 5}]), 400, "messages[0].name"),
     (CHAT, chat(temperature=-1), 400, "temperature"),
     (CHAT, chat(temperature="hot"), 400, "temperature"),
     (CHAT, chat(top_p=-0.1), 400, "top_p"),

@@ -116,6 +116,8 @@ def parse_messages(raw) -> list[dict]:
             raise bad(f"{where}.tool_calls", "only assistant messages carry tool_calls")
         if m["content"] is None and not calls:      # an assistant's: validate_messages refused the others
             raise bad(f"{where}.content", "'content' is required (it may be null only for assistant tool calls)")
+        if m.get("name") is not None and not isinstance(m["name"], str):   # (a template may write it out)
+            raise bad(f"{where}.name", f"'{where}.name' must be a string")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise bad(f"{where}.tool_call_id", "tool messages need a string 'tool_call_id'")
         for j, c in enumerate(calls):
