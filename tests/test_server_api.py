@@ -96,6 +96,23 @@ def test_continuous_usage_stats(client):
     assert made == sorted(made) and made[-1] == client.completions.create(**kw).usage.completion_tokens
 
 
+def test_stream_options_include_obfuscation_accepted(client, server):
+    """OpenAI's stream_options.include_obfuscation (random padding of chunks, which this server does not
+    add) is accepted on both routes, as on the Responses API, and changes nothing; it was a 400."""
+    opts = {"include_usage": True, "include_obfuscation": False}
+    whole = chat(client, max_tokens=6)
+    chunks = list(chat(client, max_tokens=6, stream=True, stream_options=opts))
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == whole.choices[0].message.content
+    assert counts(chunks[-1].usage) == counts(whole.usage)
+    kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=6, temperature=0)
+    text = "".join(ch.choices[0].text for ch in client.completions.create(**kw, stream=True, stream_options=opts)
+                   if ch.choices)
+    assert text == client.completions.create(**kw).choices[0].text
+    status, resp, _ = request(server, "POST", "/v1/completions",
+                              dict(kw, stream=True, stream_options={"include_obfuscation": "no"}))
+    assert status == 400 and resp["error"]["param"] == "stream_options.include_obfuscation"
+
+
 def test_completions_stream_equals_non_stream(client):
     kw = dict(model=MODEL, prompt="The three primary colors are", max_tokens=10, temperature=0)
     whole = client.completions.create(**kw)

@@ -221,7 +221,7 @@ def parse_logit_bias(f: Fields, vocab_size: int) -> dict[int, float] | None:
 
 def parse_stream(f: Fields) -> tuple[bool, bool, bool]:
     """(stream, include_usage, continuous usage: vLLM's continuous_usage_stats, the usage so far in
-    every chunk, with include_usage)."""
+    every chunk, with include_usage). OpenAI's include_obfuscation is taken and changes nothing."""
     stream = f.bool("stream", False)
     opts = f.obj("stream_options")
     if opts is None:
@@ -231,6 +231,7 @@ def parse_stream(f: Fields) -> tuple[bool, bool, bool]:
     o = Fields(opts, "stream_options")
     include_usage = o.bool("include_usage", False)
     continuous = o.bool("continuous_usage_stats", False)
+    o.bool("include_obfuscation")   # OpenAI's padding of chunks: none is added either way
     o.reject_unknown()
     return stream, include_usage, include_usage and continuous
 
