@@ -120,6 +120,12 @@ def test_auto_and_none(client):
     print("auto ->", m.content, m.tool_calls)
     r = create(client, tool_choice="none")
     assert not r.choices[0].message.tool_calls and r.choices[0].message.content
+    # "none" without tools is what no tools mean anyway: taken, as vLLM takes it (it was a 400); not the others
+    plain = create(client, tools=openai.omit)
+    assert create(client, tools=openai.omit, tool_choice="none").choices[0].message == plain.choices[0].message
+    with pytest.raises(openai.BadRequestError) as e:
+        create(client, tools=openai.omit, tool_choice="required")
+    assert e.value.body["param"] == "tool_choice"
 
 
 def test_parallel_tool_calls_false_and_n(server):

@@ -84,7 +84,7 @@ def parse_tool_choice(raw, tools: list[dict] | None):
     """-> "none" | "auto" | "required" | ("function", name)."""
     if raw is None:
         return "auto" if tools else "none"
-    if tools is None:
+    if tools is None and raw != "none":   # "none" (what no tools mean anyway) stands alone, as in vLLM
         raise bad("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
     if raw in ("none", "auto", "required"):
         return raw
