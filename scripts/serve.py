@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
                    help="larger bodies get 413 (default 8 MiB)")
     s.add_argument("--client-timeout", type=int, default=30,
                    help="seconds a client may stall sending a request: mid-body it gets 408, mid-headers the "
-                        "connection is dropped (default 30)")
+                        "connection is dropped; or reading its response: dropped (default 30)")
     s.add_argument("--reasoning-parser", default=None, choices=PARSERS,
                    help="chat: the <think> block of a thinking model's reply goes to 'reasoning_content' "
                         "(qwen3: when the reply opens one; deepseek_r1: the reply starts inside it). Default: none")

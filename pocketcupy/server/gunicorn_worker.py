@@ -5,7 +5,8 @@
   arrives, and one for those routes is answered by two threads kept for them instead of queueing
   behind the streams (a liveness probe that timed out restarted a busy server).
 - A client that stalls sending its request is dropped (headers) or answered 408 (body) after
-  --client-timeout, instead of holding an HTTP thread for good.
+  --client-timeout, and one that stops reading its response is dropped (a stream's requests aborted),
+  instead of holding an HTTP thread for good.
 - Connections are closed (and lingered on) off gunicorn's main thread.
 - Stopping, the listening sockets are closed at once, so new clients are refused.
 """
@@ -31,7 +32,7 @@ QUICK_THREADS = 2
 
 class PocketcupyWorker(ThreadWorker):
     def init_process(self):
-        self.log.error_log.addFilter(_StalledHeadersFilter())
+        self.log.error_log.addFilter(_StalledClientFilter())
         self.quick_pool = futures.ThreadPoolExecutor(QUICK_THREADS, thread_name_prefix="pocketcupy-quick")
         self.busy = 0  # connections given to the main pool and not yet finished (main thread only)
         super().init_process()
@@ -65,14 +66,16 @@ class PocketcupyWorker(ThreadWorker):
         super().handle_exit(sig, frame)
 
     def handle(self, conn):
-        # gunicorn reads a request on a blocking socket without a timeout: a client that stalled
-        # mid-headers held an HTTP thread for good, and --http-threads of them blocked every route.
-        # The kernel's receive timeout bounds each read (gunicorn drops the connection); the body's
-        # reads also get a timeout of the socket object, answered 408 (app._body).
+        # gunicorn reads and writes on a blocking socket without a timeout: a client that stalled
+        # mid-headers, or stopped reading its answer (a stream's too), held an HTTP thread for good, and
+        # --http-threads of them blocked every route. The kernel's timeouts bound each read and write
+        # (gunicorn drops the connection; a stream's requests are aborted); the body's reads also get a
+        # timeout of the socket object, answered 408 (app._body).
         state = state_of(self.wsgi)
         if state is not None:
-            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
-                                 struct.pack("ll", int(state.config.client_timeout_s), 0))
+            timeout = struct.pack("ll", int(state.config.client_timeout_s), 0)
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
+            conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
         return super().handle(conn)
 
     def finish_request(self, conn, fs):  # main thread
@@ -97,20 +100,30 @@ class PocketcupyWorker(ThreadWorker):
                 s.close()
 
 
-class _StalledHeadersFilter(logging.Filter):
-    """A client that stalls mid-headers hits the receive timeout (handle) and gunicorn drops it, as
-    --client-timeout asks, but logs that as "Socket error processing request." with an EAGAIN
-    traceback at ERROR: one line at INFO instead."""
+class _StalledClientFilter(logging.Filter):
+    """A client that stalls mid-headers, or stops reading its answer, hits the receive or send timeout
+    (handle) and gunicorn drops it, as --client-timeout asks, but logs that as "Socket error processing
+    request." with an EAGAIN traceback at ERROR: one line at INFO instead."""
 
     def filter(self, record):
         exc = record.exc_info[1] if record.exc_info else None
         if not (isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
                 and str(record.msg).startswith("Socket error processing request")):
             return True
-        record.msg, record.args = "a client stalled sending its request headers past --client-timeout; dropped", ()
+        what = "reading its response" if _in_a_write(exc.__traceback__) else "sending its request headers"
+        record.msg, record.args = f"a client stalled {what} past --client-timeout; dropped", ()
         record.exc_info, record.exc_text = None, None
         record.levelno, record.levelname = logging.INFO, "INFO"
         return logging.getLogger(record.name).isEnabledFor(logging.INFO)
+
+
+def _in_a_write(tb) -> bool:
+    """Whether gunicorn raised while writing the response (its write / send_headers / sendfile methods)."""
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name.startswith(("write", "send")):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _buffered(conn) -> bool:
