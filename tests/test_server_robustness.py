@@ -1,12 +1,15 @@
 """Clients that misbehave at the HTTP level against a real server of their own (two HTTP threads, a
-one-second --client-timeout): none of them holds the server's threads, requests or KV blocks for good."""
+one-second --client-timeout): none of them holds the server's threads, requests or KV blocks for good.
+And stopping a server (servers of their own) whose requests outlast it."""
+import http.client
 import json
+import signal
 import socket
 import time
 
 import pytest
 
-from tests.test_server_harness import request, serving
+from tests.test_server_harness import MODEL, ServerProcess, request, serving
 
 BIG_ANSWER = json.dumps({"tokens": [46778] * 200_000}).encode()   # 46778: "\n" and 80 spaces; a 16 MB answer
 
@@ -54,3 +57,39 @@ def test_a_client_that_stops_reading_is_dropped(tight):
     finally:
         for s in stalled:
             s.close()
+
+
+def _post(server, path: str, body: dict) -> http.client.HTTPConnection:
+    c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    return c
+
+
+@pytest.mark.parametrize("sig,graceful_timeout", [(signal.SIGINT, 30), (signal.SIGTERM, 6)], ids=["SIGINT", "SIGTERM"])
+def test_stopping_ends_the_requests_that_outlast_it(smollm2_gguf, sig, graceful_timeout):
+    """SIGINT (stop now), or SIGTERM with a stream longer than --graceful-timeout: the stream ends with an error
+    event and [DONE], a request still queued gets a 503, and the worker exits by itself. The arbiter killed it at
+    the end of --graceful-timeout (SIGINT: "Worker was sent SIGKILL! Perhaps out of memory?" after 30 s), and
+    the clients were left with a cut chunked body, or no answer at all."""
+    s = ServerProcess(smollm2_gguf, "--graceful-timeout", str(graceful_timeout), "--max-num-seqs", "1")
+    try:
+        s.wait_ready()
+        stream = _post(s, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                                   "max_tokens": 4000, "ignore_eos": True, "stream": True})
+        r = stream.getresponse()
+        assert r.status == 200 and r.readline().startswith(b"data:")
+        queued = _post(s, "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": 4})
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        s.proc.send_signal(sig)
+        rest = r.read()
+        stream.close()
+        assert rest.rstrip().endswith(b"data: [DONE]") and b"shutting down" in rest, rest[-300:]
+        answer = queued.getresponse()
+        assert answer.status == 503 and "shutting down" in json.loads(answer.read())["error"]["message"]
+        queued.close()
+        assert s.proc.wait(20) == 0 and time.monotonic() - t0 < graceful_timeout
+        print(f"exited {time.monotonic() - t0:.1f} s after {sig.name}")
+        assert "SIGKILL" not in s.output()
+    finally:
+        s.stop()

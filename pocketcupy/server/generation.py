@@ -105,6 +105,8 @@ class Job:
                 checked = time.monotonic()
                 if self.gone():
                     raise ClientGone()
+                if self.state.ending:
+                    raise ApiError(503, "the server is shutting down: the request was ended before it finished")
             if i is not None:
                 out = self.streams[i].take(item)
                 self._observe(i, out)

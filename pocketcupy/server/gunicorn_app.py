@@ -3,9 +3,10 @@
 The worker answers /alive and /ready (503) while the model loads in a background thread; if
 loading fails, the worker exits with gunicorn's boot-error code and the whole server stops.
 SIGTERM: /ready turns 503, new connections are refused, new generation requests on kept-alive ones
-get 503, in-flight ones (streams included) finish within the graceful timeout, then the engine loop
-stops. SIGHUP reopens the log files and leaves the worker as it is (gunicorn would boot a second
-copy of the model beside the first).
+get 503, in-flight ones (streams included) finish within the graceful timeout (those that would outlast
+it end shortly before with a 503 or a stream's error event: gunicorn_worker.py), then the engine loop
+stops. SIGINT / SIGQUIT end the in-flight requests at once. SIGHUP reopens the log files and leaves the
+worker as it is (gunicorn would boot a second copy of the model beside the first).
 
 The worker's handling of connections is gunicorn_worker.py's.
 

@@ -28,6 +28,9 @@ from .state import PROBES
 
 QUICK_ROUTES = tuple(route.encode() for route in (*PROBES, "/metrics"))
 QUICK_THREADS = 2
+# stopping: what the worker needs, once its requests have ended, to exit before the arbiter kills it at the end
+# of --graceful-timeout (gunicorn's loop notices within 1 s, closing a connection lingers up to 2 s)
+EXIT_MARGIN_S = 3.0
 
 
 class PocketcupyWorker(ThreadWorker):
@@ -59,11 +62,21 @@ class PocketcupyWorker(ThreadWorker):
         conn.in_main_pool = True
         super().enqueue_req(conn)
 
-    def handle_exit(self, sig, frame):
+    def handle_exit(self, sig, frame):  # SIGTERM: in-flight requests finish, unless they outlast the grace
         state = state_of(self.wsgi)
         if state is not None:
             state.begin_drain()
+            grace = self.cfg.graceful_timeout
+            state.end_requests_at(time.monotonic() + max(grace - EXIT_MARGIN_S, grace / 2))
         super().handle_exit(sig, frame)
+
+    def handle_quit(self, sig, frame):  # SIGINT, SIGQUIT: stop now
+        # (gunicorn's exit waited for the threads of in-flight streams until the arbiter killed the worker)
+        state = state_of(self.wsgi)
+        if state is not None:
+            state.begin_drain()
+            state.end_requests_at(time.monotonic())
+        super().handle_quit(sig, frame)
 
     def handle(self, conn):
         # gunicorn reads and writes on a blocking socket without a timeout: a client that stalled

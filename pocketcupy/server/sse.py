@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from .generation import ClientGone
+from .protocol import ApiError
 from .responses import SSE_DONE, sse
 
 log = logging.getLogger("pocketcupy.server")
@@ -34,6 +35,9 @@ class SSEStream:
         except ClientGone:
             log.info("client of %s went away; request aborted", self.job.request_id)
             return
+        except ApiError as e:   # the server is stopping
+            log.info("stream %s ended: %s", self.job.request_id, e.message)
+            yield self.fmt(self.error(e.message))
         except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
             log.exception("stream %s failed", self.job.request_id)
             yield self.fmt(self.error(f"generation failed: {type(e).__name__}: {e}"))

@@ -44,6 +44,7 @@ class ServerState:
         self.engine = None
         self.loop = None
         self.status = "loading"      # loading | ready | draining | failed
+        self.end_at: float | None = None   # stopping: from this time.monotonic() on, in-flight requests end
         self.started = int(time.time())
         self.metrics = Metrics(self)
         self.responses = ResponseStore(config.responses_store) if config.responses_store else None
@@ -93,6 +94,15 @@ class ServerState:
         """Stop taking new generation requests; in-flight ones finish."""
         if self.status in ("loading", "ready"):
             self.status = "draining"
+
+    def end_requests_at(self, when: float) -> None:
+        """Stopping: requests still in flight at `when` (time.monotonic()) end with a 503 (a stream with an
+        error event), so that the worker can exit before it is killed mid-write."""
+        self.end_at = when if self.end_at is None else min(self.end_at, when)
+
+    @property
+    def ending(self) -> bool:
+        return self.end_at is not None and time.monotonic() >= self.end_at
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.begin_drain()
