@@ -59,6 +59,20 @@ def test_a_client_that_stops_reading_is_dropped(tight):
             s.close()
 
 
+def test_idle_connections_take_no_http_thread(tight):
+    """A connection that sends nothing took an HTTP thread for 5 s (gunicorn waits for its first bytes in
+    one): --http-threads such connections, opened again and again, held every request back that long."""
+    idle = [socket.create_connection(("127.0.0.1", tight.port)) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert request(tight, "GET", "/v1/models", timeout=30)[0] == 200
+        assert time.monotonic() - t0 < 2
+    finally:
+        for s in idle:
+            s.close()
+
+
 def _post(server, path: str, body: dict) -> http.client.HTTPConnection:
     c = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
     c.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})

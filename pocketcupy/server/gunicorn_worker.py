@@ -1,9 +1,9 @@
 """The gunicorn gthread worker of the server: how it takes connections.
 
+- A new connection waits on the poller until its request line arrives, not in an HTTP thread.
 - Probes and scrapes (GET /health, /alive, /ready, /metrics) have a lane of their own: when every
-  HTTP thread is taken (long streams), a new connection waits on the poller until its request line
-  arrives, and one for those routes is answered by two threads kept for them instead of queueing
-  behind the streams (a liveness probe that timed out restarted a busy server).
+  HTTP thread is taken (long streams), one for those routes is answered by two threads kept for them
+  instead of queueing behind the streams (a liveness probe that timed out restarted a busy server).
 - A client that stalls sending its request is dropped (headers) or answered 408 (body) after
   --client-timeout, and one that stops reading its response is dropped (a stream's requests aborted),
   instead of holding an HTTP thread for good.
@@ -47,14 +47,15 @@ class PocketcupyWorker(ThreadWorker):
             self.quick_pool.shutdown(wait=False)
 
     def enqueue_req(self, conn):  # main thread
-        if self.busy >= self.cfg.threads and not self.cfg.is_ssl and not _buffered(conn):
+        if not self.cfg.is_ssl and not _buffered(conn):
             line = _peek_request_line(conn.sock)
-            if line is None and not conn.data_ready:  # nothing sent yet: wait for it on the poller
+            # nothing sent yet: wait for it on the poller (gunicorn waited up to 5 s in an HTTP thread)
+            if line is None and not conn.data_ready:
                 conn.timeout = time.monotonic() + self.cfg.keepalive
                 self.pending_conns.append(conn)
                 self.poller.register(conn.sock, selectors.EVENT_READ, partial(self.on_pending_socket_readable, conn))
                 return
-            if line is not None and _is_quick(line):
+            if self.busy >= self.cfg.threads and line is not None and _is_quick(line):
                 fs = self.quick_pool.submit(self.handle, conn)
                 fs.add_done_callback(lambda fut: self.method_queue.defer(self.finish_request, conn, fut))
                 return
