@@ -37,7 +37,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: disabled
     min_p: float = 0.0
-    seed: int | None = None
+    seed: int | None = None  # -1: none (vLLM's)
     stop: str | list[str] | None = None  # normalised to list[str]
     stop_token_ids: list[int] | None = None  # normalised to list[int]
     ignore_eos: bool = False
@@ -83,6 +83,8 @@ class SamplingParams:
             _fail("min_p", "must be in [0, 1]", self.min_p)
         if self.seed is not None and not _is_int(self.seed):
             _fail("seed", "must be an int or None", self.seed)
+        if self.seed == -1:   # vLLM's "no seed", which OpenAI clients send too
+            self.seed = None
 
         stop = self.stop
         if stop is None:

@@ -91,11 +91,19 @@ def test_seed_reproducible(engine):
 def test_any_int_seed(engine):
     """Negative and huge seeds work, as in vLLM: NumPy gets the seed mod 2**64 (a negative seed
     used to fail inside NumPy after the request was queued, and every later step raised KeyError)."""
-    p = SamplingParams(temperature=1.0, max_tokens=6, seed=-1)
+    p = SamplingParams(temperature=1.0, max_tokens=6, seed=-2)
     a = text_of(engine, "My favourite animal is", p)
-    assert a.token_ids == text_of(engine, "My favourite animal is", p.clone(seed=2**64 - 1)).token_ids
+    assert a.token_ids == text_of(engine, "My favourite animal is", p.clone(seed=2**64 - 2)).token_ids
     assert len(text_of(engine, "My favourite animal is", p.clone(seed=2**80)).token_ids) == 6
     assert not engine.has_unfinished_requests()
+
+
+def test_seed_minus_one_is_no_seed(engine):
+    """seed=-1 means no seed, as in vLLM (it was a fixed seed: every such request drew the same tokens)."""
+    p = SamplingParams(temperature=1.0, max_tokens=8, seed=-1)
+    assert p.seed is None and p.clone().seed is None
+    outs = engine.generate(["My favourite animal is"] * 4, p)
+    assert len({tuple(o.outputs[0].token_ids) for o in outs}) > 1
 
 
 def test_failed_add_request_leaves_nothing(engine, monkeypatch):
