@@ -117,6 +117,8 @@ class SamplingParams:
         if mt is not None and self.min_tokens > mt:
             _fail("min_tokens", f"must be <= max_tokens ({mt})", self.min_tokens)
         for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:   # vLLM's: the sampled (or prompt) token and the most likely one
+                setattr(self, name, 1)
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
                 _fail(name, f"must be an int in [0, {MAX_LOGPROBS}] or None", v)

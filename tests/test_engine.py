@@ -317,6 +317,16 @@ def test_logprobs(engine):
         assert lp[tok].decoded_token == engine.tokenizer.decode([tok])
 
 
+def test_logprobs_true_means_one(engine):
+    """logprobs=True / prompt_logprobs=True are 1, as in vLLM (a ValueError before)."""
+    one = engine.generate("The cat sat on the", SamplingParams(temperature=0, max_tokens=4, logprobs=1,
+                                                               prompt_logprobs=1))[0]
+    true = engine.generate("The cat sat on the", SamplingParams(temperature=0, max_tokens=4, logprobs=True,
+                                                                prompt_logprobs=True))[0]
+    assert true.outputs[0].logprobs == one.outputs[0].logprobs and true.prompt_logprobs == one.prompt_logprobs
+    assert all(len(lp) == 1 for lp in true.outputs[0].logprobs)   # greedy: the sampled token is the top one
+
+
 def test_cumulative_logprob(engine):
     """vLLM's CompletionOutput.cumulative_logprob: the sum of the sampled tokens' logprobs, None
     unless logprobs are asked for (logprobs=0: the sampled token's alone)."""
