@@ -6,10 +6,10 @@ __version__ = "0.1.0"
 from .args import EngineArgs
 from .outputs import CompletionOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import PoolingParams
-from .sampling import SamplingParams
+from .sampling import RequestOutputKind, SamplingParams
 
-__all__ = ["Engine", "AsyncEngine", "EngineArgs", "SamplingParams", "PoolingParams", "RequestOutput",
-           "CompletionOutput", "EmbeddingRequestOutput", "ScoringRequestOutput", "__version__"]
+__all__ = ["Engine", "AsyncEngine", "EngineArgs", "SamplingParams", "RequestOutputKind", "PoolingParams",
+           "RequestOutput", "CompletionOutput", "EmbeddingRequestOutput", "ScoringRequestOutput", "__version__"]
 
 
 def __getattr__(name):  # the engine pulls in the loaders and backends: import it on first use

@@ -22,7 +22,7 @@ from .engine_spec import EngineSpec
 from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import Pooler, PoolingParams, default_pooling_type
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator, min_tokens_stops
-from .sampling import SamplingParams, truncate_prompt
+from .sampling import RequestOutputKind, SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .sampling_defaults import model_sampling_defaults
@@ -383,12 +383,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                         self._held[key] = touched.pop(key)
                         if g.finished:
                             self._forget(g)
-            outputs = [self._request_output(g) for g in touched.values()]
-            for g, out in zip(touched.values(), outputs):
+            outputs = []
+            for g in touched.values():
+                out = self._request_output(g)
+                if out is None:   # (output_kind FINAL_ONLY, not finished)
+                    continue
                 if g.mailbox is not None:
                     g.mailbox.append(g.error if out.finished and g.error is not None else out)
                 if out.finished:
                     self._forget(g)
+                outputs.append(out)
             return outputs
 
     def _step(self, touched: dict) -> None:
@@ -535,6 +539,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             plist = list(params)
         else:
             plist = [params] * len(prompts)
+        # whole outputs, whatever output_kind asks (vLLM's LLM.generate too)
+        plist = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+                 if isinstance(p, SamplingParams) and p.output_kind is RequestOutputKind.DELTA else p for p in plist]
         requests = [(f"gen-{next(self._ids)}", prompt, p) for prompt, p in zip(prompts, plist)]
         final = {out.request_id: out for out in self._run(requests) if out.finished}
         return [final[rid] for rid, _, _ in requests]

@@ -9,6 +9,7 @@ import numpy as np
 from .outputs import CompletionOutput, RequestOutput
 from .request_state import RequestGroup, SequenceState
 from .sampler import prompt_logprobs
+from .sampling import RequestOutputKind
 from .sched.request import RequestStatus
 
 log = logging.getLogger("pocketcupy")
@@ -109,17 +110,27 @@ class EngineOutputs:
         if touched is not None:
             touched[id(g)] = g
 
-    def _request_output(self, g: RequestGroup) -> RequestOutput:
+    def _request_output(self, g: RequestGroup) -> RequestOutput | None:
+        """The request's output as its output_kind asks (None: FINAL_ONLY before it finished, its
+        deltas add up till then)."""
+        kind = g.params.output_kind
+        if kind is RequestOutputKind.FINAL_ONLY and not g.finished:
+            return None
+        delta = kind is RequestOutputKind.DELTA
         outs = []
         for s in g.seqs:
             o = s.output
-            outs.append(CompletionOutput(o.index, o.text, list(o.token_ids),
-                                         None if o.logprobs is None else list(o.logprobs),
+            ids = o.delta_token_ids if delta else o.token_ids
+            logprobs = None if o.logprobs is None else o.logprobs[len(o.logprobs) - len(ids):]   # (one per token)
+            outs.append(CompletionOutput(o.index, o.delta_text if delta else o.text, list(ids), logprobs,
                                          o.finish_reason, o.stop_reason, o.delta_text, o.delta_token_ids,
                                          o.cumulative_logprob))
             o.delta_text, o.delta_token_ids = "", []  # the delta list now belongs to the output
+        prompt_logprobs = g.prompt_logprobs
+        if delta:   # sent once
+            g.prompt_logprobs = None
         req = g.seqs[0].req
         queued = None if req.first_scheduled_time is None else req.first_scheduled_time - req.arrival_time
-        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, g.prompt_logprobs, g.finished,
+        return RequestOutput(g.request_id, g.prompt, g.prompt_ids, outs, prompt_logprobs, g.finished,
                              num_cached_tokens=max(0, req.num_cached_tokens), time_in_queue=queued,
                              embedding=g.embedding if g.finished else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import numbers
 from dataclasses import dataclass
@@ -24,6 +25,14 @@ def _is_real(x) -> bool:
 
 def _fail(name: str, what: str, value) -> None:
     raise ValueError(f"{name}: {what}, got {value!r}")
+
+
+class RequestOutputKind(enum.Enum):
+    """What each RequestOutput of a request holds (vLLM's): step() and AsyncEngine honour it; Engine.generate
+    returns the whole outputs whatever it is."""
+    CUMULATIVE = 0   # the text, token ids and logprobs so far
+    DELTA = 1        # only what is new since the last output (the prompt logprobs in the first)
+    FINAL_ONLY = 2   # one output, once the request finished
 
 
 @dataclass
@@ -58,6 +67,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's); non-empty
     bad_words: list[str] | None = None  # words the output must not contain (vLLM's); normalised to a list
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if not _is_int(self.n) or self.n < 1:
@@ -133,6 +143,8 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or not (k >= 1 or k == -1)):
             _fail("truncate_prompt_tokens", "must be an int >= 1, -1 (the context length) or None", k)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            _fail("output_kind", "must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)", self.output_kind)
 
     @property
     def greedy(self) -> bool:

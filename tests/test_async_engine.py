@@ -5,7 +5,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from pocketcupy import AsyncEngine, Engine, PoolingParams, SamplingParams
+from pocketcupy import AsyncEngine, Engine, PoolingParams, RequestOutputKind, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -69,6 +69,26 @@ def test_chat_stream_and_n(engine, aengine):
     chat, text, pair = asyncio.run(main())
     assert chat.outputs[0].token_ids == want.token_ids and text == want.text
     assert [c.token_ids for c in pair.outputs] == want_two
+
+
+def test_output_kind(engine, aengine):
+    """vLLM's output_kind for AsyncLLM: DELTA yields what each step added, FINAL_ONLY the finished output
+    alone (a TypeError before)."""
+    p = SamplingParams(temperature=0, max_tokens=10, logprobs=1)
+    want = engine.generate("Once upon a time", p)[0].outputs[0]
+
+    async def main():
+        delta = [o async for o in aengine.generate("Once upon a time", p.clone(output_kind=RequestOutputKind.DELTA))]
+        final = [o async for o in aengine.generate("Once upon a time",
+                                                   p.clone(output_kind=RequestOutputKind.FINAL_ONLY))]
+        return delta, final
+
+    delta, final = asyncio.run(main())
+    assert len(delta) > 1 and delta[-1].finished and "".join(o.outputs[0].text for o in delta) == want.text
+    assert sum((o.outputs[0].token_ids for o in delta), []) == want.token_ids
+    assert sum((o.outputs[0].logprobs for o in delta), []) == want.logprobs
+    assert len(final) == 1 and final[0].finished and final[0].outputs[0].token_ids == want.token_ids
+    assert final[0].outputs[0].text == want.text
 
 
 def test_embed_equals_engine_embed(engine, aengine):

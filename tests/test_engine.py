@@ -6,7 +6,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, EngineArgs, SamplingParams
+from pocketcupy import Engine, EngineArgs, RequestOutputKind, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
@@ -581,6 +581,37 @@ def test_add_request_outputs_kept_across_generate(engine):
     (out,) = engine.step()
     assert out.request_id == "solo" and out.finished and len(out.outputs[0].delta_token_ids) == 2
     assert not engine.has_unfinished_requests() and not engine.has_pending_outputs()
+
+
+def _step_all(engine, request_id, prompt, params) -> list:
+    engine.add_request(request_id, prompt, params)
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    return outs
+
+
+def test_output_kind(engine):
+    """vLLM's output_kind (a TypeError before): step() gives a DELTA request only what each step added (its
+    prompt logprobs in the first output), a FINAL_ONLY request one output once it finished; generate()
+    returns whole outputs whatever the kind."""
+    p = SamplingParams(temperature=0, max_tokens=8, logprobs=1, prompt_logprobs=1)
+    want = engine.generate("Once upon a time", p)[0]
+    w = want.outputs[0]
+    delta = _step_all(engine, "delta", "Once upon a time", p.clone(output_kind=RequestOutputKind.DELTA))
+    assert len(delta) > 1 and [o.finished for o in delta] == [False] * (len(delta) - 1) + [True]
+    assert sum((o.outputs[0].token_ids for o in delta), []) == w.token_ids
+    assert "".join(o.outputs[0].text for o in delta) == w.text
+    assert sum((o.outputs[0].logprobs for o in delta), []) == w.logprobs
+    assert delta[0].prompt_logprobs == want.prompt_logprobs and all(o.prompt_logprobs is None for o in delta[1:])
+    assert delta[-1].outputs[0].cumulative_logprob == w.cumulative_logprob
+    (final,) = _step_all(engine, "final", "Once upon a time", p.clone(output_kind=RequestOutputKind.FINAL_ONLY))
+    assert final.finished and final.outputs[0].text == w.text and final.outputs[0].logprobs == w.logprobs
+    for kind in RequestOutputKind:
+        out = engine.generate("Once upon a time", p.clone(output_kind=kind))[0]
+        assert out.outputs[0].token_ids == w.token_ids and out.outputs[0].text == w.text
+    with pytest.raises(ValueError, match="^output_kind:"):
+        SamplingParams(output_kind=1)
 
 
 def test_request_id_reusable_after_it_finished(engine):
