@@ -146,6 +146,10 @@ class AsyncEngine:
         "abort"."""
         await asyncio.to_thread(self._loop.abort, request_id)
 
+    async def get_tokenizer(self):
+        """The model's Tokenizer (a coroutine, as vLLM's AsyncLLM.get_tokenizer)."""
+        return self.tokenizer
+
     async def stats(self) -> dict:
         return await asyncio.to_thread(self.engine.stats)
 

@@ -247,6 +247,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             if params.structured_outputs is not None:   # counted once admitted, not where refused above
                 self.structured.stats.num_requests += 1
 
+    def get_tokenizer(self):
+        """The model's Tokenizer (vLLM's LLM.get_tokenizer): encode, decode, apply_chat_template (which
+        returns the text)."""
+        return self.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without params gets: the model's recommended settings (default_sampling)."""
         return SamplingParams(**self.default_sampling)

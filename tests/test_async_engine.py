@@ -91,6 +91,12 @@ def test_output_kind(engine, aengine):
     assert final[0].outputs[0].text == want.text
 
 
+def test_get_tokenizer(engine, aengine):
+    """vLLM's AsyncLLM.get_tokenizer(), a coroutine (an AttributeError before)."""
+    tok = asyncio.run(aengine.get_tokenizer())
+    assert tok is engine.tokenizer and tok.decode(tok.encode("Once upon a time")) == "Once upon a time"
+
+
 def test_embed_equals_engine_embed(engine, aengine):
     texts = ["The cat sat on the mat.", "Paris is the capital of France."]
     for pooling in (None, PoolingParams("mean", normalize=False)):

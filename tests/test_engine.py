@@ -723,6 +723,12 @@ def test_tokenizer_via_engine(engine):
     assert np.all(np.asarray(ids) < engine.config.vocab_size)
 
 
+def test_get_tokenizer(engine):
+    """vLLM's LLM.get_tokenizer() (an AttributeError before)."""
+    tok = engine.get_tokenizer()
+    assert tok is engine.tokenizer and tok.decode(tok.encode("The sky is blue.")) == "The sky is blue."
+
+
 def test_vllm_argument_names(engine):
     """vLLM's LLM names the params sampling_params (generate, chat) and pooling_params (embed, score):
     by either name the same outputs; both at once is a ValueError naming vLLM's."""
