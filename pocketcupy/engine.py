@@ -21,6 +21,7 @@ from .engine_outputs import EngineOutputs
 from .engine_spec import EngineSpec
 from .outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringRequestOutput
 from .pooling import Pooler, PoolingParams, default_pooling_type
+from .progress import Progress
 from .sampler import PendingSample, Sampler, SamplerOutput, SamplingRow, make_generator, min_tokens_stops
 from .sampling import RequestOutputKind, SamplingParams, truncate_prompt
 from .sched.request import PENDING_TOKEN, Request, RequestStatus
@@ -533,9 +534,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     # --- convenience APIs ----------------------------------------------------------------
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None, *,
-                 sampling_params=None) -> list[RequestOutput]:
+                 sampling_params=None, use_tqdm=False) -> list[RequestOutput]:
         """Run many prompts concurrently to completion; outputs in the order of the prompts.
-        sampling_params: params by vLLM's name for them (so for chat, stream; embed's and score's pooling_params)."""
+        sampling_params: params by vLLM's name for them (so for chat, stream; embed's and score's pooling_params).
+        use_tqdm (vLLM's; also chat, embed, score): true (or a callable) draws a progress bar of the
+        finished prompts on stderr."""
         params = vllm_named(params, sampling_params, "params", "sampling_params")
         prompts = as_prompt_list(prompts)
         if isinstance(params, (list, tuple)):
@@ -548,21 +551,22 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         plist = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY)
                  if isinstance(p, SamplingParams) and p.output_kind is RequestOutputKind.DELTA else p for p in plist]
         requests = [(f"gen-{next(self._ids)}", prompt, p) for prompt, p in zip(prompts, plist)]
-        final = {out.request_id: out for out in self._run(requests) if out.finished}
+        final = {out.request_id: out for out in self._run(requests, progress=use_tqdm) if out.finished}
         return [final[rid] for rid, _, _ in requests]
 
     def embed(self, prompts, pooling: PoolingParams | None = None, *,
-              pooling_params=None) -> list[EmbeddingRequestOutput]:
+              pooling_params=None, use_tqdm=False) -> list[EmbeddingRequestOutput]:
         """Embeddings of many prompts (text or token ids), run concurrently and alongside any
         generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
         own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
         pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
         requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in as_prompt_list(prompts)]
-        final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling)) if out.finished}
+        final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling), use_tqdm)
+                 if out.finished}
         return [self.embedding_output(final[rid]) for rid, _, _ in requests]
 
     def score(self, text_1, text_2, pooling: PoolingParams | None = None, *,
-              pooling_params=None) -> list[ScoringRequestOutput]:
+              pooling_params=None, use_tqdm=False) -> list[ScoringRequestOutput]:
         """vLLM's score: of each pair, text_1 one text (scored against each of text_2) or as many as
         text_2 (side by side); texts or token ids. The cosine similarity of their embeddings (embed()'s,
         with this pooling), or with score_tokens a reranker's P(yes) after the pair. In pair order."""
@@ -570,10 +574,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         first, second, pairs = self.score_inputs(text_1, text_2)
         if self.score_token_ids is not None:
             prompts = [self.pair_ids(first[i], second[j]) for i, j in pairs]
-            outs = self.generate(prompts, classifier_params(self.score_token_ids))
+            outs = self.generate(prompts, classifier_params(self.score_token_ids), use_tqdm=use_tqdm)
             return classifier_results(prompts, outs, self.score_token_ids)
         ids = (f"score-{next(self._ids)}" for _ in pairs)
-        return cosine_results(self.embed(first + second, pooling), len(first), pairs, ids)
+        return cosine_results(self.embed(first + second, pooling, use_tqdm=use_tqdm), len(first), pairs, ids)
 
     @staticmethod
     def score_inputs(text_1, text_2) -> tuple[list, list, list[tuple[int, int]]]:
@@ -598,13 +602,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """An embedding request's final RequestOutput as embed() returns it."""
         return EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding))
 
-    def _run(self, requests: list[tuple], pooling: PoolingParams | None = None) -> Iterator[RequestOutput]:
+    def _run(self, requests: list[tuple], pooling: PoolingParams | None = None,
+             progress=False) -> Iterator[RequestOutput]:
         """Adds the (request id, prompt, params) (pooling: as embedding requests) and steps the engine
         until they finish, yielding their outputs as they come. Another thread's step() (a concurrent
         generate() or stream(), a step loop) may produce them: each request's go to its mailbox.
-        Aborts what is left when the caller stops early (an exception, a stream closed)."""
+        Aborts what is left when the caller stops early (an exception, a stream closed). progress:
+        a bar of the finished requests on stderr."""
         boxes = {rid: collections.deque() for rid, _, _ in requests}
         pending, adding = set(), True
+        bar = Progress(len(requests), "processed prompts", enabled=bool(progress))
         try:
             for rid, prompt, params in requests:
                 self._add_request(rid, prompt, params, mailbox=boxes[rid], pooling=pooling)
@@ -620,14 +627,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                             raise out
                         if out.finished:
                             pending.discard(rid)
+                            bar.update()
                         yield out
         finally:
             for rid in pending:
                 self._abort_request_of(rid, boxes[rid], refused=adding)
+            bar.close()
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False, *,
-             sampling_params=None) -> list[RequestOutput]:
+             sampling_params=None, use_tqdm=False) -> list[RequestOutput]:
         """One conversation (a list of message dicts) or several (a list of such lists).
         continue_final_message (with add_generation_prompt=False): the model continues the last
         message (e.g. an assistant reply begun by the caller) instead of starting a new one."""
@@ -637,7 +646,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         convs = [messages] if isinstance(messages[0], dict) else messages
         params = vllm_named(params, sampling_params, "params", "sampling_params")
         return self.generate([self.chat_prompt_ids(c, tools, add_generation_prompt, chat_template_kwargs,
-                                                   continue_final_message) for c in convs], params)
+                                                   continue_final_message) for c in convs], params, use_tqdm=use_tqdm)
 
     def chat_prompt_ids(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
                         chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:

@@ -723,6 +723,23 @@ def test_tokenizer_via_engine(engine):
     assert np.all(np.asarray(ids) < engine.config.vocab_size)
 
 
+def test_use_tqdm(engine, capsys):
+    """vLLM's use_tqdm keyword (a TypeError before): False draws nothing, True a bar of the finished
+    prompts on stderr; the outputs are the same."""
+    p = SamplingParams(temperature=0, max_tokens=4)
+    want = [o.outputs[0].token_ids for o in engine.generate(["Hi", "The sky"], p)]
+    capsys.readouterr()
+    assert [o.outputs[0].token_ids for o in engine.generate(["Hi", "The sky"], p, use_tqdm=False)] == want
+    engine.chat([{"role": "user", "content": "Hi"}], p, use_tqdm=False)
+    engine.embed(["Hi"], use_tqdm=False)
+    engine.score("Hi", ["Hello"], use_tqdm=False)
+    assert capsys.readouterr().err == ""
+    assert [o.outputs[0].token_ids for o in engine.generate(["Hi", "The sky"], p, use_tqdm=True)] == want
+    assert "2/2" in capsys.readouterr().err
+    engine.score("Hi", ["Hello", "Bye"], use_tqdm=True)
+    assert "3/3" in capsys.readouterr().err   # (the three texts' embeddings)
+
+
 def test_get_tokenizer(engine):
     """vLLM's LLM.get_tokenizer() (an AttributeError before)."""
     tok = engine.get_tokenizer()
