@@ -93,11 +93,12 @@ class AsyncEngine:
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, tools=None,
                    add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None,
                    continue_final_message: bool = False, request_id: str | None = None,
-                   priority: int = 0, *, sampling_params=None) -> AsyncIterator[RequestOutput]:
+                   priority: int = 0, *, sampling_params=None,
+                   chat_template: str | None = None) -> AsyncIterator[RequestOutput]:
         """One conversation through the chat template (Engine.chat's arguments), as generate()."""
         params = vllm_named(params, sampling_params, "params", "sampling_params")
         ids = self.engine.chat_prompt_ids(messages, tools, add_generation_prompt, chat_template_kwargs,
-                                          continue_final_message)
+                                          continue_final_message, chat_template)
         async for out in self.generate(ids, params, request_id, priority):
             yield out
 

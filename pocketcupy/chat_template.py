@@ -53,14 +53,26 @@ def _compile(template: str) -> jinja2.Template:
     return env.from_string(template)
 
 
-def check_template(template: str) -> None:
-    """A template Jinja cannot parse: ValueError 'chat template: line N: ...'."""
+def check_template(template: str, field: str = "chat template") -> None:
+    """A template Jinja cannot parse: ValueError 'chat template: line N: ...' (field: the name it starts with)."""
     try:
         _compile(template)
     except jinja2.TemplateSyntaxError as e:
-        raise ValueError(f"chat template: line {e.lineno}: {e.message}") from None
+        raise ValueError(f"{field}: line {e.lineno}: {e.message}") from None
     except RecursionError:      # Jinja's parser recurses once an expression level
-        raise ValueError("chat template: nested too deeply for Jinja's parser") from None
+        raise ValueError(f"{field}: nested too deeply for Jinja's parser") from None
+
+
+def template_text(value, field: str = "chat_template") -> str:
+    """A chat template given as its text (vLLM's LLM.chat chat_template), checked for Jinja syntax; a
+    value that looks like a file's path is refused (load_chat_template reads a file)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{field}: must be a non-empty string (a Jinja template), got {value!r:.60}")
+    if looks_like_path(value):
+        raise ValueError(f"{field}: {value!r:.60} looks like a file's path; pass the template's text "
+                         "(chat_template.load_chat_template reads a file)")
+    check_template(value, field)
+    return value
 
 
 TEMPLATE_FILE_SUFFIXES = (".jinja", ".jinja2", ".j2")
@@ -106,7 +118,8 @@ def load_chat_template(value: str, field: str = "chat_template") -> str:
 
 
 # what render_chat sets itself; chat_template_kwargs (extra template variables) may not
-RESERVED_VARIABLES = ("messages", "tools", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token")
+RESERVED_VARIABLES = ("messages", "tools", "add_generation_prompt", "continue_final_message", "bos_token", "eos_token",
+                      "chat_template")
 
 
 def check_template_kwargs(kwargs) -> dict:

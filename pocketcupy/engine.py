@@ -636,30 +636,35 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
              chat_template_kwargs: dict | None = None, continue_final_message: bool = False, *,
-             sampling_params=None, use_tqdm=False) -> list[RequestOutput]:
+             sampling_params=None, use_tqdm=False, chat_template: str | None = None) -> list[RequestOutput]:
         """One conversation (a list of message dicts) or several (a list of such lists).
         continue_final_message (with add_generation_prompt=False): the model continues the last
-        message (e.g. an assistant reply begun by the caller) instead of starting a new one."""
+        message (e.g. an assistant reply begun by the caller) instead of starting a new one.
+        chat_template: a Jinja template's text used instead of the model's (vLLM's)."""
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages: must be a non-empty list of messages or of conversations, "
                              f"got {messages!r:.60}")
         convs = [messages] if isinstance(messages[0], dict) else messages
         params = vllm_named(params, sampling_params, "params", "sampling_params")
         return self.generate([self.chat_prompt_ids(c, tools, add_generation_prompt, chat_template_kwargs,
-                                                   continue_final_message) for c in convs], params, use_tqdm=use_tqdm)
+                                                   continue_final_message, chat_template) for c in convs],
+                             params, use_tqdm=use_tqdm)
 
     def chat_prompt_ids(self, messages: list[dict], tools=None, add_generation_prompt: bool = True,
-                        chat_template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
+                        chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
+                        chat_template: str | None = None) -> list[int]:
         """One conversation's prompt: the chat template's text, tokenized as the template wrote it
         (no special tokens added)."""
         return self.tokenizer.encode(self.render_chat(messages, tools, add_generation_prompt, chat_template_kwargs,
-                                                      continue_final_message), add_special_tokens=False)
+                                                      continue_final_message, chat_template), add_special_tokens=False)
 
     def render_chat(self, messages, tools=None, add_generation_prompt=True, chat_template_kwargs=None,
-                    continue_final_message: bool = False) -> str:
-        from .chat_template import check_template_kwargs
+                    continue_final_message: bool = False, chat_template: str | None = None) -> str:
+        from .chat_template import check_template_kwargs, template_text
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
                                                   tools=tools, continue_final_message=continue_final_message,
+                                                  chat_template=None if chat_template is None
+                                                  else template_text(chat_template),
                                                   **check_template_kwargs(chat_template_kwargs))
 
     def stream(self, prompt_or_messages, params: SamplingParams | None = None, *,

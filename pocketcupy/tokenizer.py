@@ -154,11 +154,14 @@ class Tokenizer:
         return self.tool_use_template if tools is not None and self.tool_use_template else self.chat_template
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list | None = None, continue_final_message: bool = False, **extra) -> str:
+                            tools: list | None = None, continue_final_message: bool = False,
+                            chat_template: str | None = None, **extra) -> str:
+        """chat_template: a template's text used instead of the model's."""
         from .chat_template import render_chat
         bos = self._tokens[self.bos_token_id] if self.bos_token_id is not None else ""
         eos = self._tokens[self.eos_token_id] if self.eos_token_id is not None else ""
-        return render_chat(self.chat_template_for(tools), messages, add_generation_prompt=add_generation_prompt,
+        template = self.chat_template_for(tools) if chat_template is None else chat_template
+        return render_chat(template, messages, add_generation_prompt=add_generation_prompt,
                            tools=tools, bos_token=bos, eos_token=eos, continue_final_message=continue_final_message,
                            **extra)
 

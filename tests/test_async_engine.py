@@ -91,6 +91,16 @@ def test_output_kind(engine, aengine):
     assert final[0].outputs[0].text == want.text
 
 
+def test_chat_template_argument(engine, aengine):
+    """AsyncEngine.chat takes chat_template as Engine.chat (vLLM's LLM.chat) does."""
+    template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    messages = [{"role": "user", "content": "Once upon a time"}]
+    want = engine.chat(messages, GREEDY, chat_template=template)[0]
+    last, _ = asyncio.run(_last(aengine.chat(messages, GREEDY, chat_template=template)))
+    assert last.prompt_token_ids == want.prompt_token_ids == engine.tokenizer.encode("Once upon a time\n")
+    assert last.outputs[0].token_ids == want.outputs[0].token_ids
+
+
 def test_get_tokenizer(engine, aengine):
     """vLLM's AsyncLLM.get_tokenizer(), a coroutine (an AttributeError before)."""
     tok = asyncio.run(aengine.get_tokenizer())

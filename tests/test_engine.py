@@ -484,6 +484,27 @@ def test_many_chats(engine):
     assert len(outs) == 2 and all(o.outputs[0].text for o in outs)
 
 
+def test_chat_template_argument(engine):
+    """vLLM's LLM.chat(chat_template=...): the template's text, used instead of the model's, tools or not
+    (a TypeError before); a bad one is a ValueError naming chat_template, and chat_template_kwargs cannot set it."""
+    template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    convs = [[{"role": "user", "content": "Name a fruit."}], [{"role": "user", "content": "Name a colour."}]]
+    p = SamplingParams(temperature=0, max_tokens=6)
+    outs = engine.chat(convs, p, chat_template=template)
+    for conv, out in zip(convs, outs):
+        text = f"user: {conv[0]['content']}\nassistant:"
+        assert out.prompt_token_ids == engine.tokenizer.encode(text, add_special_tokens=False)
+        assert out.outputs[0].token_ids == engine.generate(out.prompt_token_ids, p)[0].outputs[0].token_ids
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    assert engine.chat(convs[0], p, tools=tools, chat_template=template)[0].prompt_token_ids == outs[0].prompt_token_ids
+    for bad in (5, "", "{% for m in messages %}", "templates/chat.jinja"):
+        with pytest.raises(ValueError, match="^chat_template:"):
+            engine.chat(convs[0], p, chat_template=bad)
+    with pytest.raises(ValueError, match="^chat_template_kwargs:"):
+        engine.chat(convs[0], p, chat_template_kwargs={"chat_template": template})
+    assert not engine.has_unfinished_requests()
+
+
 @pytest.mark.parametrize("call, field", [
     (lambda e: e.generate("", SamplingParams()), "prompt"),
     (lambda e: e.generate([10**6], SamplingParams()), "prompt"),
