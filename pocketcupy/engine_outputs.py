@@ -29,9 +29,12 @@ class EngineOutputs:
             logits = np.concatenate(s.prompt_chunks)[: len(s.group.prompt_ids)]
             s.prompt_chunks.clear()
             s.group.prompt_logprobs = self._decorate(
-                prompt_logprobs(logits, s.group.prompt_ids, s.group.params.prompt_logprobs))
+                prompt_logprobs(logits, s.group.prompt_ids, s.group.params.prompt_logprobs), s.group.params)
 
-    def _decorate(self, positions):
+    def _decorate(self, positions, params):
+        """Each Logprob's decoded_token (left None without detokenize)."""
+        if not params.detokenize:
+            return positions
         for pos in positions:
             for tid, lp in (pos or {}).items():
                 lp.decoded_token = self.tokenizer.decode([tid])
@@ -51,10 +54,10 @@ class EngineOutputs:
         out.token_ids.append(tok)
         out.delta_token_ids.append(tok)
         if out.logprobs is not None:
-            out.logprobs.extend(self._decorate([logprobs]))
+            out.logprobs.extend(self._decorate([logprobs], p))
             out.cumulative_logprob += logprobs[tok].logprob
         stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
-        if not stop_token or p.include_stop_str_in_output:
+        if p.detokenize and (not stop_token or p.include_stop_str_in_output):
             self._emit(s, s.detok.push(tok))
             if out.finished:  # a stop string was hit
                 return

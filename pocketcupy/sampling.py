@@ -54,6 +54,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    detokenize: bool = True  # False: token ids alone (text "", logprobs' decoded_token None), as vLLM's
     skip_special_tokens: bool = True
     # special tokens written into the text even with skip_special_tokens (llama.cpp's preserved
     # tokens): the server's tool-call markers, e.g. Mistral's [TOOL_CALLS], which its parser reads
@@ -114,10 +115,12 @@ class SamplingParams:
         self.preserved_token_ids = _token_ids("preserved_token_ids",
                                               [] if self.preserved_token_ids is None else self.preserved_token_ids)
 
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, "must be a bool", getattr(self, name))
+        if self.stop and not self.detokenize:
+            _fail("stop", "stop strings need detokenize=True (stop_token_ids do not)", self.stop)
 
         mt = self.max_tokens
         if mt is not None and (not _is_int(mt) or mt < 1):

@@ -327,6 +327,21 @@ def test_logprobs_true_means_one(engine):
     assert all(len(lp) == 1 for lp in true.outputs[0].logprobs)   # greedy: the sampled token is the top one
 
 
+def test_detokenize_false(engine):
+    """vLLM's detokenize=False (a TypeError before): the same tokens and logprobs, no text, no decoded_token;
+    stop strings need the text."""
+    p = SamplingParams(temperature=0, max_tokens=6, logprobs=1, prompt_logprobs=1)
+    want = engine.generate("The cat sat on the", p)[0]
+    out = engine.generate("The cat sat on the", p.clone(detokenize=False))[0]
+    c, w = out.outputs[0], want.outputs[0]
+    assert c.token_ids == w.token_ids and w.text and c.text == ""
+    assert [{t: lp.logprob for t, lp in pos.items()} for pos in c.logprobs] == \
+        [{t: lp.logprob for t, lp in pos.items()} for pos in w.logprobs]
+    assert all(lp.decoded_token is None for pos in c.logprobs + out.prompt_logprobs[1:] for lp in pos.values())
+    with pytest.raises(ValueError, match="^stop:"):
+        SamplingParams(stop=["."], detokenize=False)
+
+
 def test_cumulative_logprob(engine):
     """vLLM's CompletionOutput.cumulative_logprob: the sum of the sampled tokens' logprobs, None
     unless logprobs are asked for (logprobs=0: the sampled token's alone)."""

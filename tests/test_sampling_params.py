@@ -56,6 +56,7 @@ BAD = [
     ("preserved_token_ids", ""),
     ("preserved_token_ids", {}),
     ("ignore_eos", 1),
+    ("detokenize", None),
     ("skip_special_tokens", None),
     ("include_stop_str_in_output", "yes"),
     ("spaces_between_special_tokens", None),
