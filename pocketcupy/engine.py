@@ -198,6 +198,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if priority != 0 and self.args.scheduling_policy != "priority":   # vLLM's ValueError too
             raise ValueError(f"priority: got {priority}, but priority scheduling is not enabled (scheduling_policy "
                              f"is {self.args.scheduling_policy!r}; start the engine with scheduling_policy='priority')")
+        k = params.truncate_prompt_tokens
+        if k is not None and k > self.max_model_len:   # (vLLM's ValueError too)
+            raise ValueError(f"truncate_prompt_tokens: {k} is more than max_model_len ({self.max_model_len}); "
+                             "use at most that, or -1 for the last max_model_len tokens")
         if isinstance(prompt, dict):
             prompt, prompt_token_ids = prompt_of_dict(prompt, prompt_token_ids)
         text, ids = (self._prompt_ids(prompt) if prompt_token_ids is None

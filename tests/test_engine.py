@@ -275,6 +275,22 @@ def test_truncate_prompt_tokens(engine):
     assert engine.generate(ids, p.clone(truncate_prompt_tokens=-1))[0].prompt_token_ids == ids
 
 
+def test_truncate_prompt_tokens_beyond_the_context(engine):
+    """truncate_prompt_tokens over max_model_len is a ValueError naming it, as in vLLM (generation and
+    embeddings); it was taken, and a long prompt was then refused naming the prompt."""
+    from pocketcupy import PoolingParams
+
+    C = engine.max_model_len
+    p = SamplingParams(temperature=0, max_tokens=2, truncate_prompt_tokens=C)
+    assert len(engine.generate("Hi", p)[0].outputs[0].token_ids) == 2
+    for call in (lambda: engine.generate("Hi", p.clone(truncate_prompt_tokens=C + 1)),
+                 lambda: engine.generate([5] * (C + 10), p.clone(truncate_prompt_tokens=C + 1)),
+                 lambda: engine.embed(["Hi"], PoolingParams(truncate_prompt_tokens=C + 1))):
+        with pytest.raises(ValueError, match="^truncate_prompt_tokens:"):
+            call()
+    assert not engine.has_unfinished_requests()
+
+
 def test_stop_strings_never_emitted(engine):
     base = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16))
     stop = base.text[5:8]
