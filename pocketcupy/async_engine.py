@@ -151,6 +151,10 @@ class AsyncEngine:
         """The model's Tokenizer (a coroutine, as vLLM's AsyncLLM.get_tokenizer)."""
         return self.tokenizer
 
+    async def reset_prefix_cache(self) -> bool:
+        """Engine.reset_prefix_cache (vLLM's AsyncLLM's), in a worker thread."""
+        return await asyncio.to_thread(self.engine.reset_prefix_cache)
+
     async def stats(self) -> dict:
         return await asyncio.to_thread(self.engine.stats)
 

@@ -343,6 +343,12 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         with self._lock:
             return bool(self._ended or self._held)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prefix block (vLLM's LLM.reset_prefix_cache); False, and nothing forgotten,
+        while a request holds blocks."""
+        with self._lock:
+            return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
     def stats(self) -> dict:
         """Counters a server exports (see server/metrics.py): the scheduler's, the recurrent state
         slots' bytes (a hybrid model's; else 0), and the structured output's (constrained requests,

@@ -101,6 +101,21 @@ def test_chat_template_argument(engine, aengine):
     assert last.outputs[0].token_ids == want.outputs[0].token_ids
 
 
+def test_reset_prefix_cache(engine, aengine):
+    """AsyncEngine.reset_prefix_cache(), a coroutine (vLLM's AsyncLLM's)."""
+    prompt = "A long story about a dragon who guarded a mountain of gold for a thousand years. " * 3
+
+    async def main():
+        await _last(aengine.generate(prompt, GREEDY))
+        hit, _ = await _last(aengine.generate(prompt, GREEDY))
+        reset = await aengine.reset_prefix_cache()
+        miss, _ = await _last(aengine.generate(prompt, GREEDY))
+        return hit, reset, miss
+
+    hit, reset, miss = asyncio.run(main())
+    assert hit.num_cached_tokens > 0 and reset and miss.num_cached_tokens == 0
+
+
 def test_get_tokenizer(engine, aengine):
     """vLLM's AsyncLLM.get_tokenizer(), a coroutine (an AttributeError before)."""
     tok = asyncio.run(aengine.get_tokenizer())

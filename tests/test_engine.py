@@ -792,6 +792,24 @@ def test_use_tqdm(engine, capsys):
     assert "3/3" in capsys.readouterr().err   # (the three texts' embeddings)
 
 
+def test_reset_prefix_cache(engine):
+    """vLLM's LLM.reset_prefix_cache() (an AttributeError before): a repeated prompt hits the cache until it
+    is reset; refused (False) while a request holds blocks."""
+    prompt = "The history of the Roman Empire spans many centuries, from its founding to its fall, " * 3
+    p = SamplingParams(temperature=0, max_tokens=2)
+    first = engine.generate(prompt, p)[0]
+    assert engine.generate(prompt, p)[0].num_cached_tokens > 0
+    assert engine.reset_prefix_cache()
+    again = engine.generate(prompt, p)[0]
+    assert again.num_cached_tokens == 0 and again.outputs[0].token_ids == first.outputs[0].token_ids
+    engine.add_request("holding", prompt, p)
+    engine.step()
+    assert not engine.reset_prefix_cache()
+    engine.abort_request("holding")
+    engine.step()
+    assert engine.reset_prefix_cache() and not engine.has_unfinished_requests()
+
+
 def test_get_tokenizer(engine):
     """vLLM's LLM.get_tokenizer() (an AttributeError before)."""
     tok = engine.get_tokenizer()
