@@ -92,8 +92,8 @@ def gemm_rows(fmt: CodesFormat, make: Callable, rows_out: int, cols: int) -> lis
     """linear past the GEMVs: gemm_codes_tile at each launch shape unsplit (batches 20 and 64: 4 and 8 column
     tiles); split over K in 3 (uneven runs of chunks; a bias, added once) at batch 20, in 8 (the down
     projection's plan) at batch 64, and in 2 over several row blocks at batch 100 (two launches: the split
-    counters left at 0 by the first); at its own shape over 40 and 100 rows, with a bias; and dequantization + cuBLAS (the tile kernel off: a prefill's path) at
-    batches 17 and 40. make(n, bias=...): a row's inputs."""
+    counters left at 0 by the first); at its own shape over 40 and 100 rows, with a bias; and dequantization
+    + cuBLAS (the tile kernel off: a prefill's path) at batches 17 and 40. make(n, bias=...): a row's inputs."""
     from pocketcupy.backend.codes_tile_cuda import CODES_TILE_SHAPES
     from tests.kernel_table import KernelRow
 
