@@ -193,6 +193,8 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
                 body[name] = f.get(name)
         stops = f.get("stop_sequences")
         if stops is not None:
+            if not isinstance(stops, list):     # chat's stop also takes a lone string
+                raise bad("stop_sequences", "'stop_sequences' must be an array of strings")
             body["stop"] = stops
         meta = f.obj("metadata")
         if meta is not None:
