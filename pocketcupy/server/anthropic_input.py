@@ -111,7 +111,9 @@ def _tools(raw) -> list | None:
         unknown = sorted(set(t) - set(TOOL_KEYS))
         if unknown:
             raise bad(f"tools[{i}].{unknown[0]}", f"Unrecognized tool field: tools[{i}].{unknown[0]}")
-        fn = {"name": t.get("name"), "parameters": t.get("input_schema")}
+        if not isinstance(t.get("input_schema"), dict):     # chat's parameters may be left out
+            raise bad(f"tools[{i}].input_schema", f"'tools[{i}].input_schema' is required and must be an object")
+        fn = {"name": t.get("name"), "parameters": t["input_schema"]}
         if t.get("description") is not None:
             fn["description"] = t["description"]
         out.append({"type": "function", "function": fn})
