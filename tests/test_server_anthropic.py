@@ -154,6 +154,9 @@ def test_count_tokens(client):
      "messages[0].content[0]"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "f", "input": {}}]}],
       "max_tokens": 4}, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": []}], "max_tokens": 4}, "messages[0]"),
+    ({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}], "max_tokens": 4},
+     "messages[0]"),
     ({"messages": Q, "max_tokens": 0}, "max_tokens"),
     ({"messages": Q, "max_tokens": 4, "temperature": 5}, "temperature"),
     ({"messages": Q, "max_tokens": 4, "temperature": 1.5}, "temperature"),   # Anthropic's range is [0, 1]

@@ -68,6 +68,9 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise bad(f"{where}.role", f"'{where}.role' must be 'user' or 'assistant'")
+        if m.get("content") in ("", []) and not (m["role"] == "assistant" and i == len(raw) - 1):
+            raise bad(where, f"'{where}': all messages must have non-empty content except for the optional final "
+                             "assistant message")
         texts, calls = [], []
         for j, b in enumerate(_blocks(m.get("content"), where)):
             at, kind = f"{where}.content[{j}]", b.get("type")
