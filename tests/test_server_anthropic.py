@@ -183,6 +183,28 @@ def test_bad_requests_have_anthropic_error_bodies(server, body, field):
     assert field in resp["error"]["message"], resp
 
 
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+
+
+CALLED = [{"role": "user", "content": "Weather in Paris?"},
+          {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]}]
+
+
+@pytest.mark.parametrize("turns,where", [
+    ([{"role": "user", "content": [{"type": "text", "text": "What is this?"}, IMAGE]}], "messages[0].content[1]"),
+    (CALLED + [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}]}],
+     "messages[2].content[0].content[0]"),
+])
+def test_image_blocks_say_the_model_is_text_only(client, turns, where):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as e:
+        create(client, messages=turns)
+    assert e.value.body["error"]["type"] == "invalid_request_error"
+    message = e.value.body["error"]["message"]
+    assert where in message and "text only" in message, message
+
+
 def test_client_errors(client):
     import anthropic
 

@@ -30,6 +30,14 @@ def _blocks(content, where: str) -> list[dict]:
     return content
 
 
+MEDIA = ("image", "document")     # blocks a text-only model cannot read
+
+
+def _no_media(kind, where: str) -> None:
+    if kind in MEDIA:
+        raise bad(where, f"'{where}': {kind} blocks are not supported: this model takes text only")
+
+
 def _text(b: dict, where: str) -> str:
     if not isinstance(b.get("text"), str):
         raise bad(f"{where}.text", f"'{where}.text' must be a string")
@@ -42,6 +50,7 @@ def _tool_result(b: dict, where: str) -> dict:
     content = b.get("content", "")
     parts = _blocks(content, where)
     for k, p in enumerate(parts):
+        _no_media(p.get("type"), f"{where}.content[{k}]")
         if p.get("type") != "text":
             raise bad(f"{where}.content[{k}]", f"'{where}.content[{k}]': only text is supported in tool results, "
                                                f"got {short_repr(p.get('type'))}")
@@ -88,6 +97,7 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
             elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
                 continue
             else:
+                _no_media(kind, at)
                 raise bad(at, f"'{at}': a {m['role']} turn may hold text"
                               f"{', tool_result' if m['role'] == 'user' else ', tool_use, thinking'} blocks here, "
                               f"got {short_repr(kind)}")
