@@ -158,6 +158,10 @@ def test_count_tokens(client):
     ({"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": "x"}], "max_tokens": 4},
      "messages[0]"),
     ({"messages": Q, "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "Hi"},
+                   {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}]}],
+      "max_tokens": 4}, "messages[2].content[0].is_error"),
     ({"messages": Q, "max_tokens": 4, "temperature": 5}, "temperature"),
     ({"messages": Q, "max_tokens": 4, "temperature": 1.5}, "temperature"),   # Anthropic's range is [0, 1]
     ({"messages": Q, "max_tokens": 4, "top_k": -1}, "top_k"),

@@ -55,6 +55,8 @@ def _tool_result(b: dict, where: str) -> dict:
             raise bad(f"{where}.content[{k}]", f"'{where}.content[{k}]': only text is supported in tool results, "
                                                f"got {short_repr(p.get('type'))}")
     text = "".join(_text(p, f"{where}.content[{k}]") for k, p in enumerate(parts))
+    if not isinstance(b.get("is_error", False), bool):
+        raise bad(f"{where}.is_error", f"'{where}.is_error' must be a boolean")
     if b.get("is_error"):
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": b["tool_use_id"], "content": text}
