@@ -60,6 +60,14 @@ def test_last_assistant_turn_is_a_prefill(client, server):
     assert m.usage.input_tokens == c["usage"]["prompt_tokens"]
 
 
+@pytest.mark.parametrize("empty", ["", []])
+def test_empty_final_assistant_turn_is_no_prefill(client, empty):
+    """Anthropic allows the final assistant turn (only) to be empty; the reply is then not a continuation."""
+    m = create(client, messages=Q + [{"role": "assistant", "content": empty}], max_tokens=8)
+    plain = create(client, max_tokens=8)
+    assert m.content[0].text == plain.content[0].text and m.usage.input_tokens == plain.usage.input_tokens
+
+
 def test_stream_events(client, server):
     whole = create(client)
     status, events = _raw_stream(server, dict(model=MODEL, messages=Q, max_tokens=24, temperature=0, stream=True))

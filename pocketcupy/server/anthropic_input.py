@@ -79,7 +79,9 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise bad(f"{where}.role", f"'{where}.role' must be 'user' or 'assistant'")
-        if m.get("content") in ("", []) and not (m["role"] == "assistant" and i == len(raw) - 1):
+        if m.get("content") in ("", []):
+            if m["role"] == "assistant" and i == len(raw) - 1:
+                continue        # an empty final assistant turn: no prefill
             raise bad(where, f"'{where}': all messages must have non-empty content except for the optional final "
                              "assistant message")
         texts, calls = [], []
@@ -103,7 +105,7 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
                 raise bad(at, f"'{at}': a {m['role']} turn may hold text"
                               f"{', tool_result' if m['role'] == 'user' else ', tool_use, thinking'} blocks here, "
                               f"got {short_repr(kind)}")
-        if texts or calls or not m.get("content"):
+        if texts or calls:
             msg = {"role": m["role"], "content": "".join(texts) if texts or not calls else None}
             if calls:
                 msg["tool_calls"] = calls
