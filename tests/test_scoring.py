@@ -104,6 +104,9 @@ def test_rerank_route(server, local, path):
     ("/v1/rerank", {"documents": []}, "documents"),
     ("/v1/rerank", {"documents": [1, 2, 3]}, "documents"),
     ("/v1/rerank", {"documents": [{"title": "x"}]}, "documents"),
+    ("/v1/rerank", {"documents": [{"text": 5}]}, "documents"),   # not token id 5
+    ("/v1/rerank", {"documents": [{"text": 1}, {"text": 2}]}, "documents"),
+    ("/v1/rerank", {"documents": [{"text": "a", "title": "t"}]}, "documents"),
     ("/v1/rerank", {"top_n": -1}, "top_n"),
     ("/v1/rerank", {"return_documents": "yes"}, "return_documents"),
     ("/v1/rerank", {"rank_fields": ["text"]}, "rank_fields"),

@@ -50,7 +50,10 @@ def handle_rerank(state, body, gone) -> dict:
     if not isinstance(docs, list) or not docs or all(isinstance(d, int) for d in docs):
         raise bad("documents", "'documents' must be a non-empty array of texts, {\"text\": ...} objects or "
                                "token-id arrays")
-    docs = [d["text"] if isinstance(d, dict) and set(d) == {"text"} else d for d in docs]
+    for d in docs:   # a {"text": 5} unwrapped to 5 joined its neighbours as one token-id document
+        if isinstance(d, dict) and not (set(d) == {"text"} and isinstance(d["text"], str)):
+            raise bad("documents", "a document object must be {\"text\": <string>}")
+    docs = [d["text"] if isinstance(d, dict) else d for d in docs]
     docs = parse_prompts(docs, tok, "documents", MAX_INPUTS, not _reranker(state))
     top_n = f.int("top_n", 0, 0)
     with_docs = f.bool("return_documents", True)
