@@ -25,12 +25,19 @@ def counts(usage) -> tuple:
     return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
 
 
-def test_models_and_probes(client, server):
+def test_models_and_probes(client, server, smollm2_gguf):
     assert [m.id for m in client.models.list().data] == [MODEL]
     for path in ("/health", "/alive", "/ready"):
         assert request(server, "GET", path)[0] == 200
     status, body, _ = request(server, "GET", f"/v1/models/{MODEL}")
     assert status == 200 and body["max_model_len"] > 0
+    # vLLM's ModelCard: its fields, a base model's parent null, one model_permission
+    assert set(body) == {"id", "object", "created", "owned_by", "root", "parent", "max_model_len", "permission"}
+    assert body["parent"] is None and body["root"] == smollm2_gguf
+    [perm] = body["permission"]
+    assert perm["object"] == "model_permission" and perm["id"].startswith("modelperm-")
+    assert perm["allow_sampling"] and perm["allow_logprobs"] and perm["organization"] == "*" and perm["group"] is None
+    assert request(server, "GET", "/v1/models")[1]["data"][0]["permission"][0]["object"] == "model_permission"
     assert request(server, "GET", "/version")[:2] == (200, {"version": pocketcupy.__version__})
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import uuid
 
 from flask import Flask, Response, request
 from werkzeug.exceptions import HTTPException
@@ -220,8 +221,14 @@ def create_app(state) -> Flask:
         return _json(handle_detokenize(state, _request_body()))
 
     def _model_card(name: str) -> dict:
+        """vLLM's ModelCard: parent is a LoRA adapter's base model (none here); permission as vLLM's defaults."""
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": state.started,
+                      "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                      "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                      "organization": "*", "group": None, "is_blocking": False}
         return {"id": name, "object": "model", "created": state.started, "owned_by": "pocketcupy",
-                "root": state.engine.model_path, "max_model_len": state.engine.max_model_len}
+                "root": state.engine.model_path, "parent": None, "max_model_len": state.engine.max_model_len,
+                "permission": [permission]}
 
     @app.get("/v1/models")
     def models():
