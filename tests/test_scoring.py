@@ -90,6 +90,16 @@ def test_rerank_route(server, local, path):
     assert all(set(r) == {"index", "relevance_score"} for r in top["results"])
 
 
+def test_model_is_optional_as_in_vllm(server):
+    """vLLM's score and rerank requests may leave out 'model' (the served one answers); a wrong one is a 404."""
+    status, score, _ = request(server, "POST", "/score", {"text_1": QUERY, "text_2": DOCS[:2]})
+    assert status == 200 and score["model"] == MODEL and len(score["data"]) == 2, score
+    status, rerank, _ = request(server, "POST", "/rerank", {"query": QUERY, "documents": DOCS})
+    assert status == 200 and rerank["model"] == MODEL and len(rerank["results"]) == 3, rerank
+    status, err, _ = request(server, "POST", "/rerank", {"model": "other", "query": QUERY, "documents": DOCS})
+    assert status == 404 and err["error"]["param"] == "model"
+
+
 @pytest.mark.parametrize("path, patch, param", [
     ("/v1/score", {"text_1": None}, "text_1"),
     ("/v1/score", {"text_2": []}, "text_2"),

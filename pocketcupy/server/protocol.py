@@ -302,6 +302,11 @@ def check_model(f: Fields, served_names: list[str]) -> str:
     return model
 
 
+def optional_model(f: Fields, served_names: list[str]) -> str:
+    """vLLM's own routes (tokenize, score, rerank): 'model' may be left out, meaning the first served name."""
+    return served_names[0] if f.get("model") is None else check_model(f, served_names)
+
+
 CONTEXT_CODE = "context_length_exceeded"   # OpenAI's code for it, which clients test to shorten and retry
 
 

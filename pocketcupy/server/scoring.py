@@ -10,7 +10,7 @@ from ..scoring import classifier_params, classifier_score, cosine, score_pairs
 from .completions import parse_prompts
 from .embeddings import MAX_INPUTS, fitted_ids, pooled, pooling_params
 from .generation import Job
-from .protocol import ApiError, Fields, bad, check_model
+from .protocol import ApiError, Fields, bad, optional_model
 from .responses import new_id
 
 
@@ -21,7 +21,7 @@ def handle_score(state, body, gone) -> dict:
     "score"}], "usage"}."""
     tok = state.engine.tokenizer
     f = Fields(body)
-    model = check_model(f, state.config.served_model_names)
+    model = optional_model(f, state.config.served_model_names)
     first = parse_prompts(f.require("text_1"), tok, "text_1", MAX_INPUTS)
     second = parse_prompts(f.require("text_2"), tok, "text_2", MAX_INPUTS, not _reranker(state))
     try:
@@ -41,7 +41,7 @@ def handle_rerank(state, body, gone) -> dict:
     [{"index", "document": {"text"}, "relevance_score"}]}, the most relevant first."""
     tok = state.engine.tokenizer
     f = Fields(body)
-    model = check_model(f, state.config.served_model_names)
+    model = optional_model(f, state.config.served_model_names)
     query = f.require("query")
     if isinstance(query, list) and query and all(isinstance(q, str) for q in query):
         raise bad("query", "'query' must be one text (or its token ids)")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .chat import parse_template_fields, render_messages
-from .protocol import Fields, bad, check_model, parse_token_ids
+from .protocol import Fields, bad, optional_model, parse_token_ids
 from .tool_prompt import parse_messages, parse_tools
 
 
@@ -12,8 +12,7 @@ def handle_tokenize(state, body: dict) -> dict:
     template writes them)."""
     engine, tok = state.engine, state.engine.tokenizer
     f = Fields(body)
-    if f.get("model") is not None:   # optional here, as in vLLM; checked when given
-        check_model(f, state.config.served_model_names)
+    optional_model(f, state.config.served_model_names)
     chat = f.get("messages") is not None
     if chat == (f.get("prompt") is not None):
         raise bad("prompt", "exactly one of 'prompt' and 'messages' is required")
@@ -39,8 +38,7 @@ def handle_detokenize(state, body: dict) -> dict:
     """{"tokens": [ids]} -> {"prompt": text} (special tokens kept, as vLLM does)."""
     tok = state.engine.tokenizer
     f = Fields(body)
-    if f.get("model") is not None:
-        check_model(f, state.config.served_model_names)
+    optional_model(f, state.config.served_model_names)
     f.require("tokens")
     f.reject_unknown()
     return {"prompt": tok.decode(parse_token_ids(f, "tokens", tok.vocab_size))}
