@@ -46,6 +46,17 @@ def test_raw_http_token_ids_and_extensions(server, local):
     assert status == 200 and len(one["data"]) == 1 and len(one["data"][0]["embedding"]) == local.config.hidden_size
 
 
+def test_add_special_tokens(server, local):
+    """vLLM's add_special_tokens: false encodes the texts without the tokenizer's special tokens."""
+    status, body, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "input": TEXTS,
+                                                                 "add_special_tokens": False})
+    assert status == 200, body
+    ids = [local.tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    np.testing.assert_allclose([d["embedding"] for d in body["data"]],
+                               [o.outputs.embedding for o in local.embed(ids)], atol=1e-5)
+    assert body["usage"]["prompt_tokens"] == sum(map(len, ids))
+
+
 @pytest.mark.parametrize("patch, param", [
     ({"input": None}, "input"),
     ({"input": ""}, "input"),
@@ -56,6 +67,7 @@ def test_raw_http_token_ids_and_extensions(server, local):
     ({"dimensions": 8}, "dimensions"),
     ({"pooling": "max"}, "pooling"),
     ({"normalize": "yes"}, "normalize"),
+    ({"add_special_tokens": 1}, "add_special_tokens"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"temperature": 0.5}, "temperature"),

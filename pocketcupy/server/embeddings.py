@@ -20,13 +20,13 @@ MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
 def handle_embeddings(state, body, gone) -> dict:
     """{"model", "input": str | [str] | [ids] | [[ids]], "encoding_format": "float" | "base64",
     "dimensions" (only the model's own), "user"; vLLM's "truncate_prompt_tokens", "normalize",
-    "priority"; ours "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object":
+    "priority", "add_special_tokens" (default true); ours "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object":
     "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
     engine = state.engine
     tok = engine.tokenizer
     f = Fields(body)
     model = check_model(f, state.config.served_model_names)
-    prompts = parse_prompts(f.require("input"), tok, "input", MAX_INPUTS)
+    prompts = parse_prompts(f.require("input"), tok, "input", MAX_INPUTS, f.bool("add_special_tokens", True))
     fmt = f.str("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
