@@ -57,6 +57,23 @@ def test_add_special_tokens(server, local):
     assert body["usage"]["prompt_tokens"] == sum(map(len, ids))
 
 
+def test_chat_messages(server, local):
+    """vLLM's chat embedding request: the conversation as the template renders it (without the generation
+    prompt unless asked) is embedded as one input."""
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    for gen in (False, True):
+        ids = request(server, "POST", "/tokenize", {"messages": msgs, "add_generation_prompt": gen})[1]["tokens"]
+        extra = {"add_generation_prompt": True} if gen else {}
+        status, body, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "messages": msgs, **extra})
+        assert status == 200, body
+        assert len(body["data"]) == 1 and body["usage"]["prompt_tokens"] == len(ids)
+        np.testing.assert_allclose(body["data"][0]["embedding"], local.embed([ids])[0].outputs.embedding, atol=1e-5)
+    for patch, param in (({"input": "hi"}, "messages"), ({"messages": []}, "messages"),
+                         ({"messages": [{"role": "nobody", "content": "x"}]}, "messages[0].role")):
+        status, resp, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "messages": msgs, **patch})
+        assert status == 400 and resp["error"]["param"] == param, resp
+
+
 @pytest.mark.parametrize("patch, param", [
     ({"input": None}, "input"),
     ({"input": ""}, "input"),

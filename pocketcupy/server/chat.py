@@ -52,8 +52,9 @@ def _one_of(f: Fields, name: str, options: tuple) -> str | None:
     return v
 
 
-def parse_template_fields(f: Fields) -> dict:
-    """The chat-template options of a request (chat completions, /tokenize). OpenAI's
+def parse_template_fields(f: Fields, generation_prompt: bool = True) -> dict:
+    """The chat-template options of a request (chat completions, /tokenize, chat embeddings; generation_prompt:
+    add_generation_prompt's default). OpenAI's
     reasoning_effort reaches the template as a variable of that name, as vLLM passes it, unless
     chat_template_kwargs sets it."""
     kwargs = f.obj("chat_template_kwargs")
@@ -61,7 +62,7 @@ def parse_template_fields(f: Fields) -> dict:
     if effort is not None:
         kwargs = {"reasoning_effort": effort, **(kwargs or {})}
     return {"chat_template_kwargs": kwargs,
-            "add_generation_prompt": f.bool("add_generation_prompt", True),
+            "add_generation_prompt": f.bool("add_generation_prompt", generation_prompt),
             "continue_final_message": f.bool("continue_final_message", False)}
 
 

@@ -9,24 +9,31 @@ import numpy as np
 
 from ..pooling import POOLING_TYPES, PoolingParams, default_pooling_type
 from ..sampling import SamplingParams, truncate_prompt
+from .chat import parse_template_fields, render_messages
 from .completions import parse_prompts
 from .generation import Job
 from .protocol import CONTEXT_CODE, ApiError, Fields, bad, check_model, from_value_error
 from .responses import new_id
+from .tool_prompt import parse_messages
 
 MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
 
 
 def handle_embeddings(state, body, gone) -> dict:
-    """{"model", "input": str | [str] | [ids] | [[ids]], "encoding_format": "float" | "base64",
-    "dimensions" (only the model's own), "user"; vLLM's "truncate_prompt_tokens", "normalize",
-    "priority", "add_special_tokens" (default true); ours "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object":
-    "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
+    """{"model", "input": str | [str] | [ids] | [[ids]] (or vLLM's "messages" with chat-template options:
+    the conversation's embedding), "encoding_format": "float" | "base64", "dimensions" (only the model's
+    own), "user"; vLLM's "truncate_prompt_tokens", "normalize", "priority", "add_special_tokens"; ours
+    "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object": "list", "data":
+    [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
     engine = state.engine
     tok = engine.tokenizer
     f = Fields(body)
     model = check_model(f, state.config.served_model_names)
-    prompts = parse_prompts(f.require("input"), tok, "input", MAX_INPUTS, f.bool("add_special_tokens", True))
+    field = "messages" if f.get("messages") is not None else "input"
+    if field == "messages":
+        prompts = _chat_prompt(f, engine)
+    else:
+        prompts = parse_prompts(f.require("input"), tok, "input", MAX_INPUTS, f.bool("add_special_tokens", True))
     fmt = f.str("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
@@ -39,13 +46,26 @@ def handle_embeddings(state, body, gone) -> dict:
     priority = f.int("priority", 0)
     f.reject_unknown()
 
-    ids = fitted_ids(prompts, pooling, engine, "input")
+    ids = fitted_ids(prompts, pooling, engine, field)
     rid = new_id("embd")
     data = [{"object": "embedding", "index": i, "embedding": _encoded(vec, fmt)}
-            for i, vec in enumerate(pooled(state, rid, ids, pooling, priority, gone, "input"))]
+            for i, vec in enumerate(pooled(state, rid, ids, pooling, priority, gone, field))]
     n = sum(len(p) for p in ids)
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
             "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _chat_prompt(f: Fields, engine) -> list[tuple[list[int], str]]:
+    """vLLM's chat embedding request: "messages" rendered by the chat template (add_generation_prompt
+    false, add_special_tokens false by default: the template writes them) is the one input."""
+    if f.has("input"):
+        raise bad("messages", "exactly one of 'input' and 'messages' is required")
+    msgs = parse_messages(f.require("messages"))
+    text = render_messages(engine, msgs, None, parse_template_fields(f, generation_prompt=False))
+    try:
+        return [(engine.tokenizer.encode(text, add_special_tokens=f.bool("add_special_tokens", False)), text)]
+    except ValueError as e:
+        raise bad("messages", str(e)) from None
 
 
 def pooling_params(f: Fields, engine, normalize: bool = True) -> PoolingParams:
