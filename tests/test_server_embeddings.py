@@ -46,6 +46,22 @@ def test_raw_http_token_ids_and_extensions(server, local):
     assert status == 200 and len(one["data"]) == 1 and len(one["data"][0]["embedding"]) == local.config.hidden_size
 
 
+def test_embed_dtype_and_endianness(server):
+    """vLLM's embed_dtype and endianness pick the base64 bytes: each decodes to the float vector, rounded."""
+    body = {"model": MODEL, "input": TEXTS[0]}
+    want = np.asarray(request(server, "POST", "/v1/embeddings", body)[1]["data"][0]["embedding"], dtype=np.float32)
+    for dtype, order, np_dtype in (("float32", "big", ">f4"), ("float32", "native", "=f4"),
+                                   ("float16", "little", "<f2"), ("float16", "big", ">f2"), ("bfloat16", "big", ">u2")):
+        status, got, _ = request(server, "POST", "/v1/embeddings", {**body, "encoding_format": "base64",
+                                                                      "embed_dtype": dtype, "endianness": order})
+        assert status == 200, got
+        vec = np.frombuffer(base64.b64decode(got["data"][0]["embedding"]), dtype=np_dtype)
+        if dtype == "bfloat16":
+            vec = (vec.astype(np.uint32) << 16).view(np.float32)
+        np.testing.assert_allclose(vec, want, rtol=0 if dtype == "float32" else 1e-2, atol=1e-4)
+        assert dtype != "float32" or np.array_equal(vec, want)
+
+
 def test_add_special_tokens(server, local):
     """vLLM's add_special_tokens: false encodes the texts without the tokenizer's special tokens."""
     status, body, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "input": TEXTS,
@@ -85,6 +101,8 @@ def test_chat_messages(server, local):
     ({"pooling": "max"}, "pooling"),
     ({"normalize": "yes"}, "normalize"),
     ({"add_special_tokens": 1}, "add_special_tokens"),
+    ({"embed_dtype": "fp8_e4m3"}, "embed_dtype"),
+    ({"endianness": "middle"}, "endianness"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
     ({"truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
     ({"temperature": 0.5}, "temperature"),

@@ -17,12 +17,15 @@ from .responses import new_id
 from .tool_prompt import parse_messages
 
 MAX_INPUTS = 2048     # OpenAI's limit of inputs per request
+EMBED_DTYPES = ("float32", "float16", "bfloat16")   # vLLM's base64 dtypes but its fp8 ones (NumPy has none)
+BYTE_ORDERS = {"little": "<", "big": ">", "native": "="}
 
 
 def handle_embeddings(state, body, gone) -> dict:
     """{"model", "input": str | [str] | [ids] | [[ids]] (or vLLM's "messages" with chat-template options:
     the conversation's embedding), "encoding_format": "float" | "base64", "dimensions" (only the model's
-    own), "user"; vLLM's "truncate_prompt_tokens", "normalize", "priority", "add_special_tokens"; ours
+    own), "user"; vLLM's "truncate_prompt_tokens", "normalize", "priority", "add_special_tokens",
+    "embed_dtype" and "endianness" (of base64); ours
     "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object": "list", "data":
     [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
     engine = state.engine
@@ -37,6 +40,12 @@ def handle_embeddings(state, body, gone) -> dict:
     fmt = f.str("encoding_format", "float")
     if fmt not in ("float", "base64"):
         raise bad("encoding_format", f"'encoding_format' must be 'float' or 'base64', got {fmt!r}")
+    dtype = f.str("embed_dtype", "float32")
+    if dtype not in EMBED_DTYPES:
+        raise bad("embed_dtype", f"'embed_dtype' must be one of {', '.join(map(repr, EMBED_DTYPES))}, got {dtype!r}")
+    order = f.str("endianness", "little")
+    if order not in BYTE_ORDERS:
+        raise bad("endianness", f"'endianness' must be 'native', 'little' or 'big', got {order!r}")
     dims = f.int("dimensions", None, 1)
     if dims is not None and dims != engine.config.hidden_size:
         raise bad("dimensions", f"this model's embeddings have {engine.config.hidden_size} dimensions and cannot "
@@ -48,7 +57,7 @@ def handle_embeddings(state, body, gone) -> dict:
 
     ids = fitted_ids(prompts, pooling, engine, field)
     rid = new_id("embd")
-    data = [{"object": "embedding", "index": i, "embedding": _encoded(vec, fmt)}
+    data = [{"object": "embedding", "index": i, "embedding": _encoded(vec, fmt, dtype, order)}
             for i, vec in enumerate(pooled(state, rid, ids, pooling, priority, gone, field))]
     n = sum(len(p) for p in ids)
     return {"id": rid, "object": "list", "created": int(time.time()), "model": model, "data": data,
@@ -104,8 +113,15 @@ def pooled(state, request_id: str, ids: list[list[int]], pooling: PoolingParams,
     return [out.embedding for out in finals]
 
 
-def _encoded(embedding: list[float], fmt: str):
-    """float: the numbers; base64: their float32 bytes, little-endian (what OpenAI's clients decode)."""
+def _encoded(embedding: list[float], fmt: str, dtype: str = "float32", order: str = "little"):
+    """float: the numbers; base64: their bytes as embed_dtype and endianness say (by default float32,
+    little-endian: what OpenAI's clients decode)."""
     if fmt == "float":
         return embedding
-    return base64.b64encode(np.asarray(embedding, dtype="<f4").tobytes()).decode("ascii")
+    x = np.asarray(embedding, dtype=np.float32)
+    if dtype == "bfloat16":   # float32's upper 16 bits, rounded to nearest even
+        bits = x.view(np.uint32).astype(np.uint64)
+        x = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    else:
+        x = x.astype(dtype)
+    return base64.b64encode(x.astype(x.dtype.newbyteorder(BYTE_ORDERS[order])).tobytes()).decode("ascii")
