@@ -62,6 +62,18 @@ def test_embed_dtype_and_endianness(server):
         assert dtype != "float32" or np.array_equal(vec, want)
 
 
+def test_use_activation(server):
+    """vLLM's use_activation (its newer name for normalize): false gives the raw pooled vector."""
+    body = {"model": MODEL, "input": TEXTS[0]}
+    raw = request(server, "POST", "/v1/embeddings", {**body, "normalize": False})[1]["data"][0]["embedding"]
+    status, got, _ = request(server, "POST", "/v1/embeddings", {**body, "use_activation": False})
+    assert status == 200 and got["data"][0]["embedding"] == raw, got
+    unit = request(server, "POST", "/v1/embeddings", {**body, "use_activation": True})[1]["data"][0]["embedding"]
+    assert abs(np.linalg.norm(unit) - 1) < 1e-5 and abs(np.linalg.norm(raw) - 1) > 1e-3
+    status, err, _ = request(server, "POST", "/v1/embeddings", {**body, "use_activation": True, "normalize": False})
+    assert status == 400 and err["error"]["param"] == "use_activation"
+
+
 def test_add_special_tokens(server, local):
     """vLLM's add_special_tokens: false encodes the texts without the tokenizer's special tokens."""
     status, body, _ = request(server, "POST", "/v1/embeddings", {"model": MODEL, "input": TEXTS,

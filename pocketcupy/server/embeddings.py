@@ -24,7 +24,7 @@ BYTE_ORDERS = {"little": "<", "big": ">", "native": "="}
 def handle_embeddings(state, body, gone) -> dict:
     """{"model", "input": str | [str] | [ids] | [[ids]] (or vLLM's "messages" with chat-template options:
     the conversation's embedding), "encoding_format": "float" | "base64", "dimensions" (only the model's
-    own), "user"; vLLM's "truncate_prompt_tokens", "normalize", "priority", "add_special_tokens",
+    own), "user"; vLLM's "truncate_prompt_tokens", "normalize" (or "use_activation"), "priority", "add_special_tokens",
     "embed_dtype" and "endianness" (of base64); ours
     "pooling": "last" | "mean" (default: the model's own, else "last")} -> {"object": "list", "data":
     [{"object": "embedding", "index", "embedding"}], "model", "usage"}."""
@@ -51,7 +51,10 @@ def handle_embeddings(state, body, gone) -> dict:
         raise bad("dimensions", f"this model's embeddings have {engine.config.hidden_size} dimensions and cannot "
                                 f"be shortened to {dims}")
     f.str("user")
-    pooling = pooling_params(f, engine, f.bool("normalize", True))
+    normalize, activation = f.bool("normalize"), f.bool("use_activation")   # vLLM's newer name for normalize
+    if None not in (normalize, activation) and normalize != activation:
+        raise bad("use_activation", "'use_activation' and 'normalize' disagree: give one of them")
+    pooling = pooling_params(f, engine, next((v for v in (activation, normalize) if v is not None), True))
     priority = f.int("priority", 0)
     f.reject_unknown()
 
