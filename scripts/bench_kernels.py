@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402
 from pocketcupy.backend import NO_CUDA, cuda_available  # noqa: E402
 from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES, kv_pair_bytes  # noqa: E402
 from pocketcupy.quant.qtensor import QTensor  # noqa: E402
@@ -476,8 +477,6 @@ def check_args(ap: argparse.ArgumentParser, args) -> None:
     bad = [sh for sh in args.tile_shapes.split(",") if sh and not (len(sh) in (4, 5) and sh.isdigit())]
     if bad:
         ap.error(f"--tile-shapes: {bad[0]!r} is not 4 or 5 digits (MT RG KW ST [splits])")
-    if args.reps is not None and args.reps < 1:
-        ap.error(f"--reps: must be at least 1, got {args.reps}")
 
 
 def main(argv=None) -> int:
@@ -485,7 +484,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="gemv,batch,gemm,attention",
                     help="comma list of gemv, batch, gemm, attention")
-    ap.add_argument("--reps", type=int, default=None)
+    ap.add_argument("--reps", type=bench_args.count(), default=None)
     ap.add_argument("--qtypes", default=None,
                     help="the gemv and batch benchmarks' weight formats, e.g. BF16,FP8,NVFP4")
     ap.add_argument("--tile-shapes", default="",

@@ -69,6 +69,7 @@ def test_model_benches_asked_for_cuda_without_a_gpu_say_so(smollm2_gguf, script)
     (["--qtypes", "BF16,Q4_X"], "--qtypes: unknown 'Q4_X' (choose from F16, BF16, FP8, NVFP4, Q4_0"),
     (["--only", "gemv,gemvv"], "--only: unknown 'gemvv' (choose from gemv, batch, gemm, attention)"),
     (["--tile-shapes", "24138,24"], "--tile-shapes: '24' is not 4 or 5 digits"),
+    (["--reps", "0"], "argument --reps: must be at least 1, got 0"),
 ])
 def test_bench_kernels_refuses_bad_arguments_before_the_gpu(args, says):
     """Usage errors with or without a GPU (on one, an unknown qtype was a KeyError after the ceilings'
