@@ -85,13 +85,14 @@ def launch_gemm_codes_tile(w: CudaWeight, x16, bias, out, n: int, hw_cvt: bool) 
     blocks = _row_blocks(shape, w.rows)
     if blocks > COUNTERS:
         raise ValueError(f"gemm_codes_tile: {w.rows} rows need {blocks} row blocks, more than {COUNTERS}")
+    # split K's sums [SK][nb][rows], one buffer for every launch (they run in stream order)
+    ws = cp.empty(sk * min(64, n) * w.rows, np.float32) if sk > 1 else None
     for i in range(0, n, 64):
         nb = min(64, n - i)
         nt = 4 if nb <= 32 else 8
         expr = (f"gemm_codes_tile<{CODES_TILE_FORMATS[w.qtype]}, {nt}, {mt}, {rg}, {kw}, {st}, "
                 f"{'true' if hw_cvt and w.qtype == 'FP8' else 'false'}, {'true' if sk > 1 else 'false'}>")
         smem = codes_tile_smem(w.qtype, nt, shape)
-        ws = cp.empty((sk, nb, w.rows), np.float32) if sk > 1 else None
         smem_kernel("gemm_codes_tile.cu", expr, smem)((blocks, sk), (32 * rg * kw,),
            (w.data, w.scales, opt_arg(w.row_scales), np.int32(w.rows), np.int32(w.cols), x16[i:i + nb], np.int32(nb),
             opt_arg(bias), out[i:i + nb], opt_arg(ws), _split_counters() if sk > 1 else null_arg()), shared_mem=smem)
