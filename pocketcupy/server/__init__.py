@@ -7,7 +7,8 @@ tool_prompt.py tools/tool_choice/messages -> chat template   tools.py  tool-call
                (tools_mistral.py: Mistral's [TOOL_CALLS] forms, ids and forced prefill)
 generation.py  engine requests of one API call (disconnects, metrics)   sse.py  event streams
 metrics.py     Prometheus              state.py  engine loading, readiness
-gunicorn_app.py  the in-process gunicorn application
+gunicorn_app.py  the in-process gunicorn application   gunicorn_worker.py  its worker (connections)
+gunicorn_errors.py  requests gunicorn refuses (limits, unparsable) answered with OpenAI's JSON error body
 embeddings.py  /v1/embeddings          scoring.py  /v1/score, /v1/rerank (over embeddings)
 batch.py       OpenAI Batch API files answered by these routes in process (python -m pocketcupy run-batch)
 """

@@ -9,6 +9,8 @@
   instead of holding an HTTP thread for good.
 - Connections are closed (and lingered on) off gunicorn's main thread.
 - Stopping, the listening sockets are closed at once, so new clients are refused.
+- Requests gunicorn itself refuses (over its limits, unparsable) get OpenAI's JSON error body, not its
+  HTML page (gunicorn_errors.py), with gunicorn's status.
 """
 from __future__ import annotations
 
@@ -22,8 +24,10 @@ import time
 from concurrent import futures
 from functools import partial
 
+from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
+from .gunicorn_errors import ErrorRecorder, error_reply
 from .state import PROBES
 
 QUICK_ROUTES = tuple(route.encode() for route in (*PROBES, "/metrics"))
@@ -91,6 +95,15 @@ class PocketcupyWorker(ThreadWorker):
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeout)
             conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeout)
         return super().handle(conn)
+
+    def handle_error(self, req, client, addr, exc):
+        recorder = ErrorRecorder()
+        super().handle_error(req, recorder, addr, exc)  # gunicorn's status, log line and access-log line
+        status, reason = recorder.status()
+        try:
+            util.write_nonblock(client, error_reply(status, reason, exc))
+        except Exception:  # noqa: BLE001 - the client has gone (gunicorn ignores it too)
+            self.log.debug("Failed to send error message.")
 
     def finish_request(self, conn, fs):  # main thread
         # gunicorn closes a connection it does not keep alive on its main thread, lingering up to 2 s
