@@ -52,3 +52,12 @@ def test_serving_after_refused_requests(server):
     for raw, _ in PROTOCOL[:3]:
         exchange(server, raw)
     assert request(server, "GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize("framing", [b"zz\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n"])
+def test_bad_chunks_of_an_unread_body_no_second_answer(server, framing):
+    """A GET's body is not read by the app; gunicorn reads it off after the answer, and its bad chunked
+    framing got a second, unasked-for answer (a 400) on the connection behind the first."""
+    raw = b"GET /health HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: chunked\r\n\r\n" + framing
+    line, headers, body = exchange(server, raw)
+    assert line.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"status": "ready"}, body

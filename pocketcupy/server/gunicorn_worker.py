@@ -25,6 +25,7 @@ from concurrent import futures
 from functools import partial
 
 from gunicorn import util
+from gunicorn.http.errors import ParseException
 from gunicorn.workers.gthread import ThreadWorker
 
 from .gunicorn_errors import ErrorRecorder, error_reply
@@ -104,6 +105,16 @@ class PocketcupyWorker(ThreadWorker):
             util.write_nonblock(client, error_reply(status, reason, exc))
         except Exception:  # noqa: BLE001 - the client has gone (gunicorn ignores it too)
             self.log.debug("Failed to send error message.")
+
+    def _keepalive_after(self, conn, keepalive):
+        # gunicorn (27) reads off a body the app left unread (a GET's) once the answer has gone out; bad
+        # chunked framing there went to handle_error, which sent a second answer (a 400) after the first
+        try:
+            return super()._keepalive_after(conn, keepalive)
+        except ParseException as e:
+            self.log.warning("Invalid request body from ip=%s (answered, connection closed): %s",
+                             (conn.client or ("",))[0], e)
+            return False
 
     def finish_request(self, conn, fs):  # main thread
         # gunicorn closes a connection it does not keep alive on its main thread, lingering up to 2 s
