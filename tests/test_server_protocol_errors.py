@@ -61,3 +61,25 @@ def test_bad_chunks_of_an_unread_body_no_second_answer(server, framing):
     raw = b"GET /health HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: chunked\r\n\r\n" + framing
     line, headers, body = exchange(server, raw)
     assert line.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"status": "ready"}, body
+
+
+POST_ROUTES = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/score", "/v1/score",
+               "/rerank", "/v1/rerank", "/v2/rerank", "/tokenize", "/detokenize", "/v1/messages",
+               "/v1/messages/count_tokens"]
+JSON, FORM = "application/json", "application/x-www-form-urlencoded"
+NOT_AN_OBJECT = [(b'{"model": ', JSON), (b"[1, 2]", JSON), (b"null", JSON), (b"", JSON), (b"a=1&b=2", FORM),
+                 (b"\x00\x01", "text/plain"),
+                 (b'--x\r\nContent-Disposition: form-data; name="a"\r\n\r\n1\r\n--x--\r\n',
+                  "multipart/form-data; boundary=x")]
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_a_body_that_is_no_json_object_is_a_400(server, path):
+    """Whatever the Content-Type (the body is read as JSON regardless, as `curl -d` sends it form-encoded),
+    a body that is not a JSON object is a 400 with the route's JSON error body."""
+    for raw, ctype in NOT_AN_OBJECT:
+        status, resp, headers = request(server, "POST", path, raw=raw, headers={"Content-Type": ctype})
+        assert status == 400 and headers["Content-Type"] == "application/json", (raw, ctype, resp)
+        err = resp["error"]
+        assert err["type"] == "invalid_request_error" and err["message"], (raw, ctype, resp)
+        assert (resp["type"] == "error") if path.startswith("/v1/messages") else (err["param"] is None), resp
