@@ -602,6 +602,8 @@ def create_gguf(path: str, fmt: str, s: Spec, plan: list[TensorSpec], types: dic
         w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
     w.add_token_list(tok["tokenizer.ggml.tokens"])
     w.add_token_types(tok["tokenizer.ggml.token_type"])
+    if tok.get("tokenizer.ggml.scores"):   # a SentencePiece ("llama") vocabulary merges by them
+        w.add_token_scores(tok["tokenizer.ggml.scores"])
     if tok.get("tokenizer.ggml.merges"):
         w.add_token_merges(tok["tokenizer.ggml.merges"])
     for key, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
