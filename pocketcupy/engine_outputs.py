@@ -37,7 +37,7 @@ class EngineOutputs:
             return positions
         for pos in positions:
             for tid, lp in (pos or {}).items():
-                lp.decoded_token = self.tokenizer.decode([tid])
+                lp.decoded_token = self.tokenizer.logprob_token(tid)
         return positions
 
     def _append(self, s: SequenceState, tok: int, logprobs) -> None:

@@ -116,6 +116,14 @@ class Tokenizer:
     def id_to_piece(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
+    def logprob_token(self, token_id: int, at_start: bool = False) -> str:
+        """A token's text in log-probabilities (vLLM's decoded_token, OpenAI's token and top_logprobs
+        keys): its bytes as text, a part of a character as U+FFFD (token_bytes keeps the bytes), and
+        a SentencePiece '\u2581' as the space it is in the text, where decode([id]) drops it as the
+        start of a sequence. at_start: the token begins the text (an echoed prompt's first token),
+        where the text has no such space. For byte-level BPE the same as decode([id])."""
+        return self.decode([token_id]) if at_start else self.id_to_piece(token_id)
+
     def id_to_token(self, token_id: int) -> str:
         """The vocabulary entry itself (e.g. 'Ġhello', '▁hello', '<0x0A>')."""
         return self._tokens[self._check(int(token_id))]

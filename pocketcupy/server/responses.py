@@ -58,7 +58,7 @@ def _num(x: float) -> float:
 
 def _entry(tokenizer, tid: int, lp) -> dict:
     b = tokenizer.token_bytes(tid)
-    token = lp.decoded_token if lp.decoded_token is not None else tokenizer.decode([tid])
+    token = lp.decoded_token if lp.decoded_token is not None else tokenizer.logprob_token(tid)
     return {"token": token, "logprob": _num(lp.logprob), "bytes": list(b)}
 
 
@@ -98,7 +98,7 @@ class CompletionLogprobs:
     def _make(self, token_ids, positions, detok) -> dict:
         d = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for tid, pos in zip(token_ids, positions):
-            text = self.tokenizer.decode([tid])
+            text = self.tokenizer.logprob_token(tid, at_start=pos is None)  # None: the echoed prompt's first
             d["tokens"].append(text)
             d["text_offset"].append(self.offset)
             self.offset += len(detok.push(tid))
@@ -109,7 +109,7 @@ class CompletionLogprobs:
             d["token_logprobs"].append(_num(pos[tid].logprob))
             top = {}
             for t, lp in list(pos.items())[: self.k]:
-                top[self.tokenizer.decode([t])] = _num(lp.logprob)
+                top[self.tokenizer.logprob_token(t)] = _num(lp.logprob)
             top.setdefault(text, _num(pos[tid].logprob))
             d["top_logprobs"].append(top)
         return d
