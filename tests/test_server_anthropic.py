@@ -25,6 +25,11 @@ def create(client, **kw):
                                                    **kw})
 
 
+def total_input(usage) -> int:
+    """The prompt's tokens: Anthropic's input_tokens leave out those read from (or written to) the cache."""
+    return usage.input_tokens + usage.cache_read_input_tokens + usage.cache_creation_input_tokens
+
+
 def chat(server, **kw):
     status, body, _ = request(server, "POST", "/v1/chat/completions", dict({"model": MODEL, "temperature": 0}, **kw))
     assert status == 200, body
@@ -37,7 +42,7 @@ def test_text_matches_chat(client, server):
     assert m.type == "message" and m.role == "assistant" and m.model == MODEL and m.id.startswith("msg_")
     (block,) = m.content
     assert block.type == "text" and block.text == c["choices"][0]["message"]["content"]
-    assert (m.usage.input_tokens, m.usage.output_tokens) == (c["usage"]["prompt_tokens"],
+    assert (total_input(m.usage), m.usage.output_tokens) == (c["usage"]["prompt_tokens"],
                                                               c["usage"]["completion_tokens"])
     want = {"stop": "end_turn", "length": "max_tokens"}[c["choices"][0]["finish_reason"]]
     assert m.stop_reason == want and m.stop_sequence is None
@@ -48,7 +53,8 @@ def test_content_blocks_and_system_blocks(client):
     plain = create(client, system="Answer briefly.", max_tokens=12)
     blocks = create(client, system=[{"type": "text", "text": "Answer briefly.", "cache_control": {"type": "ephemeral"}}],
                     messages=[{"role": "user", "content": [{"type": "text", "text": Q[0]["content"]}]}], max_tokens=12)
-    assert blocks.content[0].text == plain.content[0].text and blocks.usage.input_tokens == plain.usage.input_tokens
+    assert blocks.content[0].text == plain.content[0].text
+    assert total_input(blocks.usage) == total_input(plain.usage)
 
 
 def test_last_assistant_turn_is_a_prefill(client, server):
@@ -57,7 +63,7 @@ def test_last_assistant_turn_is_a_prefill(client, server):
     m = create(client, messages=turns, max_tokens=8)
     c = chat(server, messages=turns, max_tokens=8, continue_final_message=True, add_generation_prompt=False)
     assert m.content[0].text == c["choices"][0]["message"]["content"] and m.content[0].text
-    assert m.usage.input_tokens == c["usage"]["prompt_tokens"]
+    assert total_input(m.usage) == c["usage"]["prompt_tokens"]
 
 
 @pytest.mark.parametrize("empty", ["", []])
@@ -65,7 +71,7 @@ def test_empty_final_assistant_turn_is_no_prefill(client, empty):
     """Anthropic allows the final assistant turn (only) to be empty; the reply is then not a continuation."""
     m = create(client, messages=Q + [{"role": "assistant", "content": empty}], max_tokens=8)
     plain = create(client, max_tokens=8)
-    assert m.content[0].text == plain.content[0].text and m.usage.input_tokens == plain.usage.input_tokens
+    assert m.content[0].text == plain.content[0].text and total_input(m.usage) == total_input(plain.usage)
 
 
 def test_stream_events(client, server):
@@ -75,7 +81,8 @@ def test_stream_events(client, server):
     assert types[:2] == ["message_start", "content_block_start"] and types[-3:] == [
         "content_block_stop", "message_delta", "message_stop"]
     assert set(types[2:-3]) == {"content_block_delta"}
-    assert events[0]["message"]["usage"]["input_tokens"] == whole.usage.input_tokens
+    assert events[0]["message"]["usage"]["input_tokens"] + events[0]["message"]["usage"][
+        "cache_read_input_tokens"] == total_input(whole.usage)
     text = "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta")
     assert text == whole.content[0].text
     assert events[-2]["delta"]["stop_reason"] == whole.stop_reason
@@ -84,6 +91,27 @@ def test_stream_events(client, server):
         streamed = "".join(s.text_stream)
         final = s.get_final_message()
     assert streamed == text and final.content[0].text == text and final.stop_reason == whole.stop_reason
+
+
+def test_usage_leaves_cached_prompt_tokens_out_of_input_tokens(client, server):
+    """As Anthropic's API: input_tokens are the prompt tokens not read from the (prefix) cache, those
+    read are cache_read_input_tokens, and together they are the prompt (input_tokens was the whole
+    prompt, cache_read_input_tokens counted twice). A stream's message_start and message_delta say
+    the same as the whole response; the client's final message too."""
+    turns = [{"role": "user", "content": "List three colours of the rainbow, " + "please " * 40}]
+    prompt = chat(server, messages=turns, max_tokens=1)["usage"]["prompt_tokens"]   # (now in the prefix cache)
+    m = create(client, messages=turns, max_tokens=8)
+    u = m.usage
+    assert u.cache_read_input_tokens >= 32 and u.cache_creation_input_tokens == 0
+    assert u.input_tokens == prompt - u.cache_read_input_tokens
+    status, events = _raw_stream(server, dict(model=MODEL, messages=turns, max_tokens=8, temperature=0, stream=True))
+    start, delta = events[0]["message"]["usage"], events[-2]["usage"]
+    split = {k: getattr(u, k) for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")}
+    assert status == 200 and start == dict(split, output_tokens=0)
+    assert delta == dict(split, output_tokens=u.output_tokens)
+    with client.messages.stream(model=MODEL, messages=turns, max_tokens=8, extra_body={"temperature": 0}) as s:
+        final = s.get_final_message()
+    assert final.usage.model_dump(include=set(split) | {"output_tokens"}) == dict(split, output_tokens=u.output_tokens)
 
 
 def _raw_stream(server, body):
@@ -123,7 +151,7 @@ def test_tool_use_round_trip(client):
     answer = create(client, messages=follow, tools=TOOLS, tool_choice={"type": "none"})
     assert answer.content[0].type == "text" and answer.content[0].text
     plain = create(client, messages=follow[:1], tools=TOOLS, tool_choice={"type": "none"}, max_tokens=1)
-    assert answer.usage.input_tokens > plain.usage.input_tokens + 10   # the call and its result are in the prompt
+    assert total_input(answer.usage) > total_input(plain.usage) + 10   # the call and its result are in the prompt
 
 
 def test_tool_use_streams_input_json(client, server):
@@ -151,7 +179,7 @@ def test_output_config_json_schema(client):
 def test_count_tokens(client):
     kw = dict(system="Answer briefly.", messages=Q, tools=TOOLS)
     counted = client.messages.count_tokens(model=MODEL, **kw).input_tokens
-    assert counted == create(client, max_tokens=1, **kw).usage.input_tokens
+    assert counted == total_input(create(client, max_tokens=1, **kw).usage)
 
 
 @pytest.mark.parametrize("body,field", [

@@ -81,9 +81,14 @@ def _stop(last) -> tuple[str | None, str | None]:
     return STOP_REASONS.get(last.finish_reason, "end_turn"), None
 
 
-def _usage(prompt_len: int, last) -> dict:
-    return {"input_tokens": prompt_len, "output_tokens": last.num_tokens if last else 0,
-            "cache_read_input_tokens": last.num_cached_tokens if last else 0, "cache_creation_input_tokens": 0}
+def _usage(prompt_len: int, last, output: bool = True) -> dict:
+    """Anthropic's usage: input_tokens are the prompt tokens the prefix cache did not hold, the ones
+    it held are cache_read_input_tokens (the API's total input is the sum of these and
+    cache_creation_input_tokens, 0 here: the prefix cache has no explicit writes; vLLM's /v1/messages
+    reports them so too). output=False: none generated yet (the stream's message_start)."""
+    cached = last.num_cached_tokens if last else 0
+    return {"input_tokens": prompt_len - cached, "output_tokens": last.num_tokens if last and output else 0,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
 def handle_messages(state, body, gone):
@@ -109,18 +114,27 @@ def handle_messages(state, body, gone):
                 usage=_usage(prompt_len, last))
 
 
+def _start(head: dict, prompt_len: int, first) -> dict:
+    return {"type": "message_start", "message": dict(head, content=[], stop_reason=None, stop_sequence=None,
+                                                    usage=_usage(prompt_len, first, output=False))}
+
+
 def _stream(state, job, req, forced, head: dict, blocks: ContentBlocks, prompt_len: int):
-    yield {"type": "message_start", "message": dict(head, content=[], stop_reason=None, stop_sequence=None,
-                                                    usage=_usage(prompt_len, None))}
+    """message_start waits for the engine's first output: only then (the prompt scheduled) is it known
+    how much of the prompt the prefix cache held, so its usage and message_delta's (the cumulative
+    totals, as Anthropic's API sends them) agree with each other and with the whole response's."""
     last = None
     for u in chat_updates(state, req, job, forced):
+        if last is None:
+            yield _start(head, prompt_len, u)
         yield from blocks.feed(u.events)
         last = u
+    if last is None:
+        yield _start(head, prompt_len, None)
     yield from blocks.finish()
     stop_reason, stop_sequence = _stop(last)
-    usage = _usage(prompt_len, last)
     yield {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-           "usage": {"output_tokens": usage["output_tokens"]}}
+           "usage": _usage(prompt_len, last)}
     yield {"type": "message_stop"}
 
 
