@@ -49,6 +49,7 @@ class Job:
         self.t0 = time.monotonic()
         self.first: dict[int, float] = {}
         self.num_generated = [0] * len(prompts)
+        self.ended: list[set[int]] = [set() for _ in prompts]   # each prompt's sequences counted as finished
 
     def __enter__(self) -> "Job":
         if not self.streams:
@@ -79,14 +80,15 @@ class Job:
         self.close()
 
     def close(self, reason: str = "abort") -> None:
-        """Abort what still runs (counted as finished for `reason`; not where start() failed: the
-        prompts submitted before the one the engine refused are part of a 400, not finished requests)."""
+        """Abort what still runs: its sequences not finished yet are counted as finished for `reason`
+        (those that did were counted for their own reason as they ended); not where start() failed:
+        the prompts submitted before the one the engine refused are part of a 400, not finished requests."""
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
                 params = self.params[i] if isinstance(self.params, list) else self.params
-                if self.metered and self._counted:
-                    self.state.metrics.finished.labels(reason).inc(params.n)
+                if self.metered and self._counted and params.n > len(self.ended[i]):
+                    self.state.metrics.finished.labels(reason).inc(params.n - len(self.ended[i]))
                 s.abort(refused=not self._counted)
         if self._counted:
             self._counted = False
@@ -130,7 +132,11 @@ class Job:
             n = self.num_generated[i]
             if n > 1 and i in self.first:
                 m.tpot.observe((now - self.first[i]) / (n - 1))
-            for o in out.outputs:
+        # each of the n sequences is an engine request of its own (as vLLM's n child requests; each is
+        # in num_requests_running): counted once, for its own reason, when it ends
+        for o in out.outputs:
+            if (o.finish_reason is not None or out.finished) and o.index not in self.ended[i]:
+                self.ended[i].add(o.index)
                 m.finished.labels(o.finish_reason or "abort").inc()
 
     def results(self) -> list:

@@ -75,8 +75,8 @@ class Metrics:
         self.http_requests = Counter(P + "http_requests", "HTTP requests by route and status code",
                                      ["route", "status"], registry=r)
         self.requests_in_flight = Gauge(P + "requests_in_flight", "generation requests being served", registry=r)
-        self.finished = Counter(P + "request_finished", "finished generation requests by finish reason",
-                                ["finish_reason"], registry=r)
+        self.finished = Counter(P + "request_finished", "finished engine requests (each of a request's n "
+                                "sequences) by finish reason", ["finish_reason"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "prompt tokens submitted", registry=r)
         self.generation_tokens = Counter(P + "generation_tokens", "tokens generated", registry=r)
         self.ttft = Histogram(P + "time_to_first_token_seconds", "arrival to first generated token",
