@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..chat_template import validate_messages
 from ..structured import StructuredOutputsParams
-from .protocol import bad
+from .protocol import bad, short_repr
 from .responses import new_id
 from .tools import CLOSE, HERMES_FORCED, OPEN, valid_function_name
 from . import tools_deepseek
@@ -125,6 +125,11 @@ def parse_messages(raw) -> list[dict]:
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
                     or not isinstance(fn.get("arguments"), str):
                 raise bad(f"{where}.tool_calls[{j}]", "tool calls need function.name and function.arguments strings")
+            if not isinstance(c.get("id"), str):
+                raise bad(f"{where}.tool_calls[{j}].id", f"'{where}.tool_calls[{j}].id' must be a string")
+            if c.get("type") != "function":
+                raise bad(f"{where}.tool_calls[{j}].type", f"'{where}.tool_calls[{j}].type' must be 'function', "
+                                                           f"got {short_repr(c.get('type'))}")
     return msgs
 
 
