@@ -1,10 +1,11 @@
-"""Conversations carrying tool calls, checked as OpenAI's API checks them: an assistant's tool call
-needs its id and type "function". Each bad one is a 400 naming the field, through the real `openai`
-client; nothing is generated."""
+"""Conversations carrying tool calls and their results, checked as OpenAI's API checks them: an
+assistant's tool call needs its id and type "function"; a tool message (a Responses
+function_call_output, an Anthropic tool_result) answers a call of the assistant message before it.
+Each bad one is a 400 naming the field, through the real `openai` client; nothing is generated."""
 import openai
 import pytest
 
-from tests.test_server_harness import MODEL, client, server  # noqa: F401
+from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 ASK = {"role": "user", "content": "Weather in Paris?"}
@@ -24,6 +25,9 @@ CHAT_CASES = [   # (messages, the param of the 400)
     ([ASK, said(dict(CALL, id=5)), result()], "messages[1].tool_calls[0].id"),
     ([ASK, said(dict(CALL, type="custom")), result()], "messages[1].tool_calls[0].type"),
     ([ASK, said({k: v for k, v in CALL.items() if k != "type"}), result()], "messages[1].tool_calls[0].type"),
+    ([ASK, said(CALL), result("c2")], "messages[2].tool_call_id"),
+    ([ASK, result()], "messages[1].tool_call_id"),
+    ([ASK, said(CALL), result(), ASK, result()], "messages[4].tool_call_id"),
 ]
 
 
@@ -32,3 +36,37 @@ def test_chat_tool_turns_are_checked(client, messages, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1)
     assert e.value.body["param"] == param, e.value.body
+
+
+def test_answered_calls_are_taken(client):
+    """Several calls answered in any order, and a call left unanswered (vLLM takes it), are taken."""
+    two = said(CALL, dict(CALL, id="c2"))
+    for messages in ([ASK, two, result("c2"), result("c1")], [ASK, said(CALL), ASK]):
+        r = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, max_tokens=1)
+        assert r.choices[0].finish_reason == "length"
+
+
+FC = {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"}
+RESPONSES_CASES = [   # (input, the param of the 400)
+    ([ASK, {"type": "function_call_output", "call_id": "c1", "output": "18C"}], "input[1].call_id"),
+    ([ASK, FC, {"type": "function_call_output", "call_id": "c9", "output": "18C"}], "input[2].call_id"),
+]
+
+
+@pytest.mark.parametrize("items,param", RESPONSES_CASES)
+def test_responses_tool_items_are_checked(client, items, param):
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input=items, tools=tools, max_output_tokens=1)
+    assert e.value.body["param"] == param, e.value.body
+
+
+def test_anthropic_tool_result_answers_a_tool_use(server):
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "get_weather", "input": {}}]}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "18C"}]}
+    body = {"model": MODEL, "max_tokens": 1, "messages": [ASK, use, answer],
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+    status, resp, _ = request(server, "POST", "/v1/messages", body)
+    assert status == 400 and "tool_use_id" in resp["error"]["message"], resp
+    body["messages"][2]["content"][0]["tool_use_id"] = "t1"
+    assert request(server, "POST", "/v1/messages", body)[0] == 200

@@ -211,6 +211,7 @@ _RENAMES = [(re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
             (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
             (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
             (re.compile(r"\breasoning_effort\b"), "reasoning.effort"),
+            (re.compile(r"\btool_call_id\b"), "call_id"),
             (re.compile(r"\bmessages\b"), "input")]
 
 

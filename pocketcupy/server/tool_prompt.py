@@ -130,7 +130,25 @@ def parse_messages(raw) -> list[dict]:
             if c.get("type") != "function":
                 raise bad(f"{where}.tool_calls[{j}].type", f"'{where}.tool_calls[{j}].type' must be 'function', "
                                                            f"got {short_repr(c.get('type'))}")
+    _check_tool_results(msgs)
     return msgs
+
+
+def _check_tool_results(msgs: list[dict]) -> None:
+    """OpenAI's rule: a tool message answers a call of the assistant message before it (with only
+    tool messages, answering its other calls, in between)."""
+    calls = None            # the call ids of the assistant message the tool messages so far follow
+    for i, m in enumerate(msgs):
+        if m["role"] != "tool":     # (only assistant messages carry tool_calls)
+            calls = {c["id"] for c in m.get("tool_calls") or []} or None
+            continue
+        where = f"messages[{i}].tool_call_id"
+        if calls is None:
+            raise bad(where, f"'{where}': messages with role 'tool' must be a response to a preceding message "
+                             "with 'tool_calls'")
+        if m["tool_call_id"] not in calls:
+            raise bad(where, f"'{where}' {short_repr(m['tool_call_id'])} is not the id of a tool call of the "
+                             "preceding assistant message")
 
 
 class _Arguments(dict):
