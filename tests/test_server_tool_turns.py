@@ -50,6 +50,8 @@ FC = {"type": "function_call", "call_id": "c1", "name": "get_weather", "argument
 RESPONSES_CASES = [   # (input, the param of the 400)
     ([ASK, {"type": "function_call_output", "call_id": "c1", "output": "18C"}], "input[1].call_id"),
     ([ASK, FC, {"type": "function_call_output", "call_id": "c9", "output": "18C"}], "input[2].call_id"),
+    ([ASK, FC, {"type": "function_call_output", "call_id": "c1"}], "input[2].output"),
+    ([ASK, FC, {"type": "function_call_output", "call_id": "c1", "output": 18}], "input[2].output"),
 ]
 
 

@@ -22,15 +22,16 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
-def _text_content(content, where: str) -> str:
-    """A message's content: a string, or text parts (input_text / output_text) joined."""
+def _text_content(content, where: str, field: str = "content") -> str:
+    """A message's content (a function_call_output's output): a string, or text parts (input_text /
+    output_text) joined."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad(f"{where}.content", f"'{where}.content' must be a string or an array of text parts")
+        raise bad(f"{where}.{field}", f"'{where}.{field}' must be a string or an array of text parts")
     texts = []
     for j, part in enumerate(content):
-        p = f"{where}.content[{j}]"
+        p = f"{where}.{field}[{j}]"
         if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS + ("refusal",):
             kind = part.get("type") if isinstance(part, dict) else None
             raise bad(p, f"'{p}': only text parts (input_text, output_text) are supported, got {short_repr(kind)}")
@@ -81,8 +82,7 @@ def input_messages(items: list, instructions: str | None, first: int = 0) -> tup
                                            f"got {short_repr(role)}")
             msgs.append({"role": role, "content": _text_content(item.get("content"), where)})
         elif kind == "function_call_output":
-            out = item.get("output")
-            text = out if isinstance(out, str) else _text_content(out, where)
+            text = _text_content(item.get("output"), where, "output")
             msgs.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
         else:
             raise bad(f"{where}.type", f"'{where}.type' must be one of message, function_call, "
