@@ -72,3 +72,15 @@ def test_anthropic_tool_result_answers_a_tool_use(server):
     assert status == 400 and "tool_use_id" in resp["error"]["message"], resp
     body["messages"][2]["content"][0]["tool_use_id"] = "t1"
     assert request(server, "POST", "/v1/messages", body)[0] == 200
+
+
+def test_parameters_describe_an_object(client):
+    """A function's arguments are a JSON object (OpenAI's API refuses parameters of another type): a
+    schema of type "string" is a 400 naming it; a forced call under it wrote a JSON string."""
+    for choice in ("auto", "required"):
+        for kind in ("string", ["object", "null"]):
+            tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": kind}}}]
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model=MODEL, messages=[ASK], tools=tools, tool_choice=choice,
+                                               max_tokens=1)
+            assert e.value.body["param"] == "tools[0].function.parameters"

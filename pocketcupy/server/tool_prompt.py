@@ -51,6 +51,9 @@ def parse_tools(raw) -> list[dict] | None:
             raise bad(f"{where}.function.description", "'description' must be a string")
         if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise bad(f"{where}.function.parameters", "'parameters' must be a JSON schema object")
+        if (fn.get("parameters") or {}).get("type", "object") != "object":   # arguments are an object
+            raise bad(f"{where}.function.parameters", "'parameters' must be a JSON schema of type 'object', got "
+                                                      f"type {short_repr(fn['parameters']['type'])}")
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
             raise bad(f"{where}.function.strict", "'strict' must be a boolean")
         unknown = set(fn) - {"name", "description", "parameters", "strict"}
