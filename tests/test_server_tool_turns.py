@@ -84,3 +84,14 @@ def test_parameters_describe_an_object(client):
                 client.chat.completions.create(model=MODEL, messages=[ASK], tools=tools, tool_choice=choice,
                                                max_tokens=1)
             assert e.value.body["param"] == "tools[0].function.parameters"
+
+
+def test_responses_tool_choice_message_shows_its_shape(client):
+    """A bad Responses tool_choice is explained in the Responses shape ({'type': 'function', 'name': ...});
+    the message showed chat's nesting ({'function': {'name': ...}})."""
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
+    for choice in ("always", 5, ["auto"]):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="hi", tools=tools, tool_choice=choice, max_output_tokens=1)
+        assert e.value.body["param"] == "tool_choice" and "'name': ..." in e.value.body["message"]
+        assert "'function': {" not in e.value.body["message"], e.value.body

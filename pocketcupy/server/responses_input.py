@@ -114,6 +114,9 @@ def _tool_choice(raw):
     if isinstance(raw, dict):
         raise bad("tool_choice", f"'tool_choice' of type {short_repr(raw.get('type'))} is not supported: "
                                  "only 'none', 'auto', 'required' or a function")
+    if raw is not None and raw not in ("none", "auto", "required"):   # (chat's message shows chat's shape)
+        raise bad("tool_choice", "'tool_choice' must be 'none', 'auto', 'required' or "
+                                 f"{{'type': 'function', 'name': ...}}, got {short_repr(raw)}")
     return raw
 
 
