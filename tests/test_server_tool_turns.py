@@ -1,7 +1,8 @@
-"""Conversations carrying tool calls and their results, checked as OpenAI's API checks them: an
-assistant's tool call needs its id and type "function"; a tool message (a Responses
-function_call_output, an Anthropic tool_result) answers a call of the assistant message before it.
-Each bad one is a 400 naming the field, through the real `openai` client; nothing is generated."""
+"""Tools and conversations carrying tool calls, checked as OpenAI's API checks them: an assistant's
+tool call needs its id and type "function"; a tool message (a Responses function_call_output, an
+Anthropic tool_result) answers a call of the assistant message before it; a function's parameters are
+a JSON Schema of type "object". Each bad one is a 400 naming the field, through the real `openai`
+client; nothing is generated but a token where a request is taken."""
 import openai
 import pytest
 
@@ -95,3 +96,29 @@ def test_responses_tool_choice_message_shows_its_shape(client):
             client.responses.create(model=MODEL, input="hi", tools=tools, tool_choice=choice, max_output_tokens=1)
         assert e.value.body["param"] == "tool_choice" and "'name': ..." in e.value.body["message"]
         assert "'function': {" not in e.value.body["message"], e.value.body
+
+
+def test_parameters_are_checked_whatever_tool_choice(client):
+    """OpenAI's API checks every function's schema: one that is no JSON Schema (a type that is no JSON
+    type, properties that are not schemas) is a 400 naming it with "auto" and "none" too (it was taken:
+    only a forced call's schema was compiled); a valid schema the structured-output engine cannot enforce
+    (uniqueItems) is taken when no call is forced."""
+    bad = [{"type": "object", "properties": {"city": {"type": "strin"}}},
+           {"type": "object", "properties": {"days": {"type": "array", "items": [{"type": "int"}]}}},
+           {"type": "object", "properties": ["city"]},
+           {"type": "object", "properties": {"city": {"anyOf": [{"type": "string"}, 5]}}}]
+    for schema in bad:
+        for choice in ("auto", "none"):
+            tools = [TOOLS[0], {"type": "function", "function": {"name": "f", "parameters": schema}}]
+            with pytest.raises(openai.BadRequestError) as e:
+                client.chat.completions.create(model=MODEL, messages=[ASK], tools=tools, tool_choice=choice,
+                                               max_tokens=1)
+            assert e.value.body["param"] == "tools[1].function.parameters", e.value.body
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=MODEL, input="hi", max_output_tokens=1,
+                                tools=[{"type": "function", "name": "f", "parameters": bad[0]}])
+    assert e.value.body["param"] == "tools[0].parameters" and "properties.city.type" in e.value.body["message"]
+    unique = {"type": "object", "properties": {"days": {"type": "array", "uniqueItems": True}}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": unique}}]
+    r = client.chat.completions.create(model=MODEL, messages=[ASK], tools=tools, max_tokens=1)
+    assert r.choices[0].finish_reason == "length"

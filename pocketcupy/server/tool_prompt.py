@@ -16,6 +16,7 @@ from ..chat_template import validate_messages
 from ..structured import StructuredOutputsParams
 from .protocol import bad, short_repr
 from .responses import new_id
+from .tool_schema import schema_problem
 from .tools import CLOSE, HERMES_FORCED, OPEN, valid_function_name
 from . import tools_deepseek
 from .tools_mistral import BOT, MARKERS, forced_form, writes_mistral_calls
@@ -54,6 +55,9 @@ def parse_tools(raw) -> list[dict] | None:
         if (fn.get("parameters") or {}).get("type", "object") != "object":   # arguments are an object
             raise bad(f"{where}.function.parameters", "'parameters' must be a JSON schema of type 'object', got "
                                                       f"type {short_repr(fn['parameters']['type'])}")
+        problem = schema_problem(fn.get("parameters") or {}, "parameters")
+        if problem:
+            raise bad(f"{where}.function.parameters", f"Invalid schema for function {fn['name']!r}: {problem}")
         if fn.get("strict") is not None and not isinstance(fn["strict"], bool):
             raise bad(f"{where}.function.strict", "'strict' must be a boolean")
         unknown = set(fn) - {"name", "description", "parameters", "strict"}
