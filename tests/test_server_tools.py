@@ -10,6 +10,7 @@ listed function is guaranteed, and its arguments follow the function's parameter
 structured-output engine constrains them).
 """
 import json
+import re
 
 import openai
 import pytest
@@ -190,3 +191,26 @@ def test_qwen_xml_calls_with_typed_arguments(client):
     streamed = "".join(d.function.arguments or "" for ch in chunks if ch.choices
                        for d in ch.choices[0].delta.tool_calls or [])
     assert streamed == call.function.arguments
+
+
+def test_parallel_tool_calls_false_ends_at_the_first_call(client):
+    """parallel_tool_calls false: the reply ends with its first call, as a model under OpenAI's API
+    makes one call and stops ("tool_calls", the tokens so far, nothing after it streamed); it generated
+    on through calls it then dropped, here to max_tokens ("length", which the client's parse() refuses)."""
+    two = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "get_time", "arguments": {"city": "Rome"}}\n</tool_call>')
+    kw = dict(tool_choice="auto", max_tokens=40, parallel_tool_calls=False,
+              extra_body={"structured_outputs": {"regex": re.escape(two)}})
+    whole = create(client, **kw)
+    c = whole.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None and whole.usage.completion_tokens < 40
+    assert [(t.function.name, t.function.arguments) for t in c.message.tool_calls] == [
+        ("get_weather", '{"city": "Paris"}')]
+    chunks = list(create(client, stream=True, **kw))
+    deltas = [d for ch in chunks for d in ch.choices[0].delta.tool_calls or []]
+    assert [d.function.name for d in deltas] == ["get_weather"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert not any(ch.choices[0].delta.content for ch in chunks)
+    r = client.responses.create(model=MODEL, input=ASK[0]["content"], max_output_tokens=40, parallel_tool_calls=False,
+                                tools=[dict(type="function", **t["function"]) for t in TOOLS],
+                                extra_body={"structured_outputs": {"regex": re.escape(two)}})
+    assert r.status == "completed" and [o.name for o in r.output] == ["get_weather"]

@@ -201,8 +201,9 @@ class ChatUpdate:
 
 def chat_updates(state, req: ChatRequest, job: Job, forced):
     """Engine outputs -> per-choice updates, shared by the streaming and the whole response. A forced
-    call ends its choice as soon as its arguments form a JSON object; once every choice has ended
-    the engine request is aborted rather than left generating."""
+    call ends its choice as soon as its arguments form a JSON object, and so does the first call under
+    parallel_tool_calls false; once every choice has ended the engine request is aborted rather than
+    left generating."""
     tok, n = state.engine.tokenizer, req.params.n
     parsers = [_parser(req, forced, state.config.reasoning_parser) for _ in range(n)]
     sent, ended, called = [0] * n, [False] * n, [False] * n
@@ -213,7 +214,8 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
                 continue
             events = [("content", o.delta_text)] if p is None else p.feed(o.delta_text)
             forced_call = isinstance(p, ForcedCallParser)
-            complete = forced_call and p.done
+            complete = getattr(p, "done", False)    # a forced call's arguments, or the one call of
+                                                    # parallel_tool_calls false, are complete
             if p is not None and (o.finished or complete):
                 events += p.finish()
             events = [e for e in events if e[0] not in ("content", "reasoning") or e[1]]

@@ -30,6 +30,11 @@ class ReasoningParser:
         self.buf = ""
         self.mode = "start"    # start | reasoning | after (dropping newlines) | content
 
+    @property
+    def done(self) -> bool:
+        """The content's parser wants no more (a call made under parallel_tool_calls false)."""
+        return bool(getattr(self.then, "done", False))
+
     def _reasoning(self, text: str, events: list) -> None:
         if text:
             events.append(("reasoning", text))

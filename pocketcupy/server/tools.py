@@ -121,8 +121,14 @@ class ToolParser:
             text, self._ws = self._ws + text, None
         events.append(("content", text))
 
+    @property
+    def done(self) -> bool:
+        """parallel_tool_calls false and the one call made: the reply ends there (nothing after it
+        is looked at)."""
+        return not self.parallel and self.num_calls > 0
+
     def _call(self, name: str, args: str, events: list) -> None:
-        if self.num_calls and not self.parallel:
+        if self.done:
             return
         events += [("call", self.num_calls, name), ("args", self.num_calls, args)]
         self.num_calls += 1
@@ -131,6 +137,9 @@ class ToolParser:
         events: list = []
         self.buf += delta
         while True:
+            if self.done:
+                self.buf = ""
+                return events
             if self.mode == "start":  # decide between text and a Llama-3 style JSON reply
                 s = self.buf.lstrip()
                 if not s:
@@ -185,6 +194,8 @@ class ToolParser:
             self._content(OPEN + inner + (CLOSE if closed else ""), events)
 
     def finish(self) -> list:
+        if self.done:
+            return []
         self._final = True
         events = self.feed("")
         buf, self.buf = self.buf, ""
