@@ -214,3 +214,11 @@ def test_parallel_tool_calls_false_ends_at_the_first_call(client):
                                 tools=[dict(type="function", **t["function"]) for t in TOOLS],
                                 extra_body={"structured_outputs": {"regex": re.escape(two)}})
     assert r.status == "completed" and [o.name for o in r.output] == ["get_weather"]
+
+
+def test_forced_arguments_are_an_object_when_the_schema_names_no_type(client):
+    """parameters without "type" (JSON Schema then allows any value): a forced call's arguments are still
+    an object; they were a number or a string (sampled here)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"city": {"type": "string"}}}}}]
+    r = create(client, tools=tools, tool_choice="required", max_tokens=12, temperature=1.0, n=4, seed=1)
+    assert all(c.message.tool_calls[0].function.arguments.startswith("{") for c in r.choices), r.choices

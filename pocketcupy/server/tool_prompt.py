@@ -79,7 +79,9 @@ def forced_call_arguments(tools: list[dict], mode) -> dict[str, StructuredOutput
         if isinstance(mode, tuple) and fn["name"] != mode[1]:
             continue
         try:
-            schema = fn.get("parameters") or {"type": "object", "properties": {}, "additionalProperties": False}
+            # arguments are an object: a schema that names no type (which would allow any JSON value) gets it
+            schema = {"type": "object", **fn["parameters"]} if fn.get("parameters") else \
+                {"type": "object", "properties": {}, "additionalProperties": False}
             out[fn["name"]] = StructuredOutputsParams(json=schema)
         except ValueError as e:
             msg = str(e).removeprefix("structured_outputs.json: ")
