@@ -35,7 +35,10 @@ def run_batch(state, lines: Iterable[str], write: Callable[[str], None], concurr
 def _answer(app, number: int, line: str) -> dict:
     custom_id = None
     try:
-        req = json.loads(line)
+        try:
+            req = json.loads(line)
+        except RecursionError:   # nested deeper than the parser's recursion limit
+            raise ValueError("the JSON nests too deep") from None
         if not isinstance(req, dict):
             raise ValueError("a line must be a JSON object")
         custom_id = req.get("custom_id")

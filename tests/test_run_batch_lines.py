@@ -1,0 +1,49 @@
+"""`python -m pocketcupy run-batch -i - -o -` as a real subprocess, fed lines that are no request in one
+way or another: each gets its own error line, in the input's order, and the others are answered."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BODY = {"model": "smol", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+
+
+def _line(custom_id, body=None) -> bytes:
+    req = {"custom_id": custom_id, "method": "POST", "url": "/v1/completions", "body": body or BODY}
+    return json.dumps(req).encode()
+
+
+LINES = [
+    _line("first"),
+    b"[" * 100_000,   # deeper than json's recursion limit
+    _line("last"),
+]
+
+
+@pytest.fixture(scope="module")
+def results(smollm2_gguf):
+    r = subprocess.run([sys.executable, "-m", "pocketcupy", "run-batch", "-i", "-", "-o", "-", "--model",
+                        smollm2_gguf, "--device", "cpu", "--served-model-name", "smol"],
+                       input=b"\n".join(LINES) + b"\n", capture_output=True, timeout=300, cwd=ROOT)
+    err = r.stderr.decode(errors="replace")
+    assert r.returncode == 0 and "Traceback" not in err, err
+    return [json.loads(x) for x in r.stdout.decode().splitlines()]
+
+
+def _error(o, words):
+    assert o["response"] is None and o["error"]["code"] == "invalid_request", o
+    assert words in o["error"]["message"], o
+
+
+def test_every_line_answered_in_order(results):
+    assert len(results) == len(LINES)
+    assert results[0]["custom_id"] == "first" and results[-1]["custom_id"] == "last"
+    assert results[0]["response"]["status_code"] == 200 and results[-1]["response"]["status_code"] == 200
+
+
+def test_json_nested_too_deep(results):
+    """A RecursionError out of json.loads ended the whole batch with a traceback."""
+    _error(results[1], "line 2: the JSON nests too deep")
