@@ -19,6 +19,7 @@ def _line(custom_id, body=None) -> bytes:
 LINES = [
     _line("first"),
     b"[" * 100_000,   # deeper than json's recursion limit
+    _line("first", {**BODY, "prompt": "again"}),
     _line("last"),
 ]
 
@@ -47,3 +48,9 @@ def test_every_line_answered_in_order(results):
 def test_json_nested_too_deep(results):
     """A RecursionError out of json.loads ended the whole batch with a traceback."""
     _error(results[1], "line 2: the JSON nests too deep")
+
+
+def test_custom_id_given_twice(results):
+    """A second line with the same custom_id was answered too: two results nobody could tell apart."""
+    _error(results[2], "line 3: 'custom_id' 'first' is line 1's too")
+    assert results[2]["custom_id"] == "first"

@@ -22,17 +22,19 @@ def run_batch(state, lines: Iterable[str], write: Callable[[str], None], concurr
     """Answers the input lines (blank ones skipped), at most `concurrency` at once; write() gets each
     result line as soon as it and those before it are done. Returns the counts."""
     app = create_app(state)
-    requests = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's line numbers)
-    counts = {"requests": len(requests), "succeeded": 0, "failed": 0}
+    seen: dict[str, int] = {}   # custom_id -> the line that first gave it
+    jobs = [_parse(n, line, seen) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's numbers)
+    counts = {"requests": len(jobs), "succeeded": 0, "failed": 0}
     with ThreadPoolExecutor(max(1, concurrency)) as pool:
-        for result in pool.map(lambda n_line: _answer(app, *n_line), requests):
+        for result in pool.map(lambda job: job if isinstance(job, dict) else _answer(app, *job), jobs):
             ok = result["response"] is not None and result["response"]["status_code"] == 200
             counts["succeeded" if ok else "failed"] += 1
             write(json.dumps(result, ensure_ascii=False) + "\n")
     return counts
 
 
-def _answer(app, number: int, line: str) -> dict:
+def _parse(number: int, line: str, seen: dict) -> tuple | dict:
+    """(custom_id, url, body) of a line that is a request, else its error line."""
     custom_id = None
     try:
         try:
@@ -45,6 +47,10 @@ def _answer(app, number: int, line: str) -> dict:
         url, body = req.get("url"), req.get("body")
         if not isinstance(custom_id, str) or not custom_id:
             raise ValueError("'custom_id' must be a non-empty string")
+        if custom_id in seen:
+            raise ValueError(f"'custom_id' {custom_id!r} is line {seen[custom_id]}'s too; "
+                             "each request needs its own")
+        seen[custom_id] = number
         if req.get("method") != "POST":
             raise ValueError(f"'method' must be 'POST', got {req.get('method')!r}")
         if url not in URLS:
@@ -54,6 +60,10 @@ def _answer(app, number: int, line: str) -> dict:
     except ValueError as e:   # (json.JSONDecodeError is one)
         return {"id": new_id("batch_req"), "custom_id": custom_id if isinstance(custom_id, str) else None,
                 "response": None, "error": {"code": "invalid_request", "message": f"line {number}: {e}"}}
+    return custom_id, url, body
+
+
+def _answer(app, custom_id: str, url: str, body: dict) -> dict:
     if body.get("stream"):
         status, answer = 400, bad("stream", "a batch request cannot stream; leave 'stream' out").body()
     else:
