@@ -148,7 +148,9 @@ def _run_batch(ns) -> int:
         args = EngineArgs.from_cli(ns)
         if ns.concurrency is not None and ns.concurrency < 1:
             raise ValueError(f"concurrency: must be a positive integer, got {ns.concurrency}")
-        src = contextlib.nullcontext(sys.stdin) if ns.input_file == "-" else open(ns.input_file, encoding="utf-8")
+        # bytes: json.loads decodes each line, so a line that is no UTF-8 is an error line of its own, and a BOM is
+        # skipped
+        src = contextlib.nullcontext(sys.stdin.buffer) if ns.input_file == "-" else open(ns.input_file, "rb")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

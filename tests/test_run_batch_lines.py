@@ -17,9 +17,10 @@ def _line(custom_id, body=None) -> bytes:
 
 
 LINES = [
-    _line("first"),
+    b"\xef\xbb\xbf" + _line("first"),   # a BOM, as Windows tools write
     b"[" * 100_000,   # deeper than json's recursion limit
     _line("first", {**BODY, "prompt": "again"}),
+    _line("latin-1", {**BODY, "prompt": "caf\u00e9"}).replace(b"\\u00e9", b"\xe9"),
     _line("last"),
 ]
 
@@ -40,6 +41,7 @@ def _error(o, words):
 
 
 def test_every_line_answered_in_order(results):
+    """The first line starts with a BOM: it was an error line (Unexpected UTF-8 BOM)."""
     assert len(results) == len(LINES)
     assert results[0]["custom_id"] == "first" and results[-1]["custom_id"] == "last"
     assert results[0]["response"]["status_code"] == 200 and results[-1]["response"]["status_code"] == 200
@@ -54,3 +56,8 @@ def test_custom_id_given_twice(results):
     """A second line with the same custom_id was answered too: two results nobody could tell apart."""
     _error(results[2], "line 3: 'custom_id' 'first' is line 1's too")
     assert results[2]["custom_id"] == "first"
+
+
+def test_line_that_is_no_utf8(results):
+    """A line in Latin-1 ended the whole batch with a UnicodeDecodeError traceback."""
+    _error(results[3], "line 4: 'utf-8' codec can't decode byte 0xe9")

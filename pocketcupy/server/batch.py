@@ -18,9 +18,10 @@ from .responses import new_id
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank")
 
 
-def run_batch(state, lines: Iterable[str], write: Callable[[str], None], concurrency: int) -> dict:
+def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str], None], concurrency: int) -> dict:
     """Answers the input lines (blank ones skipped), at most `concurrency` at once; write() gets each
-    result line as soon as it and those before it are done. Returns the counts."""
+    result line as soon as it and those before it are done. Lines of bytes are decoded as json.loads does
+    (UTF-8, with or without a BOM; one that is none is an error line). Returns the counts."""
     app = create_app(state)
     seen: dict[str, int] = {}   # custom_id -> the line that first gave it
     jobs = [_parse(n, line, seen) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's numbers)
@@ -33,7 +34,7 @@ def run_batch(state, lines: Iterable[str], write: Callable[[str], None], concurr
     return counts
 
 
-def _parse(number: int, line: str, seen: dict) -> tuple | dict:
+def _parse(number: int, line: str | bytes, seen: dict) -> tuple | dict:
     """(custom_id, url, body) of a line that is a request, else its error line."""
     custom_id = None
     try:
@@ -57,7 +58,7 @@ def _parse(number: int, line: str, seen: dict) -> tuple | dict:
             raise ValueError(f"'url' must be one of {', '.join(URLS)}, got {url!r}")
         if not isinstance(body, dict):
             raise ValueError("'body' must be a JSON object")
-    except ValueError as e:   # (json.JSONDecodeError is one)
+    except ValueError as e:   # (json.JSONDecodeError and UnicodeDecodeError are)
         return {"id": new_id("batch_req"), "custom_id": custom_id if isinstance(custom_id, str) else None,
                 "response": None, "error": {"code": "invalid_request", "message": f"line {number}: {e}"}}
     return custom_id, url, body
