@@ -21,6 +21,7 @@ LINES = [
     b"[" * 100_000,   # deeper than json's recursion limit
     _line("first", {**BODY, "prompt": "again"}),
     _line("latin-1", {**BODY, "prompt": "caf\u00e9"}).replace(b"\\u00e9", b"\xe9"),
+    _line("\ud800"),   # a lone surrogate, as its JSON escape
     _line("last"),
 ]
 
@@ -32,7 +33,7 @@ def results(smollm2_gguf):
                        input=b"\n".join(LINES) + b"\n", capture_output=True, timeout=300, cwd=ROOT)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0 and "Traceback" not in err, err
-    return [json.loads(x) for x in r.stdout.decode().splitlines()]
+    return [json.loads(x) for x in r.stdout.decode("utf-8").splitlines()]
 
 
 def _error(o, words):
@@ -61,3 +62,9 @@ def test_custom_id_given_twice(results):
 def test_line_that_is_no_utf8(results):
     """A line in Latin-1 ended the whole batch with a UnicodeDecodeError traceback."""
     _error(results[3], "line 4: 'utf-8' codec can't decode byte 0xe9")
+
+
+def test_custom_id_with_a_lone_surrogate(results):
+    """Writing the result, whose custom_id no UTF-8 can hold, was a UnicodeEncodeError ending the batch;
+    it is written as its JSON escape, as it came."""
+    assert results[4]["custom_id"] == "\ud800" and results[4]["response"]["status_code"] == 200

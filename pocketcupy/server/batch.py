@@ -30,8 +30,19 @@ def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str], None],
         for result in pool.map(lambda job: job if isinstance(job, dict) else _answer(app, *job), jobs):
             ok = result["response"] is not None and result["response"]["status_code"] == 200
             counts["succeeded" if ok else "failed"] += 1
-            write(json.dumps(result, ensure_ascii=False) + "\n")
+            write(_json_line(result))
     return counts
+
+
+def _json_line(result: dict) -> str:
+    """The result as a line of UTF-8 text; escaped (ASCII) where a lone surrogate from a \\ud800 escape in the
+    input (a custom_id, say) would make the text no UTF-8 at all."""
+    text = json.dumps(result, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(result)
+    return text + "\n"
 
 
 def _parse(number: int, line: str | bytes, seen: dict) -> tuple | dict:
