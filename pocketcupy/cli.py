@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 
@@ -139,6 +140,19 @@ def _embed(engine, ns) -> int:
     return 0
 
 
+def _check_output_file(path: str, input_path: str) -> None:
+    """Refuses an output file that cannot be made, or that is the input (opening it erases the requests)."""
+    if path == "-":
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"--output-file: {path} is a folder")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--output-file: there is no folder {folder}")
+    if input_path != "-" and os.path.exists(path) and os.path.samefile(path, input_path):
+        raise ValueError(f"--output-file: {path} is the --input-file; writing the results would erase the requests")
+
+
 def _run_batch(ns) -> int:
     from .model_cache import DEFAULT_NAME
     from .server.batch import run_batch
@@ -150,8 +164,12 @@ def _run_batch(ns) -> int:
             raise ValueError(f"concurrency: must be a positive integer, got {ns.concurrency}")
         # bytes: json.loads decodes each line, so a line that is no UTF-8 is an error line of its own, and a BOM is
         # skipped
-        src = contextlib.nullcontext(sys.stdin.buffer) if ns.input_file == "-" else open(ns.input_file, "rb")
-    except (ValueError, OSError) as e:
+        try:
+            src = contextlib.nullcontext(sys.stdin.buffer) if ns.input_file == "-" else open(ns.input_file, "rb")
+        except OSError as e:
+            raise ValueError(f"--input-file: cannot read it: {e}") from None
+        _check_output_file(ns.output_file, ns.input_file)   # before the model loads, which may take minutes
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     state = ServerState(ServerConfig(engine_args=args, served_model_names=ns.served_model_name or

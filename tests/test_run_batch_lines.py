@@ -68,3 +68,20 @@ def test_custom_id_with_a_lone_surrogate(results):
     """Writing the result, whose custom_id no UTF-8 can hold, was a UnicodeEncodeError ending the batch;
     it is written as its JSON escape, as it came."""
     assert results[4]["custom_id"] == "\ud800" and results[4]["response"]["status_code"] == 200
+
+
+def test_bad_files_refused_before_the_model_loads(tmp_path):
+    """An output file in no folder, or a folder, was found only once the model had loaded (exit 3); the
+    input file given as the output was erased (opened for writing) and the batch had no requests."""
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(_line("a") + b"\n")
+    for out, words in ((tmp_path / "no" / "out.jsonl", "--output-file: there is no folder"),
+                       (tmp_path, "is a folder"), (src, "is the --input-file")):
+        r = subprocess.run([sys.executable, "-m", "pocketcupy", "run-batch", "-i", str(src), "-o", str(out)],
+                           capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert "loading" not in r.stderr
+    assert src.read_bytes() == _line("a") + b"\n"
+    r = subprocess.run([sys.executable, "-m", "pocketcupy", "run-batch", "-i", str(tmp_path / "none.jsonl"), "-o",
+                        "-"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 2 and "error: --input-file: cannot read it" in r.stderr and "none.jsonl" in r.stderr
