@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -31,34 +32,54 @@ def _params(ns) -> SamplingParams:
 
 
 def _stream(engine, prompt, params) -> str:
-    """Print the reply as it is produced, then time to first token and decode speed."""
+    """Print the reply as it is produced, then time to first token and decode speed. Ctrl-C stops it
+    between two steps (a KeyboardInterrupt inside one would leave the engine half-way): the request is
+    aborted and KeyboardInterrupt raised."""
     rid = f"cli-{time.monotonic_ns()}"
     if isinstance(prompt, list):  # chat messages
         prompt = engine.tokenizer.encode(engine.render_chat(prompt), add_special_tokens=False)
     engine.add_request(rid, prompt, params)
     t0, first, text, n = time.monotonic(), None, [], 0
-    done = False
-    while not done:
-        for out in engine.step():
-            if out.request_id != rid:
-                continue
-            o = out.outputs[0]
-            if first is None and o.delta_token_ids:
-                first = time.monotonic()
-            n += len(o.delta_token_ids)
-            text.append(o.delta_text)
-            sys.stdout.write(o.delta_text)
-            sys.stdout.flush()
-            done = out.finished
+    done, stop = False, []
+    old = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    try:
+        while not done and not stop:
+            for out in engine.step():
+                if out.request_id != rid:
+                    continue
+                o = out.outputs[0]
+                if first is None and o.delta_token_ids:
+                    first = time.monotonic()
+                n += len(o.delta_token_ids)
+                text.append(o.delta_text)
+                sys.stdout.write(o.delta_text)
+                sys.stdout.flush()
+                done = out.finished
+    finally:
+        signal.signal(signal.SIGINT, old)
+    sys.stdout.write("\n")
+    if stop and not done:
+        engine.abort_request(rid)
+        print("[interrupted]", file=sys.stderr)
+        raise KeyboardInterrupt
     end = time.monotonic()
     first = first or end
     rate = (n - 1) / (end - first) if n > 1 and end > first else 0.0
-    sys.stdout.write("\n")
     print(f"[{n} tokens; first token after {(first - t0) * 1e3:.0f} ms; {rate:.1f} tok/s]", file=sys.stderr)
     return "".join(text)
 
 
 def main(argv=None) -> int:
+    """Ctrl-C (outside a reply, which it stops) ends the command with exit code 130, as a shell's, with no
+    traceback."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m pocketcupy")
     sub = ap.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="complete a prompt")
@@ -117,11 +138,14 @@ def main(argv=None) -> int:
         history.append({"role": "user", "content": text})
         try:
             reply = _stream(engine, history, params)
-        except ValueError as e:  # e.g. the conversation no longer fits the context: the chat goes on without it
-            print(f"error: {e}", file=sys.stderr)
+        except (ValueError, KeyboardInterrupt) as e:
+            # ValueError: e.g. the conversation no longer fits the context; Ctrl-C: the reply stopped.
+            # The chat goes on without them.
+            if isinstance(e, ValueError):
+                print(f"error: {e}", file=sys.stderr)
             history.pop()
             if ns.message is not None:
-                return 2
+                return 2 if isinstance(e, ValueError) else 130
             continue
         history.append({"role": "assistant", "content": reply})
         if ns.message is not None:

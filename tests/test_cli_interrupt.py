@@ -1,0 +1,61 @@
+"""Ctrl-C (SIGINT) in `python -m pocketcupy chat` and `generate`, real subprocesses with the real SmolLM2:
+during a reply it stops that reply and the chat goes on; at the prompt it ends the chat, exit 130; never a
+traceback (one was printed either way, and the reply's came from inside an engine step)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STORY = "Write a very long story about dragons, in many chapters.\n"
+
+
+def _start(smollm2_gguf, *args):
+    p = subprocess.Popen([sys.executable, "-m", "pocketcupy", *args, "--model", smollm2_gguf, "--device", "cpu",
+                          "--max-tokens", "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err = ""
+    while "loaded" not in err:   # the model is ready
+        line = p.stderr.readline()
+        assert line, err
+        err += line
+    return p, err
+
+
+def _finish(p, err, stdin=""):
+    try:
+        out, rest = p.communicate(stdin, timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    err += rest
+    assert "Traceback" not in err, err
+    return out, err
+
+
+def test_ctrl_c_stops_the_reply_and_the_chat_goes_on(smollm2_gguf):
+    p, err = _start(smollm2_gguf, "chat")
+    p.stdin.write(STORY)
+    p.stdin.flush()
+    time.sleep(2.0)   # the story is being written (first token after ~0.1 s; 2000 tokens take minutes)
+    p.send_signal(signal.SIGINT)
+    out, err = _finish(p, err, "What is the capital of France?\n")
+    assert p.returncode == 0 and "[interrupted]" in err, err
+    assert err.count("tok/s") == 1 and "Paris" in out   # the second question, answered in full
+
+
+def test_ctrl_c_at_the_prompt_ends_the_chat(smollm2_gguf):
+    p, err = _start(smollm2_gguf, "chat")
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    out, err = _finish(p, err)
+    assert p.returncode == 130, err
+
+
+def test_ctrl_c_stops_generate(smollm2_gguf):
+    p, err = _start(smollm2_gguf, "generate", "Once upon a time")
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    out, err = _finish(p, err)
+    assert p.returncode == 130 and "[interrupted]" in err and out.strip(), err
