@@ -59,3 +59,27 @@ def test_ctrl_c_stops_generate(smollm2_gguf):
     p.send_signal(signal.SIGINT)
     out, err = _finish(p, err)
     assert p.returncode == 130 and "[interrupted]" in err and out.strip(), err
+
+
+def test_ctrl_c_stops_run_batch(smollm2_gguf, tmp_path):
+    """The batch's thread pool waited for every line (minutes here) before the KeyboardInterrupt went up."""
+    body = '"body": {"model": "smol", "prompt": "Once upon a time", "max_tokens": 2000, "temperature": 0}'
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'{{"custom_id": "r{i}", "method": "POST", "url": "/v1/completions", {body}}}\n'
+                           for i in range(16)))
+    p = subprocess.Popen([sys.executable, "-m", "pocketcupy", "run-batch", "-i", str(src), "-o", "-", "--model",
+                          smollm2_gguf, "--device", "cpu", "--served-model-name", "smol", "--concurrency", "4"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    err = ""
+    while "ready" not in err:
+        line = p.stderr.readline()
+        assert line, err
+        err += line
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        out, rest = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130 and "Traceback" not in rest and time.monotonic() - t0 < 30, rest

@@ -8,6 +8,7 @@ null and "error": {"code", "message"}, as OpenAI's batch output files do."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
@@ -26,11 +27,17 @@ def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str], None],
     seen: dict[str, int] = {}   # custom_id -> the line that first gave it
     jobs = [_parse(n, line, seen) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's numbers)
     counts = {"requests": len(jobs), "succeeded": 0, "failed": 0}
-    with ThreadPoolExecutor(max(1, concurrency)) as pool:
+    pool = ThreadPoolExecutor(max(1, concurrency))
+    try:
         for result in pool.map(lambda job: job if isinstance(job, dict) else _answer(app, *job), jobs):
             ok = result["response"] is not None and result["response"]["status_code"] == 200
             counts["succeeded" if ok else "failed"] += 1
             write(_json_line(result))
+    except BaseException:   # Ctrl-C, a write that failed: the lines not begun are dropped, those in flight end
+        pool.shutdown(wait=False, cancel_futures=True)
+        state.end_requests_at(time.monotonic())
+        raise
+    pool.shutdown()
     return counts
 
 
