@@ -71,12 +71,15 @@ def _stream(engine, prompt, params) -> str:
 
 def main(argv=None) -> int:
     """Ctrl-C (outside a reply, which it stops) ends the command with exit code 130, as a shell's, with no
-    traceback."""
+    traceback; a closed stdout, with exit code 1."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except BrokenPipeError:   # stdout's reader went away (`| head`): quietly, as Python's docs do it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the flush at exit fails too)
+        return 1
 
 
 def _main(argv) -> int:
