@@ -134,9 +134,11 @@ def _main(argv) -> int:
         if ns.message is not None:
             text = ns.message
         else:
-            try:
-                text = input("> ")
+            try:   # the "> " prompt only for a person typing: piped input gets the replies alone
+                text = input("> " if sys.stdin.isatty() else "")
             except EOFError:
+                if sys.stdin.isatty():
+                    print()   # Ctrl-D at the prompt: the shell's prompt on a line of its own
                 return 0
         history.append({"role": "user", "content": text})
         try:
