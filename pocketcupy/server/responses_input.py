@@ -128,9 +128,9 @@ def _response_format(text: dict | None):
     fmt = t.obj("format")
     t.str("verbosity")
     t.reject_unknown()
-    if fmt is None or fmt.get("type") == "text":
+    if fmt is None:
         return None
-    if fmt.get("type") != "json_schema":
+    if fmt.get("type") != "json_schema":  # text (checked by chat's parser like the rest: no other keys)
         return fmt
     spec = {k: v for k, v in fmt.items() if k != "type"}
     return {"type": "json_schema", "json_schema": spec}
