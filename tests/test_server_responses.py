@@ -181,6 +181,8 @@ def test_text_format_json_schema(client):
     ({"input": "x", "tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "bad name", "schema": {}}}}, "text.format.name"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    # OpenAI's Responses API requires the schema (chat's response_format does not): it gave any JSON object
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
     # a text format with a json_schema's keys was taken as plain text (chat's response_format refuses them)
     ({"input": "x", "text": {"format": {"type": "text", "schema": {"type": "object"}}}}, "text.format.schema"),
     ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),

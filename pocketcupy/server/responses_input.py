@@ -132,6 +132,8 @@ def _response_format(text: dict | None):
         return None
     if fmt.get("type") != "json_schema":  # text (checked by chat's parser like the rest: no other keys)
         return fmt
+    if fmt.get("schema") is None:  # (chat's json_schema.schema is optional; Responses' is not)
+        raise bad("text.format.schema", "Missing required parameter: 'text.format.schema'")
     spec = {k: v for k, v in fmt.items() if k != "type"}
     return {"type": "json_schema", "json_schema": spec}
 
