@@ -27,6 +27,7 @@ NUMBER: /[0-9]{1,3}/
     {"choice": ["yes", "no", 'a "quoted" one']},
     {"grammar": ARITH_LARK},
     {"grammar": 'root ::= [0-9]+ ("+" [0-9]+)*'},
+    {"json": {"type": "integer", "minimum": 0, "maximum": 2 ** 63 - 1}},  # an upper bound that high only narrows
 ])
 def test_valid_constraints(spec):
     so = StructuredOutputsParams(**spec)
@@ -57,6 +58,10 @@ def test_valid_constraints(spec):
     ({"grammar": "root ::= foo"}, r"structured_outputs\.grammar: .*foo"),
     ({"grammar": 'root ::= ("a"'}, r"structured_outputs\.grammar"),
     ({"json": True, "whitespace_flexible": "yes"}, r"structured_outputs\.whitespace_flexible"),
+    # llguidance clamps integer ranges to 64 bits: this one gave 9223372036854775807 with finish_reason "stop"
+    ({"json": {"type": "integer", "minimum": 1e308, "maximum": 1e308}}, r"structured_outputs\.json: 'minimum'"),
+    ({"json": {"type": "integer", "minimum": 2 ** 53 + 1, "maximum": 2 ** 53 + 1}}, r"json: 'minimum'.*2\^53"),
+    ({"json": {"properties": {"n": {"type": "integer", "exclusiveMaximum": -1e20}}}}, r"json: 'exclusiveMaximum'"),
 ])
 def test_bad_constraints_name_the_field(spec, match):
     with pytest.raises(ValueError, match="(?s)" + match):

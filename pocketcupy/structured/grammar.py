@@ -11,6 +11,8 @@ from functools import lru_cache
 # whitespace (llguidance's default) can spend its whole budget on newlines.
 JSON_COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _SCHEMA_DATA = frozenset({"const", "enum", "default", "examples"})  # values, not schemas: no patterns inside
+_BOUNDS = {"minimum": 1, "exclusiveMinimum": 1, "maximum": -1, "exclusiveMaximum": -1}  # lower: +1, upper: -1
+_EXACT = 2 ** 53  # integers up to this are exact as 64-bit floats
 
 
 def build_grammar(kind: str, text: str, whitespace_flexible: bool = False) -> str:
@@ -29,7 +31,7 @@ def _build(kind: str, text: str, whitespace_flexible: bool) -> tuple[str, str]:
 
     LLMatcher = llguidance.LLMatcher
     try:
-        _check_regexes(kind, text)
+        _check_unsupported(kind, text)
         if kind == "json":
             grammar = LLMatcher.grammar_from_json_schema(
                 text, defaults={"whitespace_flexible": True} if whitespace_flexible else JSON_COMPACT)
@@ -47,9 +49,10 @@ def _build(kind: str, text: str, whitespace_flexible: bool) -> tuple[str, str]:
     return grammar, (messages[0].strip() if is_error else "")
 
 
-def _check_regexes(kind: str, text: str) -> None:
+def _check_unsupported(kind: str, text: str) -> None:
     """llguidance drops a trailing unescaped backslash (regex 'a\\' constrained the output to 'a'):
-    raise ValueError for one in a regex or in a JSON schema's patterns."""
+    raise ValueError for one in a regex or in a JSON schema's patterns. Also refuses a schema's
+    bounds that llguidance cannot honor (_check_bounds)."""
     if kind == "regex":
         regexes = [text]
     elif kind == "json":
@@ -59,6 +62,7 @@ def _check_regexes(kind: str, text: str) -> None:
             if isinstance(node, list):
                 stack.extend(node)
             elif isinstance(node, dict):
+                _check_bounds(node)
                 for k, v in node.items():
                     if k == "pattern" and isinstance(v, str):
                         regexes.append(v)
@@ -71,3 +75,15 @@ def _check_regexes(kind: str, text: str) -> None:
     for r in regexes:
         if (len(r) - len(r.rstrip("\\"))) % 2:
             raise ValueError(f"invalid regex {r!r}: it ends with an unescaped backslash")
+
+
+def _check_bounds(node: dict) -> None:
+    """llguidance reads bounds as 64-bit floats and clamps integer ranges to 64-bit integers: a lower
+    bound over 2^53 (or an upper one under -2^53) could let it write a number outside the range
+    ({"type": "integer", "minimum": 1e308, "maximum": 1e308} gave 9223372036854775807, finish_reason
+    "stop"). Upper bounds that high (an int64's maximum) only narrow the range, and stay allowed."""
+    for k, sign in _BOUNDS.items():
+        v = node.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v * sign > _EXACT:
+            raise ValueError(f"'{k}': {v!r} is not supported: bounds beyond ±2^53 (9007199254740992) "
+                             "cannot be honored exactly")
