@@ -55,6 +55,25 @@ def test_chat_json_schema_n_and_logprobs(client):
         assert "".join(t.token for t in c.logprobs.content) == c.message.content
 
 
+def test_openai_parse_helpers_parse_a_pydantic_model(client):
+    """The openai client's parse helpers send the model's strict JSON schema (chat's response_format,
+    Responses' text.format) and parse the reply into the model; cut by max_tokens, parse() raises."""
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    r = client.beta.chat.completions.parse(model=MODEL, messages=ASK, response_format=Person, max_tokens=48,
+                                           temperature=0)
+    assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, Person)
+    resp = client.responses.parse(model=MODEL, input=ASK[0]["content"], text_format=Person, max_output_tokens=48,
+                                  temperature=0)
+    assert resp.status == "completed" and resp.output_parsed == r.choices[0].message.parsed
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.beta.chat.completions.parse(model=MODEL, messages=ASK, response_format=Person, max_tokens=3)
+
+
 def test_completions_guided_fields(client):
     def comp(**extra):
         return client.completions.create(model=MODEL, prompt="The first moon landing was on", max_tokens=24,
