@@ -165,6 +165,20 @@ def test_compiled_grammars_are_cached(tokenizer):
     assert not m1.accept(digit) and m2.ll.is_accepting() is False
 
 
+@pytest.mark.parametrize("spec,match", [
+    ({"json": {"$ref": "#"}}, "the constraint cannot be satisfied"),   # no output matches it
+    ({"regex": "[^\\x00-\\x{10FFFF}]"}, "the constraint cannot be satisfied"),
+    # satisfiable, but past llguidance's lexer limits: it was called unsatisfiable
+    ({"regex": "(.{1,100}){100}"}, r"the constraint is too complex .*too many expressions"),
+])
+def test_constraints_failing_against_the_tokenizer_say_why(tokenizer, spec, match):
+    from pocketcupy.structured.manager import StructuredOutputManager
+
+    mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
+    with pytest.raises(ValueError, match=f"^structured_outputs.{next(iter(spec))}: {match}"):
+        mgr.prepare(StructuredOutputsParams(**spec))
+
+
 def test_roots_per_thread_give_the_same_masks(tokenizer):
     """Sequences take the grammar's compiled roots in turn (one per fill thread); the masks are the
     ones a single root gives, whatever the order of the rows."""

@@ -64,6 +64,10 @@ class StructuredOutputManager:
         if m.is_error():
             raise ValueError(f"structured_outputs.{params.kind}: {m.get_error()}")
         if not any(m.compute_bitmask()) or m.is_error():  # e.g. the schema {"$ref": "#"}: no first token
+            why = m.get_error().split("\n", 1)[0] if m.is_error() else ""
+            if why and why != "NoExtensionBias":  # a limit hit, not an empty language: '(.{1,100}){100}'
+                raise ValueError(f"structured_outputs.{params.kind}: the constraint is too complex for the "
+                                 f"structured-output engine ({why[:200]})")
             raise ValueError(f"structured_outputs.{params.kind}: the constraint cannot be satisfied (no output "
                              "matches it)")
         return m
