@@ -179,6 +179,21 @@ def test_constraints_failing_against_the_tokenizer_say_why(tokenizer, spec, matc
         mgr.prepare(StructuredOutputsParams(**spec))
 
 
+def test_gbnf_unicode_escapes(tokenizer):
+    """GBNF's \\uXXXX / \\UXXXXXXXX escapes, in character classes and strings, mean their characters
+    (llguidance's GBNF converter made [\\u0041-\\u005A] an invalid regex: a 400 for a valid grammar);
+    an escaped backslash before 'u' stays a backslash."""
+    from pocketcupy.structured.manager import StructuredOutputManager
+
+    mgr = StructuredOutputManager(tokenizer, tokenizer.vocab_size)
+    grammar = r'root ::= [\u0041-\u005A] "\u00e9" [\U0001F600-\U0001F64F] ("\\u0041")?'
+    for text, ok in (("Q\u00e9\U0001F600", True), ("Q\u00e9\U0001F600\\u0041", True), ("q\u00e9\U0001F600", False),
+                     ("QA\U0001F600", False)):
+        m = mgr.new_matcher(StructuredOutputsParams(grammar=grammar))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert (m.valid_prefix(ids) == len(ids)) == ok, text
+
+
 def test_roots_per_thread_give_the_same_masks(tokenizer):
     """Sequences take the grammar's compiled roots in turn (one per fill thread); the masks are the
     ones a single root gives, whatever the order of the rows."""

@@ -5,6 +5,7 @@ tokenizer, so a bad schema, regex or grammar fails when the request's parameters
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 # JSON is written with Python's separators and no other whitespace: a model left free to add
@@ -39,14 +40,32 @@ def _build(kind: str, text: str, whitespace_flexible: bool) -> tuple[str, str]:
             grammar = LLMatcher.grammar_from_lark("start: /" + llguidance.regex_to_lark(text, "d") + "/")
         elif kind == "choice":
             grammar = LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in json.loads(text)))
-        elif kind == "grammar":
-            grammar = llguidance.grammar_from("grammar", text)  # GBNF is converted to Lark first
+        elif kind == "grammar":  # GBNF is converted to Lark first
+            grammar = llguidance.grammar_from("grammar", _gbnf_unicode_escapes(text) if "::=" in text else text)
         else:
             raise AssertionError(kind)
     except ValueError as e:
         return "", str(e)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
     return grammar, (messages[0].strip() if is_error else "")
+
+
+_UNICODE_ESCAPE = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
+
+
+def _gbnf_unicode_escapes(text: str) -> str:
+    """GBNF's \\uXXXX and \\UXXXXXXXX escapes as llguidance's GBNF converter takes them: it wrote
+    [\\u0041-\\u005A] as the invalid regex [\\u41-\\u5A] and failed on "\\u0041" (a 400 for a valid
+    grammar). ASCII becomes \\xHH, the rest the character itself; an escaped backslash stays."""
+    def one(m: re.Match) -> str:
+        esc = m.group(1)
+        if esc == "\\":
+            return m.group(0)
+        cp = int(esc[1:], 16)
+        if cp < 0x80:
+            return f"\\x{cp:02X}"
+        return chr(cp) if cp <= 0x10FFFF and not 0xD800 <= cp < 0xE000 else m.group(0)
+    return _UNICODE_ESCAPE.sub(one, text)
 
 
 def _check_unsupported(kind: str, text: str) -> None:
