@@ -80,6 +80,19 @@ def test_batched_with_preemption_and_shared_prefix(smollm2_gguf, plain):
     assert s["spec_num_accepted_tokens"] > 0
 
 
+def test_prompt_longer_than_the_token_budget(smollm2_gguf, plain):
+    """The draft model catches up on a prompt longer than max_num_batched_tokens over several steps
+    (a forward in which no request reaches its last token samples nothing): no draft until then,
+    the same tokens, and drafts kept once caught up."""
+    p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompt = "Copy this code exactly:\n" + CODE + CODE
+    want = plain.generate(prompt, p)[0].outputs[0].token_ids
+    e = drafting(smollm2_gguf, smollm2_gguf, max_num_batched_tokens=32)
+    out = e.generate(prompt, p)[0]
+    assert len(out.prompt_token_ids) > 2 * 32 and out.outputs[0].finish_reason == "length"
+    assert out.outputs[0].token_ids == want and e.stats()["spec_num_accepted_tokens"] > 0
+
+
 def test_draft_kv_counted_in_the_block_size(smollm2_gguf, random_draft):
     mem = 64 << 20
     alone = engine(smollm2_gguf, kv_cache_memory=mem)

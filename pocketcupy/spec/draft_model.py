@@ -47,6 +47,8 @@ class DraftModelProposer:
         drafts: dict[str, list[int]] = {}
         while items:
             out = self.runner.execute(SchedulerOutput(items))
+            if not out.sample_ids:   # every request still catching up (no logits then): none drafts
+                break
             for rid, tok in zip(out.sample_ids, self.argmax_rows(out.logits).tolist()):
                 drafts.setdefault(rid, []).append(tok)
             items = []
