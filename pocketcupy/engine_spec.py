@@ -23,7 +23,8 @@ class EngineSpec:
         with penalties, masks and its generator advanced by the tokens kept, so it draws exactly the
         tokens it would draw without drafts (a draft chosen without sampling makes the acceptance
         test of speculative sampling this comparison). When every sequence is greedy with nothing
-        that reads its output so far, every row is sampled in one launch instead."""
+        that reads its output so far, every row is sampled in one launch instead. A launch that raises
+        (a row at fault) is sampled again row by row: the sequences whose row raises fail alone."""
         items = {item.request_id: item for item in sched_out.scheduled if item.sample}
         drafts, offsets, row = [], [], 0   # each sequence's draft tokens and first logits row
         for s in seqs:
@@ -31,8 +32,14 @@ class EngineSpec:
             drafts.append(item.token_ids[len(item.token_ids) - item.num_draft:])
             offsets.append(row)
             row += 1 + item.num_draft
+        result = None
         if all(_greedy_alone(s) for s in seqs):
-            result = self.sampler.launch(logits, [s.row for s, d in zip(seqs, drafts) for _ in range(1 + len(d))]).result()
+            try:
+                result = self.sampler.launch(logits, [s.row for s, d in zip(seqs, drafts)
+                                                      for _ in range(1 + len(d))]).result()
+            except Exception:   # a row at fault: verified depth by depth below, its rows sampled apart
+                pass
+        if result is not None:
             toks = result.token_ids.tolist()
             for i, s in enumerate(seqs):
                 if s.output.finished:   # (failed in this step)
@@ -51,9 +58,12 @@ class EngineSpec:
                     break
             live = [seqs[i] for i in alive]
             rows = self.ops.asarray(np.asarray([offsets[i] + depth for i in alive], np.int64))
-            result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
+            try:
+                result = self.sampler.launch(logits[rows], [s.row for s in live]).result()
+            except Exception:   # each row sampled alone: the sequences whose row raises fail
+                result = self._sample_apart(logits[rows], live, touched).result()
             alive = [i for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs)
-                     if self._keep(s, drafts[i], depth, tok, lp, touched)]
+                     if not s.output.finished and self._keep(s, drafts[i], depth, tok, lp, touched)]
             depth += 1
 
     def _keep(self, s: SequenceState, draft: list[int], depth: int, tok: int, logprobs, touched: dict) -> bool:
