@@ -25,7 +25,7 @@ class EngineBuild:
                              f"backend only; the {self.device} backend has "
                              f"{', '.join(map(repr, self.ops.kv_cache_dtypes))}")
         check_kv_head_dim(self.args.kv_cache_dtype, ckpt.config.head_dim)
-        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp)
+        self.model = build_model(ckpt.config, ProgressDict(ckpt.tensors, self.args.progress), self.ops, tp, ckpt.path)
         self.ops.check_config(ckpt.config)
         if hasattr(self.model, "state_shapes"):
             self._recurrent_state_limits()
@@ -88,7 +88,7 @@ class EngineBuild:
                              f"the model's {self.config.vocab_size} (a draft model must share the tokenizer)")
         check_kv_head_dim(a.kv_cache_dtype, ckpt.config.head_dim)
         self.ops.check_config(ckpt.config)
-        return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops)
+        return build_model(ckpt.config, ProgressDict(ckpt.tensors, a.progress), self.ops, path=ckpt.path)
 
     def _make_proposer(self, num_blocks: int):
         a = self.args

@@ -16,6 +16,12 @@ def model_class(config):
     return cls
 
 
-def build_model(config, tensors, ops, tp=None):
-    """tp: this rank's dist.TensorParallel (None: the whole model on one rank)."""
-    return model_class(config)(config, tensors, ops, tp)
+def build_model(config, tensors, ops, tp=None, path: str | None = None):
+    """tp: this rank's dist.TensorParallel (None: the whole model on one rank); path: the
+    checkpoint, named in the errors of its weights (a missing one)."""
+    try:
+        return model_class(config)(config, tensors, ops, tp)
+    except ValueError as e:
+        if path is None or not str(e).startswith("model: weight "):
+            raise
+        raise ValueError(f"model: {path}: {str(e).removeprefix('model: ')}") from None
