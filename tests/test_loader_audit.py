@@ -32,3 +32,35 @@ def test_missing_weight_names_the_folder(tmp_path):
         Engine(path, device="cpu", max_model_len=32)
     assert str(tmp_path) in str(e.value)
     assert load_checkpoint(path).config.num_layers == 2
+
+
+def _biases(parts):
+    sizes = {"q": 64, "k": 32, "v": 32, "o": 64, "gate": 128, "up": 128, "down": 64}
+    mod = {p: f"self_attn.{p}_proj" if len(p) == 1 else f"mlp.{p}_proj" for p in parts}
+    return lambda t: t.update({f"model.layers.{i}.{mod[p]}.bias": np.full(sizes[p], 0.5, np.float32)
+                               for i in range(2) for p in parts})
+
+
+@pytest.mark.parametrize("config, parts, name", [
+    ({"attention_bias": True}, "qkvo", "blk.0.attn_output.bias"),   # Llama's attention_bias covers o_proj too
+    ({"mlp_bias": True}, ("gate", "up", "down"), r"blk.0.ffn_\w+.bias"),
+])
+def test_bias_the_model_does_not_apply(tmp_path, config, parts, name):
+    """Biases the Llama model has no place for were dropped without a word: another model's logits."""
+    folder = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(config))
+    path = _rewrite_weights(folder, _biases(parts))
+    with pytest.raises(ValueError, match=f"'{name}' is a bias this architecture's model does not apply") as e:
+        load_checkpoint(path)
+    assert path in str(e.value)
+
+
+def test_gguf_bias_the_model_does_not_apply(tmp_path):
+    """llama.cpp applies a llama GGUF's blk.N.attn_output.bias; we dropped it."""
+    from .test_gguf_loader import _LLAMA_KV, _write
+
+    p = tmp_path / "m.gguf"
+    tensors = {"token_embd.weight": np.zeros((16, 32), np.float32), "blk.0.attn_output.bias": np.ones(32, np.float32)}
+    _write(p, tensors=[(k, v, None) for k, v in tensors.items()], kv=_LLAMA_KV)
+    with pytest.raises(ValueError, match="'blk.0.attn_output.bias' is a bias") as e:
+        load_checkpoint(str(p))
+    assert str(p) in str(e.value)
