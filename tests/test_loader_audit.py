@@ -64,3 +64,16 @@ def test_gguf_bias_the_model_does_not_apply(tmp_path):
     with pytest.raises(ValueError, match="'blk.0.attn_output.bias' is a bias") as e:
         load_checkpoint(str(p))
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("act, ok", [("gelu", False), ("gelu_pytorch_tanh", False), ("relu", False),
+                                     ("silu", True), ("swish", True), (None, True)])
+def test_hidden_act(tmp_path, act, ok):
+    """The MLP is SiLU-gated whatever config.json said: a gelu model ran as another model."""
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(hidden_act=act))
+    if ok:
+        assert load_checkpoint(path).config.architecture == "llama"
+        return
+    with pytest.raises(ValueError, match=f"hidden_act '{act}' is not supported") as e:
+        load_checkpoint(path)
+    assert os.path.join(path, "config.json") in str(e.value)

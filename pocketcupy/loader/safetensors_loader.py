@@ -194,6 +194,9 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
             raise ValueError(f"model: {source}: {key} must be a number, got {v!r}")
         return float(v)
 
+    act = cfg.get("hidden_act") or "silu"
+    if act not in ("silu", "swish"):   # transformers' names of one function; vLLM refuses others too
+        raise ValueError(f"model: {source}: hidden_act {act!r} is not supported (the {arch} model's MLP is SiLU-gated)")
     hidden, heads = count("hidden_size"), count("num_attention_heads")
     # Qwen3.5-MoE has no dense MLP, nor intermediate_size: its experts' size stands in
     dense = cfg.get("moe_intermediate_size") if arch == "qwen3_5_moe" else None
