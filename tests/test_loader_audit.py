@@ -77,3 +77,20 @@ def test_hidden_act(tmp_path, act, ok):
     with pytest.raises(ValueError, match=f"hidden_act '{act}' is not supported") as e:
         load_checkpoint(path)
     assert os.path.join(path, "config.json") in str(e.value)
+
+
+@pytest.mark.parametrize("key, value", [("tie_word_embeddings", "false"), ("attention_bias", "false"),
+                                        ("tie_word_embeddings", 0)])
+def test_flags_must_be_booleans(tmp_path, key, value):
+    """bool("false") is True: tie_word_embeddings "false" tied lm_head to the embeddings (its own
+    lm_head.weight unread), attention_bias "false" asked for biases the folder lacks."""
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update({key: value}))
+    with pytest.raises(ValueError, match=f"{key} must be true or false, got {value!r}") as e:
+        load_checkpoint(path)
+    assert os.path.join(path, "config.json") in str(e.value)
+
+
+def test_flags_null_is_the_default(tmp_path):
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(tie_word_embeddings=None, attention_bias=None))
+    c = load_checkpoint(path).config
+    assert not c.tie_word_embeddings and not c.qkv_bias

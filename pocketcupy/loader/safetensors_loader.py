@@ -197,6 +197,15 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     act = cfg.get("hidden_act") or "silu"
     if act not in ("silu", "swish"):   # transformers' names of one function; vLLM refuses others too
         raise ValueError(f"model: {source}: hidden_act {act!r} is not supported (the {arch} model's MLP is SiLU-gated)")
+    def flag(key, default: bool) -> bool:
+        """true or false (null: the default); bool() made the string "false" true."""
+        v = cfg.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise ValueError(f"model: {source}: {key} must be true or false, got {v!r}")
+        return v
+
     hidden, heads = count("hidden_size"), count("num_attention_heads")
     # Qwen3.5-MoE has no dense MLP, nor intermediate_size: its experts' size stands in
     dense = cfg.get("moe_intermediate_size") if arch == "qwen3_5_moe" else None
@@ -221,8 +230,8 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=scaling,
             num_nextn_predict_layers=cfg.get("num_nextn_predict_layers", 0),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
+            tie_word_embeddings=flag("tie_word_embeddings", False),
+            qkv_bias=flag("attention_bias", arch == "qwen2"),
         )
     except ValueError as e:   # ModelConfig's checks
         raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
