@@ -94,3 +94,37 @@ def test_flags_null_is_the_default(tmp_path):
     path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(tie_word_embeddings=None, attention_bias=None))
     c = load_checkpoint(path).config
     assert not c.tie_word_embeddings and not c.qkv_bias
+
+
+def _qwen2(edit):
+    def f(c):
+        c.pop("layer_types")
+        c.update(edit)
+    return f
+
+
+@pytest.mark.parametrize("edit", [
+    {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1},
+    {"use_sliding_window": True, "sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]},
+])
+def test_sliding_window_refused(tmp_path, edit):
+    """Qwen2 / Qwen3 with use_sliding_window: the window was ignored, so past it every layer saw
+    tokens transformers and vLLM mask (another model's logits on long prompts)."""
+    path = _copy_fixture("tiny_qwen2", tmp_path, _qwen2(edit))
+    with pytest.raises(ValueError, match="sliding-window attention") as e:
+        load_checkpoint(path)
+    assert os.path.join(path, "config.json") in str(e.value)
+
+
+@pytest.mark.parametrize("edit", [
+    {"use_sliding_window": False, "sliding_window": 16, "max_window_layers": 1},     # as released
+    {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 2},      # no layer from 2 on
+    {"use_sliding_window": True, "sliding_window": 16},                              # max_window_layers 28
+    {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1,
+     "layer_types": ["full_attention"] * 2},                                          # layer_types decide
+    {"use_sliding_window": False, "sliding_window": None, "layer_types": ["sliding_attention"] * 2},  # no window
+])
+def test_sliding_window_off_loads(tmp_path, edit):
+    """Every layer full attention, as transformers reads these configs."""
+    path = _copy_fixture("tiny_qwen2", tmp_path, _qwen2(edit))
+    assert load_checkpoint(path).config.architecture == "qwen2"

@@ -168,6 +168,19 @@ def _qwen3_next(cfg: dict, count, rope: dict, arch: str) -> dict:
                 moe=None if arch == "qwen3_5" or moe["num_experts"] == 0 else SparseMoEConfig(**moe))
 
 
+def _sliding_window(cfg: dict) -> bool:
+    """Whether a Qwen2 / Qwen3 layer attends within a sliding window, as transformers reads their
+    configs: a window only where use_sliding_window; then the sliding_attention layers of
+    layer_types where given, else the layers from max_window_layers (28) on."""
+    if cfg.get("use_sliding_window") is not True or not cfg.get("sliding_window"):
+        return False
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        return "sliding_attention" in types
+    layers, first = cfg.get("num_hidden_layers"), cfg.get("max_window_layers", 28)
+    return not (is_count(layers) and isinstance(first, int) and layers <= first)
+
+
 def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     archs = cfg.get("architectures") or []
     arch = next((ARCHS[a] for a in archs if a in ARCHS), None) if isinstance(archs, list) else None
@@ -197,6 +210,10 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
     act = cfg.get("hidden_act") or "silu"
     if act not in ("silu", "swish"):   # transformers' names of one function; vLLM refuses others too
         raise ValueError(f"model: {source}: hidden_act {act!r} is not supported (the {arch} model's MLP is SiLU-gated)")
+    if arch in ("qwen2", "qwen3") and _sliding_window(cfg):
+        raise ValueError(f"model: {source}: sliding-window attention (use_sliding_window, sliding_window "
+                         f"{cfg.get('sliding_window')!r}, layer_types) is not supported: every layer attends to all")
+
     def flag(key, default: bool) -> bool:
         """true or false (null: the default); bool() made the string "false" true."""
         v = cfg.get(key)
