@@ -128,3 +128,11 @@ def test_sliding_window_off_loads(tmp_path, edit):
     """Every layer full attention, as transformers reads these configs."""
     path = _copy_fixture("tiny_qwen2", tmp_path, _qwen2(edit))
     assert load_checkpoint(path).config.architecture == "qwen2"
+
+
+def test_bad_number_names_the_file_once(tmp_path):
+    path = _copy_fixture("tiny_llama", tmp_path, lambda c: c.update(rms_norm_eps=None))
+    cfg = os.path.join(path, "config.json")
+    with pytest.raises(ValueError, match="rms_norm_eps must be a number, got None") as e:
+        load_checkpoint(path)
+    assert str(e.value) == f"model: {cfg}: rms_norm_eps must be a number, got None"

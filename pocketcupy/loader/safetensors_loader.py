@@ -250,8 +250,8 @@ def config_from_hf(cfg: dict, source: str = "config.json") -> ModelConfig:
             tie_word_embeddings=flag("tie_word_embeddings", False),
             qkv_bias=flag("attention_bias", arch == "qwen2"),
         )
-    except ValueError as e:   # ModelConfig's checks
-        raise ValueError(f"model: {source}: {str(e).removeprefix('model: ')}") from None
+    except ValueError as e:   # ModelConfig's checks (and number()'s, which name the file already)
+        raise ValueError(f"model: {source}: {str(e).removeprefix('model: ').removeprefix(f'{source}: ')}") from None
 
 
 def _mtp_layers(config: ModelConfig) -> dict[str, str]:
