@@ -136,3 +136,18 @@ def test_bad_number_names_the_file_once(tmp_path):
     with pytest.raises(ValueError, match="rms_norm_eps must be a number, got None") as e:
         load_checkpoint(path)
     assert str(e.value) == f"model: {cfg}: rms_norm_eps must be a number, got None"
+
+
+def test_gguf_llama_with_experts(tmp_path):
+    """llama.cpp writes Mixtral as architecture llama with llama.expert_count: the error was a
+    missing blk.0.ffn_gate.weight."""
+    from .test_gguf_loader import _LLAMA_KV, _write
+
+    p = tmp_path / "m.gguf"
+    tensors = {"token_embd.weight": np.zeros((16, 32), np.float32),
+               "blk.0.ffn_gate_exps.weight": np.zeros((4, 64, 32), np.float32)}
+    _write(p, tensors=[(k, v, None) for k, v in tensors.items()],
+           kv={**_LLAMA_KV, "llama.expert_count": 4, "llama.expert_used_count": 2})
+    with pytest.raises(ValueError, match=r"llama.expert_count is 4: mixture-of-experts llama models \(Mixtral\)") as e:
+        load_checkpoint(str(p))
+    assert str(p) in str(e.value)

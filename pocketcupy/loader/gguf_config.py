@@ -9,6 +9,7 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "deepseek2", "qwen3next", "qwen35"
 # GGUF architecture -> ours, where they differ
 MODEL_ARCHS = {"deepseek2": "deepseek_v3", "qwen3next": "qwen3_next", "qwen35": "qwen3_5", "qwen35moe": "qwen3_5_moe"}
 HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")     # loader/gguf_qwen3_next.py
+DENSE_ARCHS = ("llama", "qwen2", "qwen3")
 ROPE_SCALINGS = {"deepseek2": ("linear", "yarn")}   # rope.scaling.type values (others: linear)
 
 
@@ -71,6 +72,9 @@ def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> Mode
         raise GGUFError(f"model: {path}: unsupported GGUF architecture {arch!r} "
                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
     r = MetaReader(meta, arch, path)
+    if arch in DENSE_ARCHS and r.size("expert_count", 0):   # llama.cpp's Mixtral files are "llama"
+        raise r.error(f"{arch}.expert_count is {r.get('expert_count')}: mixture-of-experts {arch} models "
+                      "(Mixtral) are not supported")
     hidden = r.count("embedding_length", required=True)
     heads = r.count("attention.head_count", required=True)
     kv_heads = r.count("attention.head_count_kv", heads)
