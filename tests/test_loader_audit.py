@@ -151,3 +151,30 @@ def test_gguf_llama_with_experts(tmp_path):
     with pytest.raises(ValueError, match=r"llama.expert_count is 4: mixture-of-experts llama models \(Mixtral\)") as e:
         load_checkpoint(str(p))
     assert str(p) in str(e.value)
+
+
+@pytest.mark.parametrize("no, arch", [(0, "llama"), (1, None)])
+def test_gguf_split_part(tmp_path, no, arch):
+    """A part of llama-gguf-split's output: the first one loaded a model lacking the other parts'
+    weights (a missing weight at build), a later one was an 'unsupported GGUF architecture None'."""
+    import gguf
+
+    p = tmp_path / f"m-0000{no + 1}-of-00002.gguf"
+    w = gguf.GGUFWriter(str(p), arch)
+    if arch is None:   # later parts hold split.* keys alone
+        w.kv_data[0].pop("general.architecture", None)
+    w.add_uint16("split.no", no)
+    w.add_uint16("split.count", 2)
+    w.add_int32("split.tensors.count", 2)
+    if arch:
+        for k, v in {"llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 1,
+                     "llama.feed_forward_length": 64, "llama.attention.head_count": 4}.items():
+            w.add_uint32(k, v)
+    w.add_tensor("token_embd.weight", np.zeros((16, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=rf"is part {no + 1} of a split GGUF \(split.count 2\)") as e:
+        load_checkpoint(str(p))
+    assert str(p) in str(e.value)

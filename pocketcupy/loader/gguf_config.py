@@ -67,6 +67,12 @@ GGUF_POOLING_TYPES = {1: "mean", 3: "last"}
 
 
 def config_from_gguf(meta: dict, tensors: dict, path: str = "GGUF file") -> ModelConfig:
+    parts = meta.get("split.count", 1)
+    if parts != 1:   # llama.cpp's gguf-split: metadata in the first part, the tensors spread over all
+        no = meta.get("split.no")
+        raise GGUFError(f"model: {path} is {f'part {no + 1}' if is_size(no) else 'a part'} of a split GGUF "
+                        f"(split.count {parts!r}), which is not supported: merge the parts into one file "
+                        "(llama-gguf-split --merge <first part> <out>.gguf)")
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise GGUFError(f"model: {path}: unsupported GGUF architecture {arch!r} "
