@@ -35,6 +35,7 @@ class ChatRequest:
     style: ToolStyle                # how the template writes calls: forced prefill, id form, marker tokens
     return_token_ids: bool          # vLLM's: the prompt's and each choice's token ids in the response
     structured_param: str | None = None  # the field of the structured-output constraint, if any
+    add_special_tokens: bool = False  # vLLM's: the tokenizer's BOS (and EOS suffix) around the rendered prompt
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -115,6 +116,7 @@ def parse_chat(state, body) -> ChatRequest:
     return_ids = f.bool("return_token_ids", False)
     kw["structured_outputs"], structured_param = parse_structured_field(f)
     template = parse_template_fields(f)
+    add_special = f.bool("add_special_tokens", False)   # vLLM's: the template writes them by default
     check_hint_fields(f)
     f.reject_unknown()
     offered = tools if mode != "none" else None
@@ -132,14 +134,15 @@ def parse_chat(state, body) -> ChatRequest:
     params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, forced, parallel, mt, style, return_ids, structured_param)
+                       tools, mode, forced, parallel, mt, style, return_ids, structured_param, add_special)
 
 
-def encode_prompt(state, text: str) -> list[int]:
-    """The token ids of a rendered prompt; text the tokenizer refuses (a lone surrogate from the
-    messages or tools) is a 400 naming messages."""
+def encode_prompt(state, text: str, add_special_tokens: bool = False) -> list[int]:
+    """The token ids of a rendered prompt (with the tokenizer's BOS / EOS suffix only if asked: the
+    template writes them); text the tokenizer refuses (a lone surrogate from the messages or tools)
+    is a 400 naming messages."""
     try:
-        return state.engine.tokenizer.encode(text, add_special_tokens=False)
+        return state.engine.tokenizer.encode(text, add_special_tokens=add_special_tokens)
     except ValueError as e:
         raise bad("messages", str(e)) from None
 
@@ -155,8 +158,9 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     if len(names) == 1:
         return names[0]
     # several functions: the model's most likely name among them (summed log-probs of the name tokens)
-    base = encode_prompt(state, req.text + req.style.forced[0])
-    full = [encode_prompt(state, req.text + forced_prefill(n, req.style.forced)) for n in names]
+    base = encode_prompt(state, req.text + req.style.forced[0], req.add_special_tokens)
+    full = [encode_prompt(state, req.text + forced_prefill(n, req.style.forced), req.add_special_tokens)
+            for n in names]
     cands = [truncate_prompt(c, req.params.truncate_prompt_tokens, state.engine.max_model_len) for c in full]
     for c in cands:
         check_context(state.engine.max_model_len, len(c), (req.max_tokens or ("max_tokens", 1)), "messages",
@@ -247,7 +251,8 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
-    ids = truncate_prompt(encode_prompt(state, text), req.params.truncate_prompt_tokens, state.engine.max_model_len)
+    ids = truncate_prompt(encode_prompt(state, text, req.add_special_tokens), req.params.truncate_prompt_tokens,
+                          state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")
     constraint = req.structured_param if not forced else next(
         f"tools[{i}].function.parameters" for i, t in enumerate(req.tools) if t["function"]["name"] == forced)

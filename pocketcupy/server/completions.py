@@ -64,7 +64,10 @@ def handle_completion(state, body, gone):
     f = Fields(dict(body, max_tokens=1) if scores_only else body)
     model = check_model(f, state.config.served_model_names)
     suffix = f.str("suffix", None)
-    prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=suffix is None)
+    # vLLM's add_special_tokens (the tokenizer's BOS / EOS suffix around text prompts); a suffix's
+    # fill-in-the-middle prompt writes its own
+    add_special = f.bool("add_special_tokens", True)
+    prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=add_special and suffix is None)
     kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling, best_of_over_n=True)
     n = kw["n"]
     best_of = kw.pop("best_of")
