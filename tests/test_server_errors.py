@@ -223,6 +223,16 @@ def test_lone_surrogate_echoed_in_an_error(server, field, status, param):
     _check_body(resp, status, param)
 
 
+
+@pytest.mark.parametrize("body,param", [(b'{"prompt": "a\\ud83d"}', "prompt"),
+                                        (b'{"messages": [{"role": "user", "content": "a\\ud83d"}]}', "messages")])
+def test_tokenize_lone_surrogate_names_its_field(server, body, param):
+    """/tokenize of text with a lone surrogate (valid JSON, not UTF-8): a 400 naming the field it came
+    from; a conversation's was called 'prompt'."""
+    status, resp, _ = request(server, "POST", "/tokenize", raw=body)
+    assert status == 400 and "lone surrogate" in resp["error"]["message"], resp
+    _check_body(resp, 400, param)
+
 def test_wrong_method_and_route(server):
     status, resp, _ = request(server, "GET", CHAT)
     assert status == 405 and resp["error"]["type"] == "invalid_request_error"

@@ -29,7 +29,7 @@ def handle_tokenize(state, body: dict) -> dict:
     try:
         ids = tok.encode(text, add_special_tokens=add_special)
     except ValueError as e:
-        raise bad("prompt", str(e)) from None
+        raise bad("messages" if chat else "prompt", str(e)) from None
     return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids,
             "token_strs": [tok.id_to_token(t) for t in ids] if strs else None}
 
