@@ -157,6 +157,20 @@ def _content_text(content, where: str, role: str) -> str | None:
                      f"got {type(content).__name__}")
 
 
+REASONING_FIELDS = ("reasoning", "reasoning_content")
+
+
+def _reasoning_fields(m: dict, where: str) -> None:
+    """An assistant turn's earlier reasoning under either name (vLLM's `reasoning`, the older
+    `reasoning_content` that Qwen3's and DeepSeek's templates read): both names, as vLLM hands it on."""
+    for key in REASONING_FIELDS:
+        if m.get(key) is not None and not isinstance(m[key], str):
+            raise ValueError(f"{where}.{key}: must be a string or null, got {type(m[key]).__name__}")
+    text = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
+    if text is not None:
+        m.update(dict.fromkeys(REASONING_FIELDS, text))
+
+
 def validate_messages(messages) -> list[dict]:
     """Checked copies of the messages with list-of-parts content flattened to text."""
     if not isinstance(messages, list):
@@ -174,6 +188,8 @@ def validate_messages(messages) -> list[dict]:
             raise ValueError(f"{where}.content: required (it may be null only in assistant messages)")
         if "tool_calls" in m and m["tool_calls"] is not None and not isinstance(m["tool_calls"], list):
             raise ValueError(f"{where}.tool_calls: must be a list")
+        if m["role"] == "assistant":
+            _reasoning_fields(m, where)
         out.append(m)
     return out
 

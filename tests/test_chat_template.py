@@ -193,3 +193,16 @@ def test_template_file_or_text(tmp_path):
         load_chat_template("hello", "--chat-template")
     with pytest.raises(ValueError, match=r"^chat template: line 1"):
         load_chat_template("{% if %}")
+
+
+@pytest.mark.parametrize("key", ["reasoning", "reasoning_content"])
+def test_assistant_reasoning_reaches_the_template_under_both_names(key):
+    """An assistant turn's reasoning sent back (vLLM's field `reasoning`, or the older
+    `reasoning_content`) reaches templates that read either name, as vLLM hands it on (Qwen3's template
+    reads reasoning_content: a conversation replayed from vLLM's `reasoning` lost its thinking)."""
+    tpl = "{% for m in messages %}{{ m.role }}[{{ m.reasoning_content }}|{{ m.reasoning }}]{% endfor %}"
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", key: "because"}]
+    assert render_chat(tpl, msgs, False) == "user[|]assistant[because|because]"
+    assert key in msgs[1] and len(msgs[1]) == 3     # (the caller's message is not changed)
+    with pytest.raises(ValueError, match=rf"^messages\[1\]\.{key}: must be a string or null"):
+        render_chat(tpl, [msgs[0], dict(msgs[1], **{key: 5})])
