@@ -44,6 +44,7 @@ def test_think_block_is_split(reasoner, server):
         thought, answer = PARTS.fullmatch(r["message"]["content"]).groups()
         assert "reasoning_content" not in r["message"]
         assert (p["message"]["reasoning_content"], p["message"]["content"]) == (thought, answer or None)
+        assert p["message"]["reasoning"] == thought     # vLLM's current name, besides the older one
         assert thought and answer
         assert p["finish_reason"] == r["finish_reason"] and p["logprobs"] == r["logprobs"]
     counts = ("prompt_tokens", "completion_tokens", "total_tokens")   # (cached tokens: what ran before)
@@ -58,6 +59,7 @@ def test_streamed_deltas_join_to_the_same_parts(reasoner):
     reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
     content = "".join(d.get("content") or "" for d in deltas)
     assert (reasoning, content) == (whole["reasoning_content"], whole["content"])
+    assert [d.get("reasoning") for d in deltas] == [d.get("reasoning_content") for d in deltas]
     assert not any("<" in (d.get("reasoning_content") or "") + (d.get("content") or "") for d in deltas)
     # the reasoning comes first, then the content
     kinds = [k for d in deltas for k in ("reasoning_content", "content") if d.get(k)]
@@ -78,7 +80,7 @@ def test_openai_client(reasoner):
     client = OpenAI(base_url=reasoner.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     r = client.chat.completions.create(**PLAIN, extra_body={"structured_outputs": THINK["structured_outputs"]})
     msg = r.choices[0].message
-    assert msg.model_extra["reasoning_content"] == msg.reasoning_content
+    assert msg.model_extra["reasoning_content"] == msg.reasoning_content == msg.model_extra["reasoning"]
     assert msg.reasoning_content and msg.content
     assert "<think>" not in msg.content and "</think>" not in msg.reasoning_content
 

@@ -292,8 +292,8 @@ def handle_chat(state, body, gone):
         thought, text = message_texts("".join(reasoning[i]), "".join(content[i]))
         msg = {"role": "assistant", "content": None if calls[i] and not (text or "").strip() else text,
                "refusal": None}
-        if state.config.reasoning_parser is not None:
-            msg["reasoning_content"] = thought
+        if state.config.reasoning_parser is not None:   # vLLM's name, and the older one clients still read
+            msg["reasoning"] = msg["reasoning_content"] = thought
         if calls[i]:
             msg["tool_calls"] = calls[i]
         lp = None if req.top_logprobs is None else {"content": lps[i], "refusal": None}
@@ -312,8 +312,8 @@ def _delta(events, call_ids: dict, style: ToolStyle) -> dict:
     delta, calls = {}, {}
     for ev in events:
         if ev[0] in ("content", "reasoning"):
-            key = "content" if ev[0] == "content" else "reasoning_content"
-            delta[key] = delta.get(key, "") + ev[1]
+            for key in ("content",) if ev[0] == "content" else ("reasoning", "reasoning_content"):
+                delta[key] = delta.get(key, "") + ev[1]
         elif ev[0] == "call":
             call_ids[ev[1]] = style.call_id()
             calls[ev[1]] = {"index": ev[1], "id": call_ids[ev[1]], "type": "function",
