@@ -49,28 +49,55 @@ def _string(item: dict, name: str, where: str) -> str:
     return v
 
 
+REASONING_PARTS = {"content": "reasoning_text", "summary": "summary_text"}
+
+
+def _reasoning_text(item: dict, where: str) -> str:
+    """A reasoning item's text: its reasoning_text parts, else its summary_text parts (vLLM's order);
+    encrypted_content, which only OpenAI can read, is ignored."""
+    texts = {}
+    for field, kind in REASONING_PARTS.items():
+        parts = item.get(field)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise bad(f"{where}.{field}", f"'{where}.{field}' must be an array of {kind} parts")
+        for j, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("type") != kind or not isinstance(part.get("text"), str):
+                raise bad(f"{where}.{field}[{j}]", f"'{where}.{field}[{j}]' must be {{'type': '{kind}', 'text': str}}")
+        texts[field] = "".join(part["text"] for part in parts)
+    return texts.get("content") or texts.get("summary") or ""
+
+
 def input_messages(items: list, instructions: str | None, first: int = 0) -> tuple[list[dict], list[str]]:
     """(chat messages, the request field each message came from) of input items; items before
     `first` are a stored conversation's (previous_response_id). Consecutive function_call items
-    become one assistant message's tool_calls; reasoning items (a previous response's output sent
-    back) are dropped, as chat templates take no reasoning back."""
+    become one assistant message's tool_calls; a reasoning item (a previous response's output sent
+    back) is the `reasoning` of the assistant message or calls that follow it, which templates such as
+    Qwen3's write back (vLLM hands reasoning items to the template too); one that no assistant output
+    follows is dropped."""
     msgs, origin = [], []
     if instructions is not None:
         msgs.append({"role": "system", "content": instructions})
         origin.append("instructions")
     calls = None                            # the assistant message that function_call items join
+    thought = ""                            # reasoning items' text, for the assistant output that follows
     for i, item in enumerate(items):
         where = f"input[{i - first}]" if i >= first else "previous_response_id"
         if not isinstance(item, dict):
             raise bad(where, f"'{where}' must be an object")
         kind = item.get("type", "message")
         if kind == "reasoning":
+            thought += _reasoning_text(item, where)
             continue
         if kind == "function_call":
             if calls is None:
                 calls = {"role": "assistant", "content": None, "tool_calls": []}
                 msgs.append(calls)
                 origin.append(where)
+            if thought:
+                calls["reasoning"] = calls.get("reasoning", "") + thought
+                thought = ""
             calls["tool_calls"].append({"id": _string(item, "call_id", where), "type": "function", "function": {
                 "name": _string(item, "name", where), "arguments": _string(item, "arguments", where)}})
             continue
@@ -81,6 +108,8 @@ def input_messages(items: list, instructions: str | None, first: int = 0) -> tup
                 raise bad(f"{where}.role", f"'{where}.role' must be one of user, system, developer, assistant, "
                                            f"got {short_repr(role)}")
             msgs.append({"role": role, "content": _text_content(item.get("content"), where)})
+            if role == "assistant" and thought:
+                msgs[-1]["reasoning"] = thought
         elif kind == "function_call_output":
             text = _text_content(item.get("output"), where, "output")
             msgs.append({"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": text})
@@ -88,6 +117,7 @@ def input_messages(items: list, instructions: str | None, first: int = 0) -> tup
             raise bad(f"{where}.type", f"'{where}.type' must be one of message, function_call, "
                                        f"function_call_output, reasoning, got {short_repr(kind)}")
         origin.append(where)
+        thought = ""
     if not msgs:
         raise bad("input", "'input' holds no message")
     return msgs, origin

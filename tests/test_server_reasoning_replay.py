@@ -1,0 +1,63 @@
+"""Reasoning sent back to a template that writes it (Qwen3's and others' reasoning_content): SmolLM2
+served with `--chat-template` set to a template file that writes an assistant turn's reasoning_content
+in <think>, and `--reasoning-parser qwen3`. A regex constraint makes SmolLM2 think; the Responses
+API's reasoning item sent back, and chat's `reasoning` (vLLM's name) or `reasoning_content`, reach the
+template the same way."""
+import pytest
+
+from tests.test_server_harness import MODEL, openai_client, request, serving
+from tests.test_server_reasoning import THINK
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
+            "{% if m.reasoning_content is string %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+            "{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>"
+            "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+Q, MORE = THINK["messages"][0]["content"], "Tell me more."
+
+
+@pytest.fixture(scope="module")
+def replay(smollm2_gguf, tmp_path_factory):
+    path = tmp_path_factory.mktemp("template") / "reasoning.jinja"
+    path.write_text(TEMPLATE)
+    yield from serving(smollm2_gguf, "--chat-template", str(path), "--reasoning-parser", "qwen3")
+
+
+def prompt(srv, messages):
+    status, body, _ = request(srv, "POST", "/tokenize", {"model": MODEL, "messages": messages})
+    assert status == 200, body
+    status, text, _ = request(srv, "POST", "/detokenize", {"model": MODEL, "tokens": body["tokens"]})
+    return body["count"], text["prompt"]
+
+
+def test_reasoning_goes_back_to_the_template(replay):
+    client = openai_client(replay)
+    first = client.responses.create(model=MODEL, input=Q, max_output_tokens=24, temperature=0,
+                                    extra_body={"structured_outputs": THINK["structured_outputs"]})
+    reasoning, message = first.output
+    thought, answer = reasoning.content[0].text, message.content[0].text
+    assert reasoning.type == "reasoning" and thought and answer
+    turns = [{"role": "user", "content": Q}, {"role": "assistant", "content": answer},
+             {"role": "user", "content": MORE}]
+    counts = {}
+    for key in ("reasoning", "reasoning_content"):  # chat: vLLM's name and the older one
+        counts[key], text = prompt(replay, [turns[0], dict(turns[1], **{key: thought}), turns[2]])
+        assert f"<|im_start|>assistant\n<think>{thought}</think>{answer}<|im_end|>" in text
+    assert counts["reasoning"] == counts["reasoning_content"] > prompt(replay, turns)[0]
+    # the Responses API: the first response's output items sent back, its reasoning item included
+    items = [{"role": "user", "content": Q}, *(it.model_dump(exclude_none=True) for it in first.output),
+             {"role": "user", "content": MORE}]
+    second = client.responses.create(model=MODEL, input=items, max_output_tokens=1, temperature=0)
+    assert second.usage.input_tokens == counts["reasoning"]
+    bare = client.responses.create(model=MODEL, input=[it for it in items if it.get("type") != "reasoning"],
+                                   max_output_tokens=1, temperature=0)
+    assert bare.usage.input_tokens == prompt(replay, turns)[0]
+
+
+@pytest.mark.parametrize("item,param", [
+    ({"type": "reasoning", "summary": [], "content": "x"}, "input[1].content"),
+    ({"type": "reasoning", "summary": [{"type": "summary_text", "text": 1}]}, "input[1].summary[0]"),
+])
+def test_bad_reasoning_item(replay, item, param):
+    body = {"model": MODEL, "input": [{"role": "user", "content": Q}, item, {"role": "assistant", "content": "a"}]}
+    status, resp, _ = request(replay, "POST", "/v1/responses", body)
+    assert status == 400 and resp["error"]["param"] == param, resp
