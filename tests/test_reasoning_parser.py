@@ -46,6 +46,28 @@ def test_whole_and_every_split(name, text, expected):
     assert streamed(ReasoningParser(name), list(text)) == expected
 
 
+PROMPTED = [
+    # (parser, the prompt's end, text, (reasoning_content, content))
+    ("deepseek_r1", "<｜Assistant｜></think>", "The answer.", (None, "The answer.")),  # thinking off
+    ("qwen3", "assistant\n<think>\n\n</think>\n\n", "The answer.", (None, "The answer.")),
+    ("deepseek_r1", "<｜Assistant｜></think>", "<think>x</think>y", ("x", "y")),
+    ("qwen3", "<|im_start|>assistant\n<think>\n", "step</think>\n\nThe answer.", ("step", "The answer.")),
+    ("qwen3", "<|im_start|>assistant\n<think>\n", "cut by max_tokens", ("cut by max_tokens", None)),
+    ("deepseek_r1", "<｜Assistant｜><think>\n", "<think>a</think>b", ("a", "b")),
+    ("qwen3", "<think>x</think> earlier turn<|im_start|>assistant\n", "plain", (None, "plain")),
+    ("deepseek_r1", "<think>x</think> earlier turn<｜Assistant｜>", "still</think>c", ("still", "c")),
+]
+
+
+@pytest.mark.parametrize("name,prompt,text,expected", PROMPTED)
+def test_the_prompt_opened_or_closed_the_block(name, prompt, text, expected):
+    """A prompt ending with <think> starts the output inside the reasoning, one ending with </think>
+    (thinking switched off) outside it: deepseek_r1 took the whole answer for reasoning, and qwen3
+    left a block the prompt opened, </think> and all, in the content."""
+    for pieces in ([text], list(text)):
+        assert streamed(ReasoningParser(name, prompt=prompt), pieces) == expected
+
+
 def test_tags_never_leak_into_a_delta():
     text = "<think>abc</think>\ndef"
     for name in PARSERS:

@@ -2,16 +2,20 @@
 served with `--chat-template` set to a template file that writes an assistant turn's reasoning_content
 in <think>, and `--reasoning-parser qwen3`. A regex constraint makes SmolLM2 think; the Responses
 API's reasoning item sent back, and chat's `reasoning` (vLLM's name) or `reasoning_content`, reach the
-template the same way."""
+template the same way; a block the template opens in the prompt (chat_template_kwargs open_think) is
+parsed as reasoning from the reply's first token."""
+import re
+
 import pytest
 
-from tests.test_server_harness import MODEL, openai_client, request, serving
+from tests.test_server_harness import MODEL, openai_client, request, serving, sse_events
 from tests.test_server_reasoning import THINK
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n"
             "{% if m.reasoning_content is string %}<think>{{ m.reasoning_content }}</think>{% endif %}"
             "{{ m.content or '' }}{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>"
-            "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+            "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+            "{% if open_think %}<think>\n{% endif %}{% endif %}")
 Q, MORE = THINK["messages"][0]["content"], "Tell me more."
 
 
@@ -51,6 +55,22 @@ def test_reasoning_goes_back_to_the_template(replay):
     bare = client.responses.create(model=MODEL, input=[it for it in items if it.get("type") != "reasoning"],
                                    max_output_tokens=1, temperature=0)
     assert bare.usage.input_tokens == prompt(replay, turns)[0]
+
+
+def test_a_block_the_prompt_opened(replay):
+    """A template that opens the <think> block in the prompt (Qwen3-Thinking's): the output starts
+    inside the reasoning, so it is split at </think> (qwen3 took all of it, </think> included, for
+    content); streamed alike."""
+    body = dict(THINK, chat_template_kwargs={"open_think": True},
+                structured_outputs={"regex": "[a-z ]{3,20}</think>\\n[A-Za-z ]{1,20}"})
+    status, resp, _ = request(replay, "POST", "/v1/chat/completions", body)
+    assert status == 200, resp
+    msg = resp["choices"][0]["message"]
+    assert re.fullmatch("[a-z ]{3,20}", msg["reasoning"]) and re.fullmatch("[A-Za-z ]{1,20}", msg["content"])
+    status, events = sse_events(replay, "/v1/chat/completions", dict(body, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    assert ["".join(d.get(k) or "" for d in deltas) for k in ("reasoning", "content")] == \
+        [msg["reasoning"], msg["content"]]
 
 
 @pytest.mark.parametrize("item,param", [

@@ -179,14 +179,14 @@ def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
 def _parser(req: ChatRequest, forced: str | None, reasoning: str | None):
     """A choice's parser of generated text (None: it is all content). A forced call's output is the
     call's arguments, so no reasoning parser looks at it; otherwise tool calls are parsed from the
-    content after the reasoning."""
+    content after the reasoning (whether the output starts inside it: the prompt's end decides first)."""
     if forced is not None:
         return ForcedCallParser(forced)
     tools = None
     if req.tools and req.tool_mode != "none":
         tools = ToolParser([t["function"]["name"] for t in req.tools], req.parallel_tool_calls,
                            {t["function"]["name"]: t["function"].get("parameters") for t in req.tools})
-    return tools if reasoning is None else ReasoningParser(reasoning, tools)
+    return tools if reasoning is None else ReasoningParser(reasoning, tools, req.text)
 
 
 @dataclass

@@ -6,6 +6,11 @@
                <think> is dropped if the model writes one anyway) and everything up to </think> is
                reasoning; without </think> the whole output is reasoning.
 
+The prompt decides first where it already did: a prompt that ends with <think> (Qwen3-Thinking's and
+DeepSeek-R1-0528's templates open the block) starts the output inside the reasoning, one that ends with
+</think> (thinking switched off: Qwen3's enable_thinking false, DeepSeek-V3.1's default) outside it, so
+deepseek_r1 does not take the whole answer for reasoning, and qwen3 splits a block it did not open.
+
 Newlines right after </think> are dropped, as vLLM does. A block the output never closes (cut by
 max_tokens) stays reasoning, so a stream and the whole text agree. Tags split across deltas never
 leak: a possible tag prefix is held back until the next delta decides it.
@@ -22,10 +27,11 @@ PARSERS = ("qwen3", "deepseek_r1")
 
 
 class ReasoningParser:
-    def __init__(self, name: str, then=None):
+    def __init__(self, name: str, then=None, prompt: str = ""):
         if name not in PARSERS:
             raise ValueError(f"unknown reasoning parser {name!r}; one of {', '.join(PARSERS)}")
-        self.inside_by_default = name == "deepseek_r1"
+        tail = prompt.rstrip()
+        self.inside_by_default = tail.endswith(OPEN) or (name == "deepseek_r1" and not tail.endswith(CLOSE))
         self.then = then
         self.buf = ""
         self.mode = "start"    # start | reasoning | after (dropping newlines) | content
