@@ -57,6 +57,23 @@ def test_reasoning_goes_back_to_the_template(replay):
     assert bare.usage.input_tokens == prompt(replay, turns)[0]
 
 
+def test_anthropic_thinking_blocks_go_back_to_the_template(replay):
+    """The Messages API: an assistant turn's thinking block sent back is its reasoning, as chat's (vLLM
+    passes it on; it was dropped); redacted_thinking stays out."""
+    thought, answer = "the sky scatters blue light", "Rayleigh scattering."
+    turns = [{"role": "user", "content": Q}, {"role": "assistant", "content": answer},
+             {"role": "user", "content": MORE}]
+    blocks = [{"type": "redacted_thinking", "data": "opaque"}, {"type": "thinking", "thinking": thought,
+                                                                "signature": "s"}, {"type": "text", "text": answer}]
+    body = {"model": MODEL, "messages": [turns[0], {"role": "assistant", "content": blocks}, turns[2]]}
+    status, resp, _ = request(replay, "POST", "/v1/messages/count_tokens", body)
+    assert status == 200, resp
+    assert resp["input_tokens"] == prompt(replay, [turns[0], dict(turns[1], reasoning=thought), turns[2]])[0]
+    blocks[1]["thinking"] = 5
+    status, resp, _ = request(replay, "POST", "/v1/messages/count_tokens", body)
+    assert status == 400 and "messages[1].content[1].thinking" in resp["error"]["message"], resp
+
+
 def test_a_block_the_prompt_opened(replay):
     """A template that opens the <think> block in the prompt (Qwen3-Thinking's): the output starts
     inside the reasoning, so it is split at </think> (qwen3 took all of it, </think> included, for

@@ -64,8 +64,9 @@ def _tool_result(b: dict, where: str) -> dict:
 
 def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
     """(chat messages, the request field each came from). A user turn's tool_result blocks become
-    tool messages ahead of its text; an assistant turn's tool_use blocks its tool_calls; thinking
-    blocks sent back are dropped, as chat templates take no reasoning back."""
+    tool messages ahead of its text; an assistant turn's tool_use blocks its tool_calls, its thinking
+    blocks its `reasoning`, which templates such as Qwen3's write back (as vLLM passes them on);
+    redacted_thinking, which only Anthropic can read, and a turn of thinking alone are dropped."""
     msgs, origin = [], []
     if system is not None:
         if not isinstance(system, (str, list)) or any(not isinstance(p, dict) for p in system if not isinstance(system, str)):
@@ -84,7 +85,7 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
                 continue        # an empty final assistant turn: no prefill
             raise bad(where, f"'{where}': all messages must have non-empty content except for the optional final "
                              "assistant message")
-        texts, calls = [], []
+        texts, calls, thoughts = [], [], []
         for j, b in enumerate(_blocks(m.get("content"), where)):
             at, kind = f"{where}.content[{j}]", b.get("type")
             if kind == "text":
@@ -98,7 +99,11 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
                     raise bad(at, f"'{at}': tool_use blocks need a string id and name and an object input")
                 calls.append({"id": b["id"], "type": "function",
                               "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
-            elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+            elif kind == "thinking" and m["role"] == "assistant":
+                if not isinstance(b.get("thinking"), str):
+                    raise bad(f"{at}.thinking", f"'{at}.thinking' must be a string")
+                thoughts.append(b["thinking"])
+            elif kind == "redacted_thinking" and m["role"] == "assistant":
                 continue
             else:
                 _no_media(kind, at)
@@ -109,6 +114,8 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
             msg = {"role": m["role"], "content": "".join(texts) if texts or not calls else None}
             if calls:
                 msg["tool_calls"] = calls
+            if "".join(thoughts):
+                msg["reasoning"] = "".join(thoughts)
             msgs.append(msg)
             origin.append(where)
     return msgs, origin
