@@ -112,6 +112,22 @@ def _template_engine(chat_template: str, **meta):
     return engine
 
 
+def test_fields_reach_a_template_without_tools():
+    """A template that knows no tools (the server writes them in Hermes' form) still gets the messages'
+    other fields, as vLLM passes them: `name`, and the reasoning sent back (they were dropped)."""
+    engine = _template_engine("{% for m in messages %}{{ m.role }}/{{ m.name }}/{{ m.reasoning_content }}:"
+                              "{{ m.content }}|{% endfor %}")
+    template = {"add_generation_prompt": False, "chat_template_kwargs": None, "continue_final_message": False}
+    msgs = parse_messages([{"role": "system", "content": "s", "name": "rules"},
+                           {"role": "user", "content": "hi", "name": "ann"},
+                           {"role": "assistant", "content": "yo", "reasoning": "greet"},
+                           {"role": "user", "content": "bye"}])
+    want = "system/rules/:s|user/ann/:hi|assistant//greet:yo|user//:bye|"
+    assert render_messages(engine, msgs, None, template) == want
+    with_tools = render_messages(engine, msgs, parse_tools(TOOLS), template)
+    assert with_tools.startswith("system/rules/:s\n\n# Tools") and with_tools.endswith(want.split("|", 1)[1])
+
+
 def test_chat_template_kwargs_checked():
     """chat_template_kwargs set template variables (enable_thinking); one naming an argument of its
     own (add_generation_prompt, tools, ...) is a ValueError naming chat_template_kwargs in the library

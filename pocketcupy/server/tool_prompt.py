@@ -241,15 +241,14 @@ def for_template(msgs: list[dict], tools: list[dict] | None, native: bool) -> tu
                                                  "arguments": _decoded(c["function"]["arguments"])},
                                                 ensure_ascii=False) + f"\n{CLOSE}" for c in m["tool_calls"]]
             text = "\n".join(([m["content"]] if m["content"] else []) + blocks)
-            m = {"role": "assistant", "content": text}
-        else:
-            m = {"role": m["role"], "content": m["content"]}
-        out.append(m)
+            m = dict(m, content=text)
+        # the message's other fields (name, reasoning_content) stay for the template, as vLLM passes them
+        out.append({k: v for k, v in m.items() if k != "tool_calls"})
     if tools:
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
         system = HERMES_SYSTEM.format(tools=listing)
         if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+            out[0] = dict(out[0], content=out[0]["content"] + "\n\n" + system)
         else:
             out.insert(0, {"role": "system", "content": system})
     return out, None
