@@ -11,10 +11,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORY = "Write a very long story about dragons, in many chapters.\n"
 
 
+def _sigint_default():
+    """In the child before exec: SIGINT at its default, as a terminal's foreground command has it. A test run
+    started in the background (`cmd &` without job control) ignores SIGINT, its children inherit that, and
+    Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(smollm2_gguf, *args):
     p = subprocess.Popen([sys.executable, "-m", "pocketcupy", *args, "--model", smollm2_gguf, "--device", "cpu",
                           "--max-tokens", "2000"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                         stderr=subprocess.PIPE, text=True, cwd=ROOT, preexec_fn=_sigint_default)
     err = ""
     while "loaded" not in err:   # the model is ready
         line = p.stderr.readline()
@@ -69,7 +76,8 @@ def test_ctrl_c_stops_run_batch(smollm2_gguf, tmp_path):
                            for i in range(16)))
     p = subprocess.Popen([sys.executable, "-m", "pocketcupy", "run-batch", "-i", str(src), "-o", "-", "--model",
                           smollm2_gguf, "--device", "cpu", "--served-model-name", "smol", "--concurrency", "4"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                         preexec_fn=_sigint_default)
     err = ""
     while "ready" not in err:
         line = p.stderr.readline()
