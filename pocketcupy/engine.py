@@ -137,6 +137,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._inflight: LaunchedStep | None = None   # async scheduling: the step whose tokens are awaited
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
+        self._step_stats: dict | None = None   # stats() as the step in progress began (None: no step runs)
         self.load_time_s = time.monotonic() - t0
         states = getattr(self.runner, "states", None)   # a hybrid model's (state_slots.py)
         log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)%s", path, self.device,
@@ -349,13 +350,24 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         with self._lock:
             return self.scheduler.kv_cache_manager.reset_prefix_cache()
 
-    def stats(self) -> dict:
+    def stats(self, wait: bool = True) -> dict:
         """Counters a server exports (see server/metrics.py): the scheduler's, the recurrent state
         slots' bytes (a hybrid model's; else 0), and the structured output's (constrained requests,
-        mask-fill times)."""
-        with self._lock:
-            return {**self.scheduler.get_stats(), "recurrent_state_bytes": self._state_slot_bytes(),
-                    "structured": self.structured.stats.snapshot()}
+        mask-fill times). wait=False (a /metrics scrape): while a step runs, its counters as that step
+        began, instead of waiting the step out (a 2048-token prefill chunk on the CPU held a scrape
+        20 s, past Prometheus' scrape timeout)."""
+        while not self._lock.acquire(blocking=wait):
+            if (snapshot := self._step_stats) is not None:
+                return snapshot
+            time.sleep(0.001)   # (something short holds the lock: a request added, aborted)
+        try:
+            return self._stats()
+        finally:
+            self._lock.release()
+
+    def _stats(self) -> dict:
+        return {**self.scheduler.get_stats(), "recurrent_state_bytes": self._state_slot_bytes(),
+                "structured": self.structured.stats.snapshot()}
 
     # --- the step loop -------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -378,38 +390,45 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         outputs of requests without a mailbox (add_request's) wait for step() instead of being lost."""
         self._lock.yield_to_waiters()
         with self._lock:
-            # the requests with an output this step, by id(group): an aborted request and a new one
-            # of the same id may both have one
-            touched = {id(g): g for g in self._ended}
-            self._ended = []
-            if not hold:
-                touched.update(self._held)
-                self._held = {}
+            self._step_stats = self._stats()
             try:
-                self._step(touched)
-            except Exception as e:   # not one request's: none can go on, and none may hang
-                log.exception("engine step failed: every request ends")
-                self._inflight = None
-                for g in list(self._groups.values()):
-                    self._fail(g, e)
-                    touched[id(g)] = g
-            if hold:   # (their output is built later: the deltas add up till then)
-                for key, g in list(touched.items()):
-                    if g.mailbox is None:
-                        self._held[key] = touched.pop(key)
-                        if g.finished:
-                            self._forget(g)
-            outputs = []
-            for g in touched.values():
-                out = self._request_output(g)
-                if out is None:   # (output_kind FINAL_ONLY, not finished)
-                    continue
-                if g.mailbox is not None:
-                    g.mailbox.append(g.error if out.finished and g.error is not None else out)
-                if out.finished:
-                    self._forget(g)
-                outputs.append(out)
-            return outputs
+                return self._locked_step(hold)
+            finally:
+                self._step_stats = None
+
+    def _locked_step(self, hold: bool) -> list[RequestOutput]:
+        # the requests with an output this step, by id(group): an aborted request and a new one
+        # of the same id may both have one
+        touched = {id(g): g for g in self._ended}
+        self._ended = []
+        if not hold:
+            touched.update(self._held)
+            self._held = {}
+        try:
+            self._step(touched)
+        except Exception as e:   # not one request's: none can go on, and none may hang
+            log.exception("engine step failed: every request ends")
+            self._inflight = None
+            for g in list(self._groups.values()):
+                self._fail(g, e)
+                touched[id(g)] = g
+        if hold:   # (their output is built later: the deltas add up till then)
+            for key, g in list(touched.items()):
+                if g.mailbox is None:
+                    self._held[key] = touched.pop(key)
+                    if g.finished:
+                        self._forget(g)
+        outputs = []
+        for g in touched.values():
+            out = self._request_output(g)
+            if out is None:   # (output_kind FINAL_ONLY, not finished)
+                continue
+            if g.mailbox is not None:
+                g.mailbox.append(g.error if out.finished and g.error is not None else out)
+            if out.finished:
+                self._forget(g)
+            outputs.append(out)
+        return outputs
 
     def _step(self, touched: dict) -> None:
         prev, self._inflight = self._inflight, None

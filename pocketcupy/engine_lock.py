@@ -30,6 +30,16 @@ class EngineLock:
     def __exit__(self, *exc) -> None:
         self._lock.release()
 
+    def acquire(self, blocking: bool = True) -> bool:
+        """As `with`, or, not blocking, only if it is free at once (then release() it)."""
+        if blocking:
+            self.__enter__()
+            return True
+        return self._lock.acquire(blocking=False)
+
+    def release(self) -> None:
+        self._lock.release()
+
     def yield_to_waiters(self, timeout: float = 0.1) -> None:
         """The step loop calls this before it takes the lock (never while holding it): threads already
         waiting take it first. The timeout bounds the wait should waiters keep arriving."""

@@ -1,5 +1,6 @@
 """The background step loop: concurrent submission from threads, abort, failures surface."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -211,3 +212,32 @@ def test_failed_forward_ends_every_request_and_the_engine_goes_on(engine, monkey
         drain(loop.submit("hi", p))
     assert drain(loop.submit("hi", p))[-1].outputs[0].finish_reason == "length"
     loop.shutdown(10)
+
+
+def test_stats_without_waiting(engine):
+    """stats(wait=False) (a /metrics scrape) answers during a step with the counters as it began, but
+    waits for anything short that holds the engine (a request added): its counters are current then."""
+    got, held, release = [], threading.Event(), threading.Event()
+
+    def hold():
+        with engine._lock:
+            held.set()
+            release.wait(5)
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    got.append(engine.stats(wait=False))
+    assert time.monotonic() - t0 >= 0.25 and got[0]["num_waiting"] == 0   # not a step: waited
+    t.join()
+    engine._step_stats = {"num_waiting": 7}   # what a step in progress left
+    try:
+        with engine._lock:   # (the step's, as seen from another thread)
+            th = threading.Thread(target=lambda: got.append(engine.stats(wait=False)))
+            th.start()
+            th.join(5)
+        assert got[1] == {"num_waiting": 7}
+    finally:
+        engine._step_stats = None
+    assert engine.stats(wait=False)["num_waiting"] == 0

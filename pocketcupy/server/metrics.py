@@ -1,7 +1,9 @@
 """Prometheus metrics of one server process (its own registry, rendered at GET /metrics).
 
 HTTP-side series are updated as requests are served; engine-side ones (queue lengths, KV
-blocks, prefix cache, preemptions, speculative decoding, structured output) are read from Engine.stats() at scrape time.
+blocks, prefix cache, preemptions, speculative decoding, structured output) are read from
+Engine.stats() at scrape time (while a step runs, as that step began: a scrape never waits out a
+step).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class _EngineCollector:
                                 value=1.0 if self.state.ready else 0.0)
         if engine is None:
             return
-        s = engine.stats()
+        s = engine.stats(wait=False)   # (a step in progress: as it began)
         gauges = [("num_requests_running", "requests in the running batch", s.get("num_running", 0)),
                   ("num_requests_waiting", "requests waiting to be scheduled", s.get("num_waiting", 0)),
                   ("kv_blocks_used", "KV cache blocks in use", s.get("kv_blocks_used", 0)),
