@@ -101,6 +101,17 @@ class EngineLoop:
         with self._wake:
             self._wake.notify()
 
+    def abort_streams(self, streams: list[RequestStream], refused: bool = False) -> None:
+        """Aborts several streams' requests (those not closed yet) under one hold of the engine's lock:
+        one at a time, each waited out a step (a call of several prompts whose client went away held
+        its HTTP thread, and the prompts not aborted yet went on computing, one step a prompt)."""
+        with self.engine._lock:
+            for s in streams:
+                if not s._closed:
+                    self.engine._abort_request_of(s.request_id, s, refused)
+        with self._wake:
+            self._wake.notify()
+
     def _run(self) -> None:
         while True:
             with self._wake:

@@ -1,5 +1,7 @@
 """The shared real server while its engine is busy: the probes and /metrics answer at once, however
 long the step in progress takes."""
+import json
+import socket
 import threading
 import time
 
@@ -37,3 +39,45 @@ def test_metrics_answer_during_a_long_step(server):
     assert done == [200]
     assert slowest < max(0.5, took / 4) and seen > 0
     _wait_idle(server)
+
+
+
+def _post(server, body: dict) -> socket.socket:
+    data = json.dumps(dict(body, model=MODEL)).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+def _engine(m) -> tuple:
+    return (metric(m, "pocketcupy_num_requests_running") + metric(m, "pocketcupy_num_requests_waiting"),
+            metric(m, "pocketcupy_requests_in_flight"), metric(m, "pocketcupy_kv_blocks_used"))
+
+
+def test_a_gone_call_of_several_prompts_is_aborted_at_once(server):
+    """Closing a call of several prompts aborted them one at a time, each taking the engine's lock after
+    a step: while another request prefilled in long steps, the call's prompts went on decoding (and its
+    HTTP thread waited) one such step a prompt. Now the first step after the client went away runs the
+    other request alone, the call closed."""
+    _wait_idle(server)
+    base = 1000 + int(time.time() * 1000) % 20000   # (a prompt no earlier run left in the prefix cache)
+    call = _post(server, {"prompt": ["a", "b", "c", "d", "e", "f", "g", "h"], "max_tokens": 2000,
+                          "ignore_eos": True, "stream": True})
+    assert call.recv(100).startswith(b"HTTP/1.1 200")
+    while _engine(metrics(server))[0] < 8:
+        time.sleep(0.01)
+    long = _post(server, {"prompt": [base] * 5000, "max_tokens": 1})   # 3 prefill steps
+    while _engine(metrics(server))[0] < 9:
+        time.sleep(0.01)
+    call.close()
+    alone = False
+    while not alone and _engine(m := metrics(server))[0]:
+        # the long request alone in the engine (its blocks), the call's HTTP side done
+        alone = _engine(m)[:2] == (1, 1) and _engine(m)[2] > 100
+        time.sleep(0.02)
+    long.settimeout(120)
+    assert long.recv(100).startswith(b"HTTP/1.1 200")
+    long.close()
+    _wait_idle(server)
+    assert alone

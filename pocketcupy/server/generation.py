@@ -83,13 +83,16 @@ class Job:
         """Abort what still runs: its sequences not finished yet are counted as finished for `reason`
         (those that did were counted for their own reason as they ended); not where start() failed:
         the prompts submitted before the one the engine refused are part of a 400, not finished requests."""
+        ending = []
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
                 params = self.params[i] if isinstance(self.params, list) else self.params
                 if self.metered and self._counted and params.n > len(self.ended[i]):
                     self.state.metrics.finished.labels(reason).inc(params.n - len(self.ended[i]))
-                s.abort(refused=not self._counted)
+                ending.append(s)
+        if ending:   # (at once: the engine's lock is taken once, not once a prompt, each after a step)
+            self.state.loop.abort_streams(ending, refused=not self._counted)
         if self._counted:
             self._counted = False
             self.state.metrics.requests_in_flight.dec()
