@@ -70,7 +70,7 @@ def damaged(draw):
     return path, body
 
 
-@settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(case=damaged())
 def test_any_damage_is_a_200_or_an_error_body(app, case):
     state, client = app
