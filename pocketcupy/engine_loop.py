@@ -94,21 +94,21 @@ class EngineLoop:
     def abort(self, stream, refused: bool = False) -> None:
         """Aborts a stream's request (a request id, or an iterable of them: the live requests of those ids);
         refused: see Engine._abort_request_of."""
-        if not isinstance(stream, RequestStream):
-            self.engine.abort_request(stream)
-        else:
-            self.engine._abort_request_of(stream.request_id, stream, refused)
+        if isinstance(stream, RequestStream):
+            self.abort_streams([stream], refused)
+            return
+        self.engine.abort_request(stream)
         with self._wake:
             self._wake.notify()
 
     def abort_streams(self, streams: list[RequestStream], refused: bool = False) -> None:
-        """Aborts several streams' requests (those not closed yet) under one hold of the engine's lock:
-        one at a time, each waited out a step (a call of several prompts whose client went away held
-        its HTTP thread, and the prompts not aborted yet went on computing, one step a prompt)."""
+        """Aborts several streams' requests under one hold of the engine's lock: one at a time, each
+        waited out a step (a call of several prompts whose client went away held its HTTP thread, and
+        the prompts not aborted yet went on computing, one step a prompt). A stream whose request has
+        ended is passed over (Engine._abort_request_of finds no request of its id and mailbox)."""
         with self.engine._lock:
             for s in streams:
-                if not s._closed:
-                    self.engine._abort_request_of(s.request_id, s, refused)
+                self.engine._abort_request_of(s.request_id, s, refused)
         with self._wake:
             self._wake.notify()
 
