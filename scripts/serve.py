@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--responses-store", type=int, default=0,
                    help="keep the last N responses of the Responses API (store: true), in memory, for "
                         "previous_response_id and GET /v1/responses/ID (default 0: none)")
+    s.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help="chat: leave the tools out of the prompt of a request with tool_choice 'none' (vLLM's; "
+                        "by default they stay in it, as OpenAI keeps them: the model just may not call them)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info")
     s.add_argument("--access-log", action="store_true", help="log every HTTP request")
     s.add_argument("--startup-delay", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: /ready stays 503
@@ -113,7 +116,8 @@ def main(argv=None) -> int:
                           max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
                           url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay,
                           reasoning_parser=ns.reasoning_parser, chat_template=chat_template,
-                          responses_store=ns.responses_store)
+                          responses_store=ns.responses_store,
+                          exclude_tools_when_tool_choice_none=ns.exclude_tools_when_tool_choice_none)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,
                "graceful_timeout": ns.graceful_timeout, "keepalive": 5, "loglevel": ns.log_level,

@@ -12,6 +12,7 @@ import pocketcupy
 
 from tests.test_server_harness import (MODEL, client, metric, metrics, openai_client, request, server,  # noqa: F401
                                        serving, sse_events)
+from tests.test_server_tools import prompt_sizes
 
 Q = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -44,8 +45,16 @@ def test_models_and_probes(client, server, smollm2_gguf):
 @pytest.fixture(scope="module")
 def path_named(smollm2_gguf):
     """A server whose second served name is the model's absolute path (the default name without
-    --served-model-name)."""
-    yield from serving(smollm2_gguf, "--served-model-name", MODEL, smollm2_gguf)
+    --served-model-name), and which leaves tools out of the prompt under tool_choice "none" (vLLM's flag)."""
+    yield from serving(smollm2_gguf, "--served-model-name", MODEL, smollm2_gguf,
+                       "--exclude-tools-when-tool-choice-none")
+
+
+def test_exclude_tools_when_tool_choice_none(path_named):
+    """With vLLM's --exclude-tools-when-tool-choice-none a tool_choice "none" request's prompt is the one without
+    tools, on the chat, Responses and Anthropic routes ("auto" keeps them)."""
+    bare, auto, none = (prompt_sizes(path_named, c) for c in (None, "auto", "none"))
+    assert none == bare and all(a > b + 50 for a, b in zip(auto, bare)), (bare, auto, none)
 
 
 def test_models_retrieve_by_a_path_name(path_named, smollm2_gguf):

@@ -129,6 +129,35 @@ def test_auto_and_none(client):
     assert e.value.body["param"] == "tool_choice"
 
 
+def prompt_sizes(server, tool_choice) -> list[int]:
+    """The prompt's tokens of one question with TOOLS under tool_choice ("auto", "none" or None: no
+    tools) on the chat, Responses and Anthropic routes (Anthropic's count_tokens generates nothing)."""
+    chat = {"model": MODEL, "messages": ASK, "max_tokens": 1}
+    resp = {"model": MODEL, "input": ASK[0]["content"], "max_output_tokens": 1}
+    msgs = {"model": MODEL, "messages": ASK}
+    if tool_choice is not None:
+        chat.update(tools=TOOLS, tool_choice=tool_choice)
+        resp.update(tools=[dict(t["function"], type="function") for t in TOOLS], tool_choice=tool_choice)
+        msgs.update(tools=[{"name": t["function"]["name"], "description": t["function"]["description"],
+                            "input_schema": t["function"]["parameters"]} for t in TOOLS],
+                    tool_choice={"type": tool_choice})
+    replies = [request(server, "POST", path, body)
+               for path, body in [("/v1/chat/completions", chat), ("/v1/responses", resp),
+                                  ("/v1/messages/count_tokens", msgs)]]
+    assert all(status == 200 for status, _, _ in replies), replies
+    (_, c, _), (_, r, _), (_, m, _) = replies
+    return [c["usage"]["prompt_tokens"], r["usage"]["input_tokens"], m["input_tokens"]]
+
+
+def test_none_keeps_the_tools_in_the_prompt(client, server):
+    """tool_choice "none" renders the tools as "auto" does, as OpenAI and vLLM keep them (they were left
+    out of the prompt), on the chat, Responses and Anthropic routes; the reply is content, no call."""
+    bare, auto, none = (prompt_sizes(server, c) for c in (None, "auto", "none"))
+    assert none == auto and all(n > b + 50 for n, b in zip(none, bare)), (bare, auto, none)
+    m = create(client, tool_choice="none", max_tokens=4).choices[0].message
+    assert m.content and not m.tool_calls
+
+
 def test_parallel_tool_calls_false_and_n(server):
     body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": NAMED, "max_tokens": 24, "n": 2,
             "temperature": 0, "parallel_tool_calls": False}

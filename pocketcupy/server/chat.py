@@ -119,13 +119,16 @@ def parse_chat(state, body) -> ChatRequest:
     add_special = f.bool("add_special_tokens", False)   # vLLM's: the template writes them by default
     check_hint_fields(f)
     f.reject_unknown()
-    offered = tools if mode != "none" else None
-    text = render_messages(engine, msgs, offered, template)
+    # tool_choice "none" keeps the tools in the prompt (OpenAI's and vLLM's default): the model only may not
+    # call them, and nothing is parsed as a call; --exclude-tools-when-tool-choice-none leaves them out
+    callable_tools = tools if mode != "none" else None
+    dropped = mode == "none" and state.config.exclude_tools_when_tool_choice_none
+    text = render_messages(engine, msgs, None if dropped else tools, template)
     mt = kw["max_tokens"]
     if kw["structured_outputs"] is not None and mode not in ("none", "auto"):
         raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
     forced = forced_call_arguments(tools, mode)
-    style = tool_style(engine.tokenizer, offered)
+    style = tool_style(engine.tokenizer, callable_tools)
     # The tool parser must see the tokenizer's tool-call markers (Mistral's [TOOL_CALLS], [ARGS]),
     # which are control tokens that skip_special_tokens drops. vLLM turns skip_special_tokens off
     # for such requests, which also writes every other control token the model emits (Magistral's

@@ -32,6 +32,7 @@ class ServerConfig:
     reasoning_parser: str | None = None  # chat: split <think> blocks into reasoning_content (reasoning.py)
     chat_template: str | None = None     # replaces the model's chat templates (vLLM's --chat-template)
     responses_store: int = 0             # the Responses API's stored responses (responses_store.py); 0: none
+    exclude_tools_when_tool_choice_none: bool = False  # vLLM's: tool_choice "none" leaves the tools out of the prompt
 
     @property
     def model_name(self) -> str:
