@@ -49,6 +49,14 @@ def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS,
     return out
 
 
+def _added_tokens(tok, text_prompts: bool, add_special: bool) -> tuple[int, int]:
+    """How many tokens the tokenizer added before and after each text prompt (its BOS, its suffix); none
+    to token-id prompts."""
+    if not (text_prompts and add_special):
+        return 0, 0
+    return int(tok.add_bos), len(tok.suffix_ids)
+
+
 def _scores_only(body) -> bool:
     """echo with max_tokens 0: OpenAI's prompt scoring (lm-eval's loglikelihood requests): the
     prompt and its logprobs come back and nothing is generated (the engine computes one token,
@@ -66,8 +74,9 @@ def handle_completion(state, body, gone):
     suffix = f.str("suffix", None)
     # vLLM's add_special_tokens (the tokenizer's BOS / EOS suffix around text prompts); a suffix's
     # fill-in-the-middle prompt writes its own
-    add_special = f.bool("add_special_tokens", True)
-    prompts = parse_prompts(f.require("prompt"), tok, add_special_tokens=add_special and suffix is None)
+    add_special = f.bool("add_special_tokens", True) and suffix is None
+    raw = f.require("prompt")
+    prompts = parse_prompts(raw, tok, add_special_tokens=add_special)
     kw, priority = parse_common(f, tok.vocab_size, defaults=engine.default_sampling, best_of_over_n=True)
     n = kw["n"]
     best_of = kw.pop("best_of")
@@ -94,12 +103,17 @@ def handle_completion(state, body, gone):
             raise bad("echo", "'echo' with 'logprobs' cannot be combined with 'suffix'")
     C = engine.max_model_len
     kept = [truncate_prompt(ids, kw["truncate_prompt_tokens"], C) for ids, _ in prompts]
-    prompts = [(short, text if len(short) == len(ids) else tok.decode(short))
-               for short, (ids, text) in zip(kept, prompts)]
+    added = _added_tokens(tok, isinstance(raw, str) or isinstance(raw[0], str), add_special)
+    # per prompt: the text to echo (a truncated prompt's: the tokens kept, decoded) and how many of its first
+    # and last tokens that text leaves out
+    echoes = [(text, added) if len(short) == len(ids) else (tok.decode(short), (0, 0))
+              for short, (ids, text) in zip(kept, prompts)]
+    prompts = [(short, text) for short, (text, _) in zip(kept, echoes)]
     if kw["max_tokens"] is None:
         kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
     for ids, _ in prompts:
         check_context(C, len(ids), kw["max_tokens"], "prompt", "prompt")
+    echoes = echoes if echo else None
     echo_k = k if echo else None
     if best_of > n:   # sample best_of, keep the n of the highest log-probability per token (the sampled ones')
         kw["n"] = best_of
@@ -112,7 +126,7 @@ def handle_completion(state, body, gone):
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
     if stream:
-        return SSEStream(_stream(tok, job, head, prompts, n, echo, k, (include_usage, continuous_usage),
+        return SSEStream(_stream(tok, job, head, prompts, n, echoes, k, (include_usage, continuous_usage),
                                  scores_only, return_ids), job)
     with job:
         finals = job.results()
@@ -124,10 +138,10 @@ def handle_completion(state, body, gone):
             lp = None
             if k is not None:
                 cl = CompletionLogprobs(tok, k, out.prompt_token_ids, params.skip_special_tokens)
-                lp = cl.echo(out.prompt_token_ids, out.prompt_logprobs) if echo else None
+                lp = cl.echo(out.prompt_token_ids, out.prompt_logprobs, echoes[pi][1]) if echoes else None
                 gen = cl.make(ids, lps)
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}
-            choice = {"index": pi * n + index, "text": (prompts[pi][1] if echo else "") + text,
+            choice = {"index": pi * n + index, "text": (echoes[pi][0] if echoes else "") + text,
                       "logprobs": lp, "finish_reason": fr, "stop_reason": None if scores_only else o.stop_reason}
             if kp is not None:
                 choice["prompt_logprobs"] = prompt_logprobs_json(out.prompt_token_ids, out.prompt_logprobs, kp)
@@ -157,9 +171,10 @@ def _generated(o, scores_only: bool):
     return o.token_ids, o.logprobs or [], o.text, finish_reason(o)
 
 
-def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return_ids):
-    """usage_opts: (include_usage, continuous usage) of parse_stream; return_ids: a choice's first
-    chunk carries its prompt's token ids, every chunk the tokens since its last one."""
+def _stream(tok, job, head, prompts, n, echoes, k, usage_opts, scores_only, return_ids):
+    """echoes: handle_completion's (None: no echo); usage_opts: (include_usage, continuous usage) of
+    parse_stream; return_ids: a choice's first chunk carries its prompt's token ids, every chunk the tokens
+    since its last one."""
     include_usage, continuous = usage_opts
     prompt_tokens = sum(len(p) for p, _ in prompts)
     logs = {}
@@ -181,11 +196,11 @@ def _stream(tok, job, head, prompts, n, echo, k, usage_opts, scores_only, return
                 sent[idx], sent_ids[idx] = 0, None
             ids, lps, _, fr = _generated(o, scores_only)
             text, lp = "" if scores_only else o.delta_text, None
-            if echo and idx not in echoed:
+            if echoes and idx not in echoed:
                 echoed.add(idx)
-                text = prompts[pi][1] + text
+                text = echoes[pi][0] + text
                 if k is not None:
-                    lp = logs[idx].echo(out.prompt_token_ids, out.prompt_logprobs)
+                    lp = logs[idx].echo(out.prompt_token_ids, out.prompt_logprobs, echoes[pi][1])
             if k is not None and len(lps) > sent[idx]:
                 gen = logs[idx].make(ids[sent[idx]:], lps[sent[idx]:])
                 lp = gen if lp is None else {key: lp[key] + gen[key] for key in gen}

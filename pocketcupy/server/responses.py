@@ -84,21 +84,28 @@ class CompletionLogprobs:
         self.tokenizer, self.k, self.offset = tokenizer, k, 0
         self._generated = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
 
-    def echo(self, prompt_ids, positions) -> dict:
-        """The echoed prompt's entries; its text is decode(prompt_ids), special tokens and all."""
+    def echo(self, prompt_ids, positions, hidden: tuple[int, int] = (0, 0)) -> dict:
+        """The echoed prompt's entries; its text is decode(prompt_ids), special tokens and all, but for
+        the `hidden` (first, last) tokens: the BOS / suffix the tokenizer added to a text prompt, which
+        the echoed text (the client's) leaves out. Those add nothing to the offsets, and the token after
+        the BOS starts the text (SentencePiece's '\u2581' there is no space in it)."""
+        lead, end = hidden[0], len(prompt_ids) - hidden[1]
         detok = IncrementalDetokenizer(self.tokenizer, None, skip_special_tokens=False)
-        d = self._make(prompt_ids, positions, detok)
+        parts = [self._make(prompt_ids[:lead], positions[:lead], _NOTHING, at_start=True),
+                 self._make(prompt_ids[lead:end], positions[lead:end], detok, at_start=True)]
         self.offset += len(detok.flush())
-        return d
+        parts.append(self._make(prompt_ids[end:], positions[end:], _NOTHING))
+        return {key: [v for part in parts for v in part[key]] for key in parts[0]}
 
     def make(self, token_ids, positions) -> dict:
         """The generated tokens' entries."""
         return self._make(token_ids, positions, self._generated)
 
-    def _make(self, token_ids, positions, detok) -> dict:
+    def _make(self, token_ids, positions, detok, at_start: bool = False) -> dict:
+        """at_start: the first token starts the text (its token string is as decode gives it there)."""
         d = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-        for tid, pos in zip(token_ids, positions):
-            text = self.tokenizer.logprob_token(tid, at_start=pos is None)  # None: the echoed prompt's first
+        for j, (tid, pos) in enumerate(zip(token_ids, positions)):
+            text = self.tokenizer.logprob_token(tid, at_start=at_start and j == 0)
             d["tokens"].append(text)
             d["text_offset"].append(self.offset)
             self.offset += len(detok.push(tid))
@@ -113,6 +120,17 @@ class CompletionLogprobs:
             top.setdefault(text, _num(pos[tid].logprob))
             d["top_logprobs"].append(top)
         return d
+
+
+class _Nothing:
+    """The detokenizer of tokens the echoed text leaves out."""
+
+    @staticmethod
+    def push(token_id) -> str:
+        return ""
+
+
+_NOTHING = _Nothing()
 
 
 def prompt_logprobs_json(token_ids, positions, k: int) -> list:
