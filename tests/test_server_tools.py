@@ -251,3 +251,18 @@ def test_forced_arguments_are_an_object_when_the_schema_names_no_type(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"city": {"type": "string"}}}}}]
     r = create(client, tools=tools, tool_choice="required", max_tokens=12, temperature=1.0, n=4, seed=1)
     assert all(c.message.tool_calls[0].function.arguments.startswith("{") for c in r.choices), r.choices
+
+
+def test_response_format_with_auto_tools_is_content_in_the_format(client):
+    """response_format with tools under "auto" constrains the whole reply, as vLLM does: well-formed
+    content in the format (the model cannot write <tool_call>), whole and streamed."""
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+            "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "city", "schema": city}}
+    c = create(client, tool_choice="auto", response_format=rf, max_tokens=12).choices[0]
+    assert c.finish_reason == "stop" and not c.message.tool_calls, c
+    assert json.loads(c.message.content)["city"] in ("Paris", "Rome")
+    chunks = [ch.choices[0] for ch in create(client, tool_choice="auto", response_format=rf, max_tokens=12,
+                                             stream=True) if ch.choices]
+    assert "".join(ch.delta.content or "" for ch in chunks) == c.message.content
+    assert not any(ch.delta.tool_calls for ch in chunks) and chunks[-1].finish_reason == "stop"
