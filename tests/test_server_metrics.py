@@ -6,7 +6,7 @@ import json
 import time
 
 from tests.test_server_api import _wait_idle
-from tests.test_server_harness import MODEL, metric, metrics, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, metric, metrics, request, server, sse_events  # noqa: F401
 
 FINISHED = "pocketcupy_request_finished_total"
 
@@ -66,3 +66,19 @@ def test_client_gone_counts_only_the_choices_still_running(server):
     r.close()
     c.close()   # the client goes away while the other choice runs
     assert moved(m0, _wait_idle(server)) == {"stop": 1, "abort": 1}
+
+
+def test_request_the_engine_fails_counts_as_error(server):
+    """A request the engine fails once admitted (here bad_words forbid the one token allowed_token_ids
+    allows: the engine fails it, a 400 naming bad_words, where the sampler drew a token outside
+    allowed_token_ids) is a finished request of reason "error", each of its n sequences once (it was not
+    counted at all); a 400 refused before admission is none."""
+    hello = request(server, "POST", "/tokenize", {"prompt": " hello", "add_special_tokens": False})[1]["tokens"]
+    body = {"model": MODEL, "prompt": "Say", "max_tokens": 4, "allowed_token_ids": hello, "bad_words": ["hello"]}
+    m0 = _wait_idle(server)
+    status, r, _ = request(server, "POST", "/v1/completions", body)
+    assert status == 400 and r["error"]["param"] == "bad_words", r
+    status, events = sse_events(server, "/v1/completions", dict(body, stream=True, n=2))
+    assert status == 200 and "bad_words" in events[-2]["error"]["message"] and events[-1] == "DONE", events
+    assert request(server, "POST", "/v1/completions", dict(body, max_tokens=-1))[0] == 400   # not admitted
+    assert moved(m0, _wait_idle(server)) == {"error": 3}

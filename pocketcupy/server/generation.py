@@ -6,11 +6,18 @@ import queue
 import socket
 import time
 
-from .protocol import ApiError, from_value_error
+from .protocol import ApiError, from_value_error, names_a_field
 
 
 class ClientGone(Exception):
     pass
+
+
+def ending_reason(kind) -> str:
+    """The finish reason of the engine requests an HTTP request leaves running when it ends on an
+    exception of this type (None: none): the client gone, the server stopping, a 400 or its own end:
+    "abort"; a failure of the server's own (a 500): "error"."""
+    return "error" if kind is not None and not issubclass(kind, (ClientGone, ApiError)) else "abort"
 
 
 def disconnect_probe(environ):
@@ -61,7 +68,7 @@ class Job:
         try:
             for i, ids in enumerate(self.prompts):
                 rid = self.request_id if len(self.prompts) == 1 else f"{self.request_id}-{i}"
-                params = self.params[i] if isinstance(self.params, list) else self.params
+                params = self._params(i)
                 self.streams.append(self.state.loop.submit(ids, params, rid, self.priority, outputs=self._outputs,
                                                            key=i, pooling=self.pooling))
         except ValueError as e:
@@ -76,8 +83,8 @@ class Job:
         self._counted = True
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, kind, *_) -> None:
+        self.close(ending_reason(kind))
 
     def close(self, reason: str = "abort") -> None:
         """Abort what still runs: its sequences not finished yet are counted as finished for `reason`
@@ -87,7 +94,7 @@ class Job:
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
-                params = self.params[i] if isinstance(self.params, list) else self.params
+                params = self._params(i)
                 if self.metered and self._counted and params.n > len(self.ended[i]):
                     self.state.metrics.finished.labels(reason).inc(params.n - len(self.ended[i]))
                 ending.append(s)
@@ -113,9 +120,26 @@ class Job:
                 if self.state.ending:
                     raise ApiError(503, "the server is shutting down: the request was ended before it finished")
             if i is not None:
-                out = self.streams[i].take(item)
+                try:
+                    out = self.streams[i].take(item)
+                except Exception as e:   # the engine failed this request, or its step failed
+                    self._count_failed(i)
+                    if isinstance(e, ValueError) and names_a_field(e):   # for its input (e.g. its bad_words)
+                        raise from_value_error(e, None, self.param_names) from None
+                    raise
                 self._observe(i, out)
                 yield i, out
+
+    def _params(self, i: int):
+        return self.params[i] if isinstance(self.params, list) else self.params
+
+    def _count_failed(self, i: int) -> None:
+        """A prompt the engine failed: its sequences not counted yet are finished requests of reason "error"
+        (the engine sends the error instead of their last output; it was not counted at all)."""
+        params = self._params(i)
+        if self.metered and params.n > len(self.ended[i]):
+            self.state.metrics.finished.labels("error").inc(params.n - len(self.ended[i]))
+        self.ended[i].update(range(params.n))
 
     def _observe(self, i: int, out) -> None:
         if not self.metered:

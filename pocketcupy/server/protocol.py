@@ -65,11 +65,17 @@ def renamed_errors(origin: list[str], renames: list):
         raise ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type) from None
 
 
+def names_a_field(e: ValueError) -> bool:
+    """Whether the message starts with a field name ('max_tokens: ...'), as our ValueErrors do."""
+    head, colon, _ = str(e).partition(":")
+    return bool(colon and head.strip()) and " " not in head.strip()
+
+
 def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None) -> ApiError:
     """Our ValueErrors start with the field name ('max_tokens: ...'): that becomes `param`."""
     msg = str(e)
     head = msg.split(":", 1)[0].strip()
-    param = head if head and " " not in head else default_param
+    param = head if names_a_field(e) else default_param
     if rename and param in rename:
         if param == head:   # the message names the field as the engine knows it: name the client's
             msg = rename[param] + msg[len(head):]

@@ -35,11 +35,12 @@ class SSEStream:
         except ClientGone:
             log.info("client of %s went away; request aborted", self.job.request_id)
             return
-        except ApiError as e:   # the server is stopping
+        except ApiError as e:   # the server is stopping, or the engine failed the request for its input
             log.info("stream %s ended: %s", self.job.request_id, e.message)
             yield self.fmt(self.error(e.message))
         except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
             log.exception("stream %s failed", self.job.request_id)
+            self.job.close("error")
             yield self.fmt(self.error(f"generation failed: {type(e).__name__}: {e}"))
         finally:
             self.job.close()
