@@ -117,8 +117,10 @@ class Job:
                 checked = time.monotonic()
                 if self.gone():
                     raise ClientGone()
-                if self.state.ending:
-                    raise ApiError(503, "the server is shutting down: the request was ended before it finished")
+            # (at every output, not once a poll: a request queued behind the ones stopping ends would otherwise
+            # take their place and finish between two polls)
+            if self.state.ending:
+                raise ApiError(503, "the server is shutting down: the request was ended before it finished")
             if i is not None:
                 try:
                     out = self.streams[i].take(item)
