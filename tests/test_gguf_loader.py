@@ -153,15 +153,16 @@ def test_unsupported_tensor_type(tmp_path):
 
 def _write_raw(path, infos, alignment=None):
     """A GGUF written byte by byte (GGUFWriter refuses the damage): infos are (name, dims, type id);
-    each tensor's data is zeros at offset 0."""
+    each tensor's data is zeros at offset 0; alignment: general.alignment, or a list of values
+    each written as the key again."""
     import struct
 
     def s(x):
         return struct.pack("<Q", len(x.encode())) + x.encode()
 
     kv = [(s("general.architecture") + struct.pack("<I", 8) + s("llama"))]
-    if alignment is not None:
-        kv.append(s("general.alignment") + struct.pack("<II", 4, alignment))
+    for value in [] if alignment is None else alignment if isinstance(alignment, list) else [alignment]:
+        kv.append(s("general.alignment") + struct.pack("<II", 4, value))
     out = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kv)) + b"".join(kv)
     for name, dims, type_id in infos:
         out += s(name) + struct.pack("<I", len(dims)) + b"".join(struct.pack("<Q", d) for d in dims)
@@ -175,6 +176,7 @@ def _write_raw(path, infos, alignment=None):
     ([("w", [32], 0), ("w", [32], 0)], None, "'w' appears twice"),  # the second silently won
     ([("w", [32], 0)], 0, "alignment 0 is not a power of 2"),  # was a ZeroDivisionError
     ([("w", [32], 0)], 24, "alignment 24 is not a power of 2"),  # read the data from the wrong offset
+    ([("w", [32], 0)], [32, 64], "metadata key 'general.alignment' appears twice"),  # the second silently won
 ])
 def test_malformed_tensor_infos(tmp_path, infos, alignment, match):
     p = tmp_path / "m.gguf"

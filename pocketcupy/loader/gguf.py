@@ -88,6 +88,8 @@ def _parse(path: str):
     meta: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
+        if key in meta:   # llama.cpp and the gguf package refuse it too
+            raise GGUFError(f"model: {path}: metadata key {key!r} appears twice")
         meta[key] = cur.value(cur.scalar("<I"))
     infos, seen = [], set()
     for _ in range(n_tensors):
