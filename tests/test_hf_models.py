@@ -146,15 +146,16 @@ def test_broken_json_files(tmp_path, name, text):
     assert str(tmp_path) in str(e.value)
 
 
-def _edit_header(path, edit):
-    """Rewrite a safetensors file's JSON header with edit(header) (the data stays where it was)."""
+def _edit_header(path, edit, dumps=None):
+    """Rewrite a safetensors file's JSON header with edit(header), written by dumps (default
+    json.dumps) (the data stays where it was)."""
     import json
 
     data = path.read_bytes()
     n = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + n])
     edit(header)
-    text = json.dumps(header).encode()
+    text = (dumps or json.dumps)(header).encode()
     text += b" " * (-len(text) % 8)
     path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n:])
 
@@ -173,6 +174,73 @@ def test_corrupt_safetensors_header(tmp_path, edit, match):
     with pytest.raises(ValueError, match=match) as e:
         load_checkpoint(str(tmp_path))
     assert str(tmp_path / "model.safetensors") in str(e.value)
+
+
+def test_tensor_named_twice_in_a_safetensors_header(tmp_path):
+    """The last entry silently won: here the final norm would have been layer 0's."""
+    import json
+
+    def twice(h):
+        layer0 = json.dumps(h["model.layers.0.input_layernorm.weight"])
+        return json.dumps(h)[:-1] + f', "model.norm.weight": {layer0}}}'
+    _copy_fixture("tiny_llama", tmp_path)
+    _edit_header(tmp_path / "model.safetensors", lambda h: None, twice)
+    with pytest.raises(ValueError, match="'model.norm.weight' appears twice in the safetensors header") as e:
+        load_checkpoint(str(tmp_path))
+    assert str(tmp_path / "model.safetensors") in str(e.value)
+
+
+def _add_tensor(path, name, source, as_name=None):
+    """The safetensors file at path with one more tensor: source's tensor name, as as_name (default: name)."""
+    from pocketcupy.loader.safetensors_loader import _read_safetensors
+
+    tensors = {k: (dt, np.ascontiguousarray(a)) for k, (dt, a) in _read_safetensors(str(path)).items()}
+    write_safetensors(path, {**tensors, as_name or name: _read_safetensors(str(source))[name]})
+
+
+def _edit_weight_map(folder, edit):
+    import json
+
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    edit(index["weight_map"])
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+@pytest.mark.parametrize("edit, match", [
+    # a second copy in the other shard: which one was loaded depended on the order the shards were read
+    (lambda d: _add_tensor(d / SHARDS[1], "model.embed_tokens.weight", d / SHARDS[0]),
+     f"'model.embed_tokens.weight' is in two shards, .*{SHARDS[0]} and .*{SHARDS[1]}"),
+    (lambda d: _edit_weight_map(d, lambda m: m.update({"model.norm.weight": SHARDS[0]})),     # was ignored
+     rf"places tensor 'model.norm.weight' in {SHARDS[0]}, which does not hold it \(it is in .*{SHARDS[1]}\)"),
+    (lambda d: _edit_weight_map(d, lambda m: m.update({"model.layers.0.mlp.gate_proj.bias": SHARDS[0]})),
+     f"places tensor 'model.layers.0.mlp.gate_proj.bias' in {SHARDS[0]}, which does not hold it$"),
+])
+def test_shards_disagreeing_with_the_index(tmp_path, edit, match):
+    _copy_fixture("tiny_qwen3", tmp_path)
+    edit(tmp_path)
+    with pytest.raises(ValueError, match=match) as e:
+        load_checkpoint(str(tmp_path))
+    assert str(tmp_path) in str(e.value)
+
+
+def test_shard_tensor_the_index_omits_is_loaded(tmp_path):
+    """As transformers and vLLM read a sharded checkpoint: every tensor of the shards the index names."""
+    _copy_fixture("tiny_qwen3", tmp_path)
+    _edit_weight_map(tmp_path, lambda m: m.pop("model.norm.weight"))
+    assert load_checkpoint(str(tmp_path)).tensors["output_norm.weight"].shape == (64,)
+
+
+def test_two_names_of_one_weight(tmp_path):
+    """model.X and a multimodal folder's model.language_model.X are loaded as the same weight: the
+    one read last silently won."""
+    _copy_fixture("tiny_llama", tmp_path)
+    path = tmp_path / "model.safetensors"
+    _add_tensor(path, "model.layers.0.input_layernorm.weight", path, "model.language_model.norm.weight")
+    with pytest.raises(ValueError, match="'model.norm.weight' and 'model.language_model.norm.weight' are the same"):
+        load_checkpoint(str(tmp_path))
 
 
 @pytest.mark.parametrize("edit, match", [

@@ -261,17 +261,45 @@ def _mtp_layers(config: ModelConfig) -> dict[str, str]:
     return {f"blk.{n + i}.": f"mtp.{i}." for i in range(config.num_nextn_predict_layers)}
 
 
-def _shard_files(folder: str) -> list[str]:
+def _read_checkpoint(folder: str) -> dict[str, tuple[str, np.ndarray]]:
+    """Every tensor of model.safetensors or of the shards the index names. As in transformers and
+    vLLM, a shard's tensor the index does not list is read too; a name two shards hold, or one the
+    index places in a shard that lacks it, is refused (which copy won depended on the reading order)."""
     index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        weight_map = _read_json(index, "with a weight_map").get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise ValueError(f"model: {index} has no weight_map (tensor name -> shard file)")
-        return [os.path.join(folder, x) for x in sorted(set(map(str, weight_map.values())))]
-    single = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(single):
-        return [single]
-    raise ValueError(f"model: no model.safetensors or model.safetensors.index.json in {folder}")
+    if not os.path.isfile(index):
+        single = os.path.join(folder, "model.safetensors")
+        if os.path.isfile(single):
+            return _read_safetensors(single)
+        raise ValueError(f"model: no model.safetensors or model.safetensors.index.json in {folder}")
+    weight_map = _read_json(index, "with a weight_map").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"model: {index} has no weight_map (tensor name -> shard file)")
+    raw, shard_of = {}, {}
+    for shard in sorted(set(map(str, weight_map.values()))):
+        path = os.path.join(folder, shard)
+        if not os.path.isfile(path):
+            raise ValueError(f"model: shard {path} listed in the index is missing")
+        for name, tensor in _read_safetensors(path).items():
+            if name in raw:
+                raise ValueError(f"model: tensor {name!r} is in two shards, {shard_of[name]} and {path}")
+            raw[name], shard_of[name] = tensor, path
+    for name, shard in weight_map.items():
+        if shard_of.get(name) != os.path.join(folder, str(shard)):
+            where = f" (it is in {shard_of[name]})" if name in shard_of else ""
+            raise ValueError(f"model: {index} places tensor {name!r} in {shard}, which does not hold it{where}")
+    return raw
+
+
+def _unique_keys(path: str):
+    """json.loads' object_pairs_hook: a key written twice is refused (dict() kept the last)."""
+    def pairs_to_dict(pairs):
+        out = dict(pairs)
+        if len(out) < len(pairs):
+            seen: set = set()
+            key = next(k for k, _ in pairs if k in seen or seen.add(k))
+            raise ValueError(f"model: {path}: {key!r} appears twice in the safetensors header")
+        return out
+    return pairs_to_dict
 
 
 def _read_safetensors(path: str) -> dict[str, tuple[str, np.ndarray]]:
@@ -284,7 +312,7 @@ def _read_safetensors(path: str) -> dict[str, tuple[str, np.ndarray]]:
         if n <= 0 or 8 + n > size:
             raise ValueError(f"model: {path} is not a readable safetensors file")
         try:
-            header = json.loads(f.read(n))
+            header = json.loads(f.read(n), object_pairs_hook=_unique_keys(path))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"model: {path} has a corrupt safetensors header ({e})") from e
         if not isinstance(header, dict):
@@ -350,17 +378,14 @@ def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig
     except ValueError as e:
         raise ValueError(f"model: {e}") from None
     mtp_prefixes = _mtp_layers(config)
-    raw: dict[str, tuple[str, np.ndarray]] = {}     # every shard's tensors: a weight's scales may sit in another
-    for path in _shard_files(folder):
-        if not os.path.isfile(path):
-            raise ValueError(f"model: shard {path} listed in the index is missing")
-        raw.update(_read_safetensors(path))
+    raw = _read_checkpoint(folder)     # every shard's tensors: a weight's scales may sit in another
     if quant is not None and quant.nvfp4_packed:
         try:
             packed_as_modelopt(raw)
         except ValueError as e:
             raise ValueError(f"model: {folder}: {e}") from None
     tensors: dict[str, QTensor] = {}
+    read_from: dict[str, str] = {}     # loaded name -> the tensor's name in the checkpoint
     for name, (qtype, data) in raw.items():
         target = gguf_name(name)
         if target is None:   # e.g. rotary inv_freq buffers, and scales (read with their weight)
@@ -372,6 +397,9 @@ def read_safetensors_folder(folder: str, mtp: bool = False) -> tuple[ModelConfig
         target = _loaded_name(target, mtp_prefixes, mtp)
         if target is None:
             continue
+        if target in read_from:   # e.g. model.norm.weight and model.language_model.norm.weight
+            raise ValueError(f"model: {folder}: tensors {read_from[target]!r} and {name!r} are the same weight")
+        read_from[target] = name
         if qtype in QUANTIZED_DTYPES:
             try:
                 tensors[target] = read_quantized_weight(name, raw, quant)
