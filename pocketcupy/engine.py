@@ -191,6 +191,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         params = self.get_default_sampling_params() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
+        # the request's own copy, checked again: a field set after construction (n=0 hung generate(),
+        # max_tokens=0 failed mid-step) is a ValueError here, and later changes to the caller's don't reach it
+        params = params.clone()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request_id: must be a non-empty string")
         if not isinstance(priority, numbers.Integral) or isinstance(priority, bool):

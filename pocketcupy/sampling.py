@@ -159,13 +159,16 @@ class SamplingParams:
         return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
     def clone(self, **overrides) -> "SamplingParams":
-        base = {"stop": list(self.stop), "stop_token_ids": list(self.stop_token_ids),
-                "preserved_token_ids": list(self.preserved_token_ids),
-                "logit_bias": None if self.logit_bias is None else dict(self.logit_bias),
-                "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
-                "bad_words": list(self.bad_words)}
+        """A copy (its lists and dicts too), checked as construction checks: a field set since then
+        to a bad value is a ValueError naming it."""
+        base = {name: _copied(getattr(self, name)) for name in
+                ("stop", "stop_token_ids", "preserved_token_ids", "logit_bias", "allowed_token_ids", "bad_words")}
         base.update(overrides)
         return dataclasses.replace(self, **base)
+
+
+def _copied(value):
+    return list(value) if isinstance(value, (list, tuple)) else dict(value) if isinstance(value, dict) else value
 
 
 def _token_ids(name: str, ids, nonempty: bool = False) -> list[int]:

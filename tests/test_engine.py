@@ -79,6 +79,27 @@ def test_params_per_prompt(engine):
         engine.generate(["a", "b"], [SamplingParams()])
 
 
+def test_params_changed_after_construction(engine):
+    """A field set after SamplingParams was built is checked when the request is submitted (max_tokens=0
+    gave a token, or an IndexError mid-step, a str logit_bias key TypeError, n=0 hung generate(): no sequence to
+    finish; bad_words=None, which construction takes, raised TypeError); and the request keeps its own
+    copy, which later changes to the caller's do not reach."""
+    for field, value in [("max_tokens", 0), ("logit_bias", {"5": 1.0}), ("n", 0)]:
+        p = SamplingParams(temperature=0, max_tokens=2)
+        setattr(p, field, value)
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            engine.generate("hi", p)
+        assert not engine.has_unfinished_requests()
+    p = SamplingParams(temperature=0, max_tokens=2)
+    p.bad_words = None
+    engine.add_request("mutated", "hi", p)
+    p.max_tokens = 6
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += engine.step()
+    assert len(outs[-1].outputs[0].token_ids) == 2
+
+
 def test_seed_reproducible(engine):
     p = SamplingParams(temperature=1.0, max_tokens=12, seed=1234)
     a = text_of(engine, "My favourite animal is", p)
