@@ -206,6 +206,10 @@ def render_chat(template: str | None, messages: list[dict], add_generation_promp
             for m in validate_messages(messages)]
     if tools is not None and not isinstance(tools, list):
         raise ValueError(f"tools: must be a list, got {type(tools).__name__}")
+    for name, flag in (("add_generation_prompt", add_generation_prompt),
+                       ("continue_final_message", continue_final_message)):
+        if not isinstance(flag, bool):   # "false" was true
+            raise ValueError(f"{name}: must be a bool, got {flag!r}")
     if continue_final_message and add_generation_prompt:
         raise ValueError("continue_final_message: cannot be combined with add_generation_prompt")
     if continue_final_message and not msgs:

@@ -572,6 +572,10 @@ def test_chat_template_argument(engine):
     (lambda e: e.chat([]), "^messages"),
     (lambda e: e.chat(None), "^messages"),
     (lambda e: e.chat("hi"), "^messages"),
+    # a truthy non-bool was taken as true: "false" added the generation prompt
+    (lambda e: e.chat([{"role": "user", "content": "x"}], add_generation_prompt="false"), "^add_generation_prompt:"),
+    (lambda e: e.chat([{"role": "user", "content": "x"}], add_generation_prompt=False, continue_final_message=1),
+     "^continue_final_message:"),
 ])
 def test_bad_requests(engine, call, field):
     with pytest.raises(ValueError, match=field):
