@@ -92,6 +92,28 @@ def test_structured_output_drafts_cut_where_the_grammar_refuses(smollm2_gguf, pl
     assert s["spec_num_draft_tokens"] == s["spec_num_drafts"]
 
 
+def test_structured_output_after_a_trigger(smollm2_gguf, plain):
+    """A constraint that starts after a trigger (structured_outputs.start_after): a draft that runs
+    through the trigger is cut only where the grammar refuses what follows it (the proposer drafts
+    the trigger's tokens, then "7x": three kept, the "x" cut), and the tokens are those without drafts."""
+    class TriggerThen7X:
+        def propose(self, reqs):
+            for r in reqs:
+                r.draft_token_ids = list(draft)
+
+    free = plain.generate("My PIN is", SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
+    e = engine(smollm2_gguf, **SPEC)
+    trigger = free[1:3]
+    draft = trigger + e.tokenizer.encode("7x", add_special_tokens=False)
+    e.proposer = TriggerThen7X()
+    p = SamplingParams(temperature=0, max_tokens=12, structured_outputs={"regex": "[0-9]{6}", "start_after": trigger})
+    got = e.generate("My PIN is", p)
+    assert_same(got, plain.generate("My PIN is", p))
+    assert got[0].outputs[0].token_ids[:3] == free and got[0].outputs[0].finish_reason == "stop"
+    s = e.stats()
+    assert s["spec_num_draft_tokens"] == 3 and s["spec_num_accepted_tokens"] >= 2   # the trigger's tokens kept
+
+
 def test_batched_with_preemption_equals_alone(smollm2_gguf, plain):
     """Six concurrent requests in a pool too small for all of them (KV blocks of 4 tokens)."""
     p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

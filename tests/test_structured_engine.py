@@ -245,3 +245,38 @@ def test_stats_count_only_admitted_requests(smollm2_gguf):
     assert small.stats()["structured"]["requests"] == 0 and not small.has_unfinished_requests()
     small.generate("Hi", p)
     assert small.stats()["structured"]["requests"] == 1
+
+
+def test_constraint_starts_after_its_trigger(engine):
+    """structured_outputs.start_after (a reasoning end marker's ids, as the server passes it): the
+    output is free, the tokens it has without a constraint, until it holds the trigger's ids in a row;
+    from the next token on the constraint applies (n > 1: each sequence watches for it alone). A
+    trigger that never comes leaves the whole output free (finish_reason length)."""
+    msgs = user("Why is the sky blue?")
+    free = engine.chat(msgs, greedy(max_tokens=6))[0].outputs[0].token_ids
+    trigger = free[1:3]
+    after = greedy(n=2, max_tokens=8, structured_outputs={"regex": "[0-9]{3}", "start_after": trigger})
+    never = greedy(max_tokens=6, structured_outputs={"regex": "[0-9]{3}", "start_after": [free[0]] * 3})
+    outs = engine.chat([msgs, msgs], [after, never])
+    prefix = engine.tokenizer.decode(free[:3])
+    for o in outs[0].outputs:
+        assert o.token_ids[:3] == free[:3] and o.finish_reason == "stop", o.text
+        assert o.text.startswith(prefix) and re.fullmatch("[0-9]{3}", o.text[len(prefix):]), o.text
+    o = outs[1].outputs[0]
+    assert (o.token_ids, o.finish_reason) == (free, "length")
+    with pytest.raises(ValueError, match="structured_outputs.start_after"):
+        SamplingParams(structured_outputs={"regex": "a", "start_after": [-1]})
+
+
+def test_trigger_survives_preemption(smollm2_gguf, engine):
+    """Requests preempted (a pool too small for all of them) and recomputed keep where their trigger
+    and grammar are: each output is the one it has in a pool that holds them all."""
+    prompts = ["The history of Rome", "Water boils at"]
+    frees = [o.outputs[0].token_ids for o in engine.generate(prompts, greedy(max_tokens=3))]
+    params = [greedy(max_tokens=8, ignore_eos=True, structured_outputs={"regex": "[0-9]{2}", "start_after": f[1:3]})
+              for f in frees]
+    want = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+    assert all(w[:3] == f and len(w) == 5 for w, f in zip(want, frees))   # three free tokens, then two digits
+    tiny = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=4, block_size=4, max_num_batched_tokens=16)
+    assert [o.outputs[0].token_ids for o in tiny.generate(prompts, params)] == want
+    assert tiny.stats()["num_preemptions"] > 0

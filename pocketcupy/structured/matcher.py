@@ -1,4 +1,4 @@
-"""One sampled sequence's position in its grammar."""
+"""One sampled sequence's position in its grammar, and the trigger that starts it (a delayed start)."""
 from __future__ import annotations
 
 import logging
@@ -7,14 +7,28 @@ log = logging.getLogger("pocketcupy")
 
 
 class SequenceMatcher:
-    def __init__(self, ll_matcher, root: int = 0):
+    def __init__(self, ll_matcher, root: int = 0, start_after: tuple[int, ...] = ()):
         self.ll = ll_matcher          # llguidance.LLMatcher
         self.root = root              # which compilation of the grammar it was copied from
         self.error: str | None = None  # set when the grammar could not go on
+        # Delayed start: while `trigger` is non-empty the sequence is free (no mask, the grammar does not
+        # advance); the token after the output first holds these ids in a row is the grammar's first.
+        self.trigger = tuple(start_after)
+        self._tail: tuple[int, ...] = ()  # the last output tokens (up to len(trigger)) while waiting
+
+    @property
+    def waiting(self) -> bool:
+        """The trigger has not appeared yet: no constraint on the next token."""
+        return bool(self.trigger)
 
     def accept(self, token_id: int) -> bool:
         """Advance over a sampled token. True when the sequence must end: the structure is complete
         (only end-of-sequence could follow) or the matcher failed (then `error` says why)."""
+        if self.waiting:
+            self._tail = self._pushed(self._tail, token_id)
+            if self._tail == self.trigger:
+                self.trigger = self._tail = ()
+            return False
         if self.error is not None:
             return True
         if not self.ll.consume_token(int(token_id)):
@@ -24,10 +38,28 @@ class SequenceMatcher:
 
     def valid_prefix(self, token_ids: list[int]) -> int:
         """How many of token_ids, from the start, the grammar accepts after the tokens so far (the
-        matcher does not advance)."""
-        return 0 if self.error is not None else self.ll.validate_tokens([int(t) for t in token_ids])
+        matcher does not advance). Tokens up to and including a trigger still awaited are all free."""
+        free = self._trigger_end(token_ids) if self.waiting else 0
+        if free is None:
+            return len(token_ids)
+        if self.error is not None:
+            return free
+        return free + self.ll.validate_tokens([int(t) for t in token_ids[free:]])
+
+    def _trigger_end(self, token_ids: list[int]) -> int | None:
+        """The index in token_ids just past where the awaited trigger would complete, or None."""
+        tail = self._tail
+        for i, t in enumerate(token_ids):
+            tail = self._pushed(tail, t)
+            if tail == self.trigger:
+                return i + 1
+        return None
+
+    def _pushed(self, tail: tuple[int, ...], token_id: int) -> tuple[int, ...]:
+        return (*tail, int(token_id))[-len(self.trigger):]
 
     def fail(self, why: str) -> None:
         if self.error is None:
             self.error = (self.ll.get_error() or why)[:500]  # llguidance appends its whole parser state
             log.warning("structured output stopped: %s", self.error)
+

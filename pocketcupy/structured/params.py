@@ -14,13 +14,16 @@ class StructuredOutputsParams:
     """Exactly one of: `json` (a JSON schema as a dict or JSON text, or True for any JSON object),
     `regex` (the whole output matches it), `choice` (the output is one of these strings),
     `grammar` (Lark, in llguidance's dialect, or GBNF text). `whitespace_flexible` lets JSON have
-    any whitespace between tokens (default: none but ', ' and ': ')."""
+    any whitespace between tokens (default: none but ', ' and ': '). `start_after` (token ids, e.g. a
+    reasoning end marker's) delays the constraint: the output is free until it holds these ids in a row,
+    and the constraint applies from the next token on (the structure is what follows them)."""
 
     json: dict | str | bool | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     whitespace_flexible: bool = False
+    start_after: list[int] | None = None
     kind: str = field(init=False, repr=False, compare=False)
     ll_grammar: str = field(init=False, repr=False, compare=False)  # llguidance grammar text
 
@@ -32,6 +35,7 @@ class StructuredOutputsParams:
         if not isinstance(self.whitespace_flexible, bool):
             raise ValueError("structured_outputs.whitespace_flexible: must be a bool, got "
                              f"{self.whitespace_flexible!r}")
+        self.start_after = _trigger_ids(self.start_after)
         self.kind = kind = given[0]
         self.ll_grammar = build_grammar(kind, self._text(kind), self.whitespace_flexible)
 
@@ -50,6 +54,16 @@ class StructuredOutputsParams:
         if not isinstance(v, str) or not v:
             raise ValueError(f"{name}: must be a non-empty string, got {v!r}")
         return v
+
+
+def _trigger_ids(ids) -> list[int] | None:
+    """start_after as a list of token ids (None or [] -> None: no delay)."""
+    if ids is None:
+        return None
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                     for i in ids):
+        raise ValueError(f"structured_outputs.start_after: must be a list of token ids (ints >= 0), got {ids!r:.60}")
+    return [int(i) for i in ids] or None
 
 
 def _schema_text(v, name: str) -> str:
@@ -73,7 +87,7 @@ def as_structured_outputs(value) -> StructuredOutputsParams | None:
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
     if isinstance(value, dict):
-        unknown = set(value) - {"json", "regex", "choice", "grammar", "whitespace_flexible"}
+        unknown = set(value) - {"json", "regex", "choice", "grammar", "whitespace_flexible", "start_after"}
         if unknown:
             raise ValueError(f"structured_outputs: unknown field(s) {', '.join(sorted(unknown))}")
         return StructuredOutputsParams(**value)
