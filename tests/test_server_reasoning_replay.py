@@ -3,9 +3,12 @@ served with `--chat-template` set to a template file that writes an assistant tu
 in <think>, and `--reasoning-parser qwen3`. A regex constraint makes SmolLM2 think; the Responses
 API's reasoning item sent back, and chat's `reasoning` (vLLM's name) or `reasoning_content`, reach the
 template the same way; a block the template opens in the prompt (chat_template_kwargs open_think) is
-parsed as reasoning from the reply's first token."""
+parsed as reasoning from the reply's first token, and a structured output's constraint starts after it
+(SmolLM2, shown two thoughts closed with </think>, writes one itself)."""
+import json
 import re
 
+import jsonschema
 import pytest
 
 from tests.test_server_harness import MODEL, openai_client, request, serving, sse_events
@@ -74,20 +77,59 @@ def test_anthropic_thinking_blocks_go_back_to_the_template(replay):
     assert status == 400 and "messages[1].content[1].thinking" in resp["error"]["message"], resp
 
 
+SCHEMA = {"type": "object", "properties": {"verdict": {"enum": ["true", "false"]}}, "required": ["verdict"],
+          "additionalProperties": False}
+FORMAT = {"name": "verdict", "schema": SCHEMA}
+# SmolLM2 thinks when shown how: it writes a short thought, closes it with </think>, then JSON
+SHOTS = [{"role": "user", "content": "Is fire hot? Think, then answer in JSON."},
+         {"role": "assistant", "content": '<think>\nfire burns</think>{"answer": "yes"}'},
+         {"role": "user", "content": "Is ice cold? Think, then answer in JSON."},
+         {"role": "assistant", "content": '<think>\nice is frozen</think>{"answer": "yes"}'},
+         {"role": "user", "content": "Is the sky blue? Think, then answer in JSON."}]
+OPEN = {"model": MODEL, "messages": SHOTS, "max_tokens": 24, "temperature": 0,
+        "chat_template_kwargs": {"open_think": True}}
+
+
 def test_a_block_the_prompt_opened(replay):
     """A template that opens the <think> block in the prompt (Qwen3-Thinking's): the output starts
-    inside the reasoning, so it is split at </think> (qwen3 took all of it, </think> included, for
-    content); streamed alike."""
-    body = dict(THINK, chat_template_kwargs={"open_think": True},
-                structured_outputs={"regex": "[a-z ]{3,20}</think>\\n[A-Za-z ]{1,20}"})
+    inside the reasoning, so it is split at </think> (whole and streamed alike), and a structured
+    output's constraint starts after it, as vLLM's does: the reasoning is free text, the content
+    follows the schema. A prompt that does not open the block is constrained from its first token."""
+    body = dict(OPEN, response_format={"type": "json_schema", "json_schema": FORMAT})
     status, resp, _ = request(replay, "POST", "/v1/chat/completions", body)
     assert status == 200, resp
     msg = resp["choices"][0]["message"]
-    assert re.fullmatch("[a-z ]{3,20}", msg["reasoning"]) and re.fullmatch("[A-Za-z ]{1,20}", msg["content"])
+    assert re.fullmatch("[a-z ]{3,40}", msg["reasoning"]), msg   # no JSON: the constraint was not on
+    jsonschema.validate(json.loads(msg["content"]), SCHEMA)
+    assert resp["choices"][0]["finish_reason"] == "stop"
     status, events = sse_events(replay, "/v1/chat/completions", dict(body, stream=True))
     deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
     assert ["".join(d.get(k) or "" for d in deltas) for k in ("reasoning", "content")] == \
         [msg["reasoning"], msg["content"]]
+    status, closed, _ = request(replay, "POST", "/v1/chat/completions", dict(body, chat_template_kwargs={}))
+    assert status == 200, closed
+    closed = closed["choices"][0]["message"]
+    assert closed["reasoning"] is None and closed["content"] and json.loads(closed["content"]) in (
+        {"verdict": "true"}, {"verdict": "false"})
+
+
+def test_responses_and_messages_constrain_after_the_reasoning(replay):
+    """The Responses API's text.format and the Messages API's output_config.format start after the
+    reasoning the same way: a free reasoning item (thinking block), then the JSON."""
+    body = {"model": MODEL, "input": SHOTS, "max_output_tokens": 24, "temperature": 0,
+            "chat_template_kwargs": {"open_think": True}, "text": {"format": dict(FORMAT, type="json_schema")}}
+    status, r, _ = request(replay, "POST", "/v1/responses", body)
+    assert status == 200, r
+    assert [it["type"] for it in r["output"]] == ["reasoning", "message"], r["output"]
+    assert re.fullmatch("[a-z ]{3,40}", r["output"][0]["content"][0]["text"])
+    jsonschema.validate(json.loads(r["output"][1]["content"][0]["text"]), SCHEMA)
+    body = {"model": MODEL, "messages": SHOTS, "max_tokens": 24, "temperature": 0,
+            "chat_template_kwargs": {"open_think": True},
+            "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}}
+    status, r, _ = request(replay, "POST", "/v1/messages", body)
+    assert status == 200, r
+    assert [b["type"] for b in r["content"]] == ["thinking", "text"], r["content"]
+    jsonschema.validate(json.loads(r["content"][1]["text"]), SCHEMA)
 
 
 @pytest.mark.parametrize("item,param", [

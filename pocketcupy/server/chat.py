@@ -8,7 +8,7 @@ from ..sampling import MAX_LOGPROBS, SamplingParams, truncate_prompt
 from .generation import Job
 from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_stream,
                        short_repr)
-from .reasoning import ReasoningParser, message_texts
+from .reasoning import ReasoningParser, after_reasoning, message_texts
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import engine_renames, parse_structured_field
@@ -253,7 +253,10 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
     function the server forces the model to call (None: none) and the prompt's token ids."""
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
-    params = replace(req.params, structured_outputs=req.forced_arguments[forced]) if forced else req.params
+    if forced:   # (the prompt ends in the call's prefill: no reasoning)
+        params = replace(req.params, structured_outputs=req.forced_arguments[forced])
+    else:
+        params = after_reasoning(req.params, state.engine.tokenizer, state.config.reasoning_parser, text)
     ids = truncate_prompt(encode_prompt(state, text, req.add_special_tokens), req.params.truncate_prompt_tokens,
                           state.engine.max_model_len)
     check_context(state.engine.max_model_len, len(ids), req.max_tokens, "messages", "messages")

@@ -11,6 +11,9 @@ DeepSeek-R1-0528's templates open the block) starts the output inside the reason
 </think> (thinking switched off: Qwen3's enable_thinking false, DeepSeek-V3.1's default) outside it, so
 deepseek_r1 does not take the whole answer for reasoning, and qwen3 splits a block it did not open.
 
+A structured-output constraint starts after the reasoning when the reply starts inside it
+(after_reasoning): the reasoning is free, the content has the structure.
+
 Newlines right after </think> are dropped, as vLLM does. A block the output never closes (cut by
 max_tokens) stays reasoning, so a stream and the whole text agree. Tags split across deltas never
 leak: a possible tag prefix is held back until the next delta decides it.
@@ -20,18 +23,36 @@ through `then` (a tools.py parser) when one is given, and its events come out in
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .tools import cut_at_tag
 
 OPEN, CLOSE = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
 
 
+def starts_inside(name: str, prompt: str) -> bool:
+    """Whether parser `name` reads a reply to `prompt` as starting inside the reasoning."""
+    tail = prompt.rstrip()
+    return tail.endswith(OPEN) or (name == "deepseek_r1" and not tail.endswith(CLOSE))
+
+
+def after_reasoning(params, tokenizer, name: str | None, prompt: str):
+    """SamplingParams whose structured-output constraint starts after the reasoning, as vLLM's does
+    under a reasoning parser: when the reply starts inside the reasoning, the constraint applies from
+    the token after the end marker's (the reasoning itself is free); otherwise from the first token."""
+    so = params.structured_outputs
+    if so is None or name is None or not starts_inside(name, prompt):
+        return params
+    end = tokenizer.encode(CLOSE, add_special_tokens=False)
+    return replace(params, structured_outputs=replace(so, start_after=end))
+
+
 class ReasoningParser:
     def __init__(self, name: str, then=None, prompt: str = ""):
         if name not in PARSERS:
             raise ValueError(f"unknown reasoning parser {name!r}; one of {', '.join(PARSERS)}")
-        tail = prompt.rstrip()
-        self.inside_by_default = tail.endswith(OPEN) or (name == "deepseek_r1" and not tail.endswith(CLOSE))
+        self.inside_by_default = starts_inside(name, prompt)
         self.then = then
         self.buf = ""
         self.mode = "start"    # start | reasoning | after (dropping newlines) | content
