@@ -190,6 +190,35 @@ def test_forced_arguments_follow_the_schema(client, server):
     assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters"
 
 
+def test_strict_function_under_auto(client, server):
+    """tool_choice "auto" with a strict function (OpenAI: its arguments follow the schema): the model
+    decides whether to call (shown two calls, SmolLM2 calls by itself), and its call's arguments are
+    constrained from the <tool_call> marker on (not strict, it wrote {"city": "London"}: no "unit").
+    A strict schema the structured-output engine refuses is a 400 naming it."""
+    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"], "additionalProperties": False}
+    fn = {"name": "get_weather", "description": "Current weather in a city", "parameters": params}
+    shots = []
+    for i, city in enumerate(("Rome", "Paris")):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "get_weather",
+                                                                "arguments": json.dumps({"city": city})}}
+        shots += [{"role": "user", "content": f"What is the weather like in {city}?"},
+                  {"role": "assistant", "content": None, "tool_calls": [call]}]
+    msgs = shots + [{"role": "user", "content": "What is the weather like in London?"}]
+    strict = create(client, messages=msgs, tool_choice="auto", max_tokens=40,
+                    tools=[{"type": "function", "function": dict(fn, strict=True)}]).choices[0]
+    (call,) = strict.message.tool_calls
+    assert strict.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    args = json.loads(call.function.arguments)
+    assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit") and len(args["city"]) <= 16
+    body = {"model": MODEL, "messages": ASK, "tool_choice": "auto", "tools": [
+        {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"n": {"type": "integer", "minimum": 1e300}}}}}]}
+    status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters", resp
+
+
 def test_tool_strict_must_be_a_boolean(client):
     """OpenAI's function.strict is a boolean (or null); a string was taken silently (200)."""
     bad = [{"type": "function", "function": {"name": "f", "strict": "yes", "parameters": {"type": "object"}}}]

@@ -5,11 +5,13 @@ the structure is complete; a constraint that cannot be met ends its sequence alo
 import ast
 import json
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import pytest
 
 from pocketcupy import Engine, SamplingParams
+from pocketcupy.structured import StructuredOutputsParams
 from tests.test_structured_params import ARITH_LARK
 
 ARITH_GBNF = """
@@ -280,3 +282,20 @@ def test_trigger_survives_preemption(smollm2_gguf, engine):
     tiny = Engine(smollm2_gguf, device="cpu", progress=False, num_kv_blocks=4, block_size=4, max_num_batched_tokens=16)
     assert [o.outputs[0].token_ids for o in tiny.generate(prompts, params)] == want
     assert tiny.stats()["num_preemptions"] > 0
+
+
+def test_repeat_frees_the_output_after_each_structure(engine):
+    """start_after with repeat (strict tool calls' constraint): each complete structure makes the
+    sequence free again until the next trigger, and its row drops the last mask (it kept it: the free
+    text after a tool call could only repeat the call's last character)."""
+    tok = engine.tokenizer
+    m = engine.structured.new_matcher(StructuredOutputsParams(
+        regex=" [0-9]{2}", start_after=tok.encode(" PIN:", add_special_tokens=False), repeat=True))
+    seq = SimpleNamespace(matcher=m, row=SimpleNamespace(packed_mask=None))   # what fill_masks reads and sets
+    masked = []
+    for t in tok.encode("My PIN: 42, his PIN: 17 ok", add_special_tokens=False):
+        engine.structured.fill_masks([seq])
+        if seq.row.packed_mask is not None:
+            masked.append(tok.decode([t]))
+        assert not m.accept(t)   # a complete structure does not end the sequence
+    assert masked == [" ", "4", "2", " ", "1", "7"] and m.error is None and m.waiting

@@ -13,7 +13,7 @@ from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
 from .structured_fields import engine_renames, parse_structured_field
 from .tool_prompt import (ToolStyle, for_template, forced_call_arguments, parse_messages, parse_tool_choice,
-                          parse_tools, template_knows_tools, tool_style)
+                          parse_tools, strict_calls, template_knows_tools, tool_style)
 from .tools import ForcedCallParser, ToolParser, forced_prefill
 
 
@@ -129,6 +129,9 @@ def parse_chat(state, body) -> ChatRequest:
         raise bad("tool_choice", "a forced tool call cannot be combined with a structured-output constraint")
     forced = forced_call_arguments(tools, mode)
     style = tool_style(engine.tokenizer, callable_tools)
+    if kw["structured_outputs"] is None and callable_tools:
+        kw["structured_outputs"] = strict_calls(tools, mode, engine.tokenizer.chat_template_for(callable_tools),
+                                                engine.tokenizer)
     # The tool parser must see the tokenizer's tool-call markers (Mistral's [TOOL_CALLS], [ARGS]),
     # which are control tokens that skip_special_tokens drops. vLLM turns skip_special_tokens off
     # for such requests, which also writes every other control token the model emits (Magistral's

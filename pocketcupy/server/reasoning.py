@@ -40,9 +40,10 @@ def starts_inside(name: str, prompt: str) -> bool:
 def after_reasoning(params, tokenizer, name: str | None, prompt: str):
     """SamplingParams whose structured-output constraint starts after the reasoning, as vLLM's does
     under a reasoning parser: when the reply starts inside the reasoning, the constraint applies from
-    the token after the end marker's (the reasoning itself is free); otherwise from the first token."""
+    the token after the end marker's (the reasoning itself is free); otherwise from the first token. A
+    constraint with its own trigger (strict tool calls') keeps it."""
     so = params.structured_outputs
-    if so is None or name is None or not starts_inside(name, prompt):
+    if so is None or so.start_after or name is None or not starts_inside(name, prompt):
         return params
     end = tokenizer.encode(CLOSE, add_special_tokens=False)
     return replace(params, structured_outputs=replace(so, start_after=end))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ..chat_template import validate_messages
 from ..structured import StructuredOutputsParams
+from ..structured.grammar import JSON_COMPACT
 from .protocol import bad, short_repr
 from .responses import new_id
 from .tool_schema import schema_problem
@@ -66,27 +67,56 @@ def parse_tools(raw) -> list[dict] | None:
     return raw
 
 
+def _arguments_schema(fn: dict) -> dict:
+    """A function's parameters as the schema of its arguments, an object: a schema that names no type
+    (which would allow any JSON value) gets it; no parameters: {}."""
+    if fn.get("parameters"):
+        return {"type": "object", **fn["parameters"]}
+    return {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _checked(i: int, schema: dict, what: str) -> StructuredOutputsParams:
+    """The arguments' constraint of tools[i]; a schema the structured-output engine refuses is a 400
+    naming it."""
+    try:
+        return StructuredOutputsParams(json=schema)
+    except ValueError as e:
+        msg = str(e).removeprefix("structured_outputs.json: ")
+        raise bad(f"tools[{i}].function.parameters", f"{what}'s parameters: {msg}") from None
+
+
 def forced_call_arguments(tools: list[dict], mode) -> dict[str, StructuredOutputsParams]:
     """For tool_choice "required" or a named function: each function the server may make the model
     call -> its parameters' JSON schema as the constraint on the arguments the model writes (as
-    vLLM guides forced calls); no parameters: {}. A schema the structured-output engine refuses
-    is a 400 naming it."""
+    vLLM guides forced calls)."""
     if mode in ("none", "auto"):
         return {}
-    out = {}
+    return {t["function"]["name"]: _checked(i, _arguments_schema(t["function"]), "a forced call")
+            for i, t in enumerate(tools) if not isinstance(mode, tuple) or t["function"]["name"] == mode[1]}
+
+
+def strict_calls(tools: list[dict], mode, template: str | None, tokenizer) -> StructuredOutputsParams | None:
+    """tool_choice "auto" with `strict` functions: OpenAI's guarantee that a strict function's
+    arguments follow its parameters. Each call the model opens (<tool_call>) is constrained to
+    {"name": <a function of the request>, "arguments": ...}, the arguments per the parameters for a
+    strict function (any object otherwise); the text around the calls stays free. Only where calls
+    are Hermes JSON (the server's own rendering, or a template that writes <tool_call> without
+    Qwen3-Coder's XML); None otherwise."""
+    if mode != "auto" or not any(t["function"].get("strict") for t in tools):
+        return None
+    if template_knows_tools(template) and (OPEN not in template or "<function=" in template):
+        return None
+    calls = []
     for i, t in enumerate(tools):
         fn = t["function"]
-        if isinstance(mode, tuple) and fn["name"] != mode[1]:
-            continue
-        try:
-            # arguments are an object: a schema that names no type (which would allow any JSON value) gets it
-            schema = {"type": "object", **fn["parameters"]} if fn.get("parameters") else \
-                {"type": "object", "properties": {}, "additionalProperties": False}
-            out[fn["name"]] = StructuredOutputsParams(json=schema)
-        except ValueError as e:
-            msg = str(e).removeprefix("structured_outputs.json: ")
-            raise bad(f"tools[{i}].function.parameters", f"a forced call's parameters: {msg}") from None
-    return out
+        args = _arguments_schema(fn) if fn.get("strict") else {"type": "object"}
+        if fn.get("strict"):
+            _checked(i, args, "a strict function")
+        calls.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": args},
+                      "required": ["name", "arguments"], "additionalProperties": False})
+    schema = json.dumps({"anyOf": calls, "x-guidance": JSON_COMPACT})
+    return StructuredOutputsParams(grammar=f"start: /[ \\t\\r\\n]*/ %json {schema}",
+                                   start_after=tokenizer.encode(OPEN, add_special_tokens=False), repeat=True)
 
 
 def parse_tool_choice(raw, tools: list[dict] | None):

@@ -79,13 +79,17 @@ class StructuredOutputManager:
 
     def new_matcher(self, params: StructuredOutputsParams) -> SequenceMatcher:
         root = next(self._turn) % self.threads
-        return SequenceMatcher(self._compiled_matcher(params, root).deep_copy(), root, params.start_after or ())
+        return SequenceMatcher(self._compiled_matcher(params, root).deep_copy(), root, params.start_after or (),
+                               params.repeat)
 
     def fill_masks(self, seqs) -> None:
         """Sets `row.packed_mask` of every sequence that has a matcher (objects with .matcher, .row), unless
         the matcher still waits for its trigger (the row stays unmasked then).
         A matcher that cannot go on (an error, or no token allowed) is failed and its row allows only
         end-of-sequence: the engine aborts the sequence at its next token."""
+        for s in seqs:
+            if s.matcher is not None and s.matcher.waiting:   # (free again after a structure: no old mask)
+                s.row.packed_mask = None
         cons = sorted((s for s in seqs if s.matcher is not None and not s.matcher.waiting),
                       key=lambda s: s.matcher.root)
         if not cons:  # (a matcher exists only once ll_tokenizer, and with it the executor, was built)

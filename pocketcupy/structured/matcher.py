@@ -7,13 +7,15 @@ log = logging.getLogger("pocketcupy")
 
 
 class SequenceMatcher:
-    def __init__(self, ll_matcher, root: int = 0, start_after: tuple[int, ...] = ()):
+    def __init__(self, ll_matcher, root: int = 0, start_after: tuple[int, ...] = (), repeat: bool = False):
         self.ll = ll_matcher          # llguidance.LLMatcher
         self.root = root              # which compilation of the grammar it was copied from
         self.error: str | None = None  # set when the grammar could not go on
         # Delayed start: while `trigger` is non-empty the sequence is free (no mask, the grammar does not
         # advance); the token after the output first holds these ids in a row is the grammar's first.
-        self.trigger = tuple(start_after)
+        # repeat: each complete structure makes the sequence free again until the trigger's next time.
+        self.trigger = self._start_after = tuple(start_after)
+        self._repeat = repeat and bool(start_after)
         self._tail: tuple[int, ...] = ()  # the last output tokens (up to len(trigger)) while waiting
 
     @property
@@ -34,6 +36,10 @@ class SequenceMatcher:
         if not self.ll.consume_token(int(token_id)):
             self.fail(f"token {token_id} was rejected")
             return True
+        if self._repeat and self.ll.is_stopped():   # free again, until the next trigger
+            self.ll.reset()
+            self.trigger = self._start_after
+            return False
         return self.ll.is_stopped()
 
     def valid_prefix(self, token_ids: list[int]) -> int:

@@ -16,7 +16,9 @@ class StructuredOutputsParams:
     `grammar` (Lark, in llguidance's dialect, or GBNF text). `whitespace_flexible` lets JSON have
     any whitespace between tokens (default: none but ', ' and ': '). `start_after` (token ids, e.g. a
     reasoning end marker's) delays the constraint: the output is free until it holds these ids in a row,
-    and the constraint applies from the next token on (the structure is what follows them)."""
+    and the constraint applies from the next token on (the structure is what follows them); with `repeat`,
+    each complete structure makes the output free again until the trigger's next time (a tool call's
+    arguments after each call marker)."""
 
     json: dict | str | bool | None = None
     regex: str | None = None
@@ -24,6 +26,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     whitespace_flexible: bool = False
     start_after: list[int] | None = None
+    repeat: bool = False
     kind: str = field(init=False, repr=False, compare=False)
     ll_grammar: str = field(init=False, repr=False, compare=False)  # llguidance grammar text
 
@@ -36,6 +39,9 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.whitespace_flexible: must be a bool, got "
                              f"{self.whitespace_flexible!r}")
         self.start_after = _trigger_ids(self.start_after)
+        if not isinstance(self.repeat, bool) or (self.repeat and not self.start_after):
+            raise ValueError(f"structured_outputs.repeat: must be a bool, and true only with start_after, got "
+                             f"{self.repeat!r}")
         self.kind = kind = given[0]
         self.ll_grammar = build_grammar(kind, self._text(kind), self.whitespace_flexible)
 
@@ -87,7 +93,8 @@ def as_structured_outputs(value) -> StructuredOutputsParams | None:
     if value is None or isinstance(value, StructuredOutputsParams):
         return value
     if isinstance(value, dict):
-        unknown = set(value) - {"json", "regex", "choice", "grammar", "whitespace_flexible", "start_after"}
+        unknown = set(value) - {"json", "regex", "choice", "grammar", "whitespace_flexible", "start_after",
+                                 "repeat"}
         if unknown:
             raise ValueError(f"structured_outputs: unknown field(s) {', '.join(sorted(unknown))}")
         return StructuredOutputsParams(**value)
