@@ -99,6 +99,8 @@ def test_stopping_ends_the_requests_that_outlast_it(smollm2_gguf, sig, graceful_
         rest = r.read()
         stream.close()
         assert rest.rstrip().endswith(b"data: [DONE]") and b"shutting down" in rest, rest[-300:]
+        error = json.loads(rest.rstrip().split(b"\n\n")[-2].removeprefix(b"data: "))["error"]
+        assert (error["type"], error["code"]) == ("service_unavailable_error", "service_unavailable"), error  # a 503's
         answer = queued.getresponse()
         assert answer.status == 503 and "shutting down" in json.loads(answer.read())["error"]["message"]
         queued.close()

@@ -11,7 +11,7 @@ import uuid
 from .anthropic_input import as_chat_body, renamed
 from .chat import chat_updates, encode_prompt, parse_chat, start_chat_job
 from .output_segments import Segments
-from .protocol import Fields
+from .protocol import ApiError, Fields
 from .responses import sse_event
 from .sse import SSEStream
 
@@ -102,7 +102,7 @@ def handle_messages(state, body, gone):
     blocks = ContentBlocks()
     if req.stream:
         return SSEStream(_stream(state, job, req, forced, head, blocks, prompt_len), job, sse_event, done=False,
-                         error=stream_error)
+                         error=ApiError.anthropic_body)
     last = None
     with job:
         for u in chat_updates(state, req, job, forced):
@@ -136,10 +136,6 @@ def _stream(state, job, req, forced, head: dict, blocks: ContentBlocks, prompt_l
     yield {"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
            "usage": _usage(prompt_len, last)}
     yield {"type": "message_stop"}
-
-
-def stream_error(message: str) -> dict:
-    return {"type": "error", "error": {"type": "api_error", "message": message}}
 
 
 def handle_count_tokens(state, body) -> dict:

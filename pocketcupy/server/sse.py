@@ -16,16 +16,13 @@ from .responses import SSE_DONE, sse
 log = logging.getLogger("pocketcupy.server")
 
 
-def openai_error(message: str) -> dict:
-    """The chunk that ends an OpenAI stream whose generation failed (the client raises it)."""
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}}
-
-
 class SSEStream:
     """chunks: dicts, each written by `fmt` (the Responses and Anthropic APIs': sse_event, named by
-    its type); error: the chunk for a failed generation's message."""
+    its type); error: the chunk that ends a failed generation, of its ApiError (by default the OpenAI
+    error body the response would have had, whose `{"error": ...}` the client raises, as vLLM's; a
+    failure of the server's own is a 500's)."""
 
-    def __init__(self, chunks, job, fmt=sse, done: bool = True, error=openai_error):
+    def __init__(self, chunks, job, fmt=sse, done: bool = True, error=ApiError.body):
         self.chunks, self.job, self.fmt, self.done, self.error = chunks, job, fmt, done, error
 
     def __iter__(self):
@@ -37,11 +34,11 @@ class SSEStream:
             return
         except ApiError as e:   # the server is stopping, or the engine failed the request for its input
             log.info("stream %s ended: %s", self.job.request_id, e.message)
-            yield self.fmt(self.error(e.message))
+            yield self.fmt(self.error(e))
         except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
             log.exception("stream %s failed", self.job.request_id)
             self.job.close("error")
-            yield self.fmt(self.error(f"generation failed: {type(e).__name__}: {e}"))
+            yield self.fmt(self.error(ApiError(500, f"generation failed: {type(e).__name__}: {e}")))
         finally:
             self.job.close()
         if self.done:
