@@ -534,12 +534,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
     def _constrain(self, seqs: list[SequenceState]) -> None:
         self.structured.fill_masks(seqs)
         for s in seqs:
-            if s.group.bad_words:
+            if s.group.bad_words:   # (where they and the masks forbid every token, the sampler fails the row)
                 s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
-                allowed = s.group.params.allowed_token_ids
-                if allowed and set(allowed) <= set(s.row.banned_ids):  # (it sampled a token outside allowed)
-                    raise ValueError("bad_words: they forbid every token allowed_token_ids allows here, after "
-                                     f"{len(s.req.output_token_ids)} generated tokens")
 
     def _graph_sample_params(self, sched_out):
         """For runner.execute: the sampled rows' parameters when the device sampler can run inside

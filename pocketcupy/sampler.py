@@ -152,6 +152,32 @@ def apply_suppressed(logits: np.ndarray, rows: Sequence[SamplingRow], eos_token_
             logits[i, ids] = -np.inf
 
 
+def has_constraints(row: SamplingRow) -> bool:
+    """Whether the row's masks or suppressed tokens (bad words, min_tokens' stops) might forbid every token."""
+    return (row.allowed_mask is not None or row.packed_mask is not None or len(row.banned_ids) > 0
+            or len(row.output_ids) < row.params.min_tokens)
+
+
+def no_token_left(row: SamplingRow) -> ValueError:
+    """The error of a row whose constraints forbid every token this step, naming the request's fields that
+    do; the first (the server's 400 names it as param) is one that forbids tokens this step, if any does."""
+    fields = [name for name, on in (("bad_words", len(row.banned_ids) > 0),
+                                    ("min_tokens", len(row.output_ids) < row.params.min_tokens),
+                                    ("structured_outputs", row.packed_mask is not None),
+                                    ("allowed_token_ids", row.allowed_mask is not None)) if on]
+    together = f"with {', '.join(fields[1:])}, " if len(fields) > 1 else ""
+    return ValueError(f"{fields[0]}: {together}it forbids every token after {len(row.output_ids)} generated "
+                      "tokens (no token can be sampled)")
+
+
+def check_token_left(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
+    """no_token_left() for the first row with constraints whose logits (masked) are all -inf: sampling it
+    would draw from NaN probabilities."""
+    for i, r in enumerate(rows):
+        if has_constraints(r) and logits[i].max() == -np.inf:
+            raise no_token_left(r)
+
+
 def apply_penalties(logits: np.ndarray, rows: Sequence[SamplingRow]) -> None:
     """Repetition penalty over prompt+output (HF/vLLM), then frequency/presence over output."""
     V = logits.shape[1]
@@ -257,6 +283,7 @@ class Sampler:
         lp_rows = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         raw_lp = log_softmax(logits[lp_rows]) if lp_rows else None
         apply_suppressed(logits, rows, eos)
+        check_token_left(logits, rows)
         apply_penalties(logits, rows)
 
         token_ids = np.empty(B, dtype=np.int64)

@@ -87,6 +87,30 @@ def test_packed_batch_layout():
     assert masks.tolist() == [0x55555555] * 3 + [0x5]
 
 
+def test_no_token_left_is_a_value_error_naming_the_fields():
+    """Masks and suppressed tokens (bad words, min_tokens' stops) that leave no token: both samplers (the
+    device one's host side) raise a ValueError naming the fields, where they drew from NaN probabilities
+    (the NumPy sampler: token 0, outside the mask). A row with one token left samples it."""
+    V, eos = len(LOGITS), [4]
+    mask = np.isin(np.arange(V), [2, 5])
+    with_eos = sc.pack_mask(mask | (np.arange(V) == 4), V)
+    cases = [
+        (SamplingRow(SamplingParams(), allowed_mask=mask, banned_ids=[2, 5]), "bad_words: with allowed_token_ids,"),
+        (SamplingRow(SamplingParams(min_tokens=2, stop_token_ids=[3]), packed_mask=sc.pack_mask(np.arange(V) == 3, V)),
+         "min_tokens: with structured_outputs,"),
+        (SamplingRow(SamplingParams(temperature=0, min_tokens=1), packed_mask=with_eos, banned_ids=[2, 5]),
+         "bad_words: with min_tokens, structured_outputs,"),
+    ]
+    for row, message in cases:
+        with pytest.raises(ValueError, match=f"^{message} it forbids every token after 0 generated tokens"):
+            Sampler(eos)(LOGITS[None], [row])
+        with pytest.raises(ValueError, match=f"^{message} it forbids every token"):
+            sc.PackedBatch([row], V, eos)
+    one_left = SamplingRow(SamplingParams(), allowed_mask=mask, banned_ids=[2])
+    assert Sampler(eos)(LOGITS[None], [one_left]).token_ids.tolist() == [5]
+    assert sc.PackedBatch([one_left], V, eos).n_masks == 1
+
+
 def test_graph_params_only_for_rows_without_lists_masks_or_bias():
     """CudaSampler.graph_params: the decode graph's sampler takes greedy / filtered / logprob rows
     (their PackedBatch parameters, seeds drawn as launch() draws them) and nothing that needs token

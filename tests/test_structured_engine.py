@@ -219,6 +219,22 @@ def test_unsatisfiable_constraint_ends_its_sequence_alone(engine):
     assert outs[1].outputs[0].finish_reason == "length" and len(outs[1].outputs[0].token_ids) == 5
 
 
+def test_no_token_left_fails_the_request_naming_the_fields(engine):
+    """A choice of "yes" with bad_words ["yes"] forbids every token: the sampler drew token 0 from NaN
+    probabilities, the grammar rejected it and the request ended "abort" (an llguidance error in the log).
+    Now it fails at that step with a ValueError naming the fields (a 400 through the server), and its
+    batch-mate runs on."""
+    p = greedy(structured_outputs={"choice": ["yes"]}, bad_words=["yes"], max_tokens=4)
+    with pytest.raises(ValueError, match="^bad_words: with structured_outputs, it forbids every token after 0 "):
+        engine.generate("Say yes", p)
+    engine.add_request("none-left", "Say yes", p)
+    engine.add_request("mate", "Say yes", greedy(max_tokens=3, ignore_eos=True))
+    ends = {}
+    while engine.has_unfinished_requests():
+        ends.update((o.request_id, o.outputs[0].finish_reason) for o in engine.step() if o.finished)
+    assert ends == {"none-left": "error", "mate": "length"}
+
+
 def test_add_request_rejects_bad_constraints(engine):
     with pytest.raises(ValueError, match="structured_outputs.regex"):
         engine.add_request("bad", "x", SamplingParams(structured_outputs={"regex": "(["}))

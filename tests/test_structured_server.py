@@ -8,7 +8,9 @@ import jsonschema
 import openai
 import pytest
 
+from tests.test_server_api import _wait_idle
 from tests.test_server_harness import MODEL, client, metrics, request, server  # noqa: F401
+from tests.test_server_metrics import moved
 from tests.test_structured_params import ARITH_LARK
 
 CHAT = "/v1/chat/completions"
@@ -167,6 +169,24 @@ def test_unsatisfiable_schema_is_a_400_through_the_client(client):
         assert e.value.body["param"] == "response_format.json_schema.schema"
         assert e.value.body["message"].startswith("response_format.json_schema.schema: the constraint cannot")
     jsonschema.validate(json.loads(chat(client, response_format=JSON_SCHEMA).choices[0].message.content), PERSON)
+
+
+def test_no_token_left_is_a_400_naming_bad_words(client, server):
+    """guided_choice ["yes"] with bad_words ["yes"] forbids every token: the sampler drew from NaN probabilities
+    and the request ended with finish_reason "abort" (an llguidance error in the log). Now the engine fails it: a
+    400 naming bad_words, streamed an error chunk with the 400's own type, code and param (was "server_error"),
+    each a finished request of reason "error"."""
+    kw = {"model": MODEL, "prompt": "Say yes", "max_tokens": 4,
+          "extra_body": {"guided_choice": ["yes"], "bad_words": ["yes"]}}
+    m0 = _wait_idle(server)
+    for stream in (False, True):
+        with pytest.raises(openai.APIError) as e:
+            out = client.completions.create(stream=stream, **kw)
+            list(out) if stream else None
+        body = e.value.body
+        assert (body["param"], body["type"], body["code"]) == ("bad_words", "invalid_request_error", "invalid_value")
+        assert body["message"].startswith("bad_words: with structured_outputs, it forbids every token"), body
+    assert moved(m0, _wait_idle(server)) == {"error": 2}
 
 
 def test_metrics_count_constrained_requests(client, server):

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..sampler import (Logprob, PendingSample, PositionLogprobs, SamplerOutput, SamplingRow, logit_bias_entries,
-                       suppressed_tokens)
+                       no_token_left, suppressed_tokens, unpack_mask)
 from .kernels import cuda_op, kernel
 from .pinned_upload import upload
 
@@ -151,6 +151,14 @@ def _row_mask_words(row: SamplingRow, V: int, W: int) -> np.ndarray | None:
     return m if row.allowed_mask is None else m & pack_mask(row.allowed_mask, V)
 
 
+def _leaves_a_token(words: np.ndarray, suppressed: Sequence[int], V: int) -> bool:
+    """Whether the packed allowed bits allow a token outside `suppressed` (the logits, and a logit bias's,
+    are finite: only masks and suppressed tokens make a logit -inf)."""
+    allowed = unpack_mask(words, V)
+    allowed[suppressed] = False
+    return bool(allowed.any())
+
+
 def _ids(x) -> np.ndarray:
     return np.asarray(x, dtype=np.int64).reshape(-1).astype(np.int32)  # via int64: no silent wrap of ints
 
@@ -202,9 +210,12 @@ class PackedBatch:
             p = r.params
             flags = 0
             m = _row_mask_words(r, V, W)
+            supp = suppressed_tokens(r, eos, V)
             if m is not None:
                 if not m.any():
                     raise ValueError(f"allowed_mask of row {i} allows no token")
+                if supp and not _leaves_a_token(m, supp, V):   # (the kernel would sample from an all -inf row)
+                    raise no_token_left(r)
                 mask_col[i] = len(masks)
                 masks.append(m)
             if p.greedy:
@@ -221,7 +232,6 @@ class PackedBatch:
                 ints[i, SP_NLP] = min(p.logprobs, V)
             fp = (p.frequency_penalty != 0.0 or p.presence_penalty != 0.0) and len(r.output_ids) > 0
             rp = p.repetition_penalty != 1.0
-            supp = suppressed_tokens(r, eos, V)
             if rp or fp or supp:
                 flags |= F_EDITS
                 reps[i] = p.repetition_penalty
