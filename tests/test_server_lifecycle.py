@@ -145,7 +145,8 @@ def _open_stream(server, max_tokens):
 
 def test_probes_answer_while_every_http_thread_streams(keyed):
     """With both HTTP threads (--http-threads 2) held by streams, probes and /metrics are still
-    answered at once (they queued behind the streams), and other requests wait for a thread."""
+    answered at once (they queued behind the streams), and other requests wait for a thread (one
+    freed here by a stream's client going away: waiting for a 120-token stream's end took 15 s)."""
     keyed.wait_ready()
     streams = [_open_stream(keyed, 120) for _ in range(2)]
     try:
@@ -155,6 +156,8 @@ def test_probes_answer_while_every_http_thread_streams(keyed):
             assert time.monotonic() - t0 < 3, path
         for _, r in streams:  # still streaming
             assert json.loads(_next_event(r))["choices"][0]["finish_reason"] is None
+        streams[0][1].close()
+        streams[0][0].close()
         assert request(keyed, "GET", "/v1/models", headers=AUTH, timeout=120)[0] == 200  # after a stream ends
     finally:
         for c, _ in streams:
