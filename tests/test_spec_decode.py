@@ -132,8 +132,8 @@ def test_quantized_kv_cache_agrees_until_a_near_tie(smollm2_gguf, kv):
     """A draft's K/V comes from a projection of several rows, whose float rounding can move a
     quantization code: tokens must agree up to the first position where the reference's top two
     differ by less than 0.3 (summed over two chats: the first may open with such a near tie, which
-    rounding anywhere before it can bring or take away; the counting one has none in 48 tokens)."""
-    p = SamplingParams(temperature=0, max_tokens=48, logprobs=2)
+    rounding anywhere before it can bring or take away; the counting one has none in 32 tokens)."""
+    p = SamplingParams(temperature=0, max_tokens=32, logprobs=2)
     ref, e = engine(smollm2_gguf, kv_cache_dtype=kv), engine(smollm2_gguf, kv_cache_dtype=kv, **SPEC)
     checked = 0
     for chat in (CHATS[0], [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]):
