@@ -67,12 +67,12 @@ def test_random_draft_rejected_yet_same_tokens(smollm2_gguf, random_draft, plain
 
 
 def test_batched_with_preemption_and_shared_prefix(smollm2_gguf, plain):
-    p = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     prefix = "Here is a function.\n" + CODE
     prompts = [prefix + "Explain it.", prefix + "Rewrite it iteratively.", "one two three one two three",
                CODE, "The cat sat on the mat. The cat sat on the", prefix + "Name it differently."]
     alone = [plain.generate(x, p)[0].outputs[0].token_ids for x in prompts]
-    tiny = drafting(smollm2_gguf, smollm2_gguf, num_kv_blocks=40, block_size=4, max_num_batched_tokens=96)
+    tiny = drafting(smollm2_gguf, smollm2_gguf, num_kv_blocks=30, block_size=4, max_num_batched_tokens=96)
     outs = tiny.generate(prompts, p)
     assert [o.outputs[0].token_ids for o in outs] == alone
     s = tiny.stats()
