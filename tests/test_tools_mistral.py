@@ -10,6 +10,7 @@ import pytest
 
 from pocketcupy.server.chat import parse_chat, render_messages
 from pocketcupy.server.protocol import ApiError
+from pocketcupy.server.state import ServerConfig
 from pocketcupy.server.tool_prompt import ToolStyle, parse_messages, parse_tools, tool_style
 from pocketcupy.server.tools import HERMES_FORCED, ForcedCallParser, ToolParser, collect, forced_prefill
 from pocketcupy.server.tools_mistral import forced_form
@@ -176,7 +177,7 @@ def test_tool_requests_keep_the_marker_tokens():
     tool_choice none, nothing changes."""
     engine = _template_engine(MISTRAL_V03, **MARKER_TOKENS)
     tok = engine.tokenizer
-    state = SimpleNamespace(engine=engine, config=SimpleNamespace(served_model_names=["m"]))
+    state = SimpleNamespace(engine=engine, config=ServerConfig(served_model_names=["m"]))
     body = {"model": "m", "messages": [{"role": "user", "content": "a"}], "tools": TOOLS}
     req = parse_chat(state, body)
     marks = tok.encode("[TOOL_CALLS][ARGS]", add_special_tokens=False)
