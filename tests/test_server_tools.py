@@ -190,28 +190,43 @@ def test_forced_arguments_follow_the_schema(client, server):
     assert status == 400 and resp["error"]["param"] == "tools[0].function.parameters"
 
 
-def test_strict_function_under_auto(client, server):
-    """tool_choice "auto" with a strict function (OpenAI: its arguments follow the schema): the model
-    decides whether to call (shown two calls, SmolLM2 calls by itself), and its call's arguments are
-    constrained from the <tool_call> marker on (not strict, it wrote {"city": "London"}: no "unit").
-    A strict schema the structured-output engine refuses is a 400 naming it."""
-    params = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
-                                               "unit": {"enum": ["celsius", "fahrenheit"]}},
-              "required": ["city", "unit"], "additionalProperties": False}
-    fn = {"name": "get_weather", "description": "Current weather in a city", "parameters": params}
+STRICT_PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                 "required": ["city", "unit"], "additionalProperties": False}
+STRICT_WEATHER = {"name": "get_weather", "description": "Current weather in a city", "parameters": STRICT_PARAMS}
+
+
+def shown_calls() -> list[dict]:
+    """A conversation that shows the model two calls of get_weather with a city alone (SmolLM2 then
+    calls it by itself for London, as shown), and asks for London's weather."""
     shots = []
     for i, city in enumerate(("Rome", "Paris")):
         call = {"id": f"c{i}", "type": "function", "function": {"name": "get_weather",
                                                                 "arguments": json.dumps({"city": city})}}
         shots += [{"role": "user", "content": f"What is the weather like in {city}?"},
                   {"role": "assistant", "content": None, "tool_calls": [call]}]
-    msgs = shots + [{"role": "user", "content": "What is the weather like in London?"}]
-    strict = create(client, messages=msgs, tool_choice="auto", max_tokens=40,
-                    tools=[{"type": "function", "function": dict(fn, strict=True)}]).choices[0]
-    (call,) = strict.message.tool_calls
-    assert strict.finish_reason == "tool_calls" and call.function.name == "get_weather"
+    return shots + [{"role": "user", "content": "What is the weather like in London?"}]
+
+
+def strict_call(client, messages, **kw) -> dict:
+    """The arguments of the one call the model makes under "auto" to a strict get_weather, checked
+    against its schema (OpenAI's guarantee); kw: more of the request."""
+    choice = client.chat.completions.create(**{
+        "model": MODEL, "messages": messages, "tool_choice": "auto", "max_tokens": 40, "temperature": 0,
+        "tools": [{"type": "function", "function": dict(STRICT_WEATHER, strict=True)}], **kw}).choices[0]
+    (call,) = choice.message.tool_calls
+    assert choice.finish_reason == "tool_calls" and call.function.name == "get_weather"
     args = json.loads(call.function.arguments)
     assert set(args) == {"city", "unit"} and args["unit"] in ("celsius", "fahrenheit") and len(args["city"]) <= 16
+    return args
+
+
+def test_strict_function_under_auto(client, server):
+    """tool_choice "auto" with a strict function (OpenAI: its arguments follow the schema): the model
+    decides whether to call (shown two calls, SmolLM2 calls by itself), and its call's arguments are
+    constrained from the <tool_call> marker on (not strict, it wrote {"city": "London"}: no "unit").
+    A strict schema the structured-output engine refuses is a 400 naming it."""
+    strict_call(client, shown_calls())
     body = {"model": MODEL, "messages": ASK, "tool_choice": "auto", "tools": [
         {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
             "type": "object", "properties": {"n": {"type": "integer", "minimum": 1e300}}}}}]}

@@ -315,3 +315,29 @@ def test_repeat_frees_the_output_after_each_structure(engine):
             masked.append(tok.decode([t]))
         assert not m.accept(t)   # a complete structure does not end the sequence
     assert masked == [" ", "4", "2", " ", "1", "7"] and m.error is None and m.waiting
+
+
+def test_tool_call_grammars_the_server_tests_do_not_reach(engine):
+    """strict tool calls' grammars (server/tool_grammar.py) in the forms no served template writes in
+    the tests: DeepSeek-V3's fenced call, Mistral v11's [CALL_ID]; a call as the template writes it
+    is complete, arguments against the schema are rejected, as is a second call where calls are
+    not parallel."""
+    from pocketcupy.server import tool_grammar
+    from pocketcupy.server.tools_deepseek import CALL_BEGIN, CALL_END, CALLS_END, SEP
+
+    tok = engine.tokenizer
+    args = {"get_weather": {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
+                            "additionalProperties": False}, "get_time": {"type": "object"}}
+    fenced = CALL_BEGIN + "function" + SEP + 'get_weather\n```json\n{"unit": %s}\n```' + CALL_END
+    cases = [(tool_grammar.deepseek(tok, args, True, False), fenced + CALLS_END),
+             (tool_grammar.deepseek(tok, args, True, True), fenced + fenced + CALLS_END),
+             (tool_grammar.mistral_v11(tok, args, True), 'get_weather[CALL_ID]a1B2c3D4e[ARGS]{"unit": %s}')]
+    for grammar, form in cases:
+        for unit, complete in (('"c"', True), ('"k"', False)):
+            m = engine.structured.new_matcher(StructuredOutputsParams(grammar=grammar))
+            done = [m.accept(t) for t in tok.encode(form.replace("%s", unit), add_special_tokens=False)]
+            assert (done[-1] and m.error is None) == complete, (form, unit, m.error)
+    m = engine.structured.new_matcher(StructuredOutputsParams(grammar=cases[0][0]))
+    for t in tok.encode((fenced * 2).replace("%s", '"c"'), add_special_tokens=False):
+        m.accept(t)
+    assert m.error is not None   # (not parallel: the second call's begin marker)

@@ -131,7 +131,7 @@ def parse_chat(state, body) -> ChatRequest:
     style = tool_style(engine.tokenizer, callable_tools)
     if kw["structured_outputs"] is None and callable_tools:
         kw["structured_outputs"] = strict_calls(tools, mode, engine.tokenizer.chat_template_for(callable_tools),
-                                                engine.tokenizer)
+                                                engine.tokenizer, parallel)
     # The tool parser must see the tokenizer's tool-call markers (Mistral's [TOOL_CALLS], [ARGS]),
     # which are control tokens that skip_special_tokens drops. vLLM turns skip_special_tokens off
     # for such requests, which also writes every other control token the model emits (Magistral's

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 
 from ..chat_template import validate_messages
 from ..structured import StructuredOutputsParams
-from ..structured.grammar import JSON_COMPACT
 from .protocol import bad, short_repr
 from .responses import new_id
 from .tool_schema import schema_problem
 from .tools import CLOSE, HERMES_FORCED, OPEN, valid_function_name
-from . import tools_deepseek
-from .tools_mistral import BOT, MARKERS, forced_form, writes_mistral_calls
+from . import tool_grammar, tools_deepseek
+from .tools_deepseek import CALLS_BEGIN
+from .tools_mistral import ARGS, BOT, CALL_ID, MARKERS, forced_form, writes_mistral_calls
 from .tools_mistral import call_id as mistral_call_id
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -95,28 +95,34 @@ def forced_call_arguments(tools: list[dict], mode) -> dict[str, StructuredOutput
             for i, t in enumerate(tools) if not isinstance(mode, tuple) or t["function"]["name"] == mode[1]}
 
 
-def strict_calls(tools: list[dict], mode, template: str | None, tokenizer) -> StructuredOutputsParams | None:
+def strict_calls(tools: list[dict], mode, template: str | None, tokenizer,
+                 parallel: bool = True) -> StructuredOutputsParams | None:
     """tool_choice "auto" with `strict` functions: OpenAI's guarantee that a strict function's
-    arguments follow its parameters. Each call the model opens (<tool_call>) is constrained to
-    {"name": <a function of the request>, "arguments": ...}, the arguments per the parameters for a
-    strict function (any object otherwise); the text around the calls stays free. Only where calls
-    are Hermes JSON (the server's own rendering, or a template that writes <tool_call> without
-    Qwen3-Coder's XML); None otherwise."""
+    arguments follow its parameters. Each time the model opens calls (the style's marker: <tool_call>,
+    [TOOL_CALLS], <｜tool▁calls▁begin｜>), what follows is constrained to the style's calls of the
+    request's functions, the arguments per the parameters for a strict function (any object
+    otherwise); the text around the calls stays free; not `parallel`: one call a marker. None where
+    calls have no marker that a grammar of a JSON call follows (Llama-3's bare JSON, Qwen3-Coder's XML)."""
     if mode != "auto" or not any(t["function"].get("strict") for t in tools):
         return None
-    if template_knows_tools(template) and (OPEN not in template or "<function=" in template):
-        return None
-    calls = []
+    arguments = {}
     for i, t in enumerate(tools):
         fn = t["function"]
-        args = _arguments_schema(fn) if fn.get("strict") else {"type": "object"}
+        arguments[fn["name"]] = _arguments_schema(fn) if fn.get("strict") else {"type": "object"}
         if fn.get("strict"):
-            _checked(i, args, "a strict function")
-        calls.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": args},
-                      "required": ["name", "arguments"], "additionalProperties": False})
-    schema = json.dumps({"anyOf": calls, "x-guidance": JSON_COMPACT})
-    return StructuredOutputsParams(grammar=f"start: /[ \\t\\r\\n]*/ %json {schema}",
-                                   start_after=tokenizer.encode(OPEN, add_special_tokens=False), repeat=True)
+            _checked(i, arguments[fn["name"]], "a strict function")
+    if template_knows_tools(template) and BOT in template:        # (as tool_style decides)
+        marker, grammar = BOT, (tool_grammar.mistral_v11(tokenizer, arguments, CALL_ID in template)
+                                if ARGS in template else tool_grammar.mistral_list(arguments, parallel))
+    elif tools_deepseek.writes_deepseek_calls(template):
+        marker, grammar = CALLS_BEGIN, tool_grammar.deepseek(tokenizer, arguments, "```json" in template,
+                                                                  parallel)
+    elif not template_knows_tools(template) or (OPEN in template and "<function=" not in template):
+        marker, grammar = OPEN, tool_grammar.hermes(arguments)
+    else:
+        return None
+    return StructuredOutputsParams(grammar=grammar, start_after=tokenizer.encode(marker, add_special_tokens=False),
+                                   repeat=True)
 
 
 def parse_tool_choice(raw, tools: list[dict] | None):
