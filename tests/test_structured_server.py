@@ -175,7 +175,8 @@ def test_no_token_left_is_a_400_naming_bad_words(client, server):
     """guided_choice ["yes"] with bad_words ["yes"] forbids every token: the sampler drew from NaN probabilities
     and the request ended with finish_reason "abort" (an llguidance error in the log). Now the engine fails it: a
     400 naming bad_words, streamed an error chunk with the 400's own type, code and param (was "server_error"),
-    each a finished request of reason "error"."""
+    each a finished request of reason "error". The message names guided_choice, the field the client sent, where it
+    said structured_outputs (the engine's name for it, a field the client never sent)."""
     kw = {"model": MODEL, "prompt": "Say yes", "max_tokens": 4,
           "extra_body": {"guided_choice": ["yes"], "bad_words": ["yes"]}}
     m0 = _wait_idle(server)
@@ -185,7 +186,7 @@ def test_no_token_left_is_a_400_naming_bad_words(client, server):
             list(out) if stream else None
         body = e.value.body
         assert (body["param"], body["type"], body["code"]) == ("bad_words", "invalid_request_error", "invalid_value")
-        assert body["message"].startswith("bad_words: with structured_outputs, it forbids every token"), body
+        assert body["message"].startswith("bad_words: with guided_choice, it forbids every token"), body
     assert moved(m0, _wait_idle(server)) == {"error": 2}
 
 

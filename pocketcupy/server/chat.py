@@ -11,7 +11,7 @@ from .protocol import (Fields, bad, check_context, check_model, make_params, par
 from .reasoning import ReasoningParser, after_reasoning, message_texts
 from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
 from .sse import SSEStream
-from .structured_fields import engine_renames, parse_structured_field
+from .structured_fields import engine_mentions, engine_renames, parse_structured_field
 from .tool_prompt import (ToolStyle, for_template, forced_call_arguments, parse_messages, parse_tool_choice,
                           parse_tools, strict_calls, template_knows_tools, tool_style)
 from .tools import ForcedCallParser, ToolParser, forced_prefill
@@ -267,7 +267,7 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
         f"tools[{i}].function.parameters" for i, t in enumerate(req.tools) if t["function"]["name"] == forced)
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages",
-               **engine_renames(constraint)})
+               **engine_renames(constraint)}, mentions=engine_mentions(constraint))
     job.start()
     return job, forced, ids
 

@@ -9,7 +9,7 @@ from .generation import Job
 from .protocol import Fields, bad, check_context, check_model, make_params, parse_common, parse_stream
 from .responses import CompletionLogprobs, chunk_usage, finish_reason, new_id, prompt_logprobs_json, usage
 from .sse import SSEStream
-from .structured_fields import engine_renames, parse_structured_field
+from .structured_fields import engine_mentions, engine_renames, parse_structured_field
 
 MAX_PROMPTS = 64
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
@@ -122,7 +122,7 @@ def handle_completion(state, body, gone):
     rid = new_id("cmpl")
     job = Job(state, rid, [p for p, _ in prompts], params, priority, gone,
               {"prompt": "prompt", **engine_renames(structured_param)},
-              generates=not scores_only)
+              generates=not scores_only, mentions=engine_mentions(structured_param))
     job.start()
     head = {"id": rid, "created": int(time.time()), "model": model, "system_fingerprint": "pocketcupy"}
     if stream:

@@ -44,11 +44,11 @@ class Job:
 
     def __init__(self, state, request_id: str, prompts: list[list[int]], params, priority: int = 0,
                  gone=lambda: False, param_names: dict | None = None, metered: bool = True,
-                 generates: bool = True, pooling=None):
+                 generates: bool = True, pooling=None, mentions=()):
         self.state, self.request_id = state, request_id
         self.metered, self.generates, self.pooling = metered, generates and pooling is None, pooling
         self.prompts, self.params, self.priority = prompts, params, priority
-        self.gone, self.param_names = gone, param_names or {}
+        self.gone, self.param_names, self.mentions = gone, param_names or {}, mentions
         self.streams: list = []
         self._outputs: queue.Queue = queue.Queue()   # every prompt's, as (prompt index, output)
         self.aborted: set[int] = set()
@@ -73,7 +73,8 @@ class Job:
                                                            key=i, pooling=self.pooling))
         except ValueError as e:
             self.close()
-            raise from_value_error(e, self.param_names.get("prompt", "messages"), self.param_names) from None
+            raise from_value_error(e, self.param_names.get("prompt", "messages"), self.param_names,
+                                   self.mentions) from None
         except RuntimeError as e:  # the loop is shutting down
             self.close()
             raise ApiError(503, f"the server is shutting down: {e}") from None
@@ -127,7 +128,7 @@ class Job:
                 except Exception as e:   # the engine failed this request, or its step failed
                     self._count_failed(i)
                     if isinstance(e, ValueError) and names_a_field(e):   # for its input (e.g. its bad_words)
-                        raise from_value_error(e, None, self.param_names) from None
+                        raise from_value_error(e, None, self.param_names, self.mentions) from None
                     raise
                 self._observe(i, out)
                 yield i, out

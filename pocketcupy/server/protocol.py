@@ -49,16 +49,20 @@ def bad(param: str | None, message: str) -> ApiError:
     return ApiError(400, message, param)
 
 
+def apply_renames(text: str, renames) -> str:
+    """`text` with each (compiled pattern, replacement) of `renames` applied in turn."""
+    for pattern, repl in renames:
+        text = pattern.sub(repl, text)
+    return text
+
+
 @contextmanager
 def renamed_errors(origin: list[str], renames: list):
     """Within it, a chat parser's error about a request translated into a chat request (the
     Responses and Anthropic APIs) names the field the client sent: messages[i] -> origin[i] (the
     item or turn message i came from), then each (compiled pattern, replacement) of `renames`."""
     def rename(text: str) -> str:
-        text = re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text)
-        for pattern, repl in renames:
-            text = pattern.sub(repl, text)
-        return text
+        return apply_renames(re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text), renames)
     try:
         yield
     except ApiError as e:
@@ -71,8 +75,10 @@ def names_a_field(e: ValueError) -> bool:
     return bool(colon and head.strip()) and " " not in head.strip()
 
 
-def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None) -> ApiError:
-    """Our ValueErrors start with the field name ('max_tokens: ...'): that becomes `param`."""
+def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None,
+                     mentions=()) -> ApiError:
+    """Our ValueErrors start with the field name ('max_tokens: ...'): that becomes `param`, renamed by
+    `rename` (the engine's name -> the client's); `mentions` (as renamed_errors' renames) rewrite the message."""
     msg = str(e)
     head = msg.split(":", 1)[0].strip()
     param = head if names_a_field(e) else default_param
@@ -80,7 +86,7 @@ def from_value_error(e: ValueError, default_param: str | None, rename: dict | No
         if param == head:   # the message names the field as the engine knows it: name the client's
             msg = rename[param] + msg[len(head):]
         param = rename[param]
-    return bad(param, msg)
+    return bad(param, apply_renames(msg, mentions))
 
 
 def _kind(v) -> str:

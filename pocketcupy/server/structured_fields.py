@@ -11,6 +11,7 @@ from .protocol import Fields, bad, from_value_error
 
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+ENGINE_FIELD = re.compile(r"\bstructured_outputs\b(?!\.\w)")   # (not its own fields: structured_outputs.json)
 
 
 def _response_format(f: Fields):
@@ -47,7 +48,14 @@ def _response_format(f: Fields):
 def engine_renames(param: str | None) -> dict:
     """Job's param_names for a constraint given in `param`: the engine's errors when it compiles the
     constraint against the tokenizer ('structured_outputs.json: ...') name that field instead."""
-    return {} if param is None else {f"structured_outputs.{kind}": param for kind in KINDS}
+    return {} if param is None else {"structured_outputs": param,
+                                     **{f"structured_outputs.{kind}": param for kind in KINDS}}
+
+
+def engine_mentions(param: str | None) -> list:
+    """Job's mentions for a constraint given in `param`: the engine's errors that mention it within the
+    message ('bad_words: with structured_outputs, ...') name that field instead."""
+    return [] if param is None else [(ENGINE_FIELD, param)]
 
 
 def parse_structured_field(f: Fields) -> tuple[StructuredOutputsParams | None, str | None]:
@@ -70,4 +78,4 @@ def parse_structured_field(f: Fields) -> tuple[StructuredOutputsParams | None, s
     try:
         return as_structured_outputs(spec), param
     except ValueError as e:   # 'structured_outputs.json: ...' -> the field the client sent
-        raise from_value_error(e, param, {"structured_outputs": param, **engine_renames(param)}) from None
+        raise from_value_error(e, param, engine_renames(param), engine_mentions(param)) from None
