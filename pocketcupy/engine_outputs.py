@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from .input_errors import is_input_error
 from .outputs import CompletionOutput, RequestOutput
 from .request_state import RequestGroup, SequenceState
 from .sampler import prompt_logprobs
@@ -106,7 +107,10 @@ class EngineOutputs:
             return
         if g.error is None:
             g.error = error
-            log.error("request %s failed: %s: %s", g.request_id, type(error).__name__, error, exc_info=error)
+            if is_input_error(error):   # the client's mistake (a 400 through the server): no traceback
+                log.info("request %s failed for its input: %s", g.request_id, error)
+            else:
+                log.error("request %s failed: %s: %s", g.request_id, type(error).__name__, error, exc_info=error)
         for s in live:
             s.output.finish_reason = RequestStatus.FINISHED_ERROR.value
             self.scheduler.finish(s.req.request_id, RequestStatus.FINISHED_ERROR)

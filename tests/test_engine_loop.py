@@ -143,6 +143,24 @@ def test_one_request_failing_leaves_the_others(engine):
     assert engine.generate("The capital of France is", p)[0].outputs[0].token_ids == alone
 
 
+def test_input_errors_are_logged_without_a_traceback(engine, caplog):
+    """A request failed for its input (a ValueError naming the field: the client's mistake, a 400 through the
+    server; here a choice of "yes" with bad_words ["yes"]) is logged at INFO without a traceback (was an ERROR
+    with one, as for a bug); an internal error (its detokenizer failing) is still an ERROR with its traceback."""
+    bad_input = SamplingParams(temperature=0, max_tokens=4, structured_outputs={"choice": ["yes"]}, bad_words=["yes"])
+    with caplog.at_level("INFO", logger="pocketcupy"):
+        with pytest.raises(ValueError, match="^bad_words: "):
+            engine.generate("Say yes", bad_input)
+        engine.add_request("internal", "Write a long story.", SamplingParams(max_tokens=20, ignore_eos=True))
+        engine.step()
+        fail_detokenizer(engine, "internal")
+        while engine.has_unfinished_requests():
+            engine.step()
+    failed = [(r.levelname, r.exc_info is not None, "bad_words: " in r.getMessage())
+              for r in caplog.records if r.getMessage().startswith("request ")]
+    assert failed == [("INFO", False, True), ("ERROR", True, False)]
+
+
 def test_one_sampling_row_failing_leaves_the_others(engine):
     """A batch whose sampling raises because of one row (here a request's allowed-token mask emptied
     in its own SamplingRow, which the sampler refuses) is sampled again row by row: that request

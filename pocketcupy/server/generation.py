@@ -6,7 +6,8 @@ import queue
 import socket
 import time
 
-from .protocol import ApiError, from_value_error, names_a_field
+from ..input_errors import is_input_error
+from .protocol import ApiError, from_value_error
 
 
 class ClientGone(Exception):
@@ -127,7 +128,7 @@ class Job:
                     out = self.streams[i].take(item)
                 except Exception as e:   # the engine failed this request, or its step failed
                     self._count_failed(i)
-                    if isinstance(e, ValueError) and names_a_field(e):   # for its input (e.g. its bad_words)
+                    if is_input_error(e):   # for its input (e.g. its bad_words)
                         raise from_value_error(e, None, self.param_names, self.mentions) from None
                     raise
                 self._observe(i, out)

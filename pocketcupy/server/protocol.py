@@ -10,6 +10,7 @@ import numbers
 import re
 from contextlib import contextmanager
 
+from ..input_errors import names_a_field
 from ..sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
 
 MAX_N = 16                      # choices per request
@@ -67,12 +68,6 @@ def renamed_errors(origin: list[str], renames: list):
         yield
     except ApiError as e:
         raise ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type) from None
-
-
-def names_a_field(e: ValueError) -> bool:
-    """Whether the message starts with a field name ('max_tokens: ...'), as our ValueErrors do."""
-    head, colon, _ = str(e).partition(":")
-    return bool(colon and head.strip()) and " " not in head.strip()
 
 
 def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None,
