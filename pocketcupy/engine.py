@@ -331,7 +331,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _abort(self, group: RequestGroup) -> None:
         for s in group.seqs:
-            if not s.output.finished:
+            if not s.output.finished():
                 self._finish(s, RequestStatus.FINISHED_ABORTED)
         self._forget(group)
         self._ended.append(group)
@@ -498,7 +498,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         slots = []
         for s in seqs:
             slots.append(s.req.num_output_tokens)
-            if not s.output.finished:   # (unless it failed in this step)
+            if not s.output.finished():   # (unless it failed in this step)
                 self.scheduler.append_token(s.req.request_id, PENDING_TOKEN)
         return LaunchedStep(seqs, slots, sample, sync)
 
@@ -508,7 +508,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         toks, lps = [], []
         for i, s in enumerate(seqs):
             tok, lp = 0, None
-            if not s.output.finished:
+            if not s.output.finished():
                 try:
                     out = self.sampler.launch(logits[i:i + 1], [s.row]).result()
                     tok, lp = int(out.token_ids[0]), out.logprobs[0]
@@ -558,7 +558,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             return
         result = step.sample.result()
         for s, slot, tok, lp in zip(step.seqs, step.slots, result.token_ids.tolist(), result.logprobs):
-            if s.output.finished:
+            if s.output.finished():
                 continue
             s.req.output_token_ids[slot] = tok
             self._append(s, tok, lp)

@@ -60,7 +60,7 @@ class EngineOutputs:
         stop_token = (tok in self.tokenizer.eos_token_ids and not p.ignore_eos) or tok in (p.stop_token_ids or ())
         if p.detokenize and (not stop_token or p.include_stop_str_in_output):
             self._emit(s, s.detok.push(tok))
-            if out.finished:  # a stop string was hit
+            if out.finished():  # a stop string was hit
                 return
         if structure_done and s.matcher.error:  # the constraint could not go on (logged)
             self._finish(s, RequestStatus.FINISHED_ABORTED)
@@ -102,7 +102,7 @@ class EngineOutputs:
     def _fail(self, g: RequestGroup, error: Exception, touched: dict | None = None) -> None:
         """Ends the request's unfinished sequences with finish_reason "error" (nothing held back is
         flushed: that could raise again); error goes to its mailbox instead of the last output."""
-        live = [s for s in g.seqs if not s.output.finished]
+        live = [s for s in g.seqs if not s.output.finished()]
         if not live:
             return
         if g.error is None:

@@ -42,18 +42,18 @@ class EngineSpec:
         if result is not None:
             toks = result.token_ids.tolist()
             for i, s in enumerate(seqs):
-                if s.output.finished:   # (failed in this step)
+                if s.output.finished():   # (failed in this step)
                     continue
                 for depth in range(1 + len(drafts[i])):
                     j = offsets[i] + depth
                     if not self._keep(s, drafts[i], depth, toks[j], result.logprobs[j], touched):
                         break
             return
-        alive, depth = [i for i, s in enumerate(seqs) if not s.output.finished], 0
+        alive, depth = [i for i, s in enumerate(seqs) if not s.output.finished()], 0
         while alive:
             if depth:
                 self._constrain_rows([seqs[i] for i in alive], touched)   # after the tokens kept so far
-                alive = [i for i in alive if not seqs[i].output.finished]
+                alive = [i for i in alive if not seqs[i].output.finished()]
                 if not alive:
                     break
             live = [seqs[i] for i in alive]
@@ -63,7 +63,7 @@ class EngineSpec:
             except Exception:   # each row sampled alone: the sequences whose row raises fail
                 result = self._sample_apart(logits[rows], live, touched).result()
             alive = [i for i, s, tok, lp in zip(alive, live, result.token_ids.tolist(), result.logprobs)
-                     if not s.output.finished and self._keep(s, drafts[i], depth, tok, lp, touched)]
+                     if not s.output.finished() and self._keep(s, drafts[i], depth, tok, lp, touched)]
             depth += 1
 
     def _keep(self, s: SequenceState, draft: list[int], depth: int, tok: int, logprobs, touched: dict) -> bool:
@@ -73,7 +73,7 @@ class EngineSpec:
         self._append(s, tok, logprobs)
         touched[id(s.group)] = s.group
         kept = depth < len(draft) and tok == draft[depth]
-        if kept and not s.output.finished:
+        if kept and not s.output.finished():
             return True
         if draft:
             self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)

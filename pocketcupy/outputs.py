@@ -17,8 +17,8 @@ class CompletionOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float | None = None  # the sum of the tokens' logprobs (vLLM's: only with logprobs)
 
-    @property
     def finished(self) -> bool:
+        """A method, as vLLM's (RequestOutput.finished is an attribute, as there)."""
         return self.finish_reason is not None
 
 

@@ -42,4 +42,4 @@ class RequestGroup:
 
     @property
     def finished(self) -> bool:
-        return all(s.output.finished for s in self.seqs)
+        return all(s.output.finished() for s in self.seqs)

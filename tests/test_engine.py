@@ -37,6 +37,16 @@ def test_request_output_fields(engine):
     assert c.logprobs is None and out.prompt_logprobs is None
 
 
+def test_finished_as_in_vllm(engine):
+    """vLLM's RequestOutput.finished is an attribute, its CompletionOutput.finished() a method (here it was a
+    property: vLLM-style out.outputs[0].finished() raised "'bool' object is not callable")."""
+    engine.add_request("fin", "The sky is", SamplingParams(max_tokens=2, ignore_eos=True))
+    outs = []
+    while engine.has_unfinished_requests():
+        outs += [o for o in engine.step() if o.request_id == "fin"]
+    assert [(o.finished, o.outputs[0].finished()) for o in outs] == [(False, False), (True, True)]
+
+
 def test_token_id_prompt_equals_text_prompt(engine):
     ids = engine.tokenizer.encode("Water boils at")
     a = text_of(engine, "Water boils at", GREEDY)

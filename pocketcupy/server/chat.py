@@ -226,7 +226,7 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             forced_call = isinstance(p, ForcedCallParser)
             complete = getattr(p, "done", False)    # a forced call's arguments, or the one call of
                                                     # parallel_tool_calls false, are complete
-            if p is not None and (o.finished or complete):
+            if p is not None and (o.finished() or complete):
                 events += p.finish()
             events = [e for e in events if e[0] not in ("content", "reasoning") or e[1]]
             called[i] = called[i] or any(e[0] == "call" for e in events)

@@ -167,7 +167,7 @@ def _best(outputs: list, n: int) -> list:
 def _generated(o, scores_only: bool):
     """(token ids, logprobs, text, finish reason) a choice reports of its output o so far."""
     if scores_only:
-        return [], [], "", "length" if o.finished else None
+        return [], [], "", "length" if o.finished() else None
     return o.token_ids, o.logprobs or [], o.text, finish_reason(o)
 
 
