@@ -124,6 +124,28 @@ def test_a_preempted_requests_second_lookup_is_counted_apart():
     assert (st["prefix_cache_preempted_queries"], st["prefix_cache_preempted_hits"]) == (9, 4)
 
 
+def test_a_preempted_request_resumes_from_its_cached_block_with_the_blocks_it_needs():
+    """Re-admitted, a victim starts from what the prefix cache still holds of it (its own first block) and
+    holds exactly the blocks of its tokens. The engine's test_preemption_keeps_tokens cannot see a wrong
+    block count: a num_computed_tokens left stale by the preemption made allocate_slots count those tokens
+    twice (a block too many, which a tight pool refuses), yet admission then sets it to the hit, so the
+    tokens come out the same."""
+    s = make(num_blocks=5, block_size=4)   # 4 usable
+    add(s, "a", 8, max_tokens=2, t=0)
+    b = add(s, "b", 8, max_tokens=3, t=1)
+    step(s)
+    cached = b.block_ids[0]
+    assert step(s).preempted_ids == ["b"]   # a takes b's tail block; b's first block stays cached
+    assert b.block_ids == [] and not s.kv_cache_manager.req_to_blocks.get("b")
+    out = step(s)
+    assert plan(out) == [("b", 4, 5, True)]   # 4 tokens from the hit, the rest of its 8 + 1 computed
+    assert b.num_computed_tokens == 9 and b.block_ids[0] == cached and len(set(b.block_ids)) == 3
+    assert s.num_blocks_used == 3
+    while s.has_unfinished():
+        step(s)
+    assert len(b.output_token_ids) == 3 and s.num_blocks_used == 0
+
+
 def test_preemption_frees_blocks_tail_first():
     s = make(num_blocks=5, block_size=4, enable_prefix_caching=False)
     add(s, "a", 8, max_tokens=5, t=0, tokens=range(8))
