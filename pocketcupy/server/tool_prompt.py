@@ -111,10 +111,11 @@ def strict_calls(tools: list[dict], mode, template: str | None, tokenizer,
         arguments[fn["name"]] = _arguments_schema(fn) if fn.get("strict") else {"type": "object"}
         if fn.get("strict"):
             _checked(i, arguments[fn["name"]], "a strict function")
-    if template_knows_tools(template) and BOT in template:        # (as tool_style decides)
+    family = call_family(template)
+    if family == "mistral":
         marker, grammar = BOT, (tool_grammar.mistral_v11(tokenizer, arguments, CALL_ID in template)
                                 if ARGS in template else tool_grammar.mistral_list(arguments, parallel))
-    elif tools_deepseek.writes_deepseek_calls(template):
+    elif family == "deepseek":
         marker, grammar = CALLS_BEGIN, tool_grammar.deepseek(tokenizer, arguments, "```json" in template,
                                                                   parallel)
     elif not template_knows_tools(template) or (OPEN in template and "<function=" not in template):
@@ -239,6 +240,17 @@ class ToolStyle:
         return mistral_call_id() if self.short_ids else new_id("call")
 
 
+def call_family(template: str | None) -> str:
+    """The call form a template writes, as the server tells them apart: "mistral" ([TOOL_CALLS]),
+    "deepseek" (<｜tool▁calls▁begin｜>), else "hermes" (the server's own <tool_call> JSON; templates
+    writing other forms, Llama-3's bare JSON or Qwen3-Coder's XML, fall here too)."""
+    if template_knows_tools(template) and BOT in template:
+        return "mistral"
+    if tools_deepseek.writes_deepseek_calls(template):
+        return "deepseek"
+    return "hermes"
+
+
 def tool_style(tokenizer, tools: list | None) -> ToolStyle:
     """The style of a request offering tools (None: none offered). Mistral's: the template writes
     [TOOL_CALLS] (or checks Mistral's ids), or the tokenizer has Mistral's marker tokens.
@@ -248,9 +260,10 @@ def tool_style(tokenizer, tools: list | None) -> ToolStyle:
     template = tokenizer.chat_template_for(tools)
     mistral_markers = tuple(tokenizer.hidden_token_ids(MARKERS))
     markers = mistral_markers + tuple(tokenizer.hidden_token_ids(tools_deepseek.MARKERS))
-    if template_knows_tools(template) and BOT in template:
+    family = call_family(template)
+    if family == "mistral":
         forced = forced_form(template)
-    elif tools_deepseek.writes_deepseek_calls(template):
+    elif family == "deepseek":
         forced = tools_deepseek.forced_form(template)
     else:
         forced = HERMES_FORCED
