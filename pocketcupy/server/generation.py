@@ -96,9 +96,7 @@ class Job:
         for i, s in enumerate(self.streams):
             if not s.finished and i not in self.aborted:
                 self.aborted.add(i)
-                params = self._params(i)
-                if self.metered and self._counted and params.n > len(self.ended[i]):
-                    self.state.metrics.finished.labels(reason).inc(params.n - len(self.ended[i]))
+                self._count_unended(i, reason)
                 ending.append(s)
         if ending:   # (at once: the engine's lock is taken once, not once a prompt, each after a step)
             self.state.loop.abort_streams(ending, refused=not self._counted)
@@ -127,7 +125,7 @@ class Job:
                 try:
                     out = self.streams[i].take(item)
                 except Exception as e:   # the engine failed this request, or its step failed
-                    self._count_failed(i)
+                    self._count_unended(i, "error")   # (the engine sends the error instead of their last output)
                     if is_input_error(e):   # for its input (e.g. its bad_words)
                         raise from_value_error(e, None, self.param_names, self.mentions) from None
                     raise
@@ -137,13 +135,12 @@ class Job:
     def _params(self, i: int):
         return self.params[i] if isinstance(self.params, list) else self.params
 
-    def _count_failed(self, i: int) -> None:
-        """A prompt the engine failed: its sequences not counted yet are finished requests of reason "error"
-        (the engine sends the error instead of their last output; it was not counted at all)."""
-        params = self._params(i)
-        if self.metered and params.n > len(self.ended[i]):
-            self.state.metrics.finished.labels("error").inc(params.n - len(self.ended[i]))
-        self.ended[i].update(range(params.n))
+    def _count_unended(self, i: int, reason: str) -> None:
+        """Prompt i's sequences not counted yet are finished requests of `reason` (each counted once)."""
+        n = self._params(i).n
+        if self.metered and self._counted and n > len(self.ended[i]):
+            self.state.metrics.finished.labels(reason).inc(n - len(self.ended[i]))
+        self.ended[i].update(range(n))
 
     def _observe(self, i: int, out) -> None:
         if not self.metered:
