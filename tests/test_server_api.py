@@ -614,8 +614,15 @@ def test_metrics_move(client, server):
         r.usage.prompt_tokens
     assert metric(m1, "pocketcupy_generation_tokens_total") - metric(m0, "pocketcupy_generation_tokens_total") == 4
     for h in ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
-              "request_queue_time_seconds"):
+              "request_queue_time_seconds", "request_prefill_time_seconds", "request_decode_time_seconds",
+              "request_inference_time_seconds"):
         assert metric(m1, f"pocketcupy_{h}_count") == metric(m0, f"pocketcupy_{h}_count") + 1
+    for h, total in [("request_prompt_tokens", r.usage.prompt_tokens), ("request_generation_tokens", 4),
+                     ("request_params_max_tokens", 4), ("request_params_n", 1)]:   # vLLM's per-request histograms
+        assert [metric(m1, f"pocketcupy_{h}_{s}") - metric(m0, f"pocketcupy_{h}_{s}") for s in ("count", "sum")] \
+            == [1, total], h
+    assert 1 <= metric(m1, "pocketcupy_inter_token_latency_seconds_count") - \
+        metric(m0, "pocketcupy_inter_token_latency_seconds_count") <= 3   # (an output a step: 3 gaps at most)
     assert metric(m1, "pocketcupy_kv_blocks_total") > 0 and metric(m1, "pocketcupy_model_ready") == 1
     assert metric(m1, "pocketcupy_cache_config_info", block_size="16", cache_dtype="auto",
                   num_blocks=str(int(metric(m1, "pocketcupy_kv_blocks_total")))) == 1

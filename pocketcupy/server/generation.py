@@ -55,7 +55,8 @@ class Job:
         self.aborted: set[int] = set()
         self._counted = False
         self.t0 = time.monotonic()
-        self.first: dict[int, float] = {}
+        self.first: dict[int, float] = {}   # when each prompt's first and latest new tokens came
+        self.last: dict[int, float] = {}
         self.num_generated = [0] * len(prompts)
         self.ended: list[set[int]] = [set() for _ in prompts]   # each prompt's sequences counted as finished
 
@@ -152,20 +153,40 @@ class Job:
             if i not in self.first:
                 self.first[i] = now
                 m.ttft.observe(now - self.t0)
+            else:
+                m.itl.observe(now - self.last[i])
+            self.last[i] = now
         self.num_generated[i] = max((len(o.token_ids) for o in out.outputs), default=0)
         if out.finished:
-            m.e2e.observe(now - self.t0)
-            if out.time_in_queue is not None:
-                m.queue_time.observe(out.time_in_queue)
-            n = self.num_generated[i]
-            if n > 1 and i in self.first:
-                m.tpot.observe((now - self.first[i]) / (n - 1))
+            self._observe_finished(i, out, now)
         # each of the n sequences is an engine request of its own (as vLLM's n child requests; each is
         # in num_requests_running): counted once, for its own reason, when it ends
         for o in out.outputs:
             if (o.finish_reason is not None or out.finished) and o.index not in self.ended[i]:
                 self.ended[i].add(o.index)
                 m.finished.labels(o.finish_reason or "abort").inc()
+                m.request_prompt_tokens.observe(len(self.prompts[i]))
+                if self.generates:
+                    m.request_generation_tokens.observe(len(o.token_ids))
+
+    def _observe_finished(self, i: int, out, now: float) -> None:
+        """Prompt i's latencies and parameters, once its last output came."""
+        m, first = self.state.metrics, self.first.get(i)
+        m.e2e.observe(now - self.t0)
+        if out.time_in_queue is not None:
+            m.queue_time.observe(out.time_in_queue)
+            scheduled = self.t0 + out.time_in_queue   # (on this clock: the engine's arrival is a little after t0)
+            m.inference_time.observe(now - scheduled)
+            if first is not None:
+                m.prefill_time.observe(max(0.0, first - scheduled))
+        if first is not None:
+            m.decode_time.observe(now - first)
+            if self.num_generated[i] > 1:
+                m.tpot.observe((now - first) / (self.num_generated[i] - 1))
+        params = self._params(i)
+        m.params_n.observe(params.n)
+        if self.generates and params.max_tokens is not None:
+            m.params_max_tokens.observe(params.max_tokens)
 
     def results(self) -> list:
         """Final RequestOutput of every prompt (non-streaming)."""

@@ -15,6 +15,8 @@ P = "pocketcupy_"
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _PER_TOKEN = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 _E2E = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+_TOKENS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))   # 1, 2, 5, 10, ... 5,000,000 (vLLM's 1-2-5)
+_N = (1, 2, 5, 10, 20)
 
 
 class _EngineCollector:
@@ -90,6 +92,23 @@ class Metrics:
         self.queue_time = Histogram(P + "request_queue_time_seconds", "arrival in the engine to first "
                                     "scheduling (time spent waiting for a batch slot or KV blocks)",
                                     buckets=_LATENCY, registry=r)
+        # vLLM's per-request histograms: an engine request is a prompt (its phases) or one of its n sequences
+        # (its token counts), observed when it finishes
+        self.prefill_time = Histogram(P + "request_prefill_time_seconds", "first scheduling to first generated "
+                                      "token", buckets=_E2E, registry=r)
+        self.decode_time = Histogram(P + "request_decode_time_seconds", "first generated token to last",
+                                     buckets=_E2E, registry=r)
+        self.inference_time = Histogram(P + "request_inference_time_seconds", "first scheduling to last token",
+                                        buckets=_E2E, registry=r)
+        self.itl = Histogram(P + "inter_token_latency_seconds", "time between two outputs of a request that "
+                             "bring new tokens", buckets=_PER_TOKEN, registry=r)
+        self.request_prompt_tokens = Histogram(P + "request_prompt_tokens", "prompt tokens of a finished "
+                                               "sequence", buckets=_TOKENS, registry=r)
+        self.request_generation_tokens = Histogram(P + "request_generation_tokens", "tokens a finished "
+                                                   "sequence generated", buckets=_TOKENS, registry=r)
+        self.params_n = Histogram(P + "request_params_n", "the n of a finished request", buckets=_N, registry=r)
+        self.params_max_tokens = Histogram(P + "request_params_max_tokens", "the max_tokens of a finished "
+                                           "request (when set)", buckets=_TOKENS, registry=r)
         r.register(_EngineCollector(state))
 
     def render(self) -> tuple[bytes, str]:
