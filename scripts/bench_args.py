@@ -17,6 +17,14 @@ def count(minimum: int = 1):
     return parse
 
 
+def require_gpu(ap: argparse.ArgumentParser, does: str) -> None:
+    """A script that only runs on CUDA, on a machine without a usable GPU: one line saying so, exit 2."""
+    from pocketcupy.backend import NO_CUDA, cuda_available
+
+    if not cuda_available():
+        ap.exit(2, f"{ap.prog}: {does}, but {NO_CUDA}\n")
+
+
 def device(ap: argparse.ArgumentParser, name: str) -> str:
     """--device resolved ('auto': CUDA where a GPU is present); 'cuda' without one is a usage error."""
     from pocketcupy.backend import resolve_device

@@ -31,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402
 from bench_kernels import _SCALE_FIELDS, L2_BYTES, copy_bandwidth, make_weight, time_us, weight_bytes  # noqa: E402
-from pocketcupy.backend import NO_CUDA, cuda_available  # noqa: E402
 
 SMOL = [("Q4_1", 960, 576), ("Q4_1", 576, 576), ("Q4_1", 3072, 576), ("Q4_1", 576, 1536), ("Q8_0", 49152, 576)]
 BIG = [("Q8_0", 14336, 4096), ("Q4_K", 14336, 4096), ("Q4_K", 4096, 14336), ("Q6_K", 4096, 14336)]
@@ -215,8 +214,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=bench_args.count(), default=20)
     args = ap.parse_args(argv)
     check_args(ap, args)
-    if not cuda_available():
-        ap.exit(2, f"bench_decode_kernels: times CUDA kernels, but {NO_CUDA}\n")
+    bench_args.require_gpu(ap, "times CUDA kernels")
     only = set(args.only.split(","))
     res: dict = {}
     if "small" in only:

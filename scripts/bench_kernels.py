@@ -28,7 +28,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402
-from pocketcupy.backend import NO_CUDA, cuda_available  # noqa: E402
 from pocketcupy.quant.kv_quant import KV_CACHE_DTYPES, kv_pair_bytes  # noqa: E402
 from pocketcupy.quant.qtensor import QTensor  # noqa: E402
 
@@ -494,8 +493,7 @@ def main(argv=None) -> int:
                     help="the attention benchmarks' KV pages (quantized: codes and their scales)")
     args = ap.parse_args(argv)
     check_args(ap, args)
-    if not cuda_available():
-        ap.exit(2, f"bench_kernels: times CUDA kernels, but {NO_CUDA}\n")
+    bench_args.require_gpu(ap, "times CUDA kernels")
     args.reps = args.reps or (5 if args.quick else 30)
     only = set(args.only.split(","))
     cp = _cp()

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import bench_args  # noqa: E402
 from pocketcupy import Engine, SamplingParams  # noqa: E402
 
 TRACED = ("embedding", "rms_norm", "add_rms_norm", "silu_mul", "linear", "rope", "attention")
@@ -50,6 +51,7 @@ def main():
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--show", type=int, default=40, help="ops to print with the largest errors")
     a = ap.parse_args()
+    bench_args.require_gpu(ap, "compares the CPU backend with the CUDA one")
     cpu, cpu_ids = trace(a.model, "cpu", a.prompt, a.steps)
     gpu, gpu_ids = trace(a.model, "cuda", a.prompt, a.steps)
     rows = []

@@ -17,6 +17,7 @@ import time
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import bench_args  # noqa: E402
 from pocketcupy import Engine, SamplingParams  # noqa: E402
 from pocketcupy.sampler import PendingSample  # noqa: E402
 
@@ -60,7 +61,7 @@ def main():
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    eng = Engine(a.model, device=a.device, progress=False)
+    eng = Engine(a.model, device=bench_args.device(ap, a.device), progress=False)
     eng.generate(["warm up"] * a.batch, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     blocked = [0.0]
     result = PendingSample.result

@@ -22,6 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import bench_args  # noqa: E402
 
 _US_PER_UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6, "ns": 1e-3, "us": 1.0, "ms": 1e3,
                 "s": 1e6}
@@ -158,6 +159,7 @@ def main():
             res["sequence"] = sequence(a.summarize, first, count)
         print(json.dumps(res))
     elif a.model:
+        bench_args.require_gpu(ap, "profiles CUDA kernels")
         profile_step(a.model, a.batch, a.context, a.prefill)
     else:
         ap.error("give a MODEL to profile, or --summarize CSV")

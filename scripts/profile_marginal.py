@@ -23,6 +23,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import bench_args  # noqa: E402
 from profile_decode import recaptured_us, replay_us  # noqa: E402
 from profile_kernels import start_decodes  # noqa: E402
 
@@ -95,6 +96,7 @@ def main():
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--kv-cache-dtype", default="auto", help="EngineArgs.kv_cache_dtype (auto, int8, fp8, k8v4)")
     a = ap.parse_args()
+    bench_args.require_gpu(ap, "measures CUDA graph replays")
     eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1), kv_cache_dtype=a.kv_cache_dtype)
     graphs = eng.runner.graphs
     if graphs is None:

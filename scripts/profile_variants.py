@@ -23,6 +23,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import bench_args  # noqa: E402
+
 _ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow,
           ast.FloorDiv: operator.floordiv, ast.LShift: operator.lshift}
 
@@ -97,6 +99,7 @@ def main(argv=None) -> int:
         settings = {name: Settings(sets) for name, sets in variants.items()}
     except (ValueError, ImportError) as e:
         ap.error(str(e))
+    bench_args.require_gpu(ap, "measures CUDA graph replays")
     eng = Engine(a.model, device="cuda", progress=False, max_num_seqs=max(a.batch, 1), kv_cache_dtype=a.kv_cache_dtype)
     if eng.runner.graphs is None:
         raise SystemExit("profile_variants: the engine runs without CUDA graphs")

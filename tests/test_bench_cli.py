@@ -24,9 +24,13 @@ def test_bench_serve_without_a_server_says_so():
 
 
 @pytest.mark.skipif(cuda_available(), reason="a GPU is present")
-@pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py"])
-def test_kernel_benches_without_a_gpu_say_so(script):
-    out = _run(script)
+@pytest.mark.parametrize("script, args", [("bench_kernels.py", []), ("bench_decode_kernels.py", []),
+                                          ("profile_kernels.py", ["M"]), ("profile_marginal.py", ["M"]),
+                                          ("profile_variants.py", ["M", "--variant", "base="]),
+                                          ("profile_decode.py", ["M"]), ("compare_backends.py", ["M"])])
+def test_gpu_only_scripts_without_a_gpu_say_so(smollm2_gguf, script, args):
+    # the profile scripts and compare_backends.py were a traceback from the engine or `import cupy`
+    out = _run(script, *(smollm2_gguf if a == "M" else a for a in args))
     assert out.returncode == 2 and "CuPy with a usable GPU is not available" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
 
