@@ -10,8 +10,10 @@ SIGTERM / SIGINT stop every rank.
 """
 import argparse
 import dataclasses
+import errno
 import logging
 import os
+import socket
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -78,6 +80,22 @@ def read_chat_template(arg: str) -> str:
     return load_chat_template(arg, "--chat-template")
 
 
+def check_address(host: str, port: int) -> None:
+    """The address must be free before the server starts: on one in use gunicorn logged a failed bind a
+    second for 5 s, then exited 1. Bound as gunicorn binds (SO_REUSEADDR), then let go."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ValueError(f"host: cannot listen on {host!r}: {e.strerror}") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as e:
+            field = "host" if e.errno == errno.EADDRNOTAVAIL else "port"  # not this machine's address
+            raise ValueError(f"{field}: cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _set_compute_threads(argv)
@@ -104,6 +122,7 @@ def main(argv=None) -> int:
                 raise ValueError(f"{name}: must be a positive integer, got {v}")
         if ns.port > 65535:
             raise ValueError(f"port: must be at most 65535, got {ns.port}")
+        check_address(ns.host, ns.port)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """The command line: python -m pocketcupy generate/chat/embed, scripts/fetch_models.py."""
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -91,3 +92,14 @@ def test_default_model_download_failing_is_one_line(tmp_path):
     (tmp_path / "file").write_text("")
     r = run("scripts/fetch_models.py", "--cache-dir", str(tmp_path / "file" / "cache"), env=offline)
     assert r.returncode == 1 and "fetch_models.py: error: model: cannot make the cache folder" in r.stderr, r.stderr
+
+
+def test_serve_refuses_an_address_in_use_in_one_line(smollm2_gguf):
+    """A port in use had gunicorn log a failed bind a second for 5 s, then exit 1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = run("scripts/serve.py", "--model", smollm2_gguf, "--port", str(port))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == f"error: port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
