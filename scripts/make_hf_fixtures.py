@@ -30,7 +30,11 @@ import shutil
 import zipfile
 
 import numpy as np
-import torch
+
+from reference_deps import HF, need
+
+torch = need("torch", HF)
+need("transformers", HF)
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 

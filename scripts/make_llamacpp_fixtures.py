@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from reference_deps import LLAMA_CPP, need
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
@@ -158,8 +160,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "fixtures"))
     args = ap.parse_args()
 
-    import llama_cpp
-    from llama_cpp import Llama
+    llama_cpp = need("llama_cpp", LLAMA_CPP)
+    Llama = llama_cpp.Llama
 
     if args.model is None:
         from pocketcupy.model_cache import default_model_path

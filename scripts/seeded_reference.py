@@ -8,13 +8,12 @@ import sys
 import tempfile
 
 import numpy as np
-import torch
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from make_hf_fixtures import check_greedy, save_npz_deterministic  # noqa: E402
+from make_hf_fixtures import check_greedy, save_npz_deterministic, torch  # noqa: E402
 from tests.seeded_checkpoints import GREEDY_NEW, GREEDY_PROMPT, PROMPTS, weights_digest  # noqa: E402
 
 

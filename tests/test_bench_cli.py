@@ -1,6 +1,8 @@
 """The benchmark scripts' command lines where they cannot run: one line saying why and exit 2, not a
-traceback; their --help says what they do in whole sentences."""
+traceback; their --help says what they do in whole sentences. The fixture scripts without their
+reference implementations alike."""
 import ast
+import importlib.util
 import os
 import subprocess
 import sys
@@ -33,6 +35,20 @@ def test_gpu_only_scripts_without_a_gpu_say_so(smollm2_gguf, script, args):
     out = _run(script, *(smollm2_gguf if a == "M" else a for a in args))
     assert out.returncode == 2 and "CuPy with a usable GPU is not available" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("script, module", [
+    *((s, "torch") for s in ("make_hf_fixtures.py", "make_deepseek_fixtures.py", "make_deepseek_v2_fixtures.py",
+                              "make_qwen3_next_fixtures.py", "seeded_reference.py")),
+    ("make_llamacpp_fixtures.py", "llama_cpp")])
+def test_fixture_scripts_without_their_reference_say_so(tmp_path, script, module):
+    # they were a ModuleNotFoundError traceback (the torch ones at --help too)
+    if importlib.util.find_spec(module):
+        pytest.skip(f"{module} is installed")
+    out = _run(script, "--out", str(tmp_path))
+    assert out.returncode == 1 and out.stderr.startswith(f"{script}: error: needs {module}, which is not a "
+                                                         "project dependency"), out.stderr
+    assert len(out.stderr.splitlines()) == 1
 
 
 MODEL_BENCHES = ["bench_throughput.py", "bench_decode.py", "bench_spec.py", "bench_structured.py"]
