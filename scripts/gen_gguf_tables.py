@@ -8,6 +8,7 @@ IQ1 one (8 values of -1, 0, 1) as 16 bits.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -61,9 +62,12 @@ def render() -> str:
     return "".join(out)
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if the header is stale, instead of rewriting it")
+    args = ap.parse_args(argv)
     text = render()
-    if "--check" in sys.argv:
+    if args.check:
         with open(OUT) as f:
             return 0 if f.read() == text else 1
     with open(OUT, "w") as f:

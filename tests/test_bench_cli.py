@@ -114,7 +114,8 @@ def test_bench_decode_kernels_refuses_bad_arguments_before_the_gpu(args, says):
 
 
 @pytest.mark.parametrize("script", ["bench_kernels.py", "bench_decode_kernels.py", "profile_kernels.py",
-                                    "profile_marginal.py", "profile_variants.py", "profile_host.py"])
+                                    "profile_marginal.py", "profile_variants.py", "profile_host.py",
+                                    "gen_gguf_tables.py"])
 def test_help_describes_the_script_in_its_first_paragraph(script):
     # the description was the docstring's first line, cut mid-sentence ("... captured again with one op")
     with open(os.path.join(ROOT, "scripts", script)) as f:
