@@ -142,11 +142,12 @@ def test_unsupported_architecture(tmp_path):
         load_checkpoint(str(p))
 
 
-def test_unsupported_tensor_type(tmp_path):
+@pytest.mark.parametrize("qtype, row_bytes", [("Q8_K", 292),   # llama.cpp's activation type: 256 values, 292 bytes
+                                              ("TQ2_0", 66)])  # a type we do not list: was "unknown GGML type id 35"
+def test_unsupported_tensor_type(tmp_path, qtype, row_bytes):
     p = tmp_path / "m.gguf"
-    raw = np.zeros((2, 292), np.uint8)  # Q8_K (llama.cpp's activation type): 256 values in 292 bytes
-    _write(p, tensors=[("w", raw, QT.Q8_K)])
-    with pytest.raises(ValueError, match="tensor 'w' has unsupported GGUF type Q8_K") as e:
+    _write(p, tensors=[("w", np.zeros((2, row_bytes), np.uint8), QT[qtype])])
+    with pytest.raises(ValueError, match=f"tensor 'w' has unsupported GGUF type {qtype} \\(supported: ") as e:
         read_gguf(str(p))
     assert str(p) in str(e.value)
 

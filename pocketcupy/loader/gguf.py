@@ -109,6 +109,16 @@ def _parse(path: str):
     return buf, meta, infos, data_start
 
 
+def _type_name(type_id: int) -> str:
+    """A ggml type's name, also for the types we do not list (e.g. TQ2_0, MXFP4): the gguf package knows them."""
+    from gguf import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(type_id).name
+    except ValueError:
+        return f"id {type_id}"
+
+
 def read_metadata(path: str) -> dict[str, Any]:
     """All key/value pairs of a GGUF file, arrays as lists."""
     return _parse(path)[1]
@@ -120,12 +130,10 @@ def read_gguf(path: str) -> tuple[dict[str, Any], dict[str, QTensor]]:
     buf, meta, infos, data_start = _parse(path)
     tensors: dict[str, QTensor] = {}
     for name, dims, type_id, offset in infos:
-        if type_id not in GGML_TYPES:
-            raise GGUFError(f"model: {path}: tensor {name!r} has unknown GGML type id {type_id}")
-        qtype, block, type_size = GGML_TYPES[type_id]
-        if qtype not in SUPPORTED_TYPES:
-            raise GGUFError(f"model: {path}: tensor {name!r} has unsupported GGUF type {qtype} "
+        if GGML_TYPES.get(type_id, ("",))[0] not in SUPPORTED_TYPES:
+            raise GGUFError(f"model: {path}: tensor {name!r} has unsupported GGUF type {_type_name(type_id)} "
                             f"(supported: {', '.join(sorted(SUPPORTED_TYPES))})")
+        qtype, block, type_size = GGML_TYPES[type_id]
         if dims[0] % block:
             raise GGUFError(f"model: {path}: tensor {name!r} ({qtype}) row length {dims[0]} is not a multiple "
                             f"of {block}")
