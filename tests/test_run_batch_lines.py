@@ -33,6 +33,7 @@ def results(smollm2_gguf):
                        input=b"\n".join(LINES) + b"\n", capture_output=True, timeout=300, cwd=ROOT)
     err = r.stderr.decode(errors="replace")
     assert r.returncode == 0 and "Traceback" not in err, err
+    assert "ready: model 'smol'" in err, err  # no server address: it said "ready on ?"
     return [json.loads(x) for x in r.stdout.decode("utf-8").splitlines()]
 
 

@@ -86,8 +86,8 @@ class ServerState:
             return
         if self.status == "loading":
             self.status = "ready"
-        log.info("ready on %s: model '%s' (%s on %s, loaded in %.1fs), max_model_len %d, KV cache %s, "
-                 "process RSS %s", self.config.url or "?", self.config.model_name,
+        log.info("ready%s: model '%s' (%s on %s, loaded in %.1fs), max_model_len %d, KV cache %s, "
+                 "process RSS %s", f" on {self.config.url}" if self.config.url else "", self.config.model_name,
                  os.path.basename(engine.model_path), engine.device, engine.load_time_s, engine.max_model_len,
                  _kv_text(engine), _rss_text())
 
