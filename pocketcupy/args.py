@@ -64,7 +64,8 @@ class EngineArgs:
     generation_config: str = _opt("auto", "sampling defaults of requests that leave a setting out: 'auto' (the "
                                           "model's recommended ones: a GGUF's general.sampling.*, a folder's "
                                           "generation_config.json) or 'vllm' (none: SamplingParams' own)")
-    cache_dir: str | None = _opt(None, "where the default model is downloaded")
+    cache_dir: str | None = _opt(None, "where the default model is downloaded (default: $POCKETCUPY_CACHE, else "
+                                       "~/.cache/pocketcupy)")
     progress: bool = _opt(True, "a progress bar while loading")
     gpu_memory_utilization: float = _opt(0.9, "CUDA: the fraction of GPU memory for weights, KV cache and "
                                               "activations")
@@ -187,7 +188,7 @@ class EngineArgs:
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         for f in fields(cls):
             flag = "--" + f.name.replace("_", "-")
-            default = "" if "default" in f.metadata["help"] else f"default {f.default!r}; "
+            default = "" if "(default" in f.metadata["help"] else f"default {f.default!r}; "
             help = f"{f.metadata['help']} ({default}env {ENV_PREFIX}{f.name.upper()})"
             if f.type == "bool":
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help)

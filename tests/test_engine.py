@@ -801,7 +801,9 @@ def test_cli_help_documents_every_engine_flag():
     helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
     for f in dataclasses.fields(EngineArgs):
         assert f.metadata["help"] in helps[f.name] and f"POCKETCUPY_{f.name.upper()}" in helps[f.name]
+        assert "(default" in helps[f.name], helps[f.name]  # generation_config's "sampling defaults" hid its own
     assert "(default 16; env POCKETCUPY_BLOCK_SIZE)" in helps["block_size"]
+    assert "(default 'auto'; env POCKETCUPY_GENERATION_CONFIG)" in helps["generation_config"]
 
 
 def test_tokenizer_via_engine(engine):
