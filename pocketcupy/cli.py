@@ -17,13 +17,15 @@ from .server.reasoning import PARSERS
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--max-tokens", type=int, default=256, help="default 256")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="default 0: greedy (these flags are the command's own defaults, not the model's "
+                        "recommended ones)")
+    p.add_argument("--top-p", type=float, default=1.0, help="default 1: off")
+    p.add_argument("--top-k", type=int, default=0, help="default 0: off")
+    p.add_argument("--min-p", type=float, default=0.0, help="default 0: off")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="default 1: off")
+    p.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed (default: none)")
 
 
 def _params(ns) -> SamplingParams:
@@ -89,7 +91,7 @@ def _main(argv) -> int:
     g.add_argument("prompt")
     c = sub.add_parser("chat", help="chat interactively (or answer --message once)")
     c.add_argument("--message", "-m", default=None, help="one user message; omit for an interactive chat")
-    c.add_argument("--system", default=None)
+    c.add_argument("--system", default=None, help="a system message before the conversation")
     e = sub.add_parser("embed", help="embed texts: one JSON line each, {\"text\", \"tokens\", \"embedding\"}")
     e.add_argument("texts", nargs="+")
     e.add_argument("--pooling", choices=POOLING_TYPES, default=None, help="default: the model's own, else last")
