@@ -79,7 +79,10 @@ class EngineBuild:
         from .loader import load_checkpoint
         from .models.registry import build_model, model_class
 
-        ckpt = load_checkpoint(a.speculative_model)
+        try:
+            ckpt = load_checkpoint(a.speculative_model)
+        except ValueError as e:  # the loader names 'model', which the user gave right
+            raise ValueError(f"speculative_model: {str(e).removeprefix('model: ')}") from None
         if hasattr(model_class(ckpt.config), "state_shapes"):
             raise ValueError(f"speculative_model: architecture {ckpt.config.architecture!r} cannot draft: its recurrent "
                              "state cannot roll back rejected draft tokens")

@@ -120,3 +120,5 @@ def test_bad_draft_settings(smollm2_gguf):
         EngineArgs(speculative_model="x.gguf")
     with pytest.raises(ValueError, match="speculative_model: its vocabulary of .* tokens differs from the model's 49152"):
         drafting(smollm2_gguf, f"{FIXTURES}/tiny_llama")
+    with pytest.raises(ValueError, match="^speculative_model: /nonexistent.gguf does not exist$"):  # was "model: "
+        drafting(smollm2_gguf, "/nonexistent.gguf")
