@@ -113,7 +113,7 @@ def load_chat_template(value: str, field: str = "chat_template") -> str:
             raise ValueError(f"{field}: a bad backslash escape in the template ({e.reason})") from None
     else:
         raise ValueError(f"{field}: {value} is neither a file nor a template")
-    check_template(text)
+    check_template(text, field)
     return text
 
 

@@ -191,7 +191,7 @@ def test_template_file_or_text(tmp_path):
         assert load_chat_template(text) == text
     with pytest.raises(ValueError, match=r"^--chat-template: hello is neither a file nor a template"):
         load_chat_template("hello", "--chat-template")
-    with pytest.raises(ValueError, match=r"^chat template: line 1"):
+    with pytest.raises(ValueError, match=r"^chat_template: line 1"):
         load_chat_template("{% if %}")
 
 

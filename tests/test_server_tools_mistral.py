@@ -117,12 +117,12 @@ def test_bad_chat_template_is_a_startup_error(tmp_path):
     latin1.write_bytes("{{ 'caf\u00e9' }}".encode("latin-1"))
     deep = tmp_path / "deep.jinja"          # Jinja's parser recurses once a parenthesis
     deep.write_text("{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}")
-    for arg, says in ((str(broken), "chat template: line 1"),
+    for arg, says in ((str(broken), "error: --chat-template: line 1"),  # was "chat template: line 1"
                       ("no/such/template.jinja", "--chat-template: no/such/template.jinja looks like a template "
                                                  "file's path, but it does not exist"),
                       ("hello", "--chat-template: hello is neither a file nor a template"),
                       (str(latin1), f"chat-template: {latin1} is not UTF-8 text"),
-                      (str(deep), "chat template: nested too deeply")):
+                      (str(deep), "error: --chat-template: nested too deeply")):
         out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--chat-template", arg],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and says in out.stderr, out.stderr
