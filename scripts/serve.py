@@ -11,6 +11,7 @@ SIGTERM / SIGINT stop every rank.
 import argparse
 import dataclasses
 import errno
+import importlib.util
 import logging
 import os
 import socket
@@ -123,6 +124,9 @@ def main(argv=None) -> int:
         if ns.port > 65535:
             raise ValueError(f"port: must be at most 65535, got {ns.port}")
         check_address(ns.host, ns.port)
+        if args.device == "cuda" and importlib.util.find_spec("cupy") is None:  # CUDA is first touched after the fork
+            from pocketcupy.backend import NO_CUDA
+            raise ValueError(f"device: 'cuda' requested but {NO_CUDA}")
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
 """The command line: python -m pocketcupy generate/chat/embed, scripts/fetch_models.py."""
+import importlib.util
 import json
 import os
 import socket
@@ -6,6 +7,9 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+from tests.test_server_harness import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,3 +107,12 @@ def test_serve_refuses_an_address_in_use_in_one_line(smollm2_gguf):
         r = run("scripts/serve.py", "--model", smollm2_gguf, "--port", str(port))
     assert r.returncode == 2, r.stderr
     assert r.stderr == f"error: port: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+def test_serve_refuses_cuda_without_cupy_in_one_line(smollm2_gguf):
+    """It started gunicorn, failed in the worker and exited 3 (a multi-line log)."""
+    r = run("scripts/serve.py", "--model", smollm2_gguf, "--device", "cuda", "--port", str(free_port()))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: device: 'cuda' requested but CuPy with a usable GPU is not available " \
+                       "(pip install -r requirements-gpu.txt)\n"
