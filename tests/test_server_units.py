@@ -248,6 +248,7 @@ def test_serve_names_the_model_as_given(monkeypatch, smollm2_gguf, env, argv, na
     from the environment was served as SmolLM2-135M-Instruct). No server starts."""
     import pocketcupy.server.gunicorn_app as gunicorn_app
     from .helpers import load_script
+    from .test_server_harness import free_port
 
     seen = {}
 
@@ -261,6 +262,7 @@ def test_serve_names_the_model_as_given(monkeypatch, smollm2_gguf, env, argv, na
     monkeypatch.setattr(gunicorn_app, "ServeApplication", NoServer)
     for k, v in env.items():
         monkeypatch.setenv(k, v.format(model=smollm2_gguf))
-    assert load_script("serve").main([a.format(model=smollm2_gguf) for a in argv] + ["--device", "cpu"]) == 0
+    argv = [a.format(model=smollm2_gguf) for a in argv] + ["--device", "cpu", "--port", str(free_port())]
+    assert load_script("serve").main(argv) == 0  # (main checks that the port is free)
     assert seen["config"].served_model_names == [n.format(model=smollm2_gguf) for n in names]
     assert seen["config"].engine_args.model == smollm2_gguf
