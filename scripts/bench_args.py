@@ -1,6 +1,8 @@
 """The model benchmarks' shared argument checks: counts given on the command line, the device, and an
 engine whose model path or settings are refused as a usage error (exit 2), not a traceback."""
 import argparse
+import os
+import sys
 
 
 def count(minimum: int = 1):
@@ -46,3 +48,7 @@ def engine(ap: argparse.ArgumentParser | None, model: str, **kwargs):
         if ap is None:
             raise
         ap.error(str(e))
+
+
+if __name__ == "__main__":
+    sys.exit(f"{os.path.basename(__file__)}: a module the benchmark scripts import, not a script to run")

@@ -15,3 +15,7 @@ def need(module: str, install: str):
     except ImportError:
         sys.exit(f"{os.path.basename(sys.argv[0])}: error: needs {module}, which is not a project dependency "
                  f"(only for regenerating fixtures): {install}")
+
+
+if __name__ == "__main__":
+    sys.exit(f"{os.path.basename(__file__)}: a module the fixture scripts import, not a script to run")

@@ -62,3 +62,8 @@ def main(doc: str, checkpoints, unexpected_prefix: str | None = None) -> None:
                                                 "numpy": np.__version__}))
     save_npz_deterministic(args.out, arrays)
     print(f"wrote {args.out} ({os.path.getsize(args.out) / 1024:.0f} KiB): {sorted(arrays)}")
+
+
+if __name__ == "__main__":
+    sys.exit(f"{os.path.basename(__file__)}: a module the make_*_fixtures.py scripts of seeded checkpoints "
+             "import, not a script to run")

@@ -51,6 +51,14 @@ def test_fixture_scripts_without_their_reference_say_so(tmp_path, script, module
     assert len(out.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize("module", ["bench_args.py", "reference_deps.py"])
+def test_script_helpers_say_they_are_not_scripts(module):
+    # run (e.g. with --help, as every file in scripts/), they did nothing, exit 0
+    out = _run(module, "--help")
+    assert out.returncode == 1 and out.stderr == f"{module}: a module the " \
+        f"{'benchmark' if module == 'bench_args.py' else 'fixture'} scripts import, not a script to run\n"
+
+
 MODEL_BENCHES = ["bench_throughput.py", "bench_decode.py", "bench_spec.py", "bench_structured.py"]
 
 
