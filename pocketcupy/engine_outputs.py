@@ -77,8 +77,9 @@ class EngineOutputs:
             s.output.text += delta
             s.output.delta_text += delta
             return
-        # vLLM's min_tokens: no stop string ends the output before it has min_tokens tokens
-        safe, hit = s.stop.push(delta, check=len(s.output.token_ids) >= s.group.params.min_tokens)
+        # vLLM's min_tokens: the text of the first min_tokens tokens ends no output, so a stop string must
+        # complete in a later token (as EOS and stop_token_ids, suppressed until then, can end it only there)
+        safe, hit = s.stop.push(delta, check=len(s.output.token_ids) > s.group.params.min_tokens)
         s.output.text += safe
         s.output.delta_text += safe
         if hit:

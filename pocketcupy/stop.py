@@ -15,7 +15,7 @@ class StopStringMatcher:
     string is held back, so no part of a stop string is ever emitted. With it,
     nothing needs holding back: everything up to the end of the stop is output.
 
-    ``push(delta, check=False)`` (while the output is shorter than min_tokens) fires no stop;
+    ``push(delta, check=False)`` (the text of the output's first min_tokens tokens) fires no stop;
     only a stop that ends in a later checked delta does (vLLM's rule).
     """
 

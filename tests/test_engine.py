@@ -351,6 +351,10 @@ def test_min_tokens_holds_off_stop_strings(engine):
     assert base.text.startswith(" 4, 5, 6, 7,")
     out = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16, stop=[","], min_tokens=5))
     assert out.text == " 4, 5" and out.stop_reason == "," and len(out.token_ids) == 6  # " 4, 5,"
+    # the 6th token's comma is still within min_tokens 6 (vLLM checks stop strings from token min_tokens + 1 on,
+    # where EOS and stop_token_ids can first end the output too): the next comma ends it
+    out = text_of(engine, "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=16, stop=[","], min_tokens=6))
+    assert out.text == " 4, 5, 6" and out.stop_reason == "," and len(out.token_ids) == 9
 
 
 def test_logprobs(engine):
