@@ -499,6 +499,18 @@ def test_max_tokens_fields_and_extensions(client):
     assert r.usage.completion_tokens == 3
 
 
+def test_completions_max_tokens_null_is_up_to_the_context(client, server):
+    """As vLLM's: completions' max_tokens left out is OpenAI's 16, null is up to the context (it was 16 too, so
+    min_tokens 17 was a 400). One allowed token and a stop string on it end the output right after min_tokens."""
+    a = request(server, "POST", "/tokenize", {"prompt": " a", "add_special_tokens": False})[1]["tokens"]
+    body = {"model": MODEL, "prompt": "a", "temperature": 0, "stop": [" a"], "allowed_token_ids": a, "min_tokens": 17}
+    status, r, _ = request(server, "POST", "/v1/completions", body)
+    assert status == 400 and r["error"]["param"] == "min_tokens"
+    c = client.completions.create(model=MODEL, prompt="a", max_tokens=None, temperature=0, stop=[" a"],
+                                  extra_body={"allowed_token_ids": a, "min_tokens": 17})
+    assert c.choices[0].text == " a" * 17 and c.usage.completion_tokens == 18 and c.choices[0].finish_reason == "stop"
+
+
 def test_spaces_between_special_tokens_accepted(server):
     """vLLM's spaces_between_special_tokens (a 400 'Unrecognized request argument' before) is taken on
     both endpoints; tokens are joined as their bytes, as vLLM's fast detokenizer does, so the text

@@ -12,7 +12,7 @@ from .sse import SSEStream
 from .structured_fields import engine_mentions, engine_renames, parse_structured_field
 
 MAX_PROMPTS = 64
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint, where max_tokens is left out
 
 
 def parse_prompts(raw, tok, name: str = "prompt", most: int = MAX_PROMPTS,
@@ -109,7 +109,7 @@ def handle_completion(state, body, gone):
     echoes = [(text, added) if len(short) == len(ids) else (tok.decode(short), (0, 0))
               for short, (ids, text) in zip(kept, prompts)]
     prompts = [(short, text) for short, (text, _) in zip(kept, echoes)]
-    if kw["max_tokens"] is None:
+    if kw["max_tokens"] is None and "max_tokens" not in f.body:   # (null, as vLLM: up to the context)
         kw["max_tokens"] = ("max_tokens", min(DEFAULT_MAX_TOKENS, max(1, C - max(len(p) for p, _ in prompts))))
     for ids, _ in prompts:
         check_context(C, len(ids), kw["max_tokens"], "prompt", "prompt")
