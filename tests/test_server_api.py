@@ -495,7 +495,9 @@ def test_max_tokens_fields_and_extensions(client):
     r = chat(client, max_completion_tokens=5, extra_body={"ignore_eos": True, "priority": 0, "min_p": 0.05},
              user="tester", presence_penalty=0.5, frequency_penalty=0.5)
     assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
-    r = chat(client, max_tokens=3, extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    # vLLM's beam-search fields at their defaults (no beam search) are taken; use_beam_search true is a 400
+    r = chat(client, max_tokens=3, extra_body={"ignore_eos": True, "repetition_penalty": 1.3,
+                                               "use_beam_search": False, "length_penalty": 1.0})
     assert r.usage.completion_tokens == 3
 
 

@@ -291,6 +291,9 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
                                else parse_token_ids(f, "allowed_token_ids", vocab_size))
     kw["bad_words"] = f.get("bad_words")
     kw["truncate_prompt_tokens"] = f.int("truncate_prompt_tokens", None, -1, None)
+    if f.bool("use_beam_search", False):   # (vLLM's; false, its default, is taken)
+        raise bad("use_beam_search", "'use_beam_search' is not supported: this server has no beam search")
+    f.num("length_penalty")   # vLLM's, for beam search alone: without it, as there, it changes nothing
     f.str("user")
     f.str("service_tier")
     f.bool("store")
