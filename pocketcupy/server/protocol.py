@@ -252,13 +252,14 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     d = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **(defaults or {})}
     kw = {
         "n": f.int("n", 1, 1, MAX_N),
-        "temperature": f.num("temperature", d["temperature"], 0.0, 2.0),
+        # (no upper bounds on temperature and repetition_penalty, as vLLM's: OpenAI's temperature stops at 2)
+        "temperature": f.num("temperature", d["temperature"], 0.0, None),
         "top_p": f.num("top_p", d["top_p"], 0.0, 1.0),
         "top_k": f.int("top_k", d["top_k"], -1, None) or 0,
         "min_p": f.num("min_p", d["min_p"], 0.0, 1.0),
         "presence_penalty": f.num("presence_penalty", 0.0, -2.0, 2.0),
         "frequency_penalty": f.num("frequency_penalty", 0.0, -2.0, 2.0),
-        "repetition_penalty": f.num("repetition_penalty", d["repetition_penalty"], 0.0, 10.0, lo_open=True),
+        "repetition_penalty": f.num("repetition_penalty", d["repetition_penalty"], 0.0, None, lo_open=True),
         "stop": parse_stop(f),
         "stop_token_ids": parse_token_ids(f, "stop_token_ids", vocab_size),
         "ignore_eos": f.bool("ignore_eos", False),
