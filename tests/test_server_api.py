@@ -215,6 +215,20 @@ def test_prompt_logprobs(client, server):
     assert status == 400 and resp["error"]["param"] == "prompt_logprobs"
 
 
+def test_chat_prompt_logprobs(server):
+    """vLLM's prompt_logprobs on chat (a 400 'Unrecognized request argument' before): the response's
+    prompt_logprobs are those completions give the rendered prompt's token ids; not with stream."""
+    body = {"model": MODEL, "messages": Q, "max_tokens": 1, "prompt_logprobs": 2, "return_token_ids": True}
+    status, resp, _ = request(server, "POST", "/v1/chat/completions", body)
+    assert status == 200, resp
+    ids = resp["prompt_token_ids"]
+    comp = {"model": MODEL, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 2}
+    expected = request(server, "POST", "/v1/completions", comp)[1]["choices"][0]["prompt_logprobs"]
+    assert resp["prompt_logprobs"] == expected and expected[0] is None and len(expected) == len(ids)
+    status, resp, _ = request(server, "POST", "/v1/chat/completions", dict(body, stream=True))
+    assert status == 400 and resp["error"]["param"] == "prompt_logprobs"
+
+
 def test_completions_several_prompts_and_token_ids(client):
     out = client.completions.create(model=MODEL, prompt=["Hello, my name is", "The weather today"], max_tokens=4,
                                     temperature=0, n=2)

@@ -9,7 +9,7 @@ from .generation import Job
 from .protocol import (Fields, bad, check_context, check_model, make_params, parse_common, parse_stream,
                        short_repr)
 from .reasoning import ReasoningParser, after_reasoning, message_texts
-from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, usage
+from .responses import chat_logprobs, chunk_usage, finish_reason, new_id, prompt_logprobs_json, usage
 from .sse import SSEStream
 from .structured_fields import engine_mentions, engine_renames, parse_structured_field
 from .tool_prompt import (ToolStyle, for_template, forced_call_arguments, parse_messages, parse_tool_choice,
@@ -36,6 +36,7 @@ class ChatRequest:
     return_token_ids: bool          # vLLM's: the prompt's and each choice's token ids in the response
     structured_param: str | None = None  # the field of the structured-output constraint, if any
     add_special_tokens: bool = False  # vLLM's: the tokenizer's BOS (and EOS suffix) around the rendered prompt
+    prompt_logprobs: int | None = None  # vLLM's: the prompt tokens' logprobs in the response (None: none)
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
@@ -112,7 +113,10 @@ def parse_chat(state, body) -> ChatRequest:
     top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
     if top is not None and not logprobs:
         raise bad("top_logprobs", "'logprobs' must be true when 'top_logprobs' is used")
+    kp = f.int("prompt_logprobs", None, 0, MAX_LOGPROBS)
     stream, include_usage, continuous_usage = parse_stream(f)
+    if kp is not None and stream:   # (as vLLM)
+        raise bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true")
     return_ids = f.bool("return_token_ids", False)
     kw["structured_outputs"], structured_param = parse_structured_field(f)
     template = parse_template_fields(f)
@@ -137,10 +141,10 @@ def parse_chat(state, body) -> ChatRequest:
     # for such requests, which also writes every other control token the model emits (Magistral's
     # [THINK], a stray [INST]) into the content of tool requests only; here just the markers are kept
     # (as llama.cpp's preserved tokens), so content stays what it is without tools.
-    params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None)
+    params = make_params(dict(kw, preserved_token_ids=list(style.markers)), (top or 0) if logprobs else None, kp)
     return ChatRequest(model, text, params, priority, stream, include_usage, continuous_usage,
                        (top or 0) if logprobs else None,
-                       tools, mode, forced, parallel, mt, style, return_ids, structured_param, add_special)
+                       tools, mode, forced, parallel, mt, style, return_ids, structured_param, add_special, kp)
 
 
 def encode_prompt(state, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -207,6 +211,7 @@ class ChatUpdate:
     num_tokens: int
     num_cached_tokens: int          # prompt tokens whose KV came from the prefix cache
     token_ids: list                 # the choice's generated token ids so far
+    prompt_logprobs: list | None    # the engine's prompt logprobs (params.prompt_logprobs), else None
 
 
 def chat_updates(state, req: ChatRequest, job: Job, forced):
@@ -239,7 +244,7 @@ def chat_updates(state, req: ChatRequest, job: Job, forced):
             fr = "tool_calls" if complete else finish_reason(o, called[i] and not cut)
             ended[i] = fr is not None
             yield ChatUpdate(i, events, lps, fr, None if complete else o.stop_reason, len(o.token_ids),
-                             out.num_cached_tokens or 0, o.token_ids)
+                             out.num_cached_tokens or 0, o.token_ids, out.prompt_logprobs)
         if all(ended):
             job.close("tool_calls")
             return
@@ -312,6 +317,8 @@ def handle_chat(state, body, gone):
         if req.return_token_ids:
             choices[-1]["token_ids"] = list(final[i].token_ids)
     extra = {"prompt_token_ids": ids} if req.return_token_ids else {}
+    if req.prompt_logprobs is not None:   # (vLLM's place for them: the response's, not a choice's)
+        extra["prompt_logprobs"] = prompt_logprobs_json(ids, final[0].prompt_logprobs, req.prompt_logprobs)
     return dict(head, object="chat.completion", choices=choices,
                 usage=usage(len(ids), sum(u.num_tokens for u in final), max(u.num_cached_tokens for u in final)),
                 **extra)
