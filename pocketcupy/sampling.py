@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 import numbers
 from dataclasses import dataclass
 
@@ -13,6 +12,9 @@ from .structured.params import StructuredOutputsParams, as_structured_outputs
 GREEDY_EPS = 1e-5  # temperature below this means greedy (argmax)
 MAX_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0  # OpenAI's bound on a logit_bias value
+# temperature's bound, and repetition_penalty's both ways (vLLM has none): past it the float32 logits the samplers
+# divide or multiply overflow to inf and NaN, and a masked token could be drawn; the distribution is long flat there
+MAX_SCALE = 1e6
 
 
 def _is_int(x) -> bool:
@@ -81,11 +83,11 @@ class SamplingParams:
             if not _is_real(v) or not -2.0 <= v <= 2.0:
                 _fail(name, "must be in [-2, 2]", v)
         rp = self.repetition_penalty
-        if not _is_real(rp) or not math.isfinite(rp) or rp <= 0:
-            _fail("repetition_penalty", "must be a finite number > 0", rp)
+        if not _is_real(rp) or not 1 / MAX_SCALE <= rp <= MAX_SCALE:
+            _fail("repetition_penalty", f"must be a number in [{1 / MAX_SCALE:g}, {MAX_SCALE:g}]", rp)
         t = self.temperature
-        if not _is_real(t) or not math.isfinite(t) or t < 0:
-            _fail("temperature", "must be a finite number >= 0", t)
+        if not _is_real(t) or not 0 <= t <= MAX_SCALE:
+            _fail("temperature", f"must be a number in [0, {MAX_SCALE:g}]", t)
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             _fail("top_p", "must be in (0, 1]", self.top_p)
         if not _is_int(self.top_k) or self.top_k < -1:

@@ -27,6 +27,10 @@ BAD = [
     ("temperature", math.inf),
     ("temperature", math.nan),
     ("temperature", "1"),
+    # past a float32's range the samplers' logits became NaN and a token allowed_token_ids masks was drawn
+    ("temperature", 1e39),
+    ("repetition_penalty", 1e39),
+    ("repetition_penalty", 1e-39),
     ("top_p", 0.0),
     ("top_p", 1.5),
     ("top_p", -0.1),

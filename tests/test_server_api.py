@@ -513,7 +513,7 @@ def test_max_tokens_fields_and_extensions(client):
     r = chat(client, max_tokens=3, extra_body={"ignore_eos": True, "repetition_penalty": 1.3,
                                                "use_beam_search": False, "length_penalty": 1.0})
     assert r.usage.completion_tokens == 3
-    # as vLLM, neither temperature (OpenAI's stops at 2) nor repetition_penalty has an upper bound
+    # as vLLM, temperature goes past OpenAI's 2 and repetition_penalty past 10 (up to SamplingParams' 1e6)
     r = chat(client, max_tokens=1, temperature=2.5, seed=1, extra_body={"repetition_penalty": 12.0})
     assert r.usage.completion_tokens == 1
 

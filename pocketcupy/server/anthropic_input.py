@@ -210,7 +210,7 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
         body.update(continue_final_message=True, add_generation_prompt=False)
     if not count_only:
         f.require("max_tokens")
-        # Anthropic's ranges, narrower than chat's (temperature unbounded, top_k -1 for no limit)
+        # Anthropic's ranges, narrower than chat's (temperature up to 1e6, top_k -1 for no limit)
         f.num("temperature", lo=0, hi=1)
         f.num("top_p", lo=0, hi=1)
         f.int("top_k", lo=0)
