@@ -87,6 +87,30 @@ def test_rejection_names_the_field_to_lower():
     assert not s.requests
 
 
+@pytest.mark.parametrize("kwargs, says", [
+    (dict(num_computed_tokens=30), "num_computed_tokens: must be 0"),   # past the prompt: waited forever
+    (dict(num_computed_tokens=9), "num_computed_tokens: must be 0"),    # 5 blocks asked of 4: waited forever
+    (dict(num_computed_tokens=-3), "num_computed_tokens: must be 0"),   # its 9 tokens scheduled into 2 blocks
+    (dict(output_token_ids=[5, 5, 5, 5]), "max_tokens: 4 leaves no token"),
+    (dict(max_tokens=0), "max_tokens: 0 leaves no token"),
+    (dict(prompt_token_ids=[]), "prompt: must not be empty")])
+def test_add_refuses_a_request_it_could_never_run(kwargs, says):
+    """A request added again (resumed) with a stale num_computed_tokens: admission counted those tokens
+    as already in blocks, so 30 of them asked a 4-block pool for 10 blocks at every step and the request
+    never ran, nor failed. Such a request, and one with nothing to sample, is a ValueError naming the field;
+    a resumed request with output tokens left to sample runs (they are computed again)."""
+    s = make(num_blocks=5, block_size=4)
+    r = Request("r", kwargs.pop("prompt_token_ids", list(range(9))), kwargs.pop("max_tokens", 4), **kwargs)
+    with pytest.raises(ValueError, match="^" + says):
+        s.add(r)
+    assert not s.requests and not s.waiting
+    resumed = Request("ok", list(range(9)), 4, output_token_ids=[5, 5])
+    s.add(resumed)
+    while s.has_unfinished():
+        step(s)
+    assert resumed.num_output_tokens == 4 and s.num_blocks_used == 0
+
+
 def test_fcfs_preempts_the_newest_and_resumes_it_first():
     s = make(num_blocks=5, block_size=4)   # 4 usable
     a = add(s, "a", 8, max_tokens=8, t=0)  # 2 blocks, grows to 4

@@ -105,6 +105,7 @@ class Scheduler:
     def add(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"request_id: {req.request_id!r} is already in use")
+        self._check_new(req)
         need = self._blocks_for(len(req.prompt_token_ids) + req.max_tokens - 1)   # the last token needs no K/V
         usable = self.pool.num_usable_blocks
         if need > usable:  # blame max_tokens when the prompt alone would fit
@@ -115,6 +116,21 @@ class Scheduler:
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
         self.waiting.add(req)
+
+    @staticmethod
+    def _check_new(req: Request) -> None:
+        """A request as add() takes it (fresh, or resumed with output tokens: those are recomputed).
+        Admission counts num_computed_tokens as tokens already in blocks, so a stale value (a request
+        added again after it ran) made it ask for too many blocks, which a tight pool never had (the
+        request waited forever at the head of the queue), or too few (a negative value)."""
+        if not req.prompt_token_ids:
+            raise ValueError("prompt: must not be empty")
+        if req.num_computed_tokens != 0:
+            raise ValueError(f"num_computed_tokens: must be 0 for a request added (it holds no KV blocks yet; a "
+                             f"resumed request's tokens are computed again), got {req.num_computed_tokens}")
+        if req.max_tokens < 1 or req.num_output_tokens >= req.max_tokens:
+            raise ValueError(f"max_tokens: {req.max_tokens} leaves no token to sample after the request's "
+                             f"{req.num_output_tokens} output tokens")
 
     def finish(self, request_id: str, status: RequestStatus) -> Request | None:
         """Ends a request (finished or aborted) wherever it is and frees its blocks."""
