@@ -411,10 +411,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self._step(touched)
         except Exception as e:   # not one request's: none can go on, and none may hang
             log.exception("engine step failed: every request ends")
-            self._inflight = None
-            for g in list(self._groups.values()):
-                self._fail(g, e)
-                touched[id(g)] = g
+            self._fail_step(e, touched)
         if hold:   # (their output is built later: the deltas add up till then)
             for key, g in list(touched.items()):
                 if g.mailbox is None:
@@ -432,6 +429,17 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 self._forget(g)
             outputs.append(out)
         return outputs
+
+    def _fail_step(self, error: Exception, touched: dict) -> None:
+        """A step that failed as a whole ends every request with finish_reason "error".
+        Blocks enter the prefix cache when their tokens are scheduled, so the failed step's may name K/V
+        never computed (a later prompt with that prefix got it, and wrong tokens): the cache is emptied."""
+        self._inflight = None
+        for g in list(self._groups.values()):
+            self._fail(g, error)
+            touched[id(g)] = g
+        if not self.scheduler.kv_cache_manager.reset_prefix_cache():
+            log.error("the prefix cache could not be emptied after a failed step: a block is still held")
 
     def _step(self, touched: dict) -> None:
         prev, self._inflight = self._inflight, None

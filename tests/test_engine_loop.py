@@ -232,6 +232,25 @@ def test_failed_forward_ends_every_request_and_the_engine_goes_on(engine, monkey
     loop.shutdown(10)
 
 
+def test_failed_forward_leaves_no_uncomputed_block_in_the_prefix_cache(engine, monkeypatch):
+    """Blocks enter the prefix cache when their tokens are scheduled: those of a step whose forward
+    failed held no K/V, yet the same prompt again hit them (its first block) and came out wrong."""
+    prompt = "The history of the Roman empire begins with the founding of the city of Rome, which legend says"
+    p = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    alone = engine.generate(prompt, p)[0].outputs[0].token_ids
+    assert engine.reset_prefix_cache()
+    execute = engine.runner.execute
+
+    def fail(*a, **kw):
+        raise RuntimeError("forward failed")
+    monkeypatch.setattr(engine.runner, "execute", fail)
+    with pytest.raises(RuntimeError, match="forward failed"):
+        engine.generate(prompt, p)
+    monkeypatch.setattr(engine.runner, "execute", execute)
+    again = engine.generate(prompt, p)[0]
+    assert again.outputs[0].token_ids == alone and again.num_cached_tokens == 0
+
+
 def test_stats_without_waiting(engine):
     """stats(wait=False) (a /metrics scrape) answers during a step with the counters as it began, but
     waits for anything short that holds the engine (a request added): its counters are current then."""
