@@ -382,7 +382,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         An error of one request's own (its sampling row, grammar, detokenizer, stop strings, prompt
         logprobs) ends that request alone, with finish_reason "error" (its mailbox, e.g. a server's
         stream, gets the exception); any other error (the batch's forward) ends every request so,
-        and the engine goes on with new ones.
+        and the engine goes on with new ones. So does a KeyboardInterrupt inside the step, raised
+        once the requests' outputs are out.
 
         The outputs that generate()'s (chat()'s, ...) steps made for add_request's requests come
         from the next step() (one output a request, the deltas since the last one)."""
@@ -407,12 +408,16 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if not hold:
             touched.update(self._held)
             self._held = {}
+        interrupt = None
         try:
             self._step(touched)
         except Exception as e:   # not one request's: none can go on, and none may hang
             log.exception("engine step failed: every request ends")
             self._fail_step(e, touched)
-        if hold:   # (their output is built later: the deltas add up till then)
+        except BaseException as e:   # a KeyboardInterrupt mid-step: the step is half done, so it failed
+            self._fail_step(RuntimeError(f"the engine step was interrupted ({type(e).__name__})"), touched)
+            interrupt = e   # raised once the requests' outputs are out (add_request's: from the next step())
+        if hold or interrupt is not None:   # (their output is built later: the deltas add up till then)
             for key, g in list(touched.items()):
                 if g.mailbox is None:
                     self._held[key] = touched.pop(key)
@@ -428,10 +433,13 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             if out.finished:
                 self._forget(g)
             outputs.append(out)
+        if interrupt is not None:
+            raise interrupt
         return outputs
 
     def _fail_step(self, error: Exception, touched: dict) -> None:
-        """A step that failed as a whole ends every request with finish_reason "error".
+        """A step that failed as a whole ends every request with finish_reason "error" (a request left
+        half-stepped, e.g. with its tokens computed but none sampled, hung: it never progressed).
         Blocks enter the prefix cache when their tokens are scheduled, so the failed step's may name K/V
         never computed (a later prompt with that prefix got it, and wrong tokens): the cache is emptied."""
         self._inflight = None

@@ -251,6 +251,31 @@ def test_failed_forward_leaves_no_uncomputed_block_in_the_prefix_cache(engine, m
     assert again.outputs[0].token_ids == alone and again.num_cached_tokens == 0
 
 
+def test_keyboard_interrupt_mid_step_ends_every_request(engine, monkeypatch):
+    """A Ctrl-C landing inside a step (here between the forward and the sampling) raises from
+    generate(); the request beside it, whose tokens that step had computed but not sampled, used to
+    stay running with nothing to schedule, never finishing. Now every request ends with "error" (the
+    step is half done), add_request's gets its final output from step(), and the engine goes on."""
+    p = SamplingParams(temperature=0, max_tokens=3)
+    engine.add_request("bystander", "Once upon a time", SamplingParams(max_tokens=20))
+    engine.step()
+    launch = engine.sampler.launch
+
+    def interrupt(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(engine.sampler, "launch", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate("The sky is", p)
+    monkeypatch.setattr(engine.sampler, "launch", launch)
+    finals = {}
+    for _ in range(3):
+        finals.update((o.request_id, o.outputs[0].finish_reason) for o in engine.step() if o.finished)
+    assert finals == {"bystander": "error"}
+    assert not engine.has_unfinished_requests() and not engine.has_pending_outputs()
+    assert engine.scheduler.num_blocks_used == 0
+    assert engine.generate("The sky is", p)[0].outputs[0].finish_reason == "length"
+
+
 def test_stats_without_waiting(engine):
     """stats(wait=False) (a /metrics scrape) answers during a step with the counters as it began, but
     waits for anything short that holds the engine (a request added): its counters are current then."""
