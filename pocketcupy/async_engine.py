@@ -86,8 +86,7 @@ class AsyncEngine:
         A bad argument raises ValueError at the first iteration. sampling_params: params by vLLM's name
         (so for chat and stream; embed's and score's pooling_params)."""
         params = vllm_named(params, sampling_params, "params", "sampling_params")
-        rid = request_id or f"agen-{next(self._ids)}"
-        async for out in self._outputs(rid, prompt, params, priority, prompt_token_ids):
+        async for out in self._outputs(request_id, "agen", prompt, params, priority, prompt_token_ids):
             yield out
 
     async def chat(self, messages: list[dict], params: SamplingParams | None = None, tools=None,
@@ -115,8 +114,7 @@ class AsyncEngine:
                     priority: int = 0, *, pooling_params=None) -> EmbeddingRequestOutput:
         """One prompt's embedding (Engine.embed's pooling), computed among the other requests."""
         pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
-        rid = request_id or f"aembd-{next(self._ids)}"
-        last = await self._last(self._outputs(rid, prompt, None, priority,
+        last = await self._last(self._outputs(request_id, "aembd", prompt, None, priority,
                                               pooling=self.engine.pooling_or_default(pooling)))
         return self.engine.embedding_output(last)
 
@@ -169,11 +167,11 @@ class AsyncEngine:
     async def __aexit__(self, *exc) -> None:
         await self.shutdown()
 
-    async def _outputs(self, request_id: str, prompt, params, priority: int, prompt_token_ids=None,
-                       pooling: PoolingParams | None = None) -> AsyncIterator[RequestOutput]:
+    async def _outputs(self, request_id: str | None, id_prefix: str, prompt, params, priority: int,
+                       prompt_token_ids=None, pooling: PoolingParams | None = None) -> AsyncIterator[RequestOutput]:
         box = _EventLoopQueue()
         submitting = asyncio.ensure_future(asyncio.to_thread(
-            self._loop.submit, prompt, params, request_id, priority, prompt_token_ids, box, None, pooling))
+            self._loop.submit, prompt, params, request_id, priority, prompt_token_ids, box, None, pooling, id_prefix))
         try:
             box.stream = stream = await asyncio.shield(submitting)
         except asyncio.CancelledError:   # the request may still be added: abort it once it is

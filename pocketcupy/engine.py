@@ -178,11 +178,12 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _add_request(self, request_id: str, prompt, params: SamplingParams | None = None, priority: int = 0,
                      prompt_token_ids: list[int] | None = None, mailbox=None,
-                     pooling: PoolingParams | None = None) -> None:
+                     pooling: PoolingParams | None = None, name_it: bool = False) -> str:
         """mailbox: an object whose append() gets each of this request's outputs as step() makes them
         (whichever thread runs it), so that outputs never go by id to a later request of that id.
         pooling: an embedding request (params ignored): its prompt's final hidden states pooled into
-        RequestOutput.embedding; its one sampled token is not part of the result."""
+        RequestOutput.embedding; its one sampled token is not part of the result.
+        name_it: request_id is a prefix, the id the first free request_id-N (_free_id). Returns the id."""
         if pooling is not None:
             if not isinstance(pooling, PoolingParams):
                 raise ValueError(f"pooling: expected PoolingParams, got {type(pooling).__name__}")
@@ -231,9 +232,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if params.allowed_token_ids and params.structured_outputs is not None:
             raise ValueError("allowed_token_ids: cannot be combined with structured outputs (their masks could "
                              "leave no token)")
-        seq_ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
         with self._lock:
-            used = next((s for s in [request_id, *seq_ids] if s in self._groups or s in self._seqs), None)
+            if name_it:
+                request_id = self._free_id(request_id, params.n)
+            seq_ids = sequence_ids(request_id, params.n)
+            used = next((s for s in [request_id, *seq_ids] if self._in_use(s)), None)
             if used is not None:
                 raise ValueError(f"request_id: {used!r} is already in use")
             if params.structured_outputs is not None:
@@ -255,6 +258,19 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
                 self._seqs[s.req.request_id] = s
             if params.structured_outputs is not None:   # counted once admitted, not where refused above
                 self.structured.stats.num_requests += 1
+        return request_id
+
+    def _in_use(self, request_id: str) -> bool:
+        return request_id in self._groups or request_id in self._seqs
+
+    def _free_id(self, prefix: str, n: int) -> str:
+        """The id of a request the engine names (generate()'s gen-N, a step loop's req-N, ...): the next
+        prefix-N that neither a live request nor a sequence holds (add_request may have taken such a name:
+        generate() failed with "request_id: 'gen-3' is already in use", an id its caller never gave)."""
+        while True:
+            request_id = f"{prefix}-{next(self._ids)}"
+            if not any(self._in_use(s) for s in [request_id, *sequence_ids(request_id, n)]):
+                return request_id
 
     def get_tokenizer(self):
         """The model's Tokenizer (vLLM's LLM.get_tokenizer): encode, decode, apply_chat_template (which
@@ -598,9 +614,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         # whole outputs, whatever output_kind asks (vLLM's LLM.generate too)
         plist = [p.clone(output_kind=RequestOutputKind.FINAL_ONLY)
                  if isinstance(p, SamplingParams) and p.output_kind is RequestOutputKind.DELTA else p for p in plist]
-        requests = [(f"gen-{next(self._ids)}", prompt, p) for prompt, p in zip(prompts, plist)]
-        final = {out.request_id: out for out in self._run(requests, progress=use_tqdm) if out.finished}
-        return [final[rid] for rid, _, _ in requests]
+        final = {i: out for i, out in self._run("gen", list(zip(prompts, plist)), progress=use_tqdm)
+                 if out.finished}
+        return [final[i] for i in range(len(prompts))]
 
     def embed(self, prompts, pooling: PoolingParams | None = None, *,
               pooling_params=None, use_tqdm=False) -> list[EmbeddingRequestOutput]:
@@ -608,10 +624,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         generation: each prompt's final hidden states pooled (PoolingParams; default: the model's
         own pooling, else the last token's, scaled to unit length). In the order of the prompts."""
         pooling = vllm_named(pooling, pooling_params, "pooling", "pooling_params")
-        requests = [(f"embd-{next(self._ids)}", prompt, None) for prompt in as_prompt_list(prompts)]
-        final = {out.request_id: out for out in self._run(requests, self.pooling_or_default(pooling), use_tqdm)
+        requests = [(prompt, None) for prompt in as_prompt_list(prompts)]
+        final = {i: out for i, out in self._run("embd", requests, self.pooling_or_default(pooling), use_tqdm)
                  if out.finished}
-        return [self.embedding_output(final[rid]) for rid, _, _ in requests]
+        return [self.embedding_output(final[i]) for i in range(len(requests))]
 
     def score(self, text_1, text_2, pooling: PoolingParams | None = None, *,
               pooling_params=None, use_tqdm=False) -> list[ScoringRequestOutput]:
@@ -650,36 +666,36 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """An embedding request's final RequestOutput as embed() returns it."""
         return EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding))
 
-    def _run(self, requests: list[tuple], pooling: PoolingParams | None = None,
-             progress=False) -> Iterator[RequestOutput]:
-        """Adds the (request id, prompt, params) (pooling: as embedding requests) and steps the engine
-        until they finish, yielding their outputs as they come. Another thread's step() (a concurrent
-        generate() or stream(), a step loop) may produce them: each request's go to its mailbox.
-        Aborts what is left when the caller stops early (an exception, a stream closed). progress:
-        a bar of the finished requests on stderr."""
-        boxes = {rid: collections.deque() for rid, _, _ in requests}
-        pending, adding = set(), True
+    def _run(self, prefix: str, requests: list[tuple], pooling: PoolingParams | None = None,
+             progress=False) -> Iterator[tuple[int, RequestOutput]]:
+        """Adds the (prompt, params) (pooling: as embedding requests) as requests named prefix-N and steps
+        the engine until they finish, yielding (index in requests, output) as they come. Another thread's
+        step() (a concurrent generate() or stream(), a step loop) may produce them: each request's go to
+        its mailbox. Aborts what is left when the caller stops early (an exception, a stream closed).
+        progress: a bar of the finished requests on stderr."""
+        boxes = [collections.deque() for _ in requests]
+        ids, pending, adding = [], set(), True
         bar = Progress(len(requests), "processed prompts", enabled=bool(progress))
         try:
-            for rid, prompt, params in requests:
-                self._add_request(rid, prompt, params, mailbox=boxes[rid], pooling=pooling)
-                pending.add(rid)
+            for i, (prompt, params) in enumerate(requests):
+                ids.append(self._add_request(prefix, prompt, params, mailbox=boxes[i], pooling=pooling, name_it=True))
+                pending.add(i)
             adding = False
             while pending:
                 self._step_outputs(hold=True)
-                for rid, box in boxes.items():
+                for i, box in enumerate(boxes):
                     while box:
                         out = box.popleft()
                         if isinstance(out, BaseException):   # what failed this request (step())
-                            pending.discard(rid)
+                            pending.discard(i)
                             raise out
                         if out.finished:
-                            pending.discard(rid)
+                            pending.discard(i)
                             bar.update()
-                        yield out
+                        yield i, out
         finally:
-            for rid in pending:
-                self._abort_request_of(rid, boxes[rid], refused=adding)
+            for i in pending:
+                self._abort_request_of(ids[i], boxes[i], refused=adding)
             bar.close()
 
     def chat(self, messages, params=None, tools=None, add_generation_prompt: bool = True,
@@ -720,8 +736,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         """Yields text deltas of one request (n must be 1) as they are produced."""
         params = vllm_named(params, sampling_params, "params", "sampling_params")
         prompt, params = self.stream_request(prompt_or_messages, params)
-        with contextlib.closing(self._run([(f"stream-{next(self._ids)}", prompt, params)])) as outs:
-            for out in outs:  # a stream closed early aborts its request (_run's finally) right away
+        with contextlib.closing(self._run("stream", [(prompt, params)])) as outs:
+            for _, out in outs:  # a stream closed early aborts its request (_run's finally) right away
                 if out.outputs[0].delta_text:
                     yield out.outputs[0].delta_text
 
@@ -735,6 +751,11 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         if isinstance(prompt_or_messages, list) and prompt_or_messages and isinstance(prompt_or_messages[0], dict):
             return self.chat_prompt_ids(prompt_or_messages), params
         return prompt_or_messages, params
+
+
+def sequence_ids(request_id: str, n: int) -> list[str]:
+    """The scheduler's ids of a request's n sampled sequences."""
+    return [request_id] if n == 1 else [f"{request_id}#{i}" for i in range(n)]
 
 
 def prompt_of_dict(prompt: dict, prompt_token_ids) -> tuple:

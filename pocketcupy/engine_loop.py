@@ -2,7 +2,6 @@
 request's outputs from its own queue, abort at any time."""
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -69,24 +68,23 @@ class EngineLoop:
         self._streams: set[RequestStream] = set()   # not closed yet
         self._wake = threading.Condition()
         self._stopping = False
-        self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="pocketcupy-step-loop", daemon=True)
         self._thread.start()
 
     def submit(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
                priority: int = 0, prompt_token_ids: list[int] | None = None, outputs: queue.Queue | None = None,
-               key=None, pooling=None) -> RequestStream:
+               key=None, pooling=None, id_prefix: str = "req") -> RequestStream:
         """Adds a request (pooling: an embedding request, Engine._add_request's); its outputs go to
         the stream returned, or, with `outputs`, as (key, output) into that queue (shared by several
-        requests, e.g. the prompts of one API call)."""
-        request_id = request_id or f"req-{next(self._ids)}"
+        requests, e.g. the prompts of one API call). Without a request_id it is named id_prefix-N."""
         stream = RequestStream(self, request_id, outputs, key)
         with self._wake:   # (checked under it: the loop thread decides to stop under it too)
             if self._stopping:
                 raise RuntimeError("the engine loop is shutting down")
             # the stream is the request's mailbox: its outputs reach it and no later request's of its id
-            self.engine._add_request(request_id, prompt, params, priority, prompt_token_ids, mailbox=stream,
-                                     pooling=pooling)
+            stream.request_id = self.engine._add_request(request_id or id_prefix, prompt, params, priority,
+                                                         prompt_token_ids, mailbox=stream, pooling=pooling,
+                                                         name_it=not request_id)
             self._streams.add(stream)
             self._wake.notify()
         return stream

@@ -1,5 +1,6 @@
 """The Engine API end to end on the CPU with the real SmolLM2-135M-Instruct."""
 import argparse
+import copy
 import dataclasses
 import pathlib
 
@@ -615,6 +616,35 @@ def test_duplicate_request_id(engine):
         engine.add_request("dup", "hello", SamplingParams(max_tokens=2))
     engine.abort_request("dup")
     engine.step()
+
+
+def test_engine_named_requests_pass_over_add_request_ids(engine):
+    """generate() names its requests gen-N (stream() stream-N, a step loop req-N): an add_request id of
+    that form, the next one, made generate() fail with "request_id: 'gen-N' is already in use", an id
+    its caller never gave. The engine takes the next free name instead (of the request and its samples)."""
+    from pocketcupy.engine_loop import EngineLoop
+
+    def take_next(prefix, suffix=""):
+        rid = f"{prefix}-{next(copy.copy(engine._ids))}{suffix}"
+        engine.add_request(rid, "hi", SamplingParams(max_tokens=1))
+        return rid
+    p = SamplingParams(temperature=0, max_tokens=1)
+    taken = [take_next("gen"), take_next("gen", "#0")]   # gen-N, then gen-N#0 (N's next try, for n=2)
+    outs = engine.generate(["The sky is", "Roses are"], [p.clone(n=2), p])
+    assert [o.finished for o in outs] == [True, True] and not {o.request_id for o in outs} & set(taken)
+    taken.append(take_next("stream"))
+    assert len("".join(engine.stream("hi", p))) > 0
+    finals = {}
+    while engine.has_unfinished_requests():
+        finals.update((o.request_id, o.outputs[0].finish_reason) for o in engine.step() if o.finished)
+    assert finals == dict.fromkeys(taken, "length")
+    loop = EngineLoop(engine)   # (its steps are step()'s: they take add_request's outputs)
+    with engine._lock:
+        taken = take_next("req")
+        stream = loop.submit("hi", p)
+    assert stream.result().finished and stream.request_id != taken
+    loop.shutdown(10)
+    assert not engine.has_unfinished_requests() and engine.scheduler.num_blocks_used == 0
 
 
 def test_request_id_reusable_at_once_after_abort(engine):
