@@ -94,9 +94,9 @@ def _usage(prompt_len: int, last, output: bool = True) -> dict:
 def handle_messages(state, body, gone):
     chat_body, origin = as_chat_body(Fields(body))
     mid = f"msg_{uuid.uuid4().hex[:24]}"
-    with renamed(origin):
+    with renamed(origin) as names:
         req = parse_chat(state, chat_body)
-        job, forced, ids = start_chat_job(state, req, mid, gone)
+        job, forced, ids = start_chat_job(state, req, mid, gone, names.error)
     prompt_len = len(ids)
     head = {"id": mid, "type": "message", "role": "assistant", "model": req.model}
     blocks = ContentBlocks()

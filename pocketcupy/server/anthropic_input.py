@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from .protocol import Fields, bad, renamed_errors, short_repr
+from .protocol import Fields, bad, RenamedErrors, short_repr
 
 # passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -263,6 +263,6 @@ _RENAMES = [(re.compile(r"\bstop\b"), "stop_sequences"),
             (re.compile(r"\btool_call_id\b"), "tool_use_id")]
 
 
-def renamed(origin: list[str]):
-    """The context in which the chat parser's errors about this request name its fields."""
-    return renamed_errors(origin, _RENAMES)
+def renamed(origin: list[str]) -> RenamedErrors:
+    """The chat parser's and engine's errors about this request, naming its fields."""
+    return RenamedErrors(origin, _RENAMES)

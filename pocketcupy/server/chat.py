@@ -256,9 +256,10 @@ def _chat_finish(req: ChatRequest, reason: str | None) -> str | None:
     return "stop" if reason == "tool_calls" and isinstance(req.tool_mode, tuple) else reason
 
 
-def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | None, list[int]]:
-    """The running engine job of a parsed chat request (also the Responses and Anthropic APIs'), the
-    function the server forces the model to call (None: none) and the prompt's token ids."""
+def start_chat_job(state, req: ChatRequest, rid: str, gone, rename=None) -> tuple[Job, str | None, list[int]]:
+    """The running engine job of a parsed chat request (also the Responses and Anthropic APIs', whose
+    `rename` names their fields in the engine's errors), the function the server forces the model to
+    call (None: none) and the prompt's token ids."""
     forced = _forced_name(state, req, rid, gone)
     text = req.text + (forced_prefill(forced, req.style.forced) if forced else "")
     if forced:   # (the prompt ends in the call's prefill: no reasoning)
@@ -272,7 +273,7 @@ def start_chat_job(state, req: ChatRequest, rid: str, gone) -> tuple[Job, str | 
         f"tools[{i}].function.parameters" for i, t in enumerate(req.tools) if t["function"]["name"] == forced)
     job = Job(state, rid, [ids], params, req.priority, gone,
               {"max_tokens": req.max_tokens[0] if req.max_tokens else "max_tokens", "prompt": "messages",
-               **engine_renames(constraint)}, mentions=engine_mentions(constraint))
+               **engine_renames(constraint)}, mentions=engine_mentions(constraint), rename=rename)
     job.start()
     return job, forced, ids
 

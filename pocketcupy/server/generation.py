@@ -41,15 +41,18 @@ class Job:
     """metered=False: a step of an API request whose own job reports its tokens, finishes and
     latencies (the forced tool call's choice of function); it only counts as in flight.
     generates=False: prompt scoring, whose one generated token is dropped: no generation tokens,
-    TTFT or TPOT are recorded. pooling: embedding requests (PoolingParams; they generate nothing)."""
+    TTFT or TPOT are recorded. pooling: embedding requests (PoolingParams; they generate nothing).
+    rename: turns a 400 for the input that the engine raises while generating into the request API's
+    field names (the Responses and Anthropic APIs': RenamedErrors.error)."""
 
     def __init__(self, state, request_id: str, prompts: list[list[int]], params, priority: int = 0,
                  gone=lambda: False, param_names: dict | None = None, metered: bool = True,
-                 generates: bool = True, pooling=None, mentions=()):
+                 generates: bool = True, pooling=None, mentions=(), rename=None):
         self.state, self.request_id = state, request_id
         self.metered, self.generates, self.pooling = metered, generates and pooling is None, pooling
         self.prompts, self.params, self.priority = prompts, params, priority
         self.gone, self.param_names, self.mentions = gone, param_names or {}, mentions
+        self.rename = rename or (lambda e: e)
         self.streams: list = []
         self._outputs: queue.Queue = queue.Queue()   # every prompt's, as (prompt index, output)
         self.aborted: set[int] = set()
@@ -128,7 +131,7 @@ class Job:
                 except Exception as e:   # the engine failed this request, or its step failed
                     self._count_unended(i, "error")   # (the engine sends the error instead of their last output)
                     if is_input_error(e):   # for its input (e.g. its bad_words)
-                        raise from_value_error(e, None, self.param_names, self.mentions) from None
+                        raise self.rename(from_value_error(e, None, self.param_names, self.mentions)) from None
                     raise
                 self._observe(i, out)
                 yield i, out

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from contextlib import contextmanager
 
 from ..input_errors import names_a_field
 from ..sampling import MAX_LOGIT_BIAS, MAX_LOGPROBS, SamplingParams
@@ -57,23 +56,35 @@ def apply_renames(text: str, renames) -> str:
     return text
 
 
-@contextmanager
-def renamed_errors(origin: list[str], renames: list):
-    """Within it, a chat parser's error about a request translated into a chat request (the
-    Responses and Anthropic APIs) names the field the client sent: messages[i] -> origin[i] (the
-    item or turn message i came from), then each (compiled pattern, replacement) of `renames`."""
-    def rename(text: str) -> str:
-        return apply_renames(re.sub(r"\bmessages\[(\d+)\]", lambda m: origin[int(m.group(1))], text), renames)
-    try:
-        yield
-    except ApiError as e:
-        raise ApiError(e.status, rename(e.message), rename(e.param) if e.param else None, e.code, e.type) from None
+class RenamedErrors:
+    """The errors about a request translated into a chat request (the Responses and Anthropic APIs),
+    naming the field the client sent: messages[i] -> origin[i] (the item or turn message i came from),
+    then each (compiled pattern, replacement) of `renames`. A context that renames the ApiErrors raised
+    within it (the chat parser's, the engine's refusal at submission); its `error` renames those the
+    engine raises later, while it generates (Job's rename)."""
+
+    def __init__(self, origin: list[str], renames: list):
+        self.origin, self.renames = origin, renames
+
+    def _text(self, text: str) -> str:
+        return apply_renames(re.sub(r"\bmessages\[(\d+)\]", lambda m: self.origin[int(m.group(1))], text),
+                             self.renames)
+
+    def error(self, e: ApiError) -> ApiError:
+        return ApiError(e.status, self._text(e.message), self._text(e.param) if e.param else None, e.code, e.type)
+
+    def __enter__(self) -> "RenamedErrors":
+        return self
+
+    def __exit__(self, kind, e, tb) -> None:
+        if isinstance(e, ApiError):
+            raise self.error(e) from None
 
 
 def from_value_error(e: ValueError, default_param: str | None, rename: dict | None = None,
                      mentions=()) -> ApiError:
     """Our ValueErrors start with the field name ('max_tokens: ...'): that becomes `param`, renamed by
-    `rename` (the engine's name -> the client's); `mentions` (as renamed_errors' renames) rewrite the message."""
+    `rename` (the engine's name -> the client's); `mentions` (as RenamedErrors' renames) rewrite the message."""
     msg = str(e)
     head = msg.split(":", 1)[0].strip()
     param = head if names_a_field(e) else default_param

@@ -108,9 +108,9 @@ class OutputItems:
 def handle_responses(state, body, gone):
     chat_body, origin, items = as_chat_body(Fields(body), state.responses)
     rid = item_id("resp")
-    with renamed(origin):
+    with renamed(origin) as names:
         req = parse_chat(state, chat_body)
-        job, forced, ids = start_chat_job(state, req, rid, gone)
+        job, forced, ids = start_chat_job(state, req, rid, gone, names.error)
     prompt_len = len(ids)
     store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .protocol import MAX_LOGPROBS, Fields, bad, renamed_errors, short_repr
+from .protocol import MAX_LOGPROBS, Fields, bad, RenamedErrors, short_repr
 
 # Responses fields passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
@@ -250,6 +250,6 @@ _RENAMES = [(re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),
             (re.compile(r"\bmessages\b"), "input")]
 
 
-def renamed(origin: list[str]):
-    """The context in which the chat parser's errors about this request name its fields."""
-    return renamed_errors(origin, _RENAMES)
+def renamed(origin: list[str]) -> RenamedErrors:
+    """The chat parser's and engine's errors about this request, naming its fields."""
+    return RenamedErrors(origin, _RENAMES)
