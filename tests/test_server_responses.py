@@ -82,6 +82,22 @@ def test_stream_helper_final_response(client):
     assert final.status == "completed" and final.output_text == text == respond(client, max_output_tokens=40).output_text
 
 
+def test_response_has_the_sdk_fields(client):
+    """The response validates as the openai package's Response (usage.input_tokens_details.cache_write_tokens is
+    required: it was missing), echoes prompt_cache_key and safety_identifier (were dropped), and a completed one
+    has completed_at, streamed too (was absent)."""
+    from openai.types.responses import Response
+
+    kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}},
+              prompt_cache_key="k1", safety_identifier="user-1")
+    raw = json.loads(client.responses.with_raw_response.create(model=MODEL, input=Q, **kw).text)
+    final = list(respond(client, stream=True, **kw))[-1].response.model_dump(by_alias=True)
+    for r in (Response.model_validate(raw), Response.model_validate(final)):
+        assert r.status == "completed" and r.completed_at >= r.created_at
+        assert r.usage.input_tokens_details.cache_write_tokens == 0
+        assert (r.prompt_cache_key, r.safety_identifier) == ("k1", "user-1")
+
+
 def test_incomplete_at_max_output_tokens(client):
     r = respond(client, max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -19,7 +19,8 @@ from .responses_input import as_chat_body, renamed
 from .sse import SSEStream
 
 # the Responses fields a response object repeats from its request (absent: null)
-ECHOED = ("instructions", "max_output_tokens", "metadata", "service_tier", "top_logprobs", "user")
+ECHOED = ("instructions", "max_output_tokens", "metadata", "prompt_cache_key", "safety_identifier", "service_tier",
+          "top_logprobs", "user")
 
 
 def item_id(prefix: str) -> str:
@@ -114,8 +115,9 @@ def handle_responses(state, body, gone):
     prompt_len = len(ids)
     store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
     text_format = (body.get("text") or {}).get("format") or {"type": "text"}
-    base = {"id": rid, "object": "response", "created_at": int(time.time()), "status": "in_progress",
-            "background": False, "error": None, "incomplete_details": None, "model": req.model, "output": [],
+    base = {"id": rid, "object": "response", "created_at": int(time.time()), "completed_at": None,
+            "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
+            "model": req.model, "output": [],
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": body.get("previous_response_id"),
             "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
             "store": store is not None,
@@ -147,10 +149,12 @@ def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) 
     n_reasoning = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
     n_out = last.num_tokens if last else 0
     usage = {"input_tokens": prompt_len,
-             "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
+             # (no prompt-cache writes are billed here: the prefix cache fills itself)
+             "input_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0, "cache_write_tokens": 0},
              "output_tokens": n_out, "output_tokens_details": {"reasoning_tokens": min(n_reasoning, n_out)},
              "total_tokens": prompt_len + n_out}
     final = dict(base, status=status, output=output, usage=usage,
+                 completed_at=int(time.time()) if status == "completed" else None,
                  incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
     store, items = kept
     if store is not None:
