@@ -327,6 +327,31 @@ def test_store_retrieve_delete_and_evict(stored):
     assert [request(srv, "GET", f"/v1/responses/{i}")[0] for i in ids] == [404, 200, 200]
 
 
+def test_input_items_of_a_stored_response(stored):
+    """GET /v1/responses/{id}/input_items (the client's responses.input_items.list) lists the items the request
+    sent, as OpenAI's ResponseItem (an id, a status, a string content as a text part), the newest first unless
+    order is 'asc', by limit and after (it was a 404); a continued conversation's lists its own items only."""
+    from openai.types.responses import ResponseItemList
+
+    srv, c = stored
+    sent = [{"role": "developer", "content": "Be brief."},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}]
+    r = respond(c, input=sent, max_output_tokens=1)
+    status, body, _ = request(srv, "GET", f"/v1/responses/{r.id}/input_items")
+    page = ResponseItemList.model_validate(body)
+    assert status == 200 and [(i.role, i.content[0].text, i.status) for i in page.data] == [
+        ("user", "Hi", "completed"), ("developer", "Be brief.", "completed")]
+    assert (page.first_id, page.last_id, page.has_more) == (page.data[0].id, page.data[1].id, False)
+    first = c.responses.input_items.list(r.id, order="asc", limit=1)
+    assert [i.role for i in first.data] == ["developer"] and first.has_more
+    rest = c.responses.input_items.list(r.id, order="asc", after=first.data[0].id)
+    assert [i.id for i in rest.data] == [page.data[0].id] and not rest.has_more
+    later = respond(c, input="Again", previous_response_id=r.id, max_output_tokens=1)
+    assert [i.content[0].text for i in c.responses.input_items.list(later.id).data] == ["Again"]
+    assert request(srv, "GET", f"/v1/responses/{r.id}/input_items?limit=0")[1]["error"]["param"] == "limit"
+    assert request(srv, "GET", "/v1/responses/resp_none/input_items")[0] == 404
+
+
 def test_negative_responses_store_is_a_startup_error():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--responses-store", "-1"],
                          capture_output=True, text=True, timeout=60)

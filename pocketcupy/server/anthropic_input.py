@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 
-from .protocol import Fields, bad, RenamedErrors, short_repr
+from .protocol import Fields, RenamedErrors, bad, short_repr
 
 # passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",

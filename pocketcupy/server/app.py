@@ -16,6 +16,7 @@ from .chat import handle_chat
 from .completions import handle_completion
 from .embeddings import handle_embeddings
 from .responses_api import handle_responses
+from .responses_items import item_page
 from .scoring import handle_rerank, handle_score
 from .tokenize import handle_detokenize, handle_tokenize
 from .generation import ClientGone, disconnect_probe
@@ -181,6 +182,14 @@ def create_app(state) -> Flask:
         if found is None:
             raise _no_response(response_id)
         return _json(found[1])
+
+    @app.get("/v1/responses/<path:response_id>/input_items")
+    def stored_input_items(response_id):
+        _ready()
+        items = state.responses.input_items(response_id) if state.responses is not None else None
+        if items is None:
+            raise _no_response(response_id)
+        return _json(item_page(items, request.args))
 
     @app.delete("/v1/responses/<path:response_id>")
     def delete_response(response_id):

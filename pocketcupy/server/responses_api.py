@@ -9,23 +9,18 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-import uuid
 
 from .chat import chat_updates, parse_chat, start_chat_job
 from .output_segments import Segments
 from .protocol import Fields
 from .responses import sse_event
 from .responses_input import as_chat_body, renamed
+from .responses_items import item_id
 from .sse import SSEStream
 
 # the Responses fields a response object repeats from its request (absent: null)
 ECHOED = ("instructions", "max_output_tokens", "metadata", "prompt_cache_key", "safety_identifier", "service_tier",
           "top_logprobs", "user")
-
-
-def item_id(prefix: str) -> str:
-    """OpenAI's ids: resp_..., msg_..., rs_..., fc_..."""
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 class OutputItems:
@@ -107,7 +102,7 @@ class OutputItems:
 
 
 def handle_responses(state, body, gone):
-    chat_body, origin, items = as_chat_body(Fields(body), state.responses)
+    chat_body, origin, items, first = as_chat_body(Fields(body), state.responses)
     rid = item_id("resp")
     with renamed(origin) as names:
         req = parse_chat(state, chat_body)
@@ -126,7 +121,7 @@ def handle_responses(state, body, gone):
             "top_p": 0.0 if body.get("top_p") == 0 else req.params.top_p, "truncation": "disabled", "usage": None,
             **{k: body.get(k) for k in ECHOED}}
     output = OutputItems(req.style.call_id)
-    kept = (store, items)
+    kept = (store, items, first)
     if req.stream:
         return SSEStream(_stream(state, job, req, forced, base, output, prompt_len, kept), job, sse_event, done=False)
     with job:
@@ -143,7 +138,8 @@ def _status(last) -> str:
 
 
 def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) -> dict:
-    """The whole response; kept: (the store it goes to, or None; the conversation's input items)."""
+    """The whole response; kept: (the store it goes to, or None; the conversation's input items; the
+    index of the request's first)."""
     status = _status(last)
     reasoning = "".join(it["content"][0]["text"] for it in output if it["type"] == "reasoning")
     n_reasoning = len(state.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
@@ -156,9 +152,9 @@ def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) 
     final = dict(base, status=status, output=output, usage=usage,
                  completed_at=int(time.time()) if status == "completed" else None,
                  incomplete_details={"reason": "max_output_tokens"} if status == "incomplete" else None)
-    store, items = kept
+    store, items, first = kept
     if store is not None:
-        store.put(copy.deepcopy(final), items)
+        store.put(copy.deepcopy(final), items, first)
     return final
 
 

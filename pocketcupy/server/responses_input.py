@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from .protocol import MAX_LOGPROBS, Fields, bad, RenamedErrors, short_repr
+from .protocol import MAX_LOGPROBS, Fields, RenamedErrors, bad, short_repr
+from .responses_items import listed
 
 # Responses fields passed to the chat parser under the same name (vLLM's sampling extensions among them)
 SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "presence_penalty",
@@ -188,9 +189,10 @@ def conversation(f: Fields, store) -> tuple[list, int]:
     return history + raw, len(history)
 
 
-def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
+def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list, int]:
     """(the chat body, the request field each of its messages came from, the conversation's input
-    items); store: the server's ResponseStore (None: none)."""
+    items, the index of this request's first, each of its own with an id as input_items lists it);
+    store: the server's ResponseStore (None: none)."""
     for name, what in UNSUPPORTED.items():
         if f.has(name):
             raise bad(name, f"'{name}' is not supported by this server ({what})")
@@ -209,6 +211,7 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
     top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
     items, first = conversation(f, store)
     msgs, origin = input_messages(items, f.str("instructions"), first)
+    items = items[:first] + [listed(item) for item in items[first:]]
     body = {"messages": msgs}
     for name in SAME_FIELDS:
         if f.get(name) is not None:
@@ -236,7 +239,7 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list]:
              "logprobs": logprobs or None, "top_logprobs": top if logprobs else None}
     body.update({k: v for k, v in extra.items() if v is not None})
     f.reject_unknown()
-    return body, origin, items
+    return body, origin, items, first
 
 
 # chat's field names in its errors -> the Responses request's
