@@ -122,12 +122,17 @@ def _start(head: dict, prompt_len: int, first) -> dict:
 def _stream(state, job, req, forced, head: dict, blocks: ContentBlocks, prompt_len: int):
     """message_start waits for the engine's first output: only then (the prompt scheduled) is it known
     how much of the prompt the prefix cache held, so its usage and message_delta's (the cumulative
-    totals, as Anthropic's API sends them) agree with each other and with the whole response's."""
-    last = None
+    totals, as Anthropic's API sends them) agree with each other and with the whole response's. A ping
+    follows the first content_block_start, as in Anthropic's streams."""
+    last, pinged = None, False
     for u in chat_updates(state, req, job, forced):
         if last is None:
             yield _start(head, prompt_len, u)
-        yield from blocks.feed(u.events)
+        for e in blocks.feed(u.events):
+            yield e
+            if not pinged and e["type"] == "content_block_start":   # where Anthropic's streams send it
+                yield {"type": "ping"}
+                pinged = True
         last = u
     if last is None:
         yield _start(head, prompt_len, None)
