@@ -214,18 +214,23 @@ def test_bad_requests_name_the_responses_field(server, body, param):
 def test_errors_while_generating_name_the_responses_field(client, server):
     """A 400 the engine raises while generating (here min_tokens forbids the stop token "7", the only one
     text.format allows) names text.format where it said response_format.json_schema.schema, chat's field
-    (the Responses renames applied only to the errors raised before the engine ran), streamed or not."""
+    (the Responses renames applied only to the errors raised before the engine ran), streamed or not.
+    Streamed, it is the API's error event (type, code, message, param, sequence_number), where it was
+    chat's untyped {"error": ...}."""
     import openai
+    from openai.types.responses import ResponseErrorEvent
 
     seven = request(server, "POST", "/tokenize", {"prompt": "7", "add_special_tokens": False})[1]["tokens"]
     kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}}, max_output_tokens=4,
               extra_body={"min_tokens": 1, "stop_token_ids": seven})
-    for stream in (False, True):
-        with pytest.raises(openai.APIError) as e:
-            out = respond(client, stream=stream, **kw)
-            list(out) if stream else None
-        assert e.value.body["param"] == "min_tokens", e.value.body
-        assert e.value.body["message"].startswith("min_tokens: with text.format.schema, it forbids every token")
+    with pytest.raises(openai.BadRequestError) as e:
+        respond(client, **kw)
+    events = list(respond(client, stream=True, **kw))
+    error = events[-1]
+    assert isinstance(error, ResponseErrorEvent) and error.sequence_number == len(events) - 1
+    for body in (e.value.body, error.model_dump()):
+        assert (body["param"], body["code"]) == ("min_tokens", "invalid_value"), body
+        assert body["message"].startswith("min_tokens: with text.format.schema, it forbids every token")
 
 
 def test_context_overflow_and_unknown_model(server):

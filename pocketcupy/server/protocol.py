@@ -37,6 +37,11 @@ class ApiError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    def response_event(self) -> dict:
+        """The Responses API's stream error event (ResponseErrorEvent, less its sequence_number): a
+        stream's events are typed; the chat body's {"error": ...} was none of them."""
+        return {"type": "error", "code": self.code, "message": self.message, "param": self.param}
+
     def anthropic_body(self) -> dict:
         """The Anthropic Messages API's error body (its routes answer with it); it has no param
         field, so the message names the field, as Anthropic's do ('max_tokens: ...')."""

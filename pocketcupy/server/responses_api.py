@@ -123,7 +123,9 @@ def handle_responses(state, body, gone):
     output = OutputItems(req.style.call_id)
     kept = (store, items, first)
     if req.stream:
-        return SSEStream(_stream(state, job, req, forced, base, output, prompt_len, kept), job, sse_event, done=False)
+        numbered = Numbered()
+        return SSEStream(_stream(state, job, req, forced, base, output, prompt_len, kept, numbered), job, sse_event,
+                         done=False, error=lambda e: numbered(e.response_event()))
     with job:
         last = None
         for u in chat_updates(state, req, job, forced):
@@ -158,13 +160,18 @@ def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) 
     return final
 
 
-def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len: int, kept: tuple):
-    seq = itertools.count()
+class Numbered:
+    """Gives a stream's events their sequence_number (its error event's too)."""
 
-    def numbered(event: dict) -> dict:
-        event["sequence_number"] = next(seq)
+    def __init__(self):
+        self.seq = itertools.count()
+
+    def __call__(self, event: dict) -> dict:
+        event["sequence_number"] = next(self.seq)
         return event
 
+
+def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len: int, kept: tuple, numbered):
     yield numbered({"type": "response.created", "response": base})
     yield numbered({"type": "response.in_progress", "response": base})
     last = None

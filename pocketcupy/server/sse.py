@@ -20,7 +20,7 @@ class SSEStream:
     """chunks: dicts, each written by `fmt` (the Responses and Anthropic APIs': sse_event, named by
     its type); error: the chunk that ends a failed generation, of its ApiError (by default the OpenAI
     error body the response would have had, whose `{"error": ...}` the client raises, as vLLM's; a
-    failure of the server's own is a 500's)."""
+    failure of the server's own is a 500's; the Responses and Anthropic APIs' own error events)."""
 
     def __init__(self, chunks, job, fmt=sse, done: bool = True, error=ApiError.body):
         self.chunks, self.job, self.fmt, self.done, self.error = chunks, job, fmt, done, error
