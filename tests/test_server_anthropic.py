@@ -214,6 +214,7 @@ def test_count_tokens(client):
     ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
     ({"messages": Q, "max_tokens": 4, "output_config": {"effort": "huge"}}, "output_config.effort"),
     ({"messages": Q, "max_tokens": 4, "system": 5}, "system"),
+    ({"messages": Q, "max_tokens": 4, "system": [{"type": "image", "text": "x"}]}, "system[0].type"),   # was a 200
     ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "json_schema", "schema": 3}}},
      "output_config.format.schema"),
 ])

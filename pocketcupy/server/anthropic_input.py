@@ -71,6 +71,9 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
     if system is not None:
         if not isinstance(system, (str, list)) or any(not isinstance(p, dict) for p in system if not isinstance(system, str)):
             raise bad("system", "'system' must be a string or an array of text blocks")
+        for k, p in enumerate(system if isinstance(system, list) else ()):
+            if p.get("type") != "text":     # (an image block's text was taken as the system prompt)
+                raise bad(f"system[{k}].type", f"'system[{k}].type' must be 'text', got {short_repr(p.get('type'))}")
         text = system if isinstance(system, str) else "".join(_text(p, f"system[{k}]") for k, p in enumerate(system))
         msgs.append({"role": "system", "content": text})
         origin.append("system")
