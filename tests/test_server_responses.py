@@ -98,6 +98,18 @@ def test_response_has_the_sdk_fields(client):
         assert (r.prompt_cache_key, r.safety_identifier) == ("k1", "user-1")
 
 
+def test_input_tokens_count(client, server):
+    """The client's responses.input_tokens.count (POST /v1/responses/input_tokens) gives the prompt tokens the
+    same request reports as usage.input_tokens (it was a 405), the model optional; bad input a 400 naming it."""
+    kw = dict(input=Q, instructions="Be brief.", tools=TOOLS)
+    counted = client.responses.input_tokens.count(model=MODEL, **kw)
+    assert counted.object == "response.input_tokens"
+    assert counted.input_tokens == respond(client, max_output_tokens=1, **kw).usage.input_tokens
+    assert client.responses.input_tokens.count(**kw).input_tokens == counted.input_tokens
+    status, body, _ = request(server, "POST", "/v1/responses/input_tokens", {"input": [{"role": "robot"}]})
+    assert status == 400 and body["error"]["param"] == "input[0].role", body
+
+
 def test_incomplete_at_max_output_tokens(client):
     r = respond(client, max_output_tokens=3)
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"

@@ -9,7 +9,7 @@ import json
 import uuid
 
 from .anthropic_input import as_chat_body, renamed
-from .chat import chat_updates, encode_prompt, parse_chat, start_chat_job
+from .chat import chat_updates, count_prompt_tokens, parse_chat, start_chat_job
 from .output_segments import Segments
 from .protocol import ApiError, Fields
 from .responses import sse_event
@@ -146,6 +146,4 @@ def _stream(state, job, req, forced, head: dict, blocks: ContentBlocks, prompt_l
 def handle_count_tokens(state, body) -> dict:
     """The prompt's token count as /v1/messages would render it."""
     chat_body, origin = as_chat_body(Fields(body), count_only=True)
-    with renamed(origin):
-        req = parse_chat(state, chat_body)
-    return {"input_tokens": len(encode_prompt(state, req.text))}
+    return {"input_tokens": count_prompt_tokens(state, chat_body, renamed(origin))}

@@ -15,7 +15,7 @@ from .anthropic_api import handle_count_tokens, handle_messages
 from .chat import handle_chat
 from .completions import handle_completion
 from .embeddings import handle_embeddings
-from .responses_api import handle_responses
+from .responses_api import handle_input_tokens, handle_responses
 from .responses_items import item_page
 from .scoring import handle_rerank, handle_score
 from .tokenize import handle_detokenize, handle_tokenize
@@ -170,6 +170,10 @@ def create_app(state) -> Flask:
     @app.post("/v1/responses")
     def responses():
         return _generate(handle_responses)
+
+    @app.post("/v1/responses/input_tokens")
+    def input_tokens():
+        return _json(handle_input_tokens(state, _request_body()))
 
     def _no_response(response_id: str) -> ApiError:
         why = "" if state.responses is not None else " (the server keeps none: start it with --responses-store N)"

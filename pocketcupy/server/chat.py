@@ -157,6 +157,13 @@ def encode_prompt(state, text: str, add_special_tokens: bool = False) -> list[in
         raise bad("messages", str(e)) from None
 
 
+def count_prompt_tokens(state, chat_body: dict, names) -> int:
+    """The tokens of the prompt a chat request renders (the Anthropic and Responses APIs' token-count
+    routes); names: the RenamedErrors naming that API's fields in the errors."""
+    with names:
+        return len(encode_prompt(state, parse_chat(state, chat_body).text))
+
+
 def _forced_name(state, req: ChatRequest, rid: str, gone) -> str | None:
     """The function the server makes the model call (tool_choice 'required' or named), if any."""
     mode = req.tool_mode

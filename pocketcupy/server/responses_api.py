@@ -3,14 +3,15 @@ request). The output is a list of typed items -- reasoning (with a reasoning par
 function_call -- in the order the model wrote them; streamed, as the API's named events
 (response.created ... response.completed). Responses are kept only with the server's response
 store (`--responses-store N`, responses_store.py); without it `store` is reported false, as vLLM
-does without its store, and `previous_response_id` is a 400."""
+does without its store, and `previous_response_id` is a 400. POST /v1/responses/input_tokens counts a
+request's prompt tokens."""
 from __future__ import annotations
 
 import copy
 import itertools
 import time
 
-from .chat import chat_updates, parse_chat, start_chat_job
+from .chat import chat_updates, count_prompt_tokens, parse_chat, start_chat_job
 from .output_segments import Segments
 from .protocol import Fields
 from .responses import sse_event
@@ -183,3 +184,11 @@ def _stream(state, job, req, forced, base: dict, items: OutputItems, prompt_len:
         yield numbered(e)
     final = _final(state, base, copy.deepcopy(items.items), last, prompt_len, kept)
     yield numbered({"type": f"response.{final['status']}", "response": final})
+
+
+def handle_input_tokens(state, body) -> dict:
+    """POST /v1/responses/input_tokens: the tokens of the prompt the same /v1/responses request renders
+    (the model may be left out: the served one)."""
+    chat_body, origin, _, _ = as_chat_body(Fields(body), state.responses)
+    chat_body.setdefault("model", state.config.served_model_names[0])
+    return {"object": "response.input_tokens", "input_tokens": count_prompt_tokens(state, chat_body, renamed(origin))}
