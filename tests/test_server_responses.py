@@ -215,6 +215,9 @@ def test_text_format_json_schema(client):
     ({"input": "x", "text": {"format": {"type": "text", "schema": {"type": "object"}}}}, "text.format.schema"),
     ({"input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"input": "x", "n": 2}, "n"),
+    # OpenAI's metadata: at most 16 pairs of strings (any object was taken)
+    ({"input": "x", "metadata": {"a": 1}}, "metadata"),
+    ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"input": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}, "input[1].content"),
 ])
 def test_bad_requests_name_the_responses_field(server, body, param):

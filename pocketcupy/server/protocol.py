@@ -314,9 +314,22 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     f.str("user")
     f.str("service_tier")
     f.bool("store")
-    f.obj("metadata")
+    _check_metadata(f.obj("metadata"))
     priority = f.int("priority", 0, *INT32)
     return kw, priority
+
+
+def _check_metadata(meta: dict | None) -> None:
+    """OpenAI's metadata (kept with a response, not used here): up to 16 pairs, keys of up to 64
+    characters, string values of up to 512."""
+    if meta is None:
+        return
+    if len(meta) > 16:
+        raise bad("metadata", f"'metadata' may hold at most 16 pairs, got {len(meta)}")
+    for k, v in meta.items():
+        if len(k) > 64 or not isinstance(v, str) or len(v) > 512:
+            raise bad("metadata", f"'metadata' keys must be at most 64 characters and values strings of at most "
+                                  f"512, got {short_repr(k)}: {short_repr(v)}")
 
 
 def check_model(f: Fields, served_names: list[str]) -> str:
