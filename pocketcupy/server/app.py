@@ -179,21 +179,22 @@ def create_app(state) -> Flask:
         why = "" if state.responses is not None else " (the server keeps none: start it with --responses-store N)"
         return ApiError(404, f"No response with id '{response_id}'{why}", "response_id", "not_found")
 
-    @app.get("/v1/responses/<path:response_id>")
-    def stored_response(response_id):
+    def _stored(response_id: str) -> tuple[list, dict, int]:
+        """The store's entry of a response (ResponseStore.get), or a 404."""
         _ready()
         found = state.responses.get(response_id) if state.responses is not None else None
         if found is None:
             raise _no_response(response_id)
-        return _json(found[1])
+        return found
+
+    @app.get("/v1/responses/<path:response_id>")
+    def stored_response(response_id):
+        return _json(_stored(response_id)[1])
 
     @app.get("/v1/responses/<path:response_id>/input_items")
     def stored_input_items(response_id):
-        _ready()
-        items = state.responses.input_items(response_id) if state.responses is not None else None
-        if items is None:
-            raise _no_response(response_id)
-        return _json(item_page(items, request.args))
+        items, _, first = _stored(response_id)
+        return _json(item_page(items[first:], request.args))
 
     @app.delete("/v1/responses/<path:response_id>")
     def delete_response(response_id):

@@ -43,8 +43,3 @@ class ResponseStore:
         output items), or None if it is not stored."""
         found = self.get(response_id)
         return None if found is None else found[0] + found[1]["output"]
-
-    def input_items(self, response_id: str) -> list | None:
-        """The input items the response's request sent, or None if it is not stored."""
-        found = self.get(response_id)
-        return None if found is None else found[0][found[2]:]
