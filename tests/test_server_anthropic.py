@@ -206,6 +206,8 @@ def test_count_tokens(client):
     ({"messages": Q, "max_tokens": 4, "stop_sequences": "Paris"}, "stop_sequences"),
     ({"messages": Q, "max_tokens": 4, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
     ({"messages": Q, "max_tokens": 4, "tools": [{"name": "f"}]}, "tools[0].input_schema"),
+    # (the message said 'parameters', chat's name)
+    ({"messages": Q, "max_tokens": 4, "tools": [{"name": "f", "input_schema": {"type": 3}}]}, "'input_schema' must be"),
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"messages": Q, "max_tokens": 4, "thinking": {"type": "sometimes"}}, "thinking.type"),

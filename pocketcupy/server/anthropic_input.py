@@ -261,6 +261,7 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
 _RENAMES = [(re.compile(r"\bstop\b"), "stop_sequences"),
             (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "output_config.format.schema"),
             (re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools[\1].input_schema"),
+            (re.compile(r"'parameters'"), "'input_schema'"),
             (re.compile(r"\btools\[(\d+)\]\.function\b"), r"tools[\1]"),
             (re.compile(r"\btool_choice\.function\b"), "tool_choice"),
             (re.compile(r"\btool_call_id\b"), "tool_use_id")]
