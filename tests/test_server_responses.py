@@ -84,18 +84,19 @@ def test_stream_helper_final_response(client):
 
 def test_response_has_the_sdk_fields(client):
     """The response validates as the openai package's Response (usage.input_tokens_details.cache_write_tokens is
-    required: it was missing), echoes prompt_cache_key and safety_identifier (were dropped), and a completed one
-    has completed_at, streamed too (was absent)."""
+    required: it was missing), echoes prompt_cache_key, safety_identifier, text.verbosity and reasoning.summary
+    (were dropped), and a completed one has completed_at, streamed too (was absent)."""
     from openai.types.responses import Response
 
-    kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}},
-              prompt_cache_key="k1", safety_identifier="user-1")
+    kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}, "verbosity": "low"},
+              prompt_cache_key="k1", safety_identifier="user-1", reasoning={"summary": "auto"})
     raw = json.loads(client.responses.with_raw_response.create(model=MODEL, input=Q, **kw).text)
     final = list(respond(client, stream=True, **kw))[-1].response.model_dump(by_alias=True)
     for r in (Response.model_validate(raw), Response.model_validate(final)):
         assert r.status == "completed" and r.completed_at >= r.created_at
         assert r.usage.input_tokens_details.cache_write_tokens == 0
         assert (r.prompt_cache_key, r.safety_identifier) == ("k1", "user-1")
+        assert (r.text.verbosity, r.reasoning.summary) == ("low", "auto")
 
 
 def test_input_tokens_count(client, server):

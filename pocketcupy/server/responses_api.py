@@ -110,14 +110,16 @@ def handle_responses(state, body, gone):
         job, forced, ids = start_chat_job(state, req, rid, gone, names.error)
     prompt_len = len(ids)
     store = state.responses if body.get("store") is not False else None    # OpenAI's default: stored
-    text_format = (body.get("text") or {}).get("format") or {"type": "text"}
+    text, reasoning = body.get("text") or {}, body.get("reasoning") or {}
+    text_format = text.get("format") or {"type": "text"}
     base = {"id": rid, "object": "response", "created_at": int(time.time()), "completed_at": None,
             "status": "in_progress", "background": False, "error": None, "incomplete_details": None,
             "model": req.model, "output": [],
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": body.get("previous_response_id"),
-            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+            "reasoning": {"effort": reasoning.get("effort"),
+                          "summary": reasoning.get("summary") or reasoning.get("generate_summary")},
             "store": store is not None,
-            "temperature": req.params.temperature, "text": {"format": text_format},
+            "temperature": req.params.temperature, "text": {"format": text_format, "verbosity": text.get("verbosity")},
             "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
             "top_p": 0.0 if body.get("top_p") == 0 else req.params.top_p, "truncation": "disabled", "usage": None,
             **{k: body.get(k) for k in ECHOED}}
