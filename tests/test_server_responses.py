@@ -195,7 +195,7 @@ def test_text_format_json_schema(client):
     ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]},
      "input[0].content[0]"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]"),    # (no response store here)
     ({"input": [{"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
@@ -371,6 +371,22 @@ def test_input_items_of_a_stored_response(stored):
     assert [i.content[0].text for i in c.responses.input_items.list(later.id).data] == ["Again"]
     assert request(srv, "GET", f"/v1/responses/{r.id}/input_items?limit=0")[1]["error"]["param"] == "limit"
     assert request(srv, "GET", "/v1/responses/resp_none/input_items")[0] == 404
+
+
+def test_item_reference_is_the_stored_item(stored):
+    """An item_reference input item (as Codex sends a call it got earlier) is the stored item of that id: the
+    same prompt as the item sent whole (it was a 400 'input[1].type'); an unknown id is a 400 naming input[i].id."""
+    srv, c = stored
+    call = respond(c, input="What is the weather in Paris?", tools=TOOLS, tool_choice=NAMED).output[0]
+    turns = [{"role": "user", "content": "What is the weather in Paris?"}, None,
+             {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}]
+    kw = dict(tools=TOOLS, tool_choice="none", max_output_tokens=1, store=False)
+    whole = respond(c, input=[call.model_dump(exclude_none=True) if t is None else t for t in turns], **kw)
+    referenced = respond(c, input=[{"type": "item_reference", "id": call.id} if t is None else t for t in turns], **kw)
+    assert referenced.usage.input_tokens == whole.usage.input_tokens
+    status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "input": [
+        turns[0], {"type": "item_reference", "id": "fc_none"}]})
+    assert status == 400 and body["error"]["param"] == "input[1].id", body
 
 
 def test_negative_responses_store_is_a_startup_error():

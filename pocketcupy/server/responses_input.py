@@ -169,14 +169,31 @@ def _response_format(text: dict | None):
     return {"type": "json_schema", "json_schema": spec}
 
 
+def _referenced(item, where: str, store):
+    """An item_reference input item as the stored item it names (an input or output item of a stored
+    response); any other item as it is."""
+    if not isinstance(item, dict) or item.get("type") != "item_reference":
+        return item
+    if store is None:
+        raise bad(where, f"'{where}': item_reference items need the server's response store (--responses-store N); "
+                         "without it, send the item itself")
+    ref = item.get("id")
+    found = store.item(ref) if isinstance(ref, str) else None
+    if found is None:
+        raise bad(f"{where}.id", f"'{where}.id': no stored item with id {short_repr(ref)}")
+    return found
+
+
 def conversation(f: Fields, store) -> tuple[list, int]:
     """(the conversation's input items, the index of this request's first): a stored response's
-    (previous_response_id; store: the server's ResponseStore, None without one) before `input`."""
+    (previous_response_id; store: the server's ResponseStore, None without one) before `input`, whose
+    item_reference items are the stored items they name."""
     raw = f.require("input")
     if isinstance(raw, str):
         raw = [{"role": "user", "content": raw}]
     elif not isinstance(raw, list) or not raw:
         raise bad("input", "'input' must be a string or a non-empty array of input items")
+    raw = [_referenced(item, f"input[{i}]", store) for i, item in enumerate(raw)]
     previous = f.str("previous_response_id")
     if previous is None:
         return raw, 0

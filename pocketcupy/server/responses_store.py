@@ -1,7 +1,8 @@
 """The Responses API's response store (`--responses-store N`): the last N responses a server made
 with `store` true, in memory and in this process only, so that `previous_response_id` continues a
-conversation and GET / DELETE /v1/responses/<id> (and GET .../input_items) find a response. Least recently used ones go
-first. Each keeps the input items its conversation had (the previous turns' included; not the
+conversation, an `item_reference` input item finds the item it names, and GET / DELETE
+/v1/responses/<id> (and GET .../input_items) find a response. Least recently used ones go first.
+Each keeps the input items its conversation had (the previous turns' included; not the
 `instructions`, which, as OpenAI's API says, do not carry over) and its output."""
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ class ResponseStore:
             if found is not None:
                 self._items.move_to_end(response_id)
             return found
+
+    def item(self, item_id: str) -> dict | None:
+        """The input or output item of that id in a stored response (the most recent first), or None."""
+        with self._lock:
+            for input_items, response, _ in reversed(self._items.values()):
+                for it in input_items + response["output"]:
+                    if it.get("id") == item_id:
+                        return it
+        return None
 
     def delete(self, response_id: str) -> bool:
         with self._lock:
