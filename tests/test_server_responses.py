@@ -374,18 +374,17 @@ def test_input_items_of_a_stored_response(stored):
 
 
 def test_item_reference_is_the_stored_item(stored):
-    """An item_reference input item (as Codex sends a call it got earlier) is the stored item of that id: the
+    """An item_reference input item (as Codex resends an earlier output item) is the stored item of that id: the
     same prompt as the item sent whole (it was a 400 'input[1].type'); an unknown id is a 400 naming input[i].id."""
     srv, c = stored
-    call = respond(c, input="What is the weather in Paris?", tools=TOOLS, tool_choice=NAMED).output[0]
-    turns = [{"role": "user", "content": "What is the weather in Paris?"}, None,
-             {"type": "function_call_output", "call_id": call.call_id, "output": "18C"}]
-    kw = dict(tools=TOOLS, tool_choice="none", max_output_tokens=1, store=False)
-    whole = respond(c, input=[call.model_dump(exclude_none=True) if t is None else t for t in turns], **kw)
-    referenced = respond(c, input=[{"type": "item_reference", "id": call.id} if t is None else t for t in turns], **kw)
-    assert referenced.usage.input_tokens == whole.usage.input_tokens
+    reply = respond(c, max_output_tokens=1).output[0]
+    turns = [{"role": "user", "content": Q}, None, {"role": "user", "content": "And Spain?"}]
+    kw = dict(max_output_tokens=1, store=False)
+    whole = respond(c, input=[reply.model_dump(exclude_none=True) if t is None else t for t in turns], **kw)
+    referenced = respond(c, input=[{"type": "item_reference", "id": reply.id} if t is None else t for t in turns], **kw)
+    assert referenced.usage.input_tokens == whole.usage.input_tokens > respond(c, input=Q, **kw).usage.input_tokens
     status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "input": [
-        turns[0], {"type": "item_reference", "id": "fc_none"}]})
+        turns[0], {"type": "item_reference", "id": "msg_none"}]})
     assert status == 400 and body["error"]["param"] == "input[1].id", body
 
 
