@@ -133,6 +133,14 @@ def test_logprobs(client):
     assert respond(client, max_output_tokens=6).output[0].content[0].logprobs == []
 
 
+def test_include_takes_the_apis_values(client):
+    """include ["reasoning.encrypted_content"] (Codex and stateless agents send it) was a 400: it is one of the
+    API's include values, with nothing to add here; the reply is the one without it."""
+    plain = respond(client, max_output_tokens=1)
+    r = respond(client, max_output_tokens=1, include=["reasoning.encrypted_content", "message.input_image.image_url"])
+    assert r.output_text == plain.output_text
+
+
 def test_logprobs_only_when_included(client):
     """As OpenAI's API: output_text logprobs come only with include ["message.output_text.logprobs"];
     top_logprobs says how many alternatives, not whether (they came back without include)."""
@@ -200,7 +208,7 @@ def test_text_format_json_schema(client):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "truncation": "auto"}, "truncation"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "include": ["reasoning.everything"]}, "include"),
     ({"input": "x", "include": ""}, "include"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),

@@ -20,6 +20,11 @@ UNSUPPORTED = {"conversation": "stored conversations (send the whole conversatio
                "prompt": "stored prompt templates", "max_tool_calls": "a cap on tool calls",
                "context_management": "context management"}
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# the API's other include values: taken, with nothing to add here (no such tool calls or images; a
+# reasoning item carries its text, not OpenAI's encrypted_content, which clients such as Codex ask for)
+INCLUDABLE = (LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
 
@@ -221,8 +226,8 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list, int]:
         raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400), "
                                 f"got {short_repr(truncation)}")
     include = f.get("include")
-    if include is not None and (not isinstance(include, list) or any(v != LOGPROBS_INCLUDE for v in include)):
-        raise bad("include", f"'include' may only hold {LOGPROBS_INCLUDE!r}, got {short_repr(include)}")
+    if include is not None and (not isinstance(include, list) or any(v not in INCLUDABLE for v in include)):
+        raise bad("include", f"'include' must be an array of {', '.join(INCLUDABLE)}, got {short_repr(include)}")
     # as OpenAI's API: logprobs only when included; top_logprobs says how many alternatives
     logprobs = LOGPROBS_INCLUDE in (include or [])
     top = f.int("top_logprobs", None, 0, MAX_LOGPROBS)
