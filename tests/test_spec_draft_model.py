@@ -46,7 +46,7 @@ def kept(e) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0, max_tokens=48, logprobs=1),
+    SamplingParams(temperature=0, max_tokens=32, logprobs=1, min_tokens=16),
     SamplingParams(temperature=0.9, seed=4, repetition_penalty=1.2, max_tokens=40),
 ], ids=["greedy", "seeded"])
 def test_self_draft_keeps_nearly_every_draft(plain, self_draft, params):
@@ -54,7 +54,9 @@ def test_self_draft_keeps_nearly_every_draft(plain, self_draft, params):
     assert_same(self_draft.chat(CHATS, params), plain.chat(CHATS, params))
     k1, d1 = kept(self_draft)
     assert d1 - d0 > 20
-    if params.temperature == 0:   # greedy drafts of the same model: only float noise can reject one
+    # greedy drafts of the same model: only float noise can reject one, and the EOS the draft model
+    # proposes where the second chat's reply ends (13 tokens), before min_tokens lets it end
+    if params.temperature == 0:
         assert k1 - k0 >= 0.9 * (d1 - d0)
 
 
