@@ -83,6 +83,20 @@ def test_every_block_type_reads_and_dequantizes(tmp_path, qtype):
         assert t.dequantize().shape == (rows, cols)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_fast_dequantizers_match_the_gguf_package_bit_for_bit(qtype):
+    """gguf_dequant.py's whole-tensor dequantizers against the package's reference ones, over random
+    blocks (inf / nan / subnormal float16 scales among them): the same float32 bits."""
+    from pocketcupy.quant.gguf_dequant import dequantize_fast
+
+    _, block, nbytes = next(v for v in GGML_TYPES.values() if v[0] == qtype)
+    raw = np.random.default_rng(2).integers(0, 256, (40, 8 * nbytes), dtype=np.uint8)
+    with np.errstate(all="ignore"):
+        ref = gguf.quants.dequantize(raw, QT[qtype]).reshape(40, 8 * block)
+        got = dequantize_fast(raw, qtype, (40, 8 * block))
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
 def test_iq4_nl_values_are_the_non_linear_table_times_d(tmp_path):
     """IQ4_NL (no quantizer in the gguf package) against its definition in ggml: a block of 32 is an
     fp16 d and 16 bytes, value j the table entry of byte j's low nibble times d, value j + 16 its
