@@ -115,8 +115,16 @@ BYTE_ENCODER = _bytes_to_unicode()
 BYTE_DECODER = {c: b for b, c in BYTE_ENCODER.items()}
 
 
+# each byte-level character -> the character of its byte's code; a character from U+0080 to U+00FF that
+# is none of them -> U+FFFF (its UTF-8 bytes are not its Latin-1 byte: the slow path takes it)
+_TO_LATIN1 = {**{i: 0xFFFF for i in range(0x80, 0x100)}, **{ord(c): b for c, b in BYTE_DECODER.items()}}
+
+
 def bytelevel_bytes(text: str) -> bytes:
-    return b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode("utf-8") for c in text)
+    try:    # every character a byte-level one or ASCII (UTF-8 = Latin-1 there): one C pass, not one per character
+        return text.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        return b"".join(bytes([BYTE_DECODER[c]]) if c in BYTE_DECODER else c.encode("utf-8") for c in text)
 
 
 def split_special(text: str, specials: list[tuple[str, int]]) -> list:

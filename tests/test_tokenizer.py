@@ -75,6 +75,19 @@ def test_smollm2_roundtrip(smol, text):
     assert b"".join(smol.token_bytes(i) for i in ids) == text.encode("utf-8")
 
 
+def test_bytelevel_bytes_of_any_text():
+    """A byte-level vocabulary entry -> its bytes: each byte-level character its byte, any other
+    character its UTF-8 bytes (U+0080..U+00FF among them, which are no Latin-1 byte there)."""
+    from pocketcupy.tokenizer_gguf import BYTE_ENCODER, bytelevel_bytes
+
+    every_byte = "".join(BYTE_ENCODER[b] for b in range(256))
+    assert bytelevel_bytes(every_byte) == bytes(range(256))
+    assert bytelevel_bytes("Ġhello") == b" hello"
+    for other in ("\x85", "a\u00adb", "\u00a0x", "\u65e5\u672c", "\x00\x7f"):
+        assert bytelevel_bytes(other) == other.encode("utf-8"), other
+    assert bytelevel_bytes("Ġ\u00ad\u65e5") == b" " + "\u00ad\u65e5".encode("utf-8")
+
+
 @pytest.mark.parametrize("text", TEXTS)
 def test_incremental_matches_decode(smol, text):
     ids = smol.encode(text)
