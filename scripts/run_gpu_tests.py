@@ -5,7 +5,7 @@ their KV pools from the memory left free, so two at once would starve each other
 object: each process's passed / failed / skipped / errors counts, the failed test ids, and the wall
 time; exit status 1 if anything failed.
 
-    python scripts/run_gpu_tests.py [--shards 4] [--timeout 540] [-k EXPR] [--log-dir DIR]"""
+    python scripts/run_gpu_tests.py [--shards 4] [--timeout 540] [-k EXPR] [--log-dir DIR] [PATH ...]"""
 from __future__ import annotations
 
 import argparse
@@ -21,9 +21,9 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
 
 
-def collect(k: str | None) -> list[str]:
-    """The ids of the GPU tests (-m gpu, -k k)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider"]
+def collect(k: str | None, paths: list[str] = ()) -> list[str]:
+    """The ids of the GPU tests (-m gpu, -k k) in paths (default: the whole suite)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-m", "gpu", "-p", "no:cacheprovider", *paths]
     out = subprocess.run(cmd + (["-k", k] if k else []), cwd=ROOT, capture_output=True, text=True).stdout
     return [line for line in out.splitlines() if "::" in line]
 
@@ -51,11 +51,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=540, help="seconds before every process is stopped")
     ap.add_argument("-k", dest="k", help="pytest -k expression")
     ap.add_argument("--log-dir", default=None, help="each process's pytest output (default: none kept)")
+    ap.add_argument("paths", nargs="*", help="test files or folders to collect from (default: the whole suite)")
     args = ap.parse_args(argv)
     if args.shards < 1:
         ap.error("--shards: must be at least 1")
     t0 = time.monotonic()
-    groups = plan(collect(args.k), args.shards)
+    groups = plan(collect(args.k, args.paths), args.shards)
     procs = []
     for n, ids in enumerate(groups):
         cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rfE", *ids]
