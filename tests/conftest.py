@@ -35,3 +35,12 @@ def smollm2_gguf() -> str:
     from pocketcupy.model_cache import default_model_path
 
     return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_gguf):
+    """One CPU Engine of SmolLM2 with the default settings, shared by the modules that need no others
+    (each module built its own: seconds of loading apiece). Tests leave it idle and as they found it."""
+    from pocketcupy import Engine
+
+    return Engine(smollm2_gguf, device="cpu", progress=False)

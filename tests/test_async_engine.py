@@ -5,14 +5,14 @@ import contextlib
 import numpy as np
 import pytest
 
-from pocketcupy import AsyncEngine, Engine, PoolingParams, RequestOutputKind, SamplingParams
+from pocketcupy import AsyncEngine, PoolingParams, RequestOutputKind, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")

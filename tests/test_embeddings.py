@@ -21,8 +21,8 @@ RAW = PoolingParams(normalize=False)
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")

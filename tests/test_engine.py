@@ -13,8 +13,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12)
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 def text_of(engine, prompt, params):

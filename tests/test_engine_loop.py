@@ -5,13 +5,13 @@ import time
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, SamplingParams
+from pocketcupy import SamplingParams
 from pocketcupy.engine_loop import EngineLoop
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def engine(smollm2_engine):
+    return smollm2_engine
 
 
 def test_concurrent_threads_match_alone(engine):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, SamplingParams
+from pocketcupy import SamplingParams
 from pocketcupy.cli import main
 
 MODEL = "smol"
@@ -15,8 +15,8 @@ QUESTIONS = ["What is the capital of France?", "Name a colour.", "What is 2 + 2?
 
 
 @pytest.fixture(scope="module")
-def local(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def local(smollm2_engine):
+    return smollm2_engine
 
 
 def _line(custom_id, url, body, method="POST"):

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from pocketcupy import Engine, EngineArgs, SamplingParams
+from pocketcupy import EngineArgs, SamplingParams
 from pocketcupy.sampling_defaults import model_sampling_defaults
 from pocketcupy.server.app import create_app
 from pocketcupy.server.state import ServerConfig, ServerState
@@ -36,8 +36,8 @@ def test_read_from_gguf_keys_and_generation_config(tmp_path, caplog):
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2_gguf):
-    e = Engine(smollm2_gguf, device="cpu", progress=False)
+def engine(smollm2_engine):
+    e = smollm2_engine
     assert e.default_sampling == {}
     return e
 

@@ -15,8 +15,8 @@ DOCS = ["The capital of Brazil is Brasilia.", "The capital of France is Paris.",
 
 
 @pytest.fixture(scope="module")
-def local(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def local(smollm2_engine):
+    return smollm2_engine
 
 
 def _cosines(local, first, second, pooling=None):

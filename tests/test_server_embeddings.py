@@ -6,7 +6,7 @@ import base64
 import numpy as np
 import pytest
 
-from pocketcupy import Engine, PoolingParams
+from pocketcupy import PoolingParams
 
 from tests.test_server_harness import MODEL, client, request, server  # noqa: F401
 
@@ -15,8 +15,8 @@ LONG = "word " * 9000   # past SmolLM2's context
 
 
 @pytest.fixture(scope="module")
-def local(smollm2_gguf):
-    return Engine(smollm2_gguf, device="cpu", progress=False)
+def local(smollm2_engine):
+    return smollm2_engine
 
 
 def test_openai_client_float_and_base64(client, local):
