@@ -140,8 +140,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._step_stats: dict | None = None   # stats() as the step in progress began (None: no step runs)
         self.load_time_s = time.monotonic() - t0
         states = getattr(self.runner, "states", None)   # a hybrid model's (state_slots.py)
+        usable = self.scheduler.num_blocks_total   # (as stats() and the server's ready line count: no null block)
         log.info("loaded %s on %s in %.1fs; KV cache %d blocks x %d tokens (%.0f MiB)%s", path, self.device,
-                 self.load_time_s, num_blocks, args.block_size, num_blocks * self._kv_block_bytes() / 2**20,
+                 self.load_time_s, usable, args.block_size, usable * self._kv_block_bytes() / 2**20,
                  "" if states is None else
                  f"; recurrent state {states.num_slots} slots ({states.nbytes / 2**20:.0f} MiB)")
 
