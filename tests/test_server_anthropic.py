@@ -211,6 +211,16 @@ def test_count_tokens(client):
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"messages": Q, "max_tokens": 4, "thinking": {"type": "sometimes"}}, "thinking.type"),
+    # Anthropic's budget: required with 'enabled', >= 1024 and < max_tokens (any positive one was taken)
+    ({"messages": Q, "max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens"),
+    ({"messages": Q, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+     "thinking.budget_tokens"),
+    ({"messages": Q, "max_tokens": 4, "thinking": {"type": "enabled"}}, "thinking.budget_tokens"),
+    # an empty text block, which Anthropic refuses (it was taken)
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}], "max_tokens": 4},
+     "'messages[0].content[0].text': text content blocks must be non-empty"),
+    # (the message said chat's "a string or an array": Anthropic's field takes an array only)
+    ({"messages": Q, "max_tokens": 4, "stop_sequences": ["x"] * 33}, "'stop_sequences' must be an array of at most 32"),
     ({"messages": Q, "max_tokens": 4, "container": "x"}, "container"),
     ({"messages": Q, "max_tokens": 9000}, "max_tokens"),
     ({"messages": Q, "max_tokens": 4, "output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),

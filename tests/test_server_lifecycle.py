@@ -33,6 +33,10 @@ def test_ready_is_503_until_loaded(keyed):
     assert request(keyed, "GET", "/health")[0] == 503
     status, body, _ = request(keyed, "GET", "/v1/models", headers=AUTH)
     assert status == 503 and body["error"]["type"] == "service_unavailable_error"
+    # Anthropic's body: an api_error (its overloaded_error, which this was, comes with a 529, not a 503)
+    status, body, _ = request(keyed, "POST", "/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Hi"}]}, headers={"x-api-key": KEY})
+    assert status == 503 and body["error"]["type"] == "api_error" and "loading" in body["error"]["message"], body
     keyed.wait_ready()
     assert request(keyed, "GET", "/health")[0] == 200
     log = keyed.output()

@@ -38,9 +38,12 @@ def _no_media(kind, where: str) -> None:
         raise bad(where, f"'{where}': {kind} blocks are not supported: this model takes text only")
 
 
-def _text(b: dict, where: str) -> str:
+def _text(b: dict, where: str, nonempty: bool = False) -> str:
+    """nonempty: a turn's text block, which Anthropic's API refuses empty."""
     if not isinstance(b.get("text"), str):
         raise bad(f"{where}.text", f"'{where}.text' must be a string")
+    if nonempty and not b["text"]:
+        raise bad(f"{where}.text", f"'{where}.text': text content blocks must be non-empty")
     return b["text"]
 
 
@@ -91,8 +94,8 @@ def chat_messages(raw, system) -> tuple[list[dict], list[str]]:
         texts, calls, thoughts = [], [], []
         for j, b in enumerate(_blocks(m.get("content"), where)):
             at, kind = f"{where}.content[{j}]", b.get("type")
-            if kind == "text":
-                texts.append(_text(b, at))
+            if kind == "text":     # (an empty one is taken in the final assistant turn, as an empty prefill)
+                texts.append(_text(b, at, nonempty=not (m["role"] == "assistant" and i == len(raw) - 1)))
             elif kind == "tool_result" and m["role"] == "user":
                 msgs.append(_tool_result(b, at))
                 origin.append(where)
@@ -168,17 +171,26 @@ def _tool_choice(raw) -> tuple[object, bool | None]:
     return mode, None if parallel is None else not parallel
 
 
-def _thinking(raw) -> bool | None:
+MIN_THINKING_BUDGET = 1024     # Anthropic's least budget_tokens
+
+
+def _thinking(raw, max_tokens) -> bool | None:
     """Whether the template is asked to let the model think (None: not said). budget_tokens is
-    checked, not enforced: the thinking ends within max_tokens."""
+    checked as Anthropic's API checks it (required with 'enabled', >= 1024 and < max_tokens; max_tokens
+    None: count_tokens, which has none), not enforced: the thinking ends within max_tokens."""
     if raw is None:
         return None
     t = Fields(raw, "thinking")
     kind = t.str("type")
-    t.int("budget_tokens", None, 1, None)
+    budget = t.int("budget_tokens", None, MIN_THINKING_BUDGET if kind == "enabled" else 1, None)
     t.reject_unknown()
     if kind not in ("enabled", "disabled", "adaptive"):
         raise bad("thinking.type", f"'thinking.type' must be 'enabled', 'disabled' or 'adaptive', got {short_repr(kind)}")
+    if kind == "enabled" and budget is None:
+        raise bad("thinking.budget_tokens", "Missing required parameter: 'thinking.budget_tokens'")
+    if budget is not None and type(max_tokens) is int and budget >= max_tokens:
+        raise bad("thinking.budget_tokens", f"'max_tokens' must be greater than 'thinking.budget_tokens' "
+                                            f"({max_tokens} <= {budget})")
     return kind != "disabled"
 
 
@@ -250,7 +262,7 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
     if parallel is not None:
         body["parallel_tool_calls"] = parallel
     f.obj("cache_control")      # prefix caching is automatic
-    think = _thinking(f.get("thinking"))
+    think = _thinking(f.get("thinking"), None if count_only else f.get("max_tokens"))
     if think is not None:
         body["chat_template_kwargs"] = {"enable_thinking": think, **(body.get("chat_template_kwargs") or {})}
     f.reject_unknown()
@@ -258,7 +270,8 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
 
 
 # chat's field names in its errors -> the Messages request's
-_RENAMES = [(re.compile(r"\bstop\b"), "stop_sequences"),
+_RENAMES = [(re.compile(r"'stop' must be a string or an array"), "'stop' must be an array"),   # (no lone string)
+            (re.compile(r"\bstop\b"), "stop_sequences"),
             (re.compile(r"\bresponse_format\.json_schema\.schema\b"), "output_config.format.schema"),
             (re.compile(r"\btools\[(\d+)\]\.function\.parameters\b"), r"tools[\1].input_schema"),
             (re.compile(r"'parameters'"), "'input_schema'"),

@@ -20,8 +20,10 @@ INT32 = (-(2**31), 2**31 - 1)
 _TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
           503: "service_unavailable_error"}
+# (Anthropic's overloaded_error comes with its 529; a 503 here is a server loading or stopping, not
+# overloaded -- requests queue in the engine without a limit -- so it is an api_error, as other 5xx)
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                    413: "request_too_large", 500: "api_error", 503: "overloaded_error"}
+                    413: "request_too_large", 500: "api_error", 529: "overloaded_error"}
 _CODES = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
           500: "internal_error", 503: "service_unavailable"}
 
