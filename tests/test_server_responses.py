@@ -228,6 +228,8 @@ def test_text_format_json_schema(client):
     ({"input": "x", "metadata": {"a": 1}}, "metadata"),
     ({"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"input": [{"role": "user", "content": "x"}, {"role": "user", "content": 5}]}, "input[1].content"),
+    # the same item twice: OpenAI's "Duplicate item found" (it was taken)
+    ({"input": [{"type": "message", "id": "msg_a", "role": "user", "content": "x"}] * 2}, "input[1]"),
 ])
 def test_bad_requests_name_the_responses_field(server, body, param):
     status, resp, _ = request(server, "POST", "/v1/responses", dict({"model": MODEL}, **body))
@@ -394,6 +396,31 @@ def test_item_reference_is_the_stored_item(stored):
     status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "input": [
         turns[0], {"type": "item_reference", "id": "msg_none"}]})
     assert status == 400 and body["error"]["param"] == "input[1].id", body
+
+
+def test_an_item_given_twice_is_a_400(stored):
+    """An item_reference to an item previous_response_id already brings in is OpenAI's "Duplicate item
+    found" 400 naming input[i] (the item went into the prompt twice)."""
+    srv, c = stored
+    first = respond(c, max_output_tokens=1)
+    status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "previous_response_id": first.id,
+                                                             "input": [{"type": "item_reference",
+                                                                        "id": first.output[0].id}]})
+    assert status == 400 and body["error"]["param"] == "input[0]" and "Duplicate item" in body["error"]["message"]
+
+
+def test_input_items_list_a_reasoning_item_without_summary(stored):
+    """A reasoning item sent without `summary` (the request's schema has it optional) is listed with
+    summary [], as the list's ResponseReasoningItem requires (the SDK's schema refused the page)."""
+    from openai.types.responses import ResponseItemList
+
+    srv, c = stored
+    thought = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "Think."}]}
+    r = respond(c, input=[{"role": "user", "content": "Hi"}, thought, {"role": "assistant", "content": "Hello."},
+                          {"role": "user", "content": "Bye"}], max_output_tokens=1)
+    status, body, _ = request(srv, "GET", f"/v1/responses/{r.id}/input_items?order=asc")
+    page = ResponseItemList.model_validate(body)
+    assert status == 200 and page.data[1].type == "reasoning" and page.data[1].summary == []
 
 
 def test_negative_responses_store_is_a_startup_error():

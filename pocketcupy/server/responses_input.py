@@ -200,15 +200,29 @@ def conversation(f: Fields, store) -> tuple[list, int]:
         raise bad("input", "'input' must be a string or a non-empty array of input items")
     raw = [_referenced(item, f"input[{i}]", store) for i, item in enumerate(raw)]
     previous = f.str("previous_response_id")
-    if previous is None:
-        return raw, 0
-    if store is None:
-        raise bad("previous_response_id", "'previous_response_id' needs the server's response store "
-                                          "(--responses-store N); without it, send the whole conversation in 'input'")
-    history = store.history(previous)
-    if history is None:
-        raise bad("previous_response_id", f"Previous response with id {short_repr(previous)} not found")
+    history = []
+    if previous is not None:
+        if store is None:
+            raise bad("previous_response_id", "'previous_response_id' needs the server's response store "
+                                              "(--responses-store N); without it, send the whole conversation in "
+                                              "'input'")
+        history = store.history(previous)
+        if history is None:
+            raise bad("previous_response_id", f"Previous response with id {short_repr(previous)} not found")
+    _no_duplicates(history, raw)
     return history + raw, len(history)
+
+
+def _no_duplicates(history: list, raw: list) -> None:
+    """OpenAI's 400 for an item given twice: an id of the stored conversation's, or of an earlier input
+    item (an item_reference to an item previous_response_id already brings in, say)."""
+    seen = {it.get("id") for it in history}
+    for i, item in enumerate(raw):
+        ref = item.get("id") if isinstance(item, dict) else None
+        if isinstance(ref, str) and ref in seen:
+            raise bad(f"input[{i}]", f"Duplicate item found with id {short_repr(ref)}. Remove duplicate items from "
+                                     "your input and try again.")
+        seen.add(ref)
 
 
 def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list, int]:

@@ -25,6 +25,8 @@ def listed(item: dict) -> dict:
         part = {"type": "output_text", "text": item["content"], "annotations": []} if item["role"] == "assistant" \
             else {"type": "input_text", "text": item["content"]}
         out["content"] = [part]
+    if kind == "reasoning":     # (the list's ResponseReasoningItem requires one; the API's request does not)
+        out.setdefault("summary", [])
     return out
 
 
