@@ -242,9 +242,10 @@ def test_errors_while_generating_name_the_responses_field(client, server):
     text.format allows) names text.format where it said response_format.json_schema.schema, chat's field
     (the Responses renames applied only to the errors raised before the engine ran), streamed or not.
     Streamed, it is the API's error event (type, code, message, param, sequence_number), where it was
-    chat's untyped {"error": ...}."""
+    chat's untyped {"error": ...}, then response.failed, the response with status 'failed' and its error,
+    as OpenAI's streams end a failed response (the stream ended at the error event)."""
     import openai
-    from openai.types.responses import ResponseErrorEvent
+    from openai.types.responses import ResponseErrorEvent, ResponseFailedEvent
 
     seven = request(server, "POST", "/tokenize", {"prompt": "7", "add_special_tokens": False})[1]["tokens"]
     kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}}, max_output_tokens=4,
@@ -252,8 +253,11 @@ def test_errors_while_generating_name_the_responses_field(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         respond(client, **kw)
     events = list(respond(client, stream=True, **kw))
-    error = events[-1]
-    assert isinstance(error, ResponseErrorEvent) and error.sequence_number == len(events) - 1
+    error, failed = events[-2:]
+    assert isinstance(error, ResponseErrorEvent) and isinstance(failed, ResponseFailedEvent)
+    assert failed.sequence_number == len(events) - 1 and failed.response.id == events[0].response.id
+    assert failed.response.status == "failed" and failed.response.error.code == "invalid_prompt"
+    assert failed.response.error.message == error.message
     for body in (e.value.body, error.model_dump()):
         assert (body["param"], body["code"]) == ("min_tokens", "invalid_value"), body
         assert body["message"].startswith("min_tokens: with text.format.schema, it forbids every token")

@@ -128,7 +128,7 @@ def handle_responses(state, body, gone):
     if req.stream:
         numbered = Numbered()
         return SSEStream(_stream(state, job, req, forced, base, output, prompt_len, kept, numbered), job, sse_event,
-                         done=False, error=lambda e: numbered(e.response_event()))
+                         done=False, error=lambda e: _failed(base, output, e, numbered))
     with job:
         last = None
         for u in chat_updates(state, req, job, forced):
@@ -161,6 +161,16 @@ def _final(state, base: dict, output: list, last, prompt_len: int, kept: tuple) 
     if store is not None:
         store.put(copy.deepcopy(final), items, first)
     return final
+
+
+def _failed(base: dict, output: OutputItems, e, numbered) -> list[dict]:
+    """A stream's ending when generation fails: the error event (naming the field, as the request's 400
+    would), then response.failed, the response with status 'failed' and the output so far, as OpenAI's
+    streams end a failed response (its error code one of the API's: 'invalid_prompt' for a 400's)."""
+    error = {"code": "server_error" if e.status >= 500 else "invalid_prompt", "message": e.message,
+             "param": e.param, "type": e.type}
+    failed = dict(base, status="failed", error=error, output=copy.deepcopy(output.items))
+    return [numbered(e.response_event()), numbered({"type": "response.failed", "response": failed})]
 
 
 class Numbered:

@@ -18,9 +18,9 @@ log = logging.getLogger("pocketcupy.server")
 
 class SSEStream:
     """chunks: dicts, each written by `fmt` (the Responses and Anthropic APIs': sse_event, named by
-    its type); error: the chunk that ends a failed generation, of its ApiError (by default the OpenAI
-    error body the response would have had, whose `{"error": ...}` the client raises, as vLLM's; a
-    failure of the server's own is a 500's; the Responses and Anthropic APIs' own error events)."""
+    its type); error: the chunk (or list of chunks) that ends a failed generation, of its ApiError (by
+    default the OpenAI error body the response would have had, whose `{"error": ...}` the client raises,
+    as vLLM's; a failure of the server's own is a 500's; the Responses and Anthropic APIs' own events)."""
 
     def __init__(self, chunks, job, fmt=sse, done: bool = True, error=ApiError.body):
         self.chunks, self.job, self.fmt, self.done, self.error = chunks, job, fmt, done, error
@@ -34,15 +34,20 @@ class SSEStream:
             return
         except ApiError as e:   # the server is stopping, or the engine failed the request for its input
             log.info("stream %s ended: %s", self.job.request_id, e.message)
-            yield self.fmt(self.error(e))
+            yield from self._ending(e)
         except Exception as e:  # noqa: BLE001 - the stream must end cleanly whatever happened
             log.exception("stream %s failed", self.job.request_id)
             self.job.close("error")
-            yield self.fmt(self.error(ApiError(500, f"generation failed: {type(e).__name__}: {e}")))
+            yield from self._ending(ApiError(500, f"generation failed: {type(e).__name__}: {e}"))
         finally:
             self.job.close()
         if self.done:
             yield SSE_DONE
+
+    def _ending(self, e: ApiError):
+        out = self.error(e)
+        for c in out if isinstance(out, list) else [out]:
+            yield self.fmt(c)
 
     def close(self) -> None:
         close = getattr(self.chunks, "close", None)
