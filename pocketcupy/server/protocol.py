@@ -270,7 +270,8 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     d = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, **(defaults or {})}
     kw = {
         "n": f.int("n", 1, 1, MAX_N),
-        # (temperature and repetition_penalty within SamplingParams' bounds, far past OpenAI's temperature 2: vLLM's has none)
+        # (temperature and repetition_penalty within SamplingParams' bounds, far past OpenAI's temperature 2:
+        # vLLM's has none)
         "temperature": f.num("temperature", d["temperature"], 0.0, None),
         "top_p": f.num("top_p", d["top_p"], 0.0, 1.0),
         "top_k": f.int("top_k", d["top_k"], -1, None) or 0,
