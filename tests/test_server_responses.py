@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from tests.test_server_harness import MODEL, ROOT, ServerProcess, client, request, server  # noqa: F401
+from tests.test_server_harness import MODEL, ROOT, ServerProcess, client, metric, metrics, request, server  # noqa: F401
 
 Q = "What is the capital of France?"
 TOOLS = [{"type": "function", "name": "get_weather", "description": "Current weather in a city",
@@ -207,7 +208,7 @@ def test_text_format_json_schema(client):
     ({"input": [{"type": "function_call", "call_id": 3, "name": "f", "arguments": "{}"}]}, "input[0].call_id"),
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
-    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "truncation": "middle"}, "truncation"),
     ({"input": "x", "include": ["reasoning.everything"]}, "include"),
     ({"input": "x", "include": ""}, "include"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
@@ -247,9 +248,7 @@ def test_errors_while_generating_name_the_responses_field(client, server):
     import openai
     from openai.types.responses import ResponseErrorEvent, ResponseFailedEvent
 
-    seven = request(server, "POST", "/tokenize", {"prompt": "7", "add_special_tokens": False})[1]["tokens"]
-    kw = dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}}, max_output_tokens=4,
-              extra_body={"min_tokens": 1, "stop_token_ids": seven})
+    kw = failing(server)
     with pytest.raises(openai.BadRequestError) as e:
         respond(client, **kw)
     events = list(respond(client, stream=True, **kw))
@@ -261,6 +260,14 @@ def test_errors_while_generating_name_the_responses_field(client, server):
     for body in (e.value.body, error.model_dump()):
         assert (body["param"], body["code"]) == ("min_tokens", "invalid_value"), body
         assert body["message"].startswith("min_tokens: with text.format.schema, it forbids every token")
+
+
+def failing(server) -> dict:
+    """respond()'s arguments of a request accepted whose generation fails: min_tokens forbids the stop token
+    "7", the only one text.format allows (a 400 naming min_tokens)."""
+    seven = request(server, "POST", "/tokenize", {"prompt": "7", "add_special_tokens": False})[1]["tokens"]
+    return dict(text={"format": {"type": "json_schema", "name": "x", "schema": {"const": 7}}}, max_output_tokens=4,
+                extra_body={"min_tokens": 1, "stop_token_ids": seven})
 
 
 def test_context_overflow_and_unknown_model(server):
@@ -299,10 +306,10 @@ def test_raw_stream_names_each_event(server):
 
 @pytest.fixture(scope="module")
 def stored(smollm2_gguf):
-    """A server with a response store of two responses."""
+    """A server with a response store of two responses, and a context of 512 tokens."""
     from openai import OpenAI
 
-    s = ServerProcess(smollm2_gguf, "--responses-store", "2")
+    s = ServerProcess(smollm2_gguf, "--responses-store", "2", "--max-model-len", "512")
     try:
         s.wait_ready()
         yield s, OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -425,6 +432,86 @@ def test_input_items_list_a_reasoning_item_without_summary(stored):
     status, body, _ = request(srv, "GET", f"/v1/responses/{r.id}/input_items?order=asc")
     page = ResponseItemList.model_validate(body)
     assert status == 200 and page.data[1].type == "reasoning" and page.data[1].summary == []
+
+
+def settled(c, response):
+    """The stored response once its background generation has ended."""
+    while response.status in ("queued", "in_progress"):
+        time.sleep(0.02)
+        response = c.responses.retrieve(response.id)
+    return response
+
+
+def test_background_response_runs_in_the_server(stored):
+    """background: true (it was a 400) answers at once with the response queued; its generation runs in the
+    server, and GET /v1/responses/{id} gives its state until it ends: the text of the same request without
+    background. Streamed, the events are a plain stream's, and GET ?stream=true&starting_after=N streams them
+    again after sequence number N (OpenAI's resume). It must be stored (a 400 naming background)."""
+    srv, c = stored
+    plain = respond(c, max_output_tokens=4, store=False)
+    r = respond(c, max_output_tokens=4, background=True)
+    assert r.status == "queued" and r.background is True and r.output == []
+    done = settled(c, r)
+    assert (done.status, done.output_text, done.usage.output_tokens) == (
+        plain.status, plain.output_text, plain.usage.output_tokens)
+    events = list(respond(c, max_output_tokens=4, background=True, stream=True))
+    assert events[0].response.status == "queued" and events[-1].response.output_text == plain.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    again = list(c.responses.retrieve(events[0].response.id, stream=True, starting_after=2))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events[3:]]
+    status, body, _ = request(srv, "POST", "/v1/responses", {"model": MODEL, "input": "x", "background": True,
+                                                             "store": False})
+    assert status == 400 and body["error"]["param"] == "background" and "store=true" in body["error"]["message"]
+
+
+def test_cancel_a_background_response(stored):
+    """POST /v1/responses/{id}/cancel ends a background response that runs: 'cancelled', its engine request
+    aborted and its KV blocks freed; a second cancel answers the same. A response made without background
+    is a 400, an unknown id a 404."""
+    srv, c = stored
+    r = respond(c, max_output_tokens=400, background=True)
+    cancelled = c.responses.cancel(r.id)
+    assert cancelled.status == "cancelled" and c.responses.retrieve(r.id).status == "cancelled"
+    assert c.responses.cancel(r.id).model_dump() == cancelled.model_dump()
+    m = metrics(srv)
+    assert [metric(m, "pocketcupy_" + k) for k in ("num_requests_running", "requests_in_flight", "kv_blocks_used")] \
+        == [0, 0, 0]
+    status, body, _ = request(srv, "POST", f"/v1/responses/{respond(c, max_output_tokens=1).id}/cancel")
+    assert status == 400 and body["error"]["param"] == "response_id" and "background=true" in body["error"]["message"]
+    assert request(srv, "POST", "/v1/responses/resp_none/cancel")[0] == 404
+
+
+def test_failed_responses_are_stored(stored):
+    """A response whose generation fails after it was accepted is stored 'failed' with its error (as OpenAI keeps
+    it; it was not stored: a 404), streamed or in the background."""
+    srv, c = stored
+    kw = failing(srv)
+    final = list(respond(c, stream=True, **kw))[-1].response
+    saved = c.responses.retrieve(final.id)
+    assert saved.status == "failed" and saved.error == final.error and saved.error.code == "invalid_prompt"
+    failed = settled(c, respond(c, background=True, **kw))
+    assert failed.status == "failed" and failed.error == final.error
+
+
+def test_truncation_auto_drops_the_oldest_items(stored):
+    """A conversation over the context (512 tokens here) is the context 400 with truncation 'disabled'; with
+    'auto' (it was a 400) its oldest turns go, as few as make it fit (the same prompt as the conversation
+    sent without them); the stored conversation keeps them all. A last message over the context is the 400."""
+    srv, c = stored
+    turns = [{"role": "user", "content": "Tell me about Rome. " * 120},
+             {"role": "assistant", "content": "Rome is old."}, {"role": "user", "content": "How old?"},
+             {"role": "assistant", "content": "Very."}, {"role": "user", "content": "Say it again."}]
+    kw = {"input": turns, "instructions": "Be brief.", "max_output_tokens": 1}
+    status, err, _ = request(srv, "POST", "/v1/responses", dict(kw, model=MODEL))
+    assert status == 400 and err["error"]["param"] == "input"
+    r = respond(c, truncation="auto", **kw)
+    assert r.truncation == "auto" and r.status != "failed"
+    assert r.usage.input_tokens == respond(c, **dict(kw, input=turns[2:], store=False)).usage.input_tokens
+    assert len(c.responses.input_items.list(r.id).data) == len(turns)
+    status, counted, _ = request(srv, "POST", "/v1/responses/input_tokens", dict(kw, truncation="auto"))
+    assert status == 200 and counted["input_tokens"] == r.usage.input_tokens
+    status, err, _ = request(srv, "POST", "/v1/responses", dict(kw, model=MODEL, input=turns[:1], truncation="auto"))
+    assert status == 400 and err["error"]["param"] == "input"
 
 
 def test_negative_responses_store_is_a_startup_error():

@@ -16,6 +16,7 @@ from .chat import handle_chat
 from .completions import handle_completion
 from .embeddings import handle_embeddings
 from .responses_api import handle_input_tokens, handle_responses
+from .responses_background import cancelled, resumed
 from .responses_items import item_page
 from .scoring import handle_rerank, handle_score
 from .tokenize import handle_detokenize, handle_tokenize
@@ -152,12 +153,13 @@ def create_app(state) -> Flask:
     def _pooling(handler):
         return _json(handler(state, _request_body(), disconnect_probe(request.environ)))
 
+    def _events(stream: SSEStream) -> Response:
+        return Response(stream, mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
     def _generate(handler):
         result = handler(state, _request_body(), disconnect_probe(request.environ))
-        if isinstance(result, SSEStream):
-            return Response(result, mimetype="text/event-stream",
-                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return _json(result)
+        return _events(result) if isinstance(result, SSEStream) else _json(result)
 
     @app.post("/v1/chat/completions")
     def chat_completions():
@@ -189,7 +191,14 @@ def create_app(state) -> Flask:
 
     @app.get("/v1/responses/<path:response_id>")
     def stored_response(response_id):
-        return _json(_stored(response_id)[1])
+        response = _stored(response_id)[1]
+        if request.args.get("stream", "false") != "false":
+            return _events(resumed(state, response_id, request.args))
+        return _json(response)
+
+    @app.post("/v1/responses/<path:response_id>/cancel")
+    def cancel_response(response_id):
+        return _json(cancelled(state, response_id, _stored(response_id)[1]))
 
     @app.get("/v1/responses/<path:response_id>/input_items")
     def stored_input_items(response_id):

@@ -26,6 +26,7 @@ INCLUDABLE = (LOGPROBS_INCLUDE, "reasoning.encrypted_content", "file_search_call
               "web_search_call.action.sources", "message.input_image.image_url",
               "computer_call_output.output.image_url", "code_interpreter_call.outputs")
 TEXT_PARTS = ("input_text", "output_text", "text")
+TRUNCATIONS = ("disabled", "auto")
 
 
 def _text_content(content, where: str, field: str = "content") -> str:
@@ -233,12 +234,11 @@ def as_chat_body(f: Fields, store=None) -> tuple[dict, list[str], list, int]:
         if f.has(name):
             raise bad(name, f"'{name}' is not supported by this server ({what})")
         f.get(name)
-    if f.bool("background", False):
-        raise bad("background", "'background' responses are not supported: a response is answered on its own request")
+    f.bool("background", False)         # (the handler reads it: it needs the server's store)
     truncation = f.str("truncation", "disabled")
-    if truncation != "disabled":
-        raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400), "
-                                f"got {short_repr(truncation)}")
+    if truncation not in TRUNCATIONS:
+        raise bad("truncation", f"'truncation' must be 'disabled' (a prompt over the context is a 400) or 'auto' "
+                                f"(the oldest input items are dropped to fit), got {short_repr(truncation)}")
     include = f.get("include")
     if include is not None and (not isinstance(include, list) or any(v not in INCLUDABLE for v in include)):
         raise bad("include", f"'include' must be an array of {', '.join(INCLUDABLE)}, got {short_repr(include)}")

@@ -33,7 +33,7 @@ def listed(item: dict) -> dict:
 def item_page(items: list[dict], query) -> dict:
     """The list object of `items` (in the order they were sent) by the query's limit (1-100, 20),
     order ('desc', the newest first, or 'asc') and after (the id of the item the page starts after)."""
-    limit = _int(query.get("limit", "20"), "limit")
+    limit = query_int(query.get("limit", "20"), "limit")
     if not 1 <= limit <= MAX_LIMIT:
         raise bad("limit", f"'limit' must be between 1 and {MAX_LIMIT}, got {limit}")
     order = query.get("order", "desc")
@@ -51,7 +51,7 @@ def item_page(items: list[dict], query) -> dict:
             "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
 
 
-def _int(text: str, name: str) -> int:
+def query_int(text: str, name: str) -> int:
     try:
         return int(text)
     except ValueError:

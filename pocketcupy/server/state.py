@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from ..args import EngineArgs
 from .metrics import Metrics
+from .responses_background import BackgroundResponses
 from .responses_store import ResponseStore
 
 log = logging.getLogger("pocketcupy.server")
@@ -49,6 +50,7 @@ class ServerState:
         self.started = int(time.time())
         self.metrics = Metrics(self)
         self.responses = ResponseStore(config.responses_store) if config.responses_store else None
+        self.background = BackgroundResponses(config.responses_store) if config.responses_store else None
 
     @property
     def ready(self) -> bool:
