@@ -88,6 +88,15 @@ class BackgroundResponses:
         with self._lock:
             return self._items.get(response_id)
 
+    def cancel_all(self) -> None:
+        """Cancels those still running (the server is stopping: the engine loop waited for them)."""
+        with self._lock:
+            running = [b for b in self._items.values() if not b.ended]
+        for b in running:
+            b.cancelled.set()
+        for b in running:
+            b.cancel()
+
 
 class Detached:
     """The job of a stream that only follows a background response's events: ending the stream (the

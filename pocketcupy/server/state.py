@@ -109,6 +109,8 @@ class ServerState:
 
     def shutdown(self, timeout: float | None = None) -> None:
         self.begin_drain()
+        if self.background is not None:
+            self.background.cancel_all()
         if self.loop is not None:
             self.loop.shutdown(timeout)
 
