@@ -9,7 +9,7 @@ from collections import OrderedDict
 
 from .protocol import bad
 from .responses import sse_event
-from .responses_items import query_int
+from .paging import query_int
 from .sse import SSEStream
 
 FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")

@@ -1,14 +1,13 @@
 """Responses API items as a stored response lists them (GET /v1/responses/<id>/input_items): each
 input item with an id and a status, a message's string content as one text part (OpenAI's
-ResponseItem shapes); and the list's pages (limit, order, after)."""
+ResponseItem shapes); and the list's pages (paging.py)."""
 from __future__ import annotations
 
 import uuid
 
-from .protocol import bad, short_repr
+from .paging import list_page
 
 ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fc", "reasoning": "rs"}
-MAX_LIMIT = 100
 
 
 def item_id(prefix: str) -> str:
@@ -33,26 +32,4 @@ def listed(item: dict) -> dict:
 def item_page(items: list[dict], query) -> dict:
     """The list object of `items` (in the order they were sent) by the query's limit (1-100, 20),
     order ('desc', the newest first, or 'asc') and after (the id of the item the page starts after)."""
-    limit = query_int(query.get("limit", "20"), "limit")
-    if not 1 <= limit <= MAX_LIMIT:
-        raise bad("limit", f"'limit' must be between 1 and {MAX_LIMIT}, got {limit}")
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise bad("order", f"'order' must be 'asc' or 'desc', got {short_repr(order)}")
-    ordered = items if order == "asc" else items[::-1]
-    after = query.get("after")
-    if after is not None:
-        ids = [it["id"] for it in ordered]
-        if after not in ids:
-            raise bad("after", f"'after': no input item with id {short_repr(after)} in this response")
-        ordered = ordered[ids.index(after) + 1:]
-    page = ordered[:limit]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}
-
-
-def query_int(text: str, name: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise bad(name, f"'{name}' must be an integer, got {short_repr(text)}") from None
+    return list_page(items, query, "input item in this response")
