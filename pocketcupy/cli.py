@@ -215,7 +215,7 @@ def _run_batch(ns) -> int:
     t0 = time.monotonic()
     try:
         with src as lines, dst as out:
-            def write(line: str) -> None:
+            def write(line: str, _result: dict) -> None:
                 out.write(line)
                 out.flush()
             counts = run_batch(state, lines, write, ns.concurrency or max(64, 2 * args.max_num_seqs))

@@ -20,7 +20,7 @@ from .responses_background import cancelled, resumed
 from .responses_items import item_page
 from .scoring import handle_rerank, handle_score
 from .tokenize import handle_detokenize, handle_tokenize
-from .generation import ClientGone, disconnect_probe
+from .generation import GONE_STATUS, ClientGone, disconnect_probe
 from .protocol import ApiError
 from .responses import json_bytes
 from .sse import SSEStream
@@ -133,7 +133,7 @@ def create_app(state) -> Flask:
     @app.errorhandler(ClientGone)
     def _gone(e: ClientGone):
         log.info("client went away: %s %s aborted", request.method, request.path)
-        return Response(b"", status=499)  # nginx's "client closed request"; nobody reads it
+        return Response(b"", status=GONE_STATUS)  # nobody reads it
 
     @app.errorhandler(Exception)
     def _internal(e: Exception):

@@ -4,41 +4,61 @@
 result is a line {"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}, in
 the input's order. A request the route refuses is a response with its status and OpenAI error body;
 a line that is no request at all (not JSON, no custom_id, another method or url) has "response":
-null and "error": {"code", "message"}, as OpenAI's batch output files do."""
+null and "error": {"code", "message"}, as OpenAI's batch output files do. The server's Batches API
+(batch_jobs.py) runs its batches through the same run_batch, with its own app, its endpoint and a
+cancellation event."""
 from __future__ import annotations
 
 import json
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable
 
-from .app import create_app
+from .generation import GONE_PROBE, GONE_STATUS
 from .protocol import bad
 from .responses import new_id
 
 URLS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score", "/v1/rerank")
 
 
-def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str], None], concurrency: int) -> dict:
-    """Answers the input lines (blank ones skipped), at most `concurrency` at once; write() gets each
-    result line as soon as it and those before it are done. Lines of bytes are decoded as json.loads does
-    (UTF-8, with or without a BOM; one that is none is an error line). Returns the counts."""
-    app = create_app(state)
+def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str, dict], None], concurrency: int,
+              app=None, urls: tuple[str, ...] = URLS, cancelled: threading.Event | None = None) -> dict:
+    """Answers the input lines (blank ones skipped), at most `concurrency` at once, through `app`'s routes (by
+    default an app of its own); write(text, result) gets each result line as soon as it and those before it
+    are done. Lines of bytes are decoded as json.loads does (UTF-8, with or without a BOM; one that is none is
+    an error line); a line whose url is not one of `urls` is an error line. Once `cancelled` is set, the lines
+    in flight are aborted and the rest are not begun: each is an error line "batch_cancelled". Returns the
+    counts."""
+    if app is None:
+        from .app import create_app   # (here: the app's batch routes import this module)
+        app = create_app(state)
+    cancelled = cancelled or threading.Event()
+    headers = {"Authorization": f"Bearer {state.config.api_key}"} if state.config.api_key else {}
     seen: dict[str, int] = {}   # custom_id -> the line that first gave it
-    jobs = [_parse(n, line, seen) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's numbers)
+    jobs = [_parse(n, line, seen, urls) for n, line in enumerate(lines, 1) if line.strip()]   # (the file's numbers)
     counts = {"requests": len(jobs), "succeeded": 0, "failed": 0}
     pool = ThreadPoolExecutor(max(1, concurrency))
     try:
-        for result in pool.map(lambda job: job if isinstance(job, dict) else _answer(app, *job), jobs):
-            ok = result["response"] is not None and result["response"]["status_code"] == 200
-            counts["succeeded" if ok else "failed"] += 1
-            write(_json_line(result))
+        for result in pool.map(lambda job: job if isinstance(job, dict) else _answer(app, headers, cancelled, *job),
+                               jobs):
+            counts["succeeded" if succeeded(result) else "failed"] += 1
+            write(_json_line(result), result)
     except BaseException:   # Ctrl-C, a write that failed: the lines not begun are dropped, those in flight end
+        cancelled.set()
         pool.shutdown(wait=False, cancel_futures=True)
-        state.end_requests_at(time.monotonic())
         raise
     pool.shutdown()
     return counts
+
+
+def succeeded(result: dict) -> bool:
+    """Whether a result line is an answer with status 200 (OpenAI's output file), not a failure (its error file)."""
+    return result["response"] is not None and result["response"]["status_code"] == 200
+
+
+def error_line(custom_id: str | None, code: str, message: str) -> dict:
+    return {"id": new_id("batch_req"), "custom_id": custom_id, "response": None,
+            "error": {"code": code, "message": message}}
 
 
 def _json_line(result: dict) -> str:
@@ -52,7 +72,7 @@ def _json_line(result: dict) -> str:
     return text + "\n"
 
 
-def _parse(number: int, line: str | bytes, seen: dict) -> tuple | dict:
+def _parse(number: int, line: str | bytes, seen: dict, urls: tuple[str, ...]) -> tuple | dict:
     """(custom_id, url, body) of a line that is a request, else its error line."""
     custom_id = None
     try:
@@ -72,21 +92,25 @@ def _parse(number: int, line: str | bytes, seen: dict) -> tuple | dict:
         seen[custom_id] = number
         if req.get("method") != "POST":
             raise ValueError(f"'method' must be 'POST', got {req.get('method')!r}")
-        if url not in URLS:
-            raise ValueError(f"'url' must be one of {', '.join(URLS)}, got {url!r}")
+        if url not in urls:
+            raise ValueError(f"'url' must be {'one of ' * (len(urls) > 1)}{', '.join(urls)}, got {url!r}")
         if not isinstance(body, dict):
             raise ValueError("'body' must be a JSON object")
     except ValueError as e:   # (json.JSONDecodeError and UnicodeDecodeError are)
-        return {"id": new_id("batch_req"), "custom_id": custom_id if isinstance(custom_id, str) else None,
-                "response": None, "error": {"code": "invalid_request", "message": f"line {number}: {e}"}}
+        return error_line(custom_id if isinstance(custom_id, str) else None, "invalid_request", f"line {number}: {e}")
     return custom_id, url, body
 
 
-def _answer(app, custom_id: str, url: str, body: dict) -> dict:
+def _answer(app, headers: dict, cancelled: threading.Event, custom_id: str, url: str, body: dict) -> dict:
+    if cancelled.is_set():
+        return error_line(custom_id, "batch_cancelled", "the batch was cancelled before this request ran")
     if body.get("stream"):
         status, answer = 400, bad("stream", "a batch request cannot stream; leave 'stream' out").body()
-    else:
-        resp = app.test_client().post(url, json=body)
+    else:   # (the route's probe for a gone client tells it that the batch was cancelled: generation.py)
+        resp = app.test_client().post(url, json=body, headers=headers,
+                                      environ_overrides={GONE_PROBE: cancelled.is_set})
+        if cancelled.is_set() and resp.status_code == GONE_STATUS:
+            return error_line(custom_id, "batch_cancelled", "the batch was cancelled while this request ran")
         status, answer = resp.status_code, resp.get_json()
     request_id = answer.get("id") if status == 200 else None
     return {"id": new_id("batch_req"), "custom_id": custom_id,

@@ -10,6 +10,10 @@ from ..input_errors import is_input_error
 from .protocol import ApiError, from_value_error
 
 
+GONE_PROBE = "pocketcupy.gone"   # an environ key: a callable that answers in place of the socket's probe
+GONE_STATUS = 499                # the status of a request whose client went away (nginx's "client closed request")
+
+
 class ClientGone(Exception):
     pass
 
@@ -22,7 +26,10 @@ def ending_reason(kind) -> str:
 
 
 def disconnect_probe(environ):
-    """A callable telling whether the client closed its connection (gunicorn exposes the socket)."""
+    """A callable telling whether the client closed its connection (gunicorn exposes the socket); an
+    in-process request (a batch's line) brings its own as GONE_PROBE."""
+    if GONE_PROBE in environ:
+        return environ[GONE_PROBE]
     sock = environ.get("gunicorn.socket")
     if sock is None:
         return lambda: False
