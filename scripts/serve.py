@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
     from pocketcupy.args import EngineArgs
     from pocketcupy.model_cache import DEFAULT_NAME
     from pocketcupy.server.reasoning import PARSERS
-    from pocketcupy.server.state import DEFAULT_MAX_REQUEST_BYTES
+    from pocketcupy.server.state import DEFAULT_MAX_FILE_BYTES, DEFAULT_MAX_REQUEST_BYTES
 
     ap = argparse.ArgumentParser(prog="serve.py", description=__doc__)
     s = ap.add_argument_group("server")
@@ -63,6 +63,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--responses-store", type=int, default=0,
                    help="keep the last N responses of the Responses API (store: true), in memory, for "
                         "previous_response_id and GET /v1/responses/ID (default 0: none)")
+    s.add_argument("--files-dir", default=None,
+                   help="the folder of the Files API's files (/v1/files; batch inputs and outputs), kept across "
+                        "restarts (default: a temporary folder, removed when the server stops)")
+    s.add_argument("--max-file-bytes", type=int, default=DEFAULT_MAX_FILE_BYTES,
+                   help="larger uploads to /v1/files get 413 (default 512 MiB)")
     s.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help="chat: leave the tools out of the prompt of a request with tool_choice 'none' (vLLM's; "
                         "by default they stay in it, as OpenAI keeps them: the model just may not call them)")
@@ -117,7 +122,15 @@ def main(argv=None) -> int:
         chat_template = None if ns.chat_template is None else read_chat_template(ns.chat_template)
         if ns.responses_store < 0:
             raise ValueError(f"responses_store: must be >= 0, got {ns.responses_store}")
-        for name in ("port", "max_request_bytes", "client_timeout", "threads", "http_threads", "graceful_timeout"):
+        if ns.files_dir is not None:
+            try:
+                os.makedirs(ns.files_dir, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"files_dir: cannot make {ns.files_dir}: {e.strerror}") from None
+            if not os.access(ns.files_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"files_dir: cannot write in {ns.files_dir}")
+        for name in ("port", "max_request_bytes", "max_file_bytes", "client_timeout", "threads", "http_threads",
+                     "graceful_timeout"):
             v = getattr(ns, name)
             if v is not None and v < 1:
                 raise ValueError(f"{name}: must be a positive integer, got {v}")
@@ -139,7 +152,8 @@ def main(argv=None) -> int:
                           max_request_bytes=ns.max_request_bytes, client_timeout_s=ns.client_timeout,
                           url=f"http://{host}:{ns.port}", startup_delay=ns.startup_delay,
                           reasoning_parser=ns.reasoning_parser, chat_template=chat_template,
-                          responses_store=ns.responses_store,
+                          responses_store=ns.responses_store, files_dir=ns.files_dir,
+                          max_file_bytes=ns.max_file_bytes,
                           exclude_tools_when_tool_choice_none=ns.exclude_tools_when_tool_choice_none)
     http_threads = ns.http_threads or max(64, 2 * args.max_num_seqs)
     options = {"bind": f"{host}:{ns.port}", "threads": http_threads, "timeout": 120,

@@ -102,14 +102,18 @@ def test_stalled_request_times_out(keyed):
     """A client that stops sending its body mid-way gets 408, one that stops mid-headers is dropped,
     instead of holding an HTTP thread for good."""
     keyed.wait_ready()
-    with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{")
-        t0 = time.monotonic()
-        head, _, body = s.recv(65536).partition(b"\r\n\r\n")
-        body += s.recv(65536) if not body else b""
-    assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10
-    assert json.loads(body)["error"]["code"] == "request_timeout"
+    upload = (b"--b\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--b\r\n"
+              b"Content-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\n{")
+    for path, kind, start in (("/v1/completions", b"application/json", b"{"),   # a JSON body, a file upload's
+                              ("/v1/files", b"multipart/form-data; boundary=b", upload)):
+        with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:
+            s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: " + kind + b"\r\n"
+                      b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n" + start)
+            t0 = time.monotonic()
+            head, _, body = s.recv(65536).partition(b"\r\n\r\n")
+            body += s.recv(65536) if not body else b""
+        assert head.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 10, (path, head)
+        assert json.loads(body)["error"]["code"] == "request_timeout"
     with socket.create_connection(("127.0.0.1", keyed.port), timeout=30) as s:  # stalled mid-headers: dropped
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
         t0 = time.monotonic()

@@ -1,16 +1,18 @@
 """The flask app: routes, API-key check, body limits, and OpenAI error bodies for every failure."""
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import uuid
 
-from flask import Flask, Response, request
+from flask import Flask, Response, request, send_file
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import PathConverter
 
 from .. import __version__
+from . import batches_api, files_api
 from .anthropic_api import handle_count_tokens, handle_messages
 from .chat import handle_chat
 from .completions import handle_completion
@@ -46,6 +48,26 @@ def _no_constants(name):
     raise ValueError(f"{name} is not valid JSON")
 
 
+@contextlib.contextmanager
+def _stall_timeout(stall_s: float):
+    """Reading the request body: a client that stalls mid-body `stall_s` seconds gets a 408. (gunicorn reads
+    the body on a blocking socket without a timeout: a client that stalled held an HTTP thread for good, and
+    as many of them as --http-threads blocked every route.)"""
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None:
+        sock.settimeout(stall_s)
+    try:
+        yield
+    except Exception as e:  # gunicorn closes the connection: the body was not read to its end
+        # (an upload's multipart parser, werkzeug's, turns the socket's timeout into a ClientDisconnected)
+        if isinstance(e, TimeoutError) or isinstance(e.__context__, TimeoutError):
+            raise ApiError(408, f"no request body data for {stall_s:g} s", code="request_timeout") from None
+        raise
+    finally:
+        if sock is not None:
+            sock.settimeout(None)
+
+
 def _body(limit: int, stall_s: float) -> dict:
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding not in ("", "identity"):  # was read as JSON as it came: a 400 about invalid UTF-8
@@ -54,27 +76,18 @@ def _body(limit: int, stall_s: float) -> dict:
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(413, f"request body of {request.content_length} bytes exceeds the limit of {limit} bytes")
     stream, parts, size = request.environ["wsgi.input"], [], 0  # the server ends it (Content-Length/chunked)
-    # gunicorn reads the body on a blocking socket without a timeout: a client that stalled mid-body
-    # held an HTTP thread for good, and as many of them as --http-threads blocked every route
-    sock = request.environ.get("gunicorn.socket")
-    if sock is not None:
-        sock.settimeout(stall_s)
-    try:
-        while chunk := stream.read(1 << 16):
-            size += len(chunk)
-            if size > limit:
-                raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-            parts.append(chunk)
-    except TimeoutError:  # gunicorn closes the connection: the body was not read to its end
-        raise ApiError(408, f"no request body data for {stall_s:g} s", code="request_timeout") from None
-    except ApiError:
-        raise
-    except Exception as e:  # noqa: BLE001 - bad chunked framing (gunicorn's own exception types), the client gone
-        raise ApiError(400, f"the request body could not be read: {type(e).__name__}: {e}",
-                       code="invalid_body") from None
-    finally:
-        if sock is not None:
-            sock.settimeout(None)
+    with _stall_timeout(stall_s):
+        try:
+            while chunk := stream.read(1 << 16):
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
+                parts.append(chunk)
+        except (ApiError, TimeoutError):
+            raise
+        except Exception as e:  # noqa: BLE001 - bad chunked framing (gunicorn's own exception types), the client gone
+            raise ApiError(400, f"the request body could not be read: {type(e).__name__}: {e}",
+                           code="invalid_body") from None
     raw = b"".join(parts)
     try:
         body = json.loads(raw, parse_constant=_no_constants)
@@ -122,8 +135,8 @@ def create_app(state) -> Flask:
     @app.errorhandler(HTTPException)
     def _http_error(e: HTTPException):
         status = e.code or 500
-        if status == 413:
-            msg = f"request body exceeds the limit of {state.config.max_request_bytes} bytes"
+        if status == 413:   # (an upload's limit is --max-file-bytes)
+            msg = f"request body exceeds the limit of {request.max_content_length} bytes"
         elif status == 404:
             msg = f"Unknown route {request.method} {request.path}"
         else:
@@ -211,6 +224,44 @@ def create_app(state) -> Flask:
         if state.responses is None or not state.responses.delete(response_id):
             raise _no_response(response_id)
         return _json({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    @app.post("/v1/files")
+    def upload_file():
+        request.max_content_length = state.config.max_file_bytes
+        with _stall_timeout(state.config.client_timeout_s):
+            return _json(files_api.upload(state.files, request.form, request.files))
+
+    @app.get("/v1/files")
+    def list_files():
+        return _json(files_api.listing(state.files, request.args))
+
+    @app.get("/v1/files/<file_id>")
+    def file_object(file_id):
+        return _json(files_api.found(state.files, file_id))
+
+    @app.get("/v1/files/<file_id>/content")
+    def file_content(file_id):
+        return send_file(files_api.opened(state.files, file_id), mimetype="application/octet-stream")
+
+    @app.delete("/v1/files/<file_id>")
+    def delete_file(file_id):
+        return _json(files_api.deleted(state.files, file_id))
+
+    @app.post("/v1/batches")
+    def create_batch():
+        return _json(batches_api.create(state, app, _request_body()))
+
+    @app.get("/v1/batches")
+    def list_batches():
+        return _json(batches_api.listing(state, request.args))
+
+    @app.get("/v1/batches/<batch_id>")
+    def batch_object(batch_id):
+        return _json(state.batches.get(batch_id).view())
+
+    @app.post("/v1/batches/<batch_id>/cancel")
+    def cancel_batch(batch_id):
+        return _json(batches_api.cancel(state, batch_id))
 
     @app.post("/v1/embeddings")
     def embeddings():

@@ -1,5 +1,5 @@
 """What one server process holds: its configuration, the engine (loaded in the background after
-the fork), the engine's step loop, readiness, and metrics."""
+the fork), the engine's step loop, readiness, metrics, and the Files and Batches APIs' files and batches."""
 from __future__ import annotations
 
 import logging
@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass, field
 
 from ..args import EngineArgs
+from .batch_jobs import Batches
+from .files_store import FileStore
 from .metrics import Metrics
 from .responses_background import BackgroundResponses
 from .responses_store import ResponseStore
@@ -17,6 +19,7 @@ from .responses_store import ResponseStore
 log = logging.getLogger("pocketcupy.server")
 
 DEFAULT_MAX_REQUEST_BYTES = 8 << 20
+DEFAULT_MAX_FILE_BYTES = 512 << 20   # OpenAI's limit on a file
 PROBES = ("/health", "/alive", "/ready")   # readiness routes: open without the API key
 
 
@@ -34,6 +37,8 @@ class ServerConfig:
     chat_template: str | None = None     # replaces the model's chat templates (vLLM's --chat-template)
     responses_store: int = 0             # the Responses API's stored responses (responses_store.py); 0: none
     exclude_tools_when_tool_choice_none: bool = False  # vLLM's: tool_choice "none" leaves the tools out of the prompt
+    files_dir: str | None = None         # the Files API's folder (files_store.py); None: a temporary one
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES   # larger uploads get 413
 
     @property
     def model_name(self) -> str:
@@ -51,6 +56,8 @@ class ServerState:
         self.metrics = Metrics(self)
         self.responses = ResponseStore(config.responses_store) if config.responses_store else None
         self.background = BackgroundResponses(config.responses_store) if config.responses_store else None
+        self.files = FileStore(config.files_dir)
+        self.batches = Batches(self)
 
     @property
     def ready(self) -> bool:
@@ -94,9 +101,10 @@ class ServerState:
                  _kv_text(engine), _rss_text())
 
     def begin_drain(self) -> None:
-        """Stop taking new generation requests; in-flight ones finish."""
+        """Stop taking new generation requests; in-flight ones finish; running batches are cancelled."""
         if self.status in ("loading", "ready"):
             self.status = "draining"
+        self.batches.stop(timeout=0)
 
     def end_requests_at(self, when: float) -> None:
         """Stopping: requests still in flight at `when` (time.monotonic()) end with a 503 (a stream with an
@@ -111,8 +119,10 @@ class ServerState:
         self.begin_drain()
         if self.background is not None:
             self.background.cancel_all()
+        self.batches.stop(timeout)
         if self.loop is not None:
             self.loop.shutdown(timeout)
+        self.files.close()
 
 
 def _kv_text(engine) -> str:
