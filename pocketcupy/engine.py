@@ -31,6 +31,7 @@ from .scoring import classifier_params, classifier_results, classifier_token_ids
 from .spec.backoff import DraftBackoff
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
+from .thinking_budget import CLOSE, OPEN, ThinkingBudget, starts_inside
 
 log = logging.getLogger("pocketcupy")
 
@@ -51,8 +52,8 @@ class LaunchedStep:
     def overlappable(self) -> bool:
         """Whether the next step may be scheduled and launched before this one's tokens reach the
         host: not when sampling the next token needs this one on the host (penalties over the
-        output so far, a structured-output matcher, bad words of several tokens)."""
-        return not self.sync and all(s.matcher is None and not s.group.params.has_penalties
+        output so far, a structured-output matcher, bad words of several tokens, a thinking budget)."""
+        return not self.sync and all(s.matcher is None and not s.thinking_open and not s.group.params.has_penalties
                                      and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
 
 
@@ -123,6 +124,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self.sampler = Sampler(self.tokenizer.eos_token_ids)
         from .structured import StructuredOutputManager
         self.structured = StructuredOutputManager(self.tokenizer, self.config.vocab_size)
+        # thinking_token_budget's markers; reasoning_parser: the server's --reasoning-parser, which decides
+        # whether a prompt opened the reasoning block (thinking_budget.starts_inside)
+        self.thinking_markers = tuple(tuple(self.tokenizer.encode(m, add_special_tokens=False)) for m in (OPEN, CLOSE))
+        self.reasoning_parser: str | None = None
         # live requests by id (an id is free again once its request finished or was aborted)
         self._groups: dict[str, RequestGroup] = {}
         self._seqs: dict[str, SequenceState] = {}
@@ -316,7 +321,15 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         out = CompletionOutput(index, logprobs=[] if p.logprobs is not None else None,
                                cumulative_logprob=None if p.logprobs is None else 0.0)
         matcher = None if p.structured_outputs is None else self.structured.new_matcher(p.structured_outputs)
-        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher)
+        return SequenceState(group, index, req, row, detok, stop, out, matcher=matcher,
+                             thinking=self._thinking_budget(group))
+
+    def _thinking_budget(self, group: RequestGroup) -> ThinkingBudget | None:
+        budget = group.params.thinking_token_budget
+        if budget is None:
+            return None
+        inside = starts_inside(self.reasoning_parser, self.tokenizer.decode(group.prompt_ids[-16:]))
+        return ThinkingBudget(budget, *self.thinking_markers, inside=inside)
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Aborts a request, or each of an iterable of them (as vLLM's); unknown ids are ignored.
@@ -567,19 +580,22 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
     def _constrain(self, seqs: list[SequenceState]) -> None:
         self.structured.fill_masks(seqs)
         for s in seqs:
+            if s.thinking is not None:   # (a row without a matcher: no mask, unless a token is forced)
+                s.row.packed_mask = s.thinking.mask(s.row.packed_mask if s.matcher is not None else None,
+                                                    self.config.vocab_size)
             if s.group.bad_words:   # (where they and the masks forbid every token, the sampler fails the row)
                 s.row.banned_ids = banned_tokens(s.group.bad_words, s.req.output_token_ids)
 
     def _graph_sample_params(self, sched_out):
         """For runner.execute: the sampled rows' parameters when the device sampler can run inside
-        the decode graph (no structured-output mask or bad words, which are known only later)."""
+        the decode graph (no structured-output mask, bad words or thinking budget, known only later)."""
         graph_params = getattr(self.sampler, "graph_params", None)
         if graph_params is None:
             return None
 
         def params(V: int):
             seqs = [self._seqs[s.request_id] for s in sched_out.scheduled if s.sample]
-            if any(s.matcher is not None or s.group.bad_words for s in seqs):
+            if any(s.matcher is not None or s.group.bad_words or s.thinking_open for s in seqs):
                 return None
             return graph_params([s.row for s in seqs], V)
         return params

@@ -52,6 +52,8 @@ class EngineOutputs:
     def _append_token(self, s: SequenceState, tok: int, logprobs) -> None:
         p, out = s.group.params, s.output
         structure_done = s.matcher is not None and s.matcher.accept(tok)
+        if s.thinking is not None:
+            s.thinking.accept(tok)
         out.token_ids.append(tok)
         out.delta_token_ids.append(tok)
         if out.logprobs is not None:

@@ -95,7 +95,8 @@ class EngineSpec:
 
 def _greedy_alone(s: SequenceState) -> bool:
     """Whether the sequence's next tokens are each its logits row's argmax, whatever tokens come
-    before (no penalties, structured output, bad words or min_tokens still to reach)."""
+    before (no penalties, structured output, bad words, min_tokens still to reach or a thinking budget
+    still open, whose forced tokens depend on the tokens before)."""
     p = s.group.params
-    return (p.greedy and not p.has_penalties and s.matcher is None and not s.group.bad_words
+    return (p.greedy and not p.has_penalties and s.matcher is None and not s.group.bad_words and not s.thinking_open
             and s.req.num_output_tokens >= p.min_tokens)

@@ -23,6 +23,12 @@ class SequenceState:
     output: CompletionOutput
     prompt_chunks: list = field(default_factory=list)
     matcher: object | None = None  # structured.SequenceMatcher when the output is constrained
+    thinking: object | None = None  # thinking_budget.ThinkingBudget of params.thinking_token_budget
+
+    @property
+    def thinking_open(self) -> bool:
+        """A thinking budget still reads the output (to count or to force the end marker)."""
+        return self.thinking is not None and not self.thinking.done
 
 
 @dataclass

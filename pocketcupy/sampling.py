@@ -70,6 +70,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None  # only these may be sampled (vLLM's); non-empty
     bad_words: list[str] | None = None  # words the output must not contain (vLLM's); normalised to a list
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: max_model_len)
+    # vLLM's: the reasoning block (<think> ... </think>) ends after this many tokens (thinking_budget.py)
+    thinking_token_budget: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
@@ -148,6 +150,9 @@ class SamplingParams:
         k = self.truncate_prompt_tokens
         if k is not None and (not _is_int(k) or not (k >= 1 or k == -1)):
             _fail("truncate_prompt_tokens", "must be an int >= 1, -1 (the context length) or None", k)
+        b = self.thinking_token_budget
+        if b is not None and (not _is_int(b) or b < 0):
+            _fail("thinking_token_budget", "must be an int >= 0 or None", b)
         if not isinstance(self.output_kind, RequestOutputKind):
             _fail("output_kind", "must be a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)", self.output_kind)
 

@@ -127,6 +127,29 @@ def test_structured_output_after_a_trigger(smollm2_gguf, plain):
     assert s["spec_num_draft_tokens"] == 3 and s["spec_num_accepted_tokens"] >= 2   # the trigger's tokens kept
 
 
+def test_thinking_budget_forces_through_drafts(plain, spec):
+    """thinking_token_budget: drafts of the reply without a budget (a proposer that drafts it) are kept up to
+    the budget, where the forced </think> rejects them; the tokens are those without drafts."""
+    class Unforced:
+        def propose(self, reqs):
+            for r in reqs:
+                r.draft_token_ids = free[r.num_output_tokens:r.num_output_tokens + 4]
+
+    prompt = plain.render_chat([{"role": "user", "content": "Why is the sky blue?"}]) + "<think>\n"
+    free = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=10))[0].outputs[0].token_ids
+    p = SamplingParams(temperature=0, max_tokens=10, thinking_token_budget=5)
+    own, spec.proposer, before = spec.proposer, Unforced(), accepted(spec)
+    try:
+        got = spec.generate(prompt, p)
+    finally:
+        spec.proposer = own
+    assert_same(got, plain.generate(prompt, p))
+    ids = got[0].outputs[0].token_ids
+    assert ids[:5] == free[:5] and ids[5:8] == plain.tokenizer.encode("</think>", add_special_tokens=False)
+    drafted, kept = (a - b for a, b in zip(accepted(spec), before))
+    assert 0 < kept < drafted   # (the draft across the budget is cut by the forced token)
+
+
 def test_batched_with_preemption_equals_alone(smollm2_gguf, plain):
     """Six concurrent requests in a pool too small for all of them (KV blocks of 4 tokens)."""
     p = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)

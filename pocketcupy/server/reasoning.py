@@ -25,16 +25,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..thinking_budget import CLOSE, OPEN, starts_inside
 from .tools import cut_at_tag
 
-OPEN, CLOSE = "<think>", "</think>"
 PARSERS = ("qwen3", "deepseek_r1")
-
-
-def starts_inside(name: str, prompt: str) -> bool:
-    """Whether parser `name` reads a reply to `prompt` as starting inside the reasoning."""
-    tail = prompt.rstrip()
-    return tail.endswith(OPEN) or (name == "deepseek_r1" and not tail.endswith(CLOSE))
 
 
 def after_reasoning(params, tokenizer, name: str | None, prompt: str):
