@@ -211,7 +211,8 @@ def test_count_tokens(client):
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"messages": Q, "max_tokens": 4, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"messages": Q, "max_tokens": 4, "thinking": {"type": "sometimes"}}, "thinking.type"),
-    # Anthropic's budget: required with 'enabled', >= 1024 and < max_tokens (any positive one was taken)
+    # Anthropic's budget: required with 'enabled', >= 1 and < max_tokens (any positive one was taken)
+    ({"messages": Q, "max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 0}}, "thinking.budget_tokens"),
     ({"messages": Q, "max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 512}}, "thinking.budget_tokens"),
     ({"messages": Q, "max_tokens": 1024, "thinking": {"type": "enabled", "budget_tokens": 1024}},
      "thinking.budget_tokens"),

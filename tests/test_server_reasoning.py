@@ -139,6 +139,40 @@ def test_anthropic_messages_thinking_blocks(reasoner):
     assert kinds == sorted(kinds, key=lambda k: k == "text_delta") and len(set(kinds)) == 2
 
 
+# a reply that starts inside the reasoning block (the prompt opens it, as Qwen3-Thinking's template does)
+OPENED = [*THINK["messages"], {"role": "assistant", "content": "<think>"}]
+
+
+def test_thinking_token_budget_through_the_openai_client(reasoner):
+    """vLLM's thinking_token_budget: the reasoning is the reply's first 4 tokens, then </think> is forced."""
+    from openai import BadRequestError, OpenAI
+
+    client = OpenAI(base_url=reasoner.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    r = client.chat.completions.create(model=MODEL, messages=OPENED, max_tokens=10, temperature=0, logprobs=True,
+                                       extra_body=dict(extra, thinking_token_budget=4))
+    tokens = [t.token for t in r.choices[0].logprobs.content]
+    msg = r.choices[0].message
+    assert (msg.reasoning_content, "".join(tokens[4:7])) == ("".join(tokens[:4]), "</think>")
+    assert msg.content and r.usage.completion_tokens == 10
+    with pytest.raises(BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=OPENED, max_tokens=4,
+                                       extra_body=dict(extra, thinking_token_budget=-1))
+    assert e.value.body["param"] == "thinking_token_budget"
+
+
+def test_anthropic_budget_tokens_cut_the_thinking(reasoner):
+    """thinking.budget_tokens is enforced: the thinking block is the reply's first budget_tokens tokens."""
+    body = {"model": MODEL, "messages": OPENED, "max_tokens": 10, "temperature": 0,
+            "thinking": {"type": "enabled", "budget_tokens": 3}}
+    status, r, _ = request(reasoner, "POST", "/v1/messages", body)
+    assert status == 200, r
+    chat_body = dict(PLAIN, messages=OPENED, max_tokens=3, continue_final_message=True, add_generation_prompt=False)
+    first = chat(reasoner, **chat_body)["choices"][0]["message"]["reasoning_content"]   # its first 3 tokens
+    assert [(b["type"], b.get("thinking")) for b in r["content"]] == [("thinking", first), ("text", None)]
+    assert r["content"][1]["text"] and r["usage"]["output_tokens"] == 10
+
+
 def test_unknown_parser_is_a_startup_error():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "serve.py"), "--reasoning-parser", "granite"],
                          capture_output=True, text=True, timeout=60)

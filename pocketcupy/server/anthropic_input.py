@@ -1,9 +1,9 @@
 """An Anthropic Messages API request (POST /v1/messages) as the chat request it asks for: `system`
 and content blocks (text, tool_use, tool_result) become chat messages, `tools` with `input_schema`
 chat's function tools, `tool_choice` auto / any / tool / none chat's, `thinking` the template's
-`enable_thinking`, `output_config.format` chat's json_schema response_format. The sampling fields the
-current API dropped (temperature, top_p, top_k) are still taken, as older clients send them. A 400
-from the chat parser is renamed to the field the client sent."""
+`enable_thinking` and its `budget_tokens` chat's `thinking_token_budget`, `output_config.format` chat's
+json_schema response_format. The sampling fields the current API dropped (temperature, top_p, top_k) are
+still taken, as older clients send them. A 400 from the chat parser is renamed to the field the client sent."""
 from __future__ import annotations
 
 import json
@@ -171,18 +171,16 @@ def _tool_choice(raw) -> tuple[object, bool | None]:
     return mode, None if parallel is None else not parallel
 
 
-MIN_THINKING_BUDGET = 1024     # Anthropic's least budget_tokens
-
-
-def _thinking(raw, max_tokens) -> bool | None:
-    """Whether the template is asked to let the model think (None: not said). budget_tokens is
-    checked as Anthropic's API checks it (required with 'enabled', >= 1024 and < max_tokens; max_tokens
-    None: count_tokens, which has none), not enforced: the thinking ends within max_tokens."""
+def _thinking(raw, max_tokens) -> tuple[bool | None, int | None]:
+    """(whether the template is asked to let the model think (None: not said), the thinking token budget).
+    budget_tokens is required with 'enabled' and below max_tokens (max_tokens None: count_tokens, which has
+    none), as Anthropic's API checks it, and enforced (chat's thinking_token_budget); Anthropic's least
+    budget, 1024, is not required: a smaller one is cut there too."""
     if raw is None:
-        return None
+        return None, None
     t = Fields(raw, "thinking")
     kind = t.str("type")
-    budget = t.int("budget_tokens", None, MIN_THINKING_BUDGET if kind == "enabled" else 1, None)
+    budget = t.int("budget_tokens", None, 1, None)
     t.reject_unknown()
     if kind not in ("enabled", "disabled", "adaptive"):
         raise bad("thinking.type", f"'thinking.type' must be 'enabled', 'disabled' or 'adaptive', got {short_repr(kind)}")
@@ -191,7 +189,7 @@ def _thinking(raw, max_tokens) -> bool | None:
     if budget is not None and type(max_tokens) is int and budget >= max_tokens:
         raise bad("thinking.budget_tokens", f"'max_tokens' must be greater than 'thinking.budget_tokens' "
                                             f"({max_tokens} <= {budget})")
-    return kind != "disabled"
+    return kind != "disabled", None if kind == "disabled" else budget
 
 
 def _output_config(raw) -> tuple[dict | None, str | None]:
@@ -262,9 +260,11 @@ def as_chat_body(f: Fields, count_only: bool = False) -> tuple[dict, list[str]]:
     if parallel is not None:
         body["parallel_tool_calls"] = parallel
     f.obj("cache_control")      # prefix caching is automatic
-    think = _thinking(f.get("thinking"), None if count_only else f.get("max_tokens"))
+    think, budget = _thinking(f.get("thinking"), None if count_only else f.get("max_tokens"))
     if think is not None:
         body["chat_template_kwargs"] = {"enable_thinking": think, **(body.get("chat_template_kwargs") or {})}
+    if budget is not None and not count_only:
+        body["thinking_token_budget"] = budget
     f.reject_unknown()
     return body, origin
 

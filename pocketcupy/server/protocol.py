@@ -286,6 +286,7 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
         "spaces_between_special_tokens": f.bool("spaces_between_special_tokens", True),
         "include_stop_str_in_output": f.bool("include_stop_str_in_output", False),
         "min_tokens": f.int("min_tokens", 0, 0, None) or 0,
+        "thinking_token_budget": f.int("thinking_token_budget", None, 0, None),
     }
     if kw["top_p"] == 0:   # OpenAI takes 0 (the smallest nucleus: the most likely token alone); SamplingParams
         kw["top_p"], kw["top_k"] = 1.0, 1   # wants (0, 1], so it is top_k 1

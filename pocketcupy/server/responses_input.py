@@ -14,7 +14,7 @@ SAME_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "seed", "stop"
                "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens", "ignore_eos", "priority",
                "user", "metadata", "service_tier", "parallel_tool_calls", "skip_special_tokens",
                "chat_template_kwargs", "prompt_cache_key", "safety_identifier", "truncate_prompt_tokens",
-               "structured_outputs")
+               "structured_outputs", "thinking_token_budget")
 # OpenAI fields this server cannot honour: a 400 naming them rather than a response without them
 UNSUPPORTED = {"conversation": "stored conversations (send the whole conversation in 'input')",
                "prompt": "stored prompt templates", "max_tool_calls": "a cap on tool calls",

@@ -82,6 +82,7 @@ class ServerState:
             if self.config.startup_delay:
                 time.sleep(self.config.startup_delay)
             engine = Engine.from_args(self.config.engine_args)
+            engine.reasoning_parser = self.config.reasoning_parser   # (where a prompt opens the reasoning)
             if self.config.chat_template is not None:  # for every request, with or without tools
                 engine.tokenizer.chat_template = self.config.chat_template
                 engine.tokenizer.tool_use_template = None
