@@ -43,18 +43,20 @@ class LaunchedStep:
     def __init__(self, seqs: list, slots: list, sample, sync: bool = False):
         self.seqs, self.slots, self.sample = seqs, slots, sample
         self.sync = sync   # its tokens are on the host already (no device ids to feed the next step)
+        self.resolved = False
 
     def feed(self):
         from .runner import TokenFeed
 
         return TokenFeed(self.sample.tokens, {s.req.request_id: i for i, s in enumerate(self.seqs)})
 
-    def overlappable(self) -> bool:
-        """Whether the next step may be scheduled and launched before this one's tokens reach the
-        host: not when sampling the next token needs this one on the host (penalties over the
-        output so far, a structured-output matcher, bad words of several tokens, a thinking budget)."""
-        return not self.sync and all(s.matcher is None and not s.thinking_open and not s.group.params.has_penalties
-                                     and all(len(w) == 1 for w in s.group.bad_words) for s in self.seqs)
+    def binds_late(self) -> bool:
+        """Whether sampling the next step needs this one's tokens on the host (penalties over the
+        output so far, a structured-output matcher, bad words of several tokens, a thinking budget
+        still open): the next step's forward is launched first, fed from the device, and its sampling
+        only once this step is resolved (late binding), so the device computes while the host resolves."""
+        return any(s.matcher is not None or s.thinking_open or s.group.params.has_penalties
+                   or any(len(w) > 1 for w in s.group.bad_words) for s in self.seqs)
 
 
 class Engine(EngineBuild, EngineOutputs, EngineSpec):
@@ -481,9 +483,6 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _step(self, touched: dict) -> None:
         prev, self._inflight = self._inflight, None
-        if prev is not None and not prev.overlappable():
-            self._resolve(prev, touched)
-            prev = None
         sched_out = self.scheduler.schedule()
         for seq_id in sched_out.preempted_ids:   # recomputed from its first token
             s = self._seqs[seq_id]
@@ -493,9 +492,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
         if not sched_out.scheduled and sched_out.finished_ids:
             self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
-        if prev is not None:
+        if prev is not None:   # (unless _launch resolved it before sampling: late binding)
             self._resolve(prev, touched)
-        if cur is not None and cur.seqs and self._async and cur.overlappable():
+        if cur is not None and cur.seqs and self._async and not cur.sync:
             self._inflight = cur
         elif cur is not None:
             self._resolve(cur, touched)
@@ -512,16 +511,20 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _launch(self, sched_out, prev: LaunchedStep | None, touched: dict) -> LaunchedStep | None:
         """Runs the forward and launches sampling; each sampled sequence gets a PENDING_TOKEN
-        (so the next schedule sees its gap). prev: the step whose tokens are still awaited. A step
-        with draft tokens is verified here, at once (None then)."""
+        (so the next schedule sees its gap). prev: the step whose tokens are still awaited; resolved
+        here, after the forward is launched and before sampling, when the sampling needs its tokens
+        (binds_late). A step with draft tokens is verified here, at once (None then)."""
         feed = None if prev is None else prev.feed()
         run_out = self.runner.execute(sched_out, feed, self._graph_sample_params(sched_out))
         if run_out.pre_norm_hidden is not None:   # for the MTP layer, once the step's tokens are known
             self.proposer.take_hidden(sched_out, run_out.pre_norm_hidden,
                                       [self._seqs[item.request_id].req for item in sched_out.scheduled])
         seqs = [self._seqs[i] for i in run_out.sample_ids]
-        self._constrain_rows(seqs, touched)  # on the CPU while the device runs the forward
         self.scheduler.on_step_done(sched_out)
+        # on the CPU while the device runs the forward: the previous step's tokens, then the masks
+        if prev is not None and prev.binds_late():
+            self._resolve(prev, touched)
+        self._constrain_rows(seqs, touched)
         for seq_id, chunk in run_out.prompt_logits.items():
             s = self._seqs[seq_id]
             try:
@@ -540,6 +543,8 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             try:
                 sample = self.sampler.launch(run_out.logits, [s.row for s in seqs])
             except Exception:   # find the rows at fault: each sampled alone
+                if prev is not None:   # (first: the CUDA sampler's rows alone reuse its in-flight result buffer)
+                    self._resolve(prev, touched)
                 sample, sync = self._sample_apart(run_out.logits, seqs, touched), True
         slots = []
         for s in seqs:
@@ -567,7 +572,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _constrain_rows(self, seqs: list[SequenceState], touched: dict) -> None:
         """The sampling rows' structured-output masks and bad words for the sequences' next token;
-        a sequence whose grammar or bad words raise fails its request."""
+        a sequence whose grammar or bad words raise fails its request. A sequence that finished (in
+        the step resolved after this one's forward) is left as it is: its token is dropped."""
+        seqs = [s for s in seqs if not s.output.finished()]
         try:
             self._constrain(seqs)
         except Exception:
@@ -602,9 +609,10 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
 
     def _resolve(self, step: LaunchedStep, touched: dict) -> None:
         """The launched step's tokens on the host: each replaces its PENDING_TOKEN and is appended
-        to its output (sequences that finished meanwhile drop theirs)."""
-        if not step.seqs:
+        to its output (sequences that finished meanwhile drop theirs). Once only."""
+        if step.resolved or not step.seqs:
             return
+        step.resolved = True
         result = step.sample.result()
         for s, slot, tok, lp in zip(step.seqs, step.slots, result.token_ids.tolist(), result.logprobs):
             if s.output.finished():

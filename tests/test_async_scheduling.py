@@ -1,8 +1,9 @@
 """Async scheduling on the CPU with the real SmolLM2: step N+1 is scheduled and launched before
 step N's tokens reach the host (a PENDING_TOKEN stands in for each), then N's tokens are
 resolved. Every output must be what the synchronous engine gives: preemption, stops that leave
-one step computed in vain, aborts while a step is in flight, prefix caching, and the requests
-that fall back to synchronous steps (penalties, structured output)."""
+one step computed in vain, aborts while a step is in flight, prefix caching, and the rows whose
+sampling needs the previous token on the host (penalties, structured output, bad words of several
+tokens), whose next step is launched before it all the same (late binding)."""
 import pytest
 
 from pocketcupy import Engine, SamplingParams
@@ -13,6 +14,13 @@ from .test_batching_smollm2 import LONG_PREFIX, MAX_TOKENS, PROMPTS, alone, gree
 
 def engine(path, mode, **kw):
     return Engine(path, device="cpu", progress=False, async_scheduling=mode, **kw)
+
+
+@pytest.fixture(scope="module")
+def async_on(smollm2_gguf):
+    """An async engine with the default settings, shared by the tests that leave it idle (the
+    synchronous one: conftest's smollm2_engine)."""
+    return engine(smollm2_gguf, "on")
 
 
 def test_async_with_preemption_matches_alone(smollm2_gguf, alone):  # noqa: F811
@@ -72,14 +80,14 @@ def test_stops_leave_one_step_in_vain(smollm2_gguf):
     assert 0 < wasted <= len(STOPS)
 
 
-def test_n_samples_and_logprobs(smollm2_gguf):
+def test_n_samples_and_logprobs(smollm2_engine, async_on):
     p = SamplingParams(n=3, temperature=0.8, seed=9, max_tokens=10, logprobs=2, ignore_eos=True)
-    want = engine(smollm2_gguf, "off").generate("A list of fruits:", p)
-    assert summary(engine(smollm2_gguf, "on").generate("A list of fruits:", p)) == summary(want)
+    want = smollm2_engine.generate("A list of fruits:", p)
+    assert summary(async_on.generate("A list of fruits:", p)) == summary(want)
 
 
-def test_abort_while_a_step_is_in_flight(smollm2_gguf, alone):  # noqa: F811
-    eng = engine(smollm2_gguf, "on")
+def test_abort_while_a_step_is_in_flight(async_on, alone):  # noqa: F811
+    eng = async_on
     eng.add_request("keep", PROMPTS[0], greedy(MAX_TOKENS[0]))
     eng.add_request("drop", PROMPTS[2], greedy(40))
     finals = {}
@@ -127,3 +135,79 @@ def test_async_scheduling_setting_is_checked():
         Engine(device="cpu", async_scheduling="yes")
     with pytest.raises(ValueError, match="async_scheduling: 'on' needs one rank"):
         Engine(device="cpu", async_scheduling="on", tensor_parallel_size=2)
+
+
+def steps_aborting(eng, requests, abort_id, abort_after):
+    """Adds the (request_id, prompt, params) and steps to the end, aborting abort_id once it has
+    abort_after tokens (on the host). Returns the final outputs in the order of requests, and the
+    number of steps and of those that left the next step in flight."""
+    for rid, prompt, params in requests:
+        eng.add_request(rid, prompt, params)
+    final, steps, in_flight = {}, 0, 0
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                final[out.request_id] = out
+        steps, in_flight = steps + 1, in_flight + (eng._inflight is not None)
+        if abort_id not in final and len(eng._seqs[abort_id].output.token_ids) >= abort_after:
+            eng.abort_request(abort_id)
+    return [final[rid] for rid, _, _ in requests], steps, in_flight
+
+
+def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
+    """Rows whose sampling needs the previous token on the host (a JSON schema, a strict tool call's
+    grammar that starts after a trigger, penalties, a bad word of several tokens) are launched a step
+    ahead and masked once that token is in (late binding): greedy and seeded, with a stop string and
+    an abort mid-way in the batch, every output is the synchronous engine's."""
+    from pocketcupy.server import tool_grammar
+
+    tok = smollm2_engine.tokenizer
+    prompt = smollm2_engine.chat_prompt_ids([{"role": "user", "content": "Why is the sky blue?"}])
+    free = smollm2_engine.generate(prompt, greedy(4))[0].outputs[0].token_ids
+    word = tok.decode(free[1:3])   # two tokens of the free output, banned as one word
+    call = tool_grammar.hermes({"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}}})
+    json = {"json": {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}
+    requests = [
+        ("json", "A person as JSON:", SamplingParams(temperature=0, max_tokens=16, structured_outputs=json)),
+        ("json-seeded", "A person as JSON:", SamplingParams(temperature=0.9, seed=4, max_tokens=8,
+                                                            structured_outputs=json)),
+        ("tool", prompt, SamplingParams(temperature=0, max_tokens=10, structured_outputs={
+            "grammar": call, "start_after": free[1:3], "repeat": True})),
+        ("penalties", "Once upon a time", SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True,
+                                                         frequency_penalty=0.8, presence_penalty=0.4, logprobs=2)),
+        ("bad-word", prompt, SamplingParams(temperature=0, max_tokens=5, bad_words=[word])),
+        ("stop", "Name three colours:", SamplingParams(temperature=0, max_tokens=30, stop=[","],
+                                                       repetition_penalty=1.2)),
+        ("abort", "Repeat after me: la la la", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                                              repetition_penalty=1.3)),
+    ]
+    want, _, _ = steps_aborting(smollm2_engine, requests, "abort", 3)
+    got, steps, in_flight = steps_aborting(async_on, requests, "abort", 3)
+    assert summary(got) == summary(want)
+    assert in_flight == steps - 1   # every step overlapped the next but the last (nothing left to launch)
+    by_id = {rid: out.outputs[0] for (rid, _, _), out in zip(requests, want)}
+    assert by_id["tool"].token_ids[:3] == free[:3] and \
+        by_id["tool"].text.replace(tok.decode(free[:3]), "").lstrip().startswith('{"name": "')
+    assert by_id["bad-word"].token_ids[:2] == free[:2] and by_id["bad-word"].token_ids[2] != free[2]
+    assert by_id["json"].finish_reason == "stop"   # the structure complete
+    assert by_id["stop"].finish_reason == "stop" and by_id["stop"].stop_reason == ","
+    assert by_id["abort"].finish_reason == "abort" and len(by_id["abort"].token_ids) == 3
+    assert not async_on.has_unfinished_requests() and async_on.stats()["kv_blocks_used"] == 0
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, structured_outputs={"json": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}),
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, presence_penalty=0.5),
+    SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, bad_words=["blue sky"]),
+], ids=["structured", "penalties", "bad-words"])
+def test_late_bound_step_stays_in_flight(async_on, params):
+    """Such a row no longer turns async scheduling off: after each step() the next step is in flight,
+    its token still PENDING_TOKEN on the host, while the engine resolved the one before it."""
+    async_on.add_request("late", "The sky is blue because", params)
+    for _ in range(3):
+        async_on.step()
+        pending = async_on.scheduler.requests["late"].output_token_ids[-1] == PENDING_TOKEN
+        assert async_on._inflight is not None and pending
+    while async_on.has_unfinished_requests():
+        async_on.step()
