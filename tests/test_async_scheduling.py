@@ -162,6 +162,7 @@ def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
     from pocketcupy.server import tool_grammar
 
     tok = smollm2_engine.tokenizer
+    CLOSE_IDS = smollm2_engine.thinking_markers[1]
     prompt = smollm2_engine.chat_prompt_ids([{"role": "user", "content": "Why is the sky blue?"}])
     free = smollm2_engine.generate(prompt, greedy(4))[0].outputs[0].token_ids
     word = tok.decode(free[1:3])   # two tokens of the free output, banned as one word
@@ -176,6 +177,8 @@ def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
         ("penalties", "Once upon a time", SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True,
                                                          frequency_penalty=0.8, presence_penalty=0.4, logprobs=2)),
         ("bad-word", prompt, SamplingParams(temperature=0, max_tokens=5, bad_words=[word])),
+        ("thinking", tok.decode(prompt) + "<think>\n", SamplingParams(temperature=0.8, seed=5, max_tokens=8,
+                                                                     thinking_token_budget=2)),
         ("stop", "Name three colours:", SamplingParams(temperature=0, max_tokens=30, stop=[","],
                                                        repetition_penalty=1.2)),
         ("abort", "Repeat after me: la la la", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
@@ -190,6 +193,7 @@ def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
         by_id["tool"].text.replace(tok.decode(free[:3]), "").lstrip().startswith('{"name": "')
     assert by_id["bad-word"].token_ids[:2] == free[:2] and by_id["bad-word"].token_ids[2] != free[2]
     assert by_id["json"].finish_reason == "stop"   # the structure complete
+    assert by_id["thinking"].token_ids[2:2 + len(CLOSE_IDS)] == list(CLOSE_IDS)   # the forced end of the budget
     assert by_id["stop"].finish_reason == "stop" and by_id["stop"].stop_reason == ","
     assert by_id["abort"].finish_reason == "abort" and len(by_id["abort"].token_ids) == 3
     assert not async_on.has_unfinished_requests() and async_on.stats()["kv_blocks_used"] == 0
