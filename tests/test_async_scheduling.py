@@ -156,15 +156,21 @@ def steps_aborting(eng, requests, abort_id, abort_after):
 
 def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
     """Rows whose sampling needs the previous token on the host (a JSON schema, a strict tool call's
-    grammar that starts after a trigger, penalties, a bad word of several tokens) are launched a step
-    ahead and masked once that token is in (late binding): greedy and seeded, with a stop string and
-    an abort mid-way in the batch, every output is the synchronous engine's."""
+    grammar that starts after a trigger, penalties, a bad word of several tokens, a thinking budget) are
+    launched a step ahead and masked once that token is in (late binding): greedy and seeded, with a
+    stop string and an abort mid-way in the batch, every output is the synchronous engine's."""
+    check_late_bound(smollm2_engine, async_on)
+
+
+def check_late_bound(sync, eng) -> None:
+    """The late-bound batch on engine `eng` (async) against `sync` (the same model, synchronous); the
+    CUDA twin of the test above (test_structured_cuda.py) calls it too."""
     from pocketcupy.server import tool_grammar
 
-    tok = smollm2_engine.tokenizer
-    CLOSE_IDS = smollm2_engine.thinking_markers[1]
-    prompt = smollm2_engine.chat_prompt_ids([{"role": "user", "content": "Why is the sky blue?"}])
-    free = smollm2_engine.generate(prompt, greedy(4))[0].outputs[0].token_ids
+    tok = sync.tokenizer
+    close_ids = sync.thinking_markers[1]
+    prompt = sync.chat_prompt_ids([{"role": "user", "content": "Why is the sky blue?"}])
+    free = sync.generate(prompt, greedy(4))[0].outputs[0].token_ids
     word = tok.decode(free[1:3])   # two tokens of the free output, banned as one word
     call = tool_grammar.hermes({"get_weather": {"type": "object", "properties": {"city": {"type": "string"}}}})
     json = {"json": {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}}
@@ -184,8 +190,8 @@ def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
         ("abort", "Repeat after me: la la la", SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
                                                               repetition_penalty=1.3)),
     ]
-    want, _, _ = steps_aborting(smollm2_engine, requests, "abort", 3)
-    got, steps, in_flight = steps_aborting(async_on, requests, "abort", 3)
+    want, _, _ = steps_aborting(sync, requests, "abort", 3)
+    got, steps, in_flight = steps_aborting(eng, requests, "abort", 3)
     assert summary(got) == summary(want)
     assert in_flight == steps - 1   # every step overlapped the next but the last (nothing left to launch)
     by_id = {rid: out.outputs[0] for (rid, _, _), out in zip(requests, want)}
@@ -193,10 +199,10 @@ def test_late_bound_rows_equal_sync(smollm2_engine, async_on):
         by_id["tool"].text.replace(tok.decode(free[:3]), "").lstrip().startswith('{"name": "')
     assert by_id["bad-word"].token_ids[:2] == free[:2] and by_id["bad-word"].token_ids[2] != free[2]
     assert by_id["json"].finish_reason == "stop"   # the structure complete
-    assert by_id["thinking"].token_ids[2:2 + len(CLOSE_IDS)] == list(CLOSE_IDS)   # the forced end of the budget
+    assert by_id["thinking"].token_ids[2:2 + len(close_ids)] == list(close_ids)   # the budget's forced end
     assert by_id["stop"].finish_reason == "stop" and by_id["stop"].stop_reason == ","
     assert by_id["abort"].finish_reason == "abort" and len(by_id["abort"].token_ids) == 3
-    assert not async_on.has_unfinished_requests() and async_on.stats()["kv_blocks_used"] == 0
+    assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
 
 
 @pytest.mark.parametrize("params", [

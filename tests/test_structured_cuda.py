@@ -64,3 +64,14 @@ def test_mixed_batch_on_gpu(gpu):
                         [fp, greedy(structured_outputs={"regex": REGEXES["iso_date"][0]}, max_tokens=40), fp])
     assert [outs[0].outputs[0].token_ids, outs[2].outputs[0].token_ids] == alone
     assert outs[1].outputs[0].finish_reason == "stop"
+
+
+def test_late_bound_rows_on_gpu(gpu, smollm2_gguf):
+    """Async scheduling on the device sampler (the default there) with rows whose sampling waits for
+    the previous token (late binding: grammars, penalties, bad words, a thinking budget): every output
+    is the synchronous engine's, and every step but the last left the next one in flight."""
+    from tests.test_async_scheduling import check_late_bound
+
+    sync = Engine(smollm2_gguf, device="cuda", progress=False, max_num_seqs=32, async_scheduling="off", max_model_len=1024,
+                  num_kv_blocks=128)
+    check_late_bound(sync, gpu)
