@@ -72,6 +72,29 @@ def test_late_bound_rows_on_gpu(gpu, smollm2_gguf):
     is the synchronous engine's, and every step but the last left the next one in flight."""
     from tests.test_async_scheduling import check_late_bound
 
-    sync = Engine(smollm2_gguf, device="cuda", progress=False, max_num_seqs=32, async_scheduling="off", max_model_len=1024,
-                  num_kv_blocks=128)
+    sync = Engine(smollm2_gguf, device="cuda", progress=False, max_num_seqs=32, async_scheduling="off",
+                  max_model_len=1024, num_kv_blocks=128)
     check_late_bound(sync, gpu)
+
+
+def test_rows_sampled_alone_beside_a_step_in_flight(gpu):
+    """A request whose constraints leave no token joins while the others' step is in flight: its step's
+    rows are then sampled one by one (the failing one fails its request). The device sampler's results
+    alternate between two pinned buffers, so the step in flight is resolved first; before, the second
+    row alone overwrote its buffer and the others got wrong tokens."""
+    blue = gpu.tokenizer.encode(" blue", add_special_tokens=False)[0]
+    fp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = ["The sky is", "Once upon a time", "My name is"]
+    alone = [gpu.generate(p, fp)[0].outputs[0].token_ids for p in prompts]
+    for i, p in enumerate(prompts):
+        gpu.add_request(f"free{i}", p, fp)
+    gpu.step()
+    gpu.step()
+    assert gpu._inflight is not None
+    gpu.add_request("doomed", "Hello", SamplingParams(temperature=0, max_tokens=4, allowed_token_ids=[blue],
+                                                      bad_words=[" blue"]))
+    final = {}
+    while gpu.has_unfinished_requests():
+        final.update((out.request_id, out) for out in gpu.step() if out.finished)
+    assert [final[f"free{i}"].outputs[0].token_ids for i in range(3)] == alone
+    assert final["doomed"].outputs[0].finish_reason == "error"
