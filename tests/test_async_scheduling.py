@@ -221,3 +221,14 @@ def test_late_bound_step_stays_in_flight(async_on, params):
         assert async_on._inflight is not None and pending
     while async_on.has_unfinished_requests():
         async_on.step()
+
+
+def test_thinking_budget_alone_binds_late(smollm2_engine, async_on):
+    """A row whose only host-side need is its thinking budget (the count advances as tokens reach the
+    host) binds late too: the end marker is forced after exactly `budget` tokens, as without async."""
+    prompt = smollm2_engine.render_chat([{"role": "user", "content": "Why is the sky blue?"}]) + "<think>\n"
+    params = SamplingParams(temperature=0, max_tokens=8, thinking_token_budget=2)
+    want = smollm2_engine.generate(prompt, params)[0].outputs[0].token_ids
+    assert async_on.generate(prompt, params)[0].outputs[0].token_ids == want
+    close = list(smollm2_engine.thinking_markers[1])
+    assert want[2:2 + len(close)] == close
