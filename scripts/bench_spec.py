@@ -2,9 +2,11 @@
 prompts (text to copy or repeat, and an open question) without drafts and with n-gram drafts (and
 with --draft-model's drafts, and with --mtp the model's own multi-token-prediction layer's) of each --k, with the share of draft tokens kept, tokens per forward, whether the tokens equal the plain
 run's (greedy), and the weight-bandwidth equivalent of the tok/s as a fraction of the measured copy
-bandwidth (CUDA: above 1 only when drafts are kept). Prints one JSON object.
+bandwidth (CUDA: above 1 only when drafts are kept). --temperature samples (seeded by --seed, so the
+tokens still equal the plain run's) where drafts mostly fail. Prints one JSON object.
 
     python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128] [--draft-model PATH] [--mtp]
+        [--temperature 0.8 --seed 1]
 """
 import argparse
 import json
@@ -33,9 +35,9 @@ def chat_ids(engine, prompt: str) -> list[int]:
     return engine.tokenizer.encode(engine.render_chat([{"role": "user", "content": prompt}]), add_special_tokens=False)
 
 
-def decode(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
-    """Greedy tokens of one chat request alone, and its decode tok/s (first token to last)."""
-    engine.add_request("bench", chat_ids(engine, prompt), SamplingParams(temperature=0, max_tokens=max_tokens))
+def decode(engine, prompt: str, params: SamplingParams) -> tuple[list[int], float]:
+    """The tokens of one chat request alone, and its decode tok/s (first token to last)."""
+    engine.add_request("bench", chat_ids(engine, prompt), params)
     stamps, n, tokens = [], 0, []
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -55,12 +57,13 @@ def run(path: str, args, spec: dict, bandwidth, baseline=None, ap=None) -> dict:
             ap.error(f"--max-tokens {args.max_tokens}: with the longest prompt ({longest} tokens) it exceeds the "
                      f"context of {engine.max_model_len} tokens")
         _, wbytes = weight_bytes(engine)     # the bytes a decode token reads
-        decode(engine, "Hello", 8)   # warm-up: kernels compiled, graphs captured
+        decode(engine, "Hello", SamplingParams(temperature=0, max_tokens=8))   # warm-up: kernels, graphs
         before = engine.stats()
         res = {}
         for name, prompt in PROMPTS.items():
             s0 = engine.stats()
-            tokens, tps = decode(engine, prompt, args.max_tokens)
+            params = SamplingParams(temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+            tokens, tps = decode(engine, prompt, params)
             s1 = engine.stats()
             drafted = s1["spec_num_draft_tokens"] - s0["spec_num_draft_tokens"]
             kept = s1["spec_num_accepted_tokens"] - s0["spec_num_accepted_tokens"]
@@ -92,6 +95,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=bench_args.count(), default=128)
     ap.add_argument("--max-model-len", type=bench_args.count(), default=4096,
                     help="(two models' K/V share the KV pool)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="sample at this temperature (0: greedy)")
+    ap.add_argument("--seed", type=int, default=0, help="the requests' seed where --temperature samples")
     ap.add_argument("--prompt-lookup-min", type=bench_args.count(), default=2)
     ap.add_argument("--prompt-lookup-max", type=bench_args.count(), default=4)
     ap.add_argument("--draft-model", help="also draft with this model (same vocabulary) at each --k")
@@ -104,7 +109,9 @@ def main() -> None:
         ap.error(f"--draft-model: {args.draft_model} does not exist")
     bw = copy_bandwidth(args.device)
     plain = run(args.model, args, {}, bw, ap=ap)
-    out = {"model": args.model, "device": args.device, "max_tokens": args.max_tokens,
+    if args.temperature < 0:
+        ap.error(f"--temperature: must be at least 0, got {args.temperature}")
+    out = {"model": args.model, "device": args.device, "max_tokens": args.max_tokens, "temperature": args.temperature,
            "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None,
            "plain": {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
                      for k, v in plain.items()}}

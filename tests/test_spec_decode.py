@@ -221,7 +221,7 @@ def test_bench_spec_compares_against_plain_decoding(smollm2_gguf):
     from .helpers import load_script
 
     bench = load_script("bench_spec")
-    args = argparse.Namespace(device="cpu", max_tokens=24, max_model_len=2048)
+    args = argparse.Namespace(device="cpu", max_tokens=24, max_model_len=2048, temperature=0.0, seed=0)
     plain = bench.run(smollm2_gguf, args, {}, None)
     got = bench.run(smollm2_gguf, args, SPEC, None, baseline=plain)
     for name in bench.PROMPTS:
