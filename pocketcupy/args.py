@@ -81,6 +81,9 @@ class EngineArgs:
     num_speculative_tokens: int = _opt(4, "draft tokens a request proposes per step")
     prompt_lookup_min: int = _opt(2, "ngram: the shortest suffix looked up in the request's tokens")
     prompt_lookup_max: int = _opt(4, "ngram: the longest suffix looked up")
+    speculative_adaptive: bool = _opt(True, "each request drafts only as many tokens as its kept drafts pay for, "
+                                            "at the measured cost (spec/adaptive.py; off: always "
+                                            "num_speculative_tokens)")
     speculative_config: dict | str | None = _opt(None, "vLLM's form of the five above (a dict or its JSON text): "
                                                        "method, model, num_speculative_tokens, prompt_lookup_min/max")
 

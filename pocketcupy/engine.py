@@ -28,7 +28,7 @@ from .sched.request import PENDING_TOKEN, Request, RequestStatus
 from .sched.scheduler import Scheduler
 from .sampling_defaults import model_sampling_defaults
 from .scoring import classifier_params, classifier_results, classifier_token_ids, cosine_results, score_pairs
-from .spec.backoff import DraftBackoff
+from .spec.adaptive import AdaptiveDrafting
 from .request_state import RequestGroup, SequenceState
 from .stop import StopStringMatcher
 from .thinking_budget import CLOSE, OPEN, ThinkingBudget, starts_inside
@@ -137,7 +137,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._held: dict[int, RequestGroup] = {}   # add_request's, with outputs owed to the caller's next step()
         self._lock = EngineLock()
         self.proposer = self._make_proposer(num_blocks)
-        self.backoff = DraftBackoff()
+        self.drafting = AdaptiveDrafting(args.num_speculative_tokens, adaptive=args.speculative_adaptive)
         self._async = args.async_scheduling == "on" or (
             args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
             and self.proposer is None)
@@ -489,6 +489,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             s.prompt_chunks.clear()
             if s.group.pooler is not None and s.group.embedding is None:
                 s.group.pooler = Pooler(s.group.pooler.params)
+        t0 = time.perf_counter()
         cur = self._launch(sched_out, prev, touched) if sched_out.scheduled else None
         if not sched_out.scheduled and sched_out.finished_ids:
             self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
@@ -499,6 +500,7 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         elif cur is not None:
             self._resolve(cur, touched)
         if self.proposer is not None:
+            self._time_step(sched_out, time.perf_counter() - t0)
             self._propose(touched.values())
 
     def _forget(self, g: RequestGroup) -> None:

@@ -2,6 +2,8 @@
 one depth at a time (a part of Engine)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from .request_state import SequenceState
@@ -77,17 +79,31 @@ class EngineSpec:
             return True
         if draft:
             self.scheduler.drafts_verified(s.req.request_id, len(draft), depth + kept)
-            self.backoff.record(s.req, depth + kept)
+            self.drafting.record(s.req, len(draft), depth + kept)
             if depth + kept < len(draft):
                 self._rejected[s.req.request_id] = 1 + depth + kept   # the step's tokens that stand
         return False
 
+    def _time_step(self, sched_out, seconds: float) -> None:
+        """A step's seconds, for the cost of drafts (decode and verification steps only: a prompt
+        chunk's tokens cost more than a decode row's)."""
+        items = sched_out.scheduled
+        if items and all(len(item.token_ids) == 1 + item.num_draft for item in items):
+            self.drafting.cost.step(sum(len(item.token_ids) for item in items),
+                                    sum(item.num_draft for item in items), seconds)
+
     def _propose(self, groups) -> None:
-        """Draft tokens for the next step of each sequence that just got its token; a structured
-        output's are cut where its grammar would refuse them."""
-        ready = [s for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
-                 and s.req.num_computed_tokens == s.req.num_tokens - 1 and self.backoff.allow(s.req)]
-        self.proposer.propose([s.req for s in ready])
+        """Draft tokens for the next step of each sequence that just got its token, as many as its
+        acceptance makes worth verifying (spec/adaptive.py); a structured output's are cut where its
+        grammar would refuse them."""
+        decoding = [s for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
+                    and s.req.num_computed_tokens == s.req.num_tokens - 1]
+        ks = [self.drafting.num_drafts(s.req, len(decoding)) for s in decoding]
+        ready = [s for s, k in zip(decoding, ks) if k]
+        ks = [k for k in ks if k]
+        t0 = time.perf_counter()
+        self.proposer.propose([s.req for s in ready], ks)
+        self.drafting.cost.proposed(sum(len(s.req.draft_token_ids) for s in ready), time.perf_counter() - t0)
         for s in ready:
             if s.matcher is not None and s.req.draft_token_ids:
                 s.req.draft_token_ids = s.req.draft_token_ids[:s.matcher.valid_prefix(s.req.draft_token_ids)]

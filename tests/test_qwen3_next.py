@@ -210,7 +210,7 @@ class OracleDrafts:
             engine.proposer = OracleDrafts({tuple(p): out for p, out in zip(BATCH, alone)}, engine.config.vocab_size)
         return prepare
 
-    def propose(self, reqs):
+    def propose(self, reqs, ks):
         for r in reqs:
             self.calls += 1
             n = len(r.output_token_ids)

@@ -71,6 +71,25 @@ def test_same_tokens_as_without_drafts(plain, spec, params):
     assert drafted > 0 and 0 < kept <= drafted
 
 
+def test_failing_drafts_stop_while_repeating_text_keeps_drafting(smollm2_gguf):
+    """Sampled text with chance n-gram matches: the drafts that fail are few (DraftBackoff, which
+    drafted 4 tokens again after every kept one and paused at most 16 steps, had 28 rejected here),
+    while those that hit are still drafted; text that copies the prompt keeps drafting. (An engine
+    of its own: the costs measured over other tests' batches would weigh its drafts differently.)"""
+    spec = engine(smollm2_gguf, **SPEC)
+
+    def run(chats, params):
+        before = accepted(spec)
+        spec.chat(chats, params)
+        return tuple(a - b for a, b in zip(accepted(spec), before))
+
+    list_chat = [[{"role": "user", "content": "List twenty fruits and their colours."}]]
+    drafted, kept = run(list_chat, SamplingParams(temperature=0.7, seed=5, max_tokens=40, ignore_eos=True))
+    assert drafted - kept <= 12
+    drafted, kept = run(CHATS[:1], SamplingParams(temperature=0, max_tokens=32))
+    assert kept >= 12 and kept >= drafted / 2
+
+
 def test_n_sequences_with_seeds(plain, spec):
     p = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=32)
     assert_same(spec.chat(CHATS[:1], p), plain.chat(CHATS[:1], p))
@@ -89,7 +108,7 @@ def test_structured_output(plain, spec):
 def test_structured_output_drafts_cut_where_the_grammar_refuses(smollm2_gguf, plain):
     """A proposer that always drafts "7x" under the regex [0-9]{6}: only the "7" is verified."""
     class SevenX:
-        def propose(self, reqs):
+        def propose(self, reqs, ks):
             for r in reqs:
                 r.draft_token_ids = list(seven_x)
 
@@ -110,12 +129,12 @@ def test_structured_output_after_a_trigger(smollm2_gguf, plain):
     through the trigger is cut only where the grammar refuses what follows it (the proposer drafts
     the trigger's tokens, then "7x": three kept, the "x" cut), and the tokens are those without drafts."""
     class TriggerThen7X:
-        def propose(self, reqs):
+        def propose(self, reqs, ks):
             for r in reqs:
                 r.draft_token_ids = list(draft)
 
     free = plain.generate("My PIN is", SamplingParams(temperature=0, max_tokens=3))[0].outputs[0].token_ids
-    e = engine(smollm2_gguf, **SPEC)
+    e = engine(smollm2_gguf, **SPEC, speculative_adaptive=False)   # (drafts from the first decode step)
     trigger = free[1:3]
     draft = trigger + e.tokenizer.encode("7x", add_special_tokens=False)
     e.proposer = TriggerThen7X()

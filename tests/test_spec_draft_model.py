@@ -1,8 +1,8 @@
 """Speculative decoding with a draft model on the CPU: SmolLM2 drafting for itself (nearly every
 draft kept) and a random-weight model with SmolLM2's vocabulary (nearly none kept) both leave every
 request with exactly the tokens it gets without drafts, alone, batched with preemption, over a
-shared prefix and over two tensor-parallel ranks; the draft's K/V shares the target's blocks and is
-counted in their size."""
+shared prefix and over two tensor-parallel ranks (drafting at every step); the draft's K/V shares
+the target's blocks and is counted in their size; adaptive drafting stops drafts that cannot pay."""
 import pytest
 
 from pocketcupy import Engine, EngineArgs, SamplingParams
@@ -19,7 +19,9 @@ def engine(path, **kw):
 
 
 def drafting(path, draft, **kw):
-    return engine(path, speculative_method="draft_model", speculative_model=draft, **kw)
+    """(Drafting at every step: on the CPU a draft model as large as the target never pays, and the
+    adaptive policy would stop drafting; here the drafts' verification is what is tested.)"""
+    return engine(path, speculative_method="draft_model", speculative_model=draft, speculative_adaptive=False, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,18 @@ def test_random_draft_rejected_yet_same_tokens(smollm2_gguf, random_draft, plain
     e = drafting(smollm2_gguf, random_draft, num_speculative_tokens=3)
     p = SamplingParams(temperature=0, max_tokens=32, logprobs=2)
     assert_same(e.chat(CHATS, p), plain.chat(CHATS, p))
-    s = e.stats()   # (after each failed verification the request pauses drafting: spec/backoff.py)
+    s = e.stats()
     assert s["spec_num_draft_tokens"] >= 12 and s["spec_num_accepted_tokens"] < s["spec_num_draft_tokens"] / 2
+
+
+def test_adaptive_drafting_stops_a_draft_model_that_cannot_pay(smollm2_gguf, plain):
+    """SmolLM2 drafting for itself on the CPU: a draft token costs a whole step, so once the first
+    proposal was timed no draft can pay, and none comes (DraftBackoff verified 4 drafts after each
+    pause, 16 tokens here), the tokens unchanged."""
+    e = engine(smollm2_gguf, speculative_method="draft_model", speculative_model=smollm2_gguf)
+    p = SamplingParams(temperature=1.0, seed=2, max_tokens=16, ignore_eos=True)
+    assert_same(e.chat(CHATS[1:], p), plain.chat(CHATS[1:], p))
+    assert 0 < e.stats()["spec_num_draft_tokens"] <= 4
 
 
 def test_batched_with_preemption_and_shared_prefix(smollm2_gguf, plain):

@@ -159,7 +159,7 @@ def test_draft_logits_match_the_formula(variant, chunks):
     the reference MTP layer over the same positions; chunked: the prompt prefilled 3 tokens a step,
     the MTP layer following each chunk over the K/V of the earlier ones."""
     name, folder = variant
-    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, **chunks)
+    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, speculative_adaptive=False, **chunks)
     got = []
     compute = e.proposer.model.compute_logits
     e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
@@ -192,7 +192,7 @@ def test_prefix_hit_reads_the_rows_its_first_request_wrote(variant):
     computed again: its last row saw the first request's next token (17), not this one's (200).
     Its first draft's logits are those of the reference over its whole prompt."""
     name, folder = variant
-    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, block_size=4)
+    e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, block_size=4, speculative_adaptive=False)
     e.generate(BATCH[1], greedy(1))      # PREFIX + [17, 5, 9]
     got = []
     compute = e.proposer.model.compute_logits

@@ -16,7 +16,7 @@ class Oracle:
     def __init__(self, expected: dict):
         self.expected = expected
 
-    def propose(self, reqs):
+    def propose(self, reqs, ks):
         for r in reqs:
             out = self.expected.get(tuple(r.prompt_token_ids), [])
             n = r.num_output_tokens

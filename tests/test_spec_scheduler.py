@@ -117,27 +117,6 @@ def test_speculative_args_are_validated():
         EngineArgs(speculative_method="ngram", async_scheduling="on")
 
 
-def test_backoff_pauses_failing_drafts_longer_each_time():
-    from pocketcupy.spec.backoff import DraftBackoff
-
-    b, r = DraftBackoff(max_pause=4), Request("a", [1], 8)
-
-    def allowed(steps):
-        return [b.allow(r) for _ in range(steps)]
-    assert allowed(2) == [True, True]
-    b.record(r, 0)
-    assert allowed(2) == [False, True]                     # 1 step paused
-    b.record(r, 0)
-    assert allowed(3) == [False, False, True]              # 2
-    b.record(r, 0)
-    b.record(r, 0)
-    assert allowed(5) == [False] * 4 + [True]              # 8, capped at 4
-    b.record(r, 2)                                         # a kept draft resets it
-    assert allowed(1) == [True]
-    b.record(r, 0)
-    assert allowed(2) == [False, True]
-
-
 def test_vllm_speculative_config_sets_the_fields():
     import argparse
 

@@ -27,14 +27,14 @@ class DraftModelProposer:
         preemptions, n = self._computed.get(r, (r.num_preemptions, 0))
         return min(n, r.num_computed_tokens) if preemptions == r.num_preemptions else 0
 
-    def propose(self, reqs: list[Request]) -> None:
-        """Sets draft_token_ids of each request (all at the decode point: every token but the last
-        computed). The first forward catches the draft model up on the tokens it has not seen (a
+    def propose(self, reqs: list[Request], ks: list[int]) -> None:
+        """Sets draft_token_ids of each request, at most its k of ks (all at the decode point: every
+        token but the last computed). The first forward catches the draft model up on the tokens it has not seen (a
         request left short of the forward's token budget drafts at a later step), each next one
         feeds the previous draft token."""
         items, room, budget = [], {}, self.max_tokens_per_forward
-        for r in reqs:
-            k = min(self.k, r.max_tokens - r.num_output_tokens - 1, self.max_len - r.num_tokens + 1)
+        for r, k in zip(reqs, ks):
+            k = min(self.k, k, r.max_tokens - r.num_output_tokens - 1, self.max_len - r.num_tokens + 1)
             start = self._start(r)
             if k <= 0 or budget <= 0 or not self.reserve_slots(r, k):
                 continue

@@ -44,10 +44,10 @@ class MTPProposer:
             self._steps.append((r, item, hidden[row:row + n]))
             row += n
 
-    def propose(self, reqs: list[Request]) -> None:
+    def propose(self, reqs: list[Request], ks: list[int]) -> None:
         """Catches the MTP layer up on every position the last step computed and kept, and sets
-        draft_token_ids of each request of reqs (all at the decode point)."""
-        ready = {r.request_id for r in reqs}
+        draft_token_ids of each request of reqs (all at the decode point), at most its k of ks."""
+        ready = {r.request_id: k for r, k in zip(reqs, ks)}
         items, rows, room = [], [], {}
         for r, item, hidden in self._steps:
             # the positions whose next token is known (a rejected draft's is not); a request that
@@ -58,7 +58,7 @@ class MTPProposer:
                 continue
             k = 0
             if r.request_id in ready and start + n == r.num_tokens - 1:
-                k = min(self.k, r.max_tokens - r.num_output_tokens - 1)
+                k = min(self.k, ready[r.request_id], r.max_tokens - r.num_output_tokens - 1)
                 k = k if k > 0 and self.reserve_slots(r, k) else 0
             # at position p: the token at p + 1, the hidden state at p
             items.append(ScheduledRequest(r.request_id, r.token_slice(start + 1, start + n + 1), start,

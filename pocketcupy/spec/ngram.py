@@ -15,10 +15,10 @@ class NgramProposer:
     def __init__(self, num_speculative_tokens: int, n_min: int, n_max: int):
         self.k, self.n_min, self.n_max = num_speculative_tokens, n_min, n_max
 
-    def propose(self, reqs: list[Request]) -> None:
-        """Sets draft_token_ids of each request (none past its max_tokens)."""
-        for r in reqs:
-            r.draft_token_ids = self.draft(r.all_token_ids, r.max_tokens - r.num_output_tokens - 1)
+    def propose(self, reqs: list[Request], ks: list[int]) -> None:
+        """Sets draft_token_ids of each request: at most its k of ks (none past its max_tokens)."""
+        for r, k in zip(reqs, ks):
+            r.draft_token_ids = self.draft(r.all_token_ids, min(k, r.max_tokens - r.num_output_tokens - 1))
 
     def draft(self, token_ids: Sequence[int], limit: int) -> list[int]:
         """Up to min(k, limit) draft tokens to follow token_ids ([] when no n-gram recurs). A match

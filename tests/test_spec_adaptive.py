@@ -1,0 +1,94 @@
+"""The adaptive drafting policy's decisions (spec/adaptive.py), without a model: how many drafts an
+acceptance is worth at a given cost, a request whose drafts keep failing stopping and probing ever
+more rarely, one whose probe is kept drafting again, and the cost of a row fitted from step times."""
+import itertools
+
+import pytest
+
+from pocketcupy.sched.request import Request
+from pocketcupy.spec.adaptive import AdaptiveDrafting
+from pocketcupy.spec.step_cost import StepCost
+
+
+def policy(row_cost: float, max_drafts: int = 4) -> AdaptiveDrafting:
+    """Drafts costing row_cost a row (the prior's, after one decode step timed)."""
+    cost = StepCost(prior_row_cost=row_cost)
+    cost.step(1, 0, 0.010)
+    return AdaptiveDrafting(max_drafts, cost)
+
+
+@pytest.mark.parametrize("acceptance, row_cost, want", [
+    ([0.0] * 4, 0.01, 0),               # nothing kept: even nearly free rows do not pay
+    ([0.3] * 4, 0.45, 0),               # 1.3 tokens for 1.45 steps
+    ([0.6] * 4, 0.45, 1),               # a CPU: rows cost half a step
+    ([0.6, 0.9, 0.9, 0.9], 0.45, 2),    # drafts kept in runs: the later ones are safer bets
+    ([0.3, 0.9, 0.9, 0.9], 0.45, 0),
+    ([0.6] * 4, 0.02, 4),               # a GPU: rows nearly free
+    ([1.0] * 4, 0.45, 4),
+])
+def test_drafts_worth_their_cost(acceptance, row_cost, want):
+    assert policy(row_cost).best_drafts(acceptance) == want
+
+
+def test_drafts_pay_less_in_a_larger_batch():
+    p = AdaptiveDrafting(4, StepCost())
+    for n in range(1, 9):          # 10 ms a step and 1 ms a row, drafts or not
+        p.cost.step(n, 0, 0.010 + 0.001 * n)
+        p.cost.step(n + 2, 2, 0.012 + 0.001 * n)
+    assert p.cost.extra(2, 1) == pytest.approx(2 / 11) and p.cost.extra(2, 10) == pytest.approx(2 / 2)
+    assert [p.best_drafts([0.7] * 4, n) for n in (1, 10, 40)] == [4, 1, 0]
+
+
+def steps(p: AdaptiveDrafting, req: Request, n: int, kept) -> list[int]:
+    """The drafts of each of n steps, each verification keeping kept(k) of its k drafts."""
+    out = []
+    for _ in range(n):
+        k = p.num_drafts(req)
+        if k:
+            p.record(req, k, kept(k))
+        out.append(k)
+    return out
+
+
+def test_failing_drafts_stop_and_probe_ever_more_rarely():
+    p, r = policy(0.45), Request("a", [1], 400)
+    got = steps(p, r, 300, lambda k: 0)
+    drafted = [i for i, k in enumerate(got) if k]
+    assert [got[i] for i in drafted] == [2, 2, 1] + [1] * (len(drafted) - 3)   # the prior's, then probes
+    assert [b - a for a, b in zip(drafted[2:], drafted[3:])] == [5, 9, 17, 33, 65, 65, 65]
+    # DraftBackoff (at most 16 steps paused) verified 4 drafts every 17 steps: 72 drafts here
+    assert sum(got) == 12
+
+
+def test_probes_kept_bring_the_drafts_back():
+    p, r = policy(0.45), Request("a", [1], 400)
+    steps(p, r, 40, lambda k: 0)
+    assert p.num_drafts(r) == 0
+    got = steps(p, r, 40, lambda k: k)              # the text starts repeating: every draft kept
+    first = next(i for i, k in enumerate(got) if k)
+    assert first <= 32 and got[first:first + 3] == [1, 1, 1] and all(got[first:]) and got[-1] >= 3
+    p, r = policy(0.45), Request("b", [1], 400)
+    assert steps(p, r, 6, lambda k: k) == [2, 2, 2, 3, 3, 3]   # a new request: from the prior up
+
+
+def test_probes_kept_by_chance_do_not_reset_the_pause():
+    p, r = policy(0.45), Request("a", [1], 400)
+    steps(p, r, 100, lambda k: 0)
+    outcomes = itertools.cycle([1, 0, 0])
+    got = steps(p, r, 400, lambda k: next(outcomes))   # a third of the probes kept
+    drafted = [i for i, k in enumerate(got) if k]
+    assert [b - a for a, b in zip(drafted, drafted[1:])] == [1, 65, 65, 1, 65, 65, 1, 65]   # a kept one: one more
+
+
+def test_costs_fitted_from_step_times():
+    c = StepCost(decay=0.5)
+    assert c.extra(2) == 0.5                 # the prior's 0.25 a row until steps were seen
+    for _ in range(20):
+        c.step(1, 0, 0.010)
+        c.step(2, 1, 0.020)                  # a CPU: the first draft row costs a whole step,
+        c.step(5, 4, 0.023)                  # each next one a tenth
+    assert c.extra(1) == pytest.approx(1.0) and c.extra(4) == pytest.approx(1.3)
+    p = AdaptiveDrafting(4, c)
+    assert p.best_drafts([0.6, 0.9, 0.9, 0.9]) == 4 and p.best_drafts([0.3, 0.9, 0.9, 0.9]) == 0
+    c.proposed(4, 0.010)                     # a draft model: 2.5 ms a draft token, a quarter of a step
+    assert c.extra(4) == pytest.approx(2.3)
