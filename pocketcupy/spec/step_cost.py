@@ -68,7 +68,11 @@ class StepCost:
         if self._verify.means is None:
             rows = self.prior_row_cost * k * one_row
         else:
-            rows = self._verify.seconds(batch + k, self.prior_row_cost * one_row) - plain
+            # no slope fitted yet (drafts all of one length): a row costs at most what the mean draft row
+            # of those steps did (on a GPU next to nothing), nor more than the prior's
+            vx, vy = self._verify.means[:2]
+            slope = min(max(vy - one_row, 0.0) / max(vx - 1, 1.0), self.prior_row_cost * one_row)
+            rows = self._verify.seconds(batch + k, slope) - plain
         draft = 0.0
         if self._draft.means is not None:
             draft = self._draft.means[1] / self._draft.means[0] * k
