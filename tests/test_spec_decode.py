@@ -71,23 +71,16 @@ def test_same_tokens_as_without_drafts(plain, spec, params):
     assert drafted > 0 and 0 < kept <= drafted
 
 
-def test_failing_drafts_stop_while_repeating_text_keeps_drafting(smollm2_gguf):
-    """Sampled text with chance n-gram matches: the drafts that fail are few (DraftBackoff, which
-    drafted 4 tokens again after every kept one and paused at most 16 steps, had 28 rejected here),
-    while those that hit are still drafted; text that copies the prompt keeps drafting. (An engine
-    of its own: the costs measured over other tests' batches would weigh its drafts differently.)"""
-    spec = engine(smollm2_gguf, **SPEC)
-
-    def run(chats, params):
-        before = accepted(spec)
-        spec.chat(chats, params)
-        return tuple(a - b for a, b in zip(accepted(spec), before))
-
-    list_chat = [[{"role": "user", "content": "List twenty fruits and their colours."}]]
-    drafted, kept = run(list_chat, SamplingParams(temperature=0.7, seed=5, max_tokens=40, ignore_eos=True))
-    assert drafted - kept <= 12
-    drafted, kept = run(CHATS[:1], SamplingParams(temperature=0, max_tokens=32))
-    assert kept >= 12 and kept >= drafted / 2
+def test_text_that_copies_the_prompt_keeps_drafting(spec):
+    """Adaptive drafting (spec/adaptive.py) keeps drafting, every draft at once, while the text copies
+    the prompt. (Sampled list text whose drafts keep only their first token or two stopped drafting
+    here before: drafting there paid after all, 1.06 times as fast over 96 tokens, as every step's
+    1.07; the policy stopping drafts is tested in test_spec_adaptive.py, and with a model that cannot
+    pay in test_spec_draft_model.py.)"""
+    before = accepted(spec)
+    spec.chat(CHATS[:1], SamplingParams(temperature=0, max_tokens=24))
+    drafted, kept = (a - b for a, b in zip(accepted(spec), before))
+    assert kept >= 12 and kept >= drafted * 3 / 4
 
 
 def test_n_sequences_with_seeds(plain, spec):
