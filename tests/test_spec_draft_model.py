@@ -6,6 +6,7 @@ the target's blocks and is counted in their size; adaptive drafting stops drafts
 import pytest
 
 from pocketcupy import Engine, EngineArgs, SamplingParams
+from pocketcupy.spec.adaptive import AdaptiveDrafting
 
 from .conftest import FIXTURES
 from .test_spec_decode import CHATS, CODE, assert_same
@@ -73,17 +74,17 @@ def test_random_draft_rejected_yet_same_tokens(smollm2_gguf, random_draft, plain
 def test_adaptive_drafting_stops_a_draft_model_that_cannot_pay(self_draft, plain):
     """SmolLM2 drafting for itself on the CPU: a draft token costs a whole step, so once a proposal
     was timed no draft can pay, and at most the first proposal's come (DraftBackoff verified 4 drafts
-    after each pause: 16 draft tokens in 16 tokens), the tokens unchanged. (The module's engine, its
-    policy made adaptive for the test.)"""
+    after each pause: 16 draft tokens in 16 tokens), the tokens unchanged. (The module's engine with a
+    new adaptive policy for the test: the costs its batches measured would weigh drafts differently.)"""
     p = SamplingParams(temperature=1.0, seed=2, max_tokens=8, ignore_eos=True)
     _, d0 = kept(self_draft)
-    self_draft.drafting.adaptive = True
+    fixed, self_draft.drafting = self_draft.drafting, AdaptiveDrafting(self_draft.drafting.max_drafts)
     try:
         assert_same(self_draft.chat(CHATS[1:], p), plain.chat(CHATS[1:], p))
     finally:
-        self_draft.drafting.adaptive = False
+        self_draft.drafting = fixed
     _, d1 = kept(self_draft)
-    assert d1 - d0 <= 4 and d1 > 0
+    assert 0 < d1 - d0 <= 4
 
 
 def test_batched_with_preemption_and_shared_prefix(smollm2_gguf, plain):
