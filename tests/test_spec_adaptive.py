@@ -126,3 +126,24 @@ def test_rows_nearly_free_when_drafts_were_all_of_one_length():
         c.step(4, 3, 0.0109)
     assert c.extra(4) == pytest.approx(0.12)
     assert AdaptiveDrafting(4, c).best_drafts([0.8] * 4) == 4
+
+
+def test_spikes_are_not_step_costs():
+    """A verification that compiled its kernels (seconds, not milliseconds) neither makes drafts look
+    dear for the hundreds of steps a moving average takes to forget it, nor, when it came first, stays
+    the baseline: the fit skips a step ten times off what it expects, and starts again from a step ten
+    times below what it began with."""
+    def gpu(first_verify: float | None) -> StepCost:
+        c = StepCost()
+        if first_verify is not None:
+            c.step(4, 3, first_verify)
+        for _ in range(10):
+            c.step(1, 0, 0.010)
+            c.step(4, 3, 0.0109)
+        return c
+
+    calm = gpu(None).extra(3)
+    assert gpu(3.0).extra(3) == pytest.approx(calm)
+    spiked = gpu(None)
+    spiked.step(4, 3, 2.5)                  # a compile later on
+    assert spiked.extra(3) == pytest.approx(calm)

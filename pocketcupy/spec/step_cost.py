@@ -6,6 +6,8 @@ costs about a whole step, the next ones far less), and on a GPU rows are nearly 
 seconds per draft token count too (a draft model's forwards)."""
 from __future__ import annotations
 
+SPIKE = 10.0   # a step this many times off what the fit expects is not a step's cost (a compile, a capture)
+
 
 class _Fit:
     """seconds = a + b * rows over moving averages of the steps seen (b: the last fitted, or the
@@ -17,6 +19,13 @@ class _Fit:
         self.slope = None
 
     def add(self, rows: int, seconds: float) -> None:
+        if self.means is not None:   # against both a flat and a proportional cost of the rows (GPU, CPU)
+            mx, my = self.means[:2]
+            flat, linear = my, my * rows / mx
+            if seconds > SPIKE * max(flat, linear):
+                return   # a kernel compile, a graph capture, a pause: not what such a step costs
+            if seconds * SPIKE < min(flat, linear):
+                self.means = self.slope = None   # the averages began on such a spike: start again
         x = (rows, seconds, rows * rows, rows * seconds)
         self.means = x if self.means is None else tuple(m + self.decay * (v - m) for m, v in zip(self.means, x))
         mx, my, mxx, mxy = self.means
