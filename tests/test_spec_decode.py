@@ -143,9 +143,9 @@ def test_thinking_budget_forces_through_drafts(plain, spec):
     """thinking_token_budget: drafts of the reply without a budget (a proposer that drafts it) are kept up to
     the budget, where the forced </think> rejects them; the tokens are those without drafts."""
     class Unforced:
-        def propose(self, reqs):
-            for r in reqs:
-                r.draft_token_ids = free[r.num_output_tokens:r.num_output_tokens + 4]
+        def propose(self, reqs, ks):
+            for r, k in zip(reqs, ks):
+                r.draft_token_ids = free[r.num_output_tokens:r.num_output_tokens + k]
 
     prompt = plain.render_chat([{"role": "user", "content": "Why is the sky blue?"}]) + "<think>\n"
     free = plain.generate(prompt, SamplingParams(temperature=0, max_tokens=10))[0].outputs[0].token_ids
