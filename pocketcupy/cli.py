@@ -186,7 +186,7 @@ def _check_output_file(path: str, input_path: str) -> None:
 
 def _run_batch(ns) -> int:
     from .model_cache import DEFAULT_NAME
-    from .server.batch import run_batch
+    from .server.batch import default_concurrency, run_batch
     from .server.state import ServerConfig, ServerState
 
     try:
@@ -218,7 +218,7 @@ def _run_batch(ns) -> int:
             def write(line: str, _result: dict) -> None:
                 out.write(line)
                 out.flush()
-            counts = run_batch(state, lines, write, ns.concurrency or max(64, 2 * args.max_num_seqs))
+            counts = run_batch(state, lines, write, ns.concurrency or default_concurrency(args))
     finally:
         state.shutdown()
     print(json.dumps({**counts, "seconds": round(time.monotonic() - t0, 2)}), file=sys.stderr)

@@ -51,6 +51,11 @@ def run_batch(state, lines: Iterable[str | bytes], write: Callable[[str, dict], 
     return counts
 
 
+def default_concurrency(args) -> int:
+    """How many lines run at once unless told: enough to keep max_num_seqs busy while others queue."""
+    return max(64, 2 * args.max_num_seqs)
+
+
 def succeeded(result: dict) -> bool:
     """Whether a result line is an answer with status 200 (OpenAI's output file), not a failure (its error file)."""
     return result["response"] is not None and result["response"]["status_code"] == 200

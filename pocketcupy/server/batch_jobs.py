@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 
-from .batch import run_batch, succeeded
+from .batch import default_concurrency, run_batch, succeeded
 from .protocol import ApiError
 
 log = logging.getLogger("pocketcupy.server")
@@ -98,8 +98,8 @@ class BatchJob:
                 with self._lock:
                     counts["completed" if ok else "failed"] += 1
 
-        concurrency = max(64, 2 * self.state.engine.args.max_num_seqs)
-        run_batch(self.state, lines, write, concurrency, self.app, (self.obj["endpoint"],), self.cancelled)
+        run_batch(self.state, lines, write, default_concurrency(self.state.engine.args), self.app,
+                  (self.obj["endpoint"],), self.cancelled)
 
     def _finish(self, outputs: dict) -> None:
         with self._lock:

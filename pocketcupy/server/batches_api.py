@@ -5,9 +5,7 @@ from __future__ import annotations
 from .batch import URLS
 from .files_api import no_file
 from .paging import list_page
-from .protocol import ApiError, bad, short_repr
-
-MAX_METADATA = 16   # OpenAI's metadata: up to 16 pairs, keys up to 64 characters, values up to 512
+from .protocol import ApiError, Fields, bad, check_metadata, short_repr
 
 
 def create(state, app, body: dict) -> dict:
@@ -20,8 +18,8 @@ def create(state, app, body: dict) -> dict:
     window = body.get("completion_window")
     if window != "24h":
         raise bad("completion_window", f"'completion_window' must be '24h', got {short_repr(window)}")
-    metadata = body.get("metadata")
-    _check_metadata(metadata)
+    metadata = Fields(body).obj("metadata")
+    check_metadata(metadata)
     obj = state.files.get(file_id)
     if obj is None:
         raise no_file(file_id, "input_file_id")
@@ -29,17 +27,6 @@ def create(state, app, body: dict) -> dict:
         raise bad("input_file_id", f"the file {file_id} has purpose '{obj['purpose']}'; a batch's input file "
                                    "must be uploaded with purpose 'batch'")
     return state.batches.create(app, file_id, endpoint, metadata)
-
-
-def _check_metadata(metadata) -> None:
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict) or len(metadata) > MAX_METADATA:
-        raise bad("metadata", f"'metadata' must be an object of at most {MAX_METADATA} string pairs")
-    for k, v in metadata.items():
-        if len(k) > 64 or not isinstance(v, str) or len(v) > 512:
-            raise bad("metadata", f"'metadata': {short_repr(k)} must be a key of at most 64 characters with a "
-                                  "string value of at most 512")
 
 
 def listing(state, query) -> dict:

@@ -318,12 +318,12 @@ def parse_common(f: Fields, vocab_size: int, max_tokens_names=("max_tokens",),
     f.str("user")
     f.str("service_tier")
     f.bool("store")
-    _check_metadata(f.obj("metadata"))
+    check_metadata(f.obj("metadata"))
     priority = f.int("priority", 0, *INT32)
     return kw, priority
 
 
-def _check_metadata(meta: dict | None) -> None:
+def check_metadata(meta: dict | None) -> None:
     """OpenAI's metadata (kept with a response, not used here): up to 16 pairs, keys of up to 64
     characters, string values of up to 512."""
     if meta is None:

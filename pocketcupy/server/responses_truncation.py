@@ -17,12 +17,13 @@ def fitted(state, chat_body: dict, origin: list[str], auto: bool):
     conversation's, or with auto the one with the fewest messages dropped that fits (if none does,
     the most dropped, whose prompt start_chat_job refuses with the context 400)."""
     msgs = chat_body["messages"]
-    cuts = _cuts(msgs, origin) if auto else [0]
+    droppable = _droppable(msgs, origin)
+    cuts = _cuts(msgs, droppable) if auto else [0]
     chosen = {}
 
     def parsed(k: int):
         if k not in chosen:
-            drop = set(_droppable(msgs, origin)[:k])
+            drop = set(droppable[:k])
             keep = [i for i in range(len(msgs)) if i not in drop]
             kept_origin = [origin[i] for i in keep]
             with renamed(kept_origin):
@@ -46,11 +47,10 @@ def _droppable(msgs: list[dict], origin: list[str]) -> list[int]:
     return [i for i in range(last_user) if msgs[i]["role"] not in KEPT_ROLES and origin[i] != "instructions"]
 
 
-def _cuts(msgs: list[dict], origin: list[str]) -> list[int]:
-    """How many of the droppable messages may go: none, or whole turns, so that the conversation left
-    starts with a user message (no assistant reply or tool result without what it answered: templates
-    that check the roles alternate refuse those)."""
-    drop = _droppable(msgs, origin)
+def _cuts(msgs: list[dict], drop: list[int]) -> list[int]:
+    """How many of the droppable messages (drop) may go: none, or whole turns, so that the conversation
+    left starts with a user message (no assistant reply or tool result without what it answered:
+    templates that check the roles alternate refuse those)."""
     return [k for k in range(len(drop) + 1) if k in (0, len(drop)) or msgs[drop[k]]["role"] == "user"]
 
 
