@@ -102,11 +102,6 @@ def test_fp8_block_checkpoint(tmp_path):
     assert np.array_equal(full_logits(model, ops, PROMPTS[1]), full_logits(want_model, want_ops, PROMPTS[1]))
 
 
-def test_tensor_parallel_refused(tmp_path):
-    with pytest.raises(ValueError, match="tensor_parallel_size: architecture 'deepseek_v3' runs on one rank only"):
-        Engine(write_checkpoint(tmp_path, "ds_plain"), device="cpu", progress=False, tensor_parallel_size=2)
-
-
 @pytest.mark.parametrize("changes, match", [
     (dict(n_group=3), "n_group 3 must divide n_routed_experts 8"),
     (dict(n_group=8), "into groups of at least 2 experts"),

@@ -36,7 +36,7 @@ def max_logprob_gap(a, b) -> float:
     return max(gaps)
 
 
-def assert_same_generation(path, tp, reference, prompts=PROMPTS, params=PARAMS):
+def assert_same_generation(path, tp, reference, prompts=PROMPTS, params=PARAMS, max_gap=1e-3):
     eng = engine(path, tp)
     try:
         assert eng.ranks.world == tp and len(eng.ranks.procs) == tp - 1
@@ -45,7 +45,7 @@ def assert_same_generation(path, tp, reference, prompts=PROMPTS, params=PARAMS):
         eng.close()
     for ref, out in zip(reference, outs):
         assert out.outputs[0].token_ids == ref.outputs[0].token_ids
-        assert max_logprob_gap(ref, out) < 1e-3   # partial sums in another order: float rounding only
+        assert max_logprob_gap(ref, out) < max_gap   # partial sums in another order: float rounding only
     assert all(p.exitcode == 0 for p in eng.ranks.procs.values())
 
 

@@ -4,13 +4,18 @@ vocabulary rows. Pure arithmetic, checked once against the model's shape.
 Attention is split by KV group (a KV head and the query heads that attend with it), as evenly as
 the groups allow: SmolLM2's 3 groups of 3 query heads go 2 + 1 over two ranks. With fewer KV
 heads than ranks, each KV head is replicated on world / num_kv_heads ranks, which share its
-query heads evenly (vLLM's rule). MLP columns split evenly; the vocabulary in equal shards, the
-last one zero-padded."""
+query heads evenly (vLLM's rule). Multi-head latent attention (DeepSeek's MLA) has one latent KV
+"head" that every rank computes and caches whole, and its query heads split evenly. MLP columns
+split evenly (a mixture of experts': each expert's); the vocabulary in equal shards, the last one
+zero-padded."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..config import ModelConfig
+
+# A mixture of experts' MLP sizes (MoEConfig's, SparseMoEConfig's): each expert's columns split evenly
+EXPERT_SIZES = ("moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,10 @@ class ShardLayout:
         if not 0 <= rank < world:
             raise ValueError(f"rank: must be in 0..{world - 1}, got {rank}")
         nkv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
-        if nkv >= world:
+        if config.mla is not None:      # the latent on every rank, the query heads in equal parts
+            k0, k1 = 0, 1
+            q = _even_part(config.num_heads, world, rank)
+        elif nkv >= world:
             k0, k1 = _even_part(nkv, world, rank)
             q = (k0 * group, k1 * group)
         else:
@@ -55,9 +63,17 @@ class ShardLayout:
     def vocab_start(self) -> int:
         return self.rank * self.vocab_shard
 
-    def span(self, kind: str) -> tuple[int, int, int]:
+    def span(self, kind: str, shape: tuple = ()) -> tuple[int, int, int]:
         """(axis, start, stop) in the full tensor for a split kind: q_rows / kv_rows / ffn_rows /
-        vocab_rows split rows (output features), q_cols / ffn_cols split columns (input features)."""
+        vocab_rows split rows (output features), q_cols / ffn_cols split columns (input features);
+        rows / cols cut the rows / columns of a tensor of `shape` in `world` equal parts (for weights
+        laid out by query head or MLP column, whose counts check_divides made split evenly)."""
+        if kind in ("rows", "cols"):
+            length = shape[0 if kind == "rows" else 1]
+            per, extra = divmod(length, self.world)
+            if extra:
+                raise ValueError(f"tensor_parallel_size: {self.world} ranks cannot share {length} {kind} equally")
+            return (0 if kind == "rows" else 1), self.rank * per, (self.rank + 1) * per
         d = self.head_dim
         if kind in ("q_rows", "q_cols"):
             return (0 if kind == "q_rows" else 1), self.q_heads[0] * d, self.q_heads[1] * d
@@ -82,10 +98,17 @@ def check_divides(config: ModelConfig, world: int) -> None:
     if not isinstance(world, int) or isinstance(world, bool) or world < 1:
         raise ValueError(f"tensor_parallel_size: must be a positive integer, got {world!r}")
     nkv, group = config.num_kv_heads, config.num_heads // config.num_kv_heads
-    if nkv < world and (world % nkv or group % (world // nkv)):
+    if config.mla is not None and config.num_heads % world:
+        raise ValueError(f"tensor_parallel_size: {world} does not divide the model's {config.num_heads} attention "
+                         "heads (multi-head latent attention splits its query heads evenly)")
+    if config.mla is None and nkv < world and (world % nkv or group % (world // nkv)):
         raise ValueError(f"tensor_parallel_size: {world} ranks cannot share the model's {nkv} KV heads "
                          f"({group} query heads each): with fewer KV heads than ranks, the ranks must be a "
                          "multiple of the KV heads and split each KV head's query heads evenly")
     if config.intermediate_size % world:
         raise ValueError(f"tensor_parallel_size: {world} does not divide the model's MLP size "
                          f"{config.intermediate_size}")
+    for name in EXPERT_SIZES:
+        size = getattr(config.moe, name, None)
+        if size is not None and size % world:
+            raise ValueError(f"tensor_parallel_size: {world} does not divide the experts' MLP size ({name} {size})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..config import ModelConfig
 from .comm import Communicator
 from .layout import ShardLayout
-from .shard import shard_tensor, split_key
+from .shard import shard_tensor, split_kind
 
 
 class TensorParallel:
@@ -26,11 +26,19 @@ class TensorParallel:
 
     def shard(self, name: str, t, splits: dict[str, str]):
         """This rank's part of the stored tensor `name` (splits: tensor kind -> ShardLayout split)."""
-        return shard_tensor(t, splits.get(split_key(name)), self.layout, name)
+        return shard_tensor(t, split_kind(name, t, splits), self.layout, name)
 
     def all_reduce(self, x):
         """After a row-parallel layer (attention output, MLP down): the sum of the ranks' partial products."""
         return x if self.world == 1 else self.comm.all_reduce(x)
+
+    def row_parallel_linear(self, ops, x, w, bias=None):
+        """x w^T + bias for w split by input columns: the ranks' partial products summed, then the
+        (whole) bias added once."""
+        if self.world == 1:
+            return ops.linear(x, w, bias)
+        y = self.all_reduce(ops.linear(x, w))
+        return y if bias is None else y + bias
 
     def embedding(self, ops, table, ids):
         """Vocab-parallel lookup: each rank fills the rows of the ids in its vocabulary range, zeros

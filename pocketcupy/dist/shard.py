@@ -17,6 +17,7 @@ from .layout import ShardLayout
 
 BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
 BLOCKS["FP8"] = BLOCKS["NVFP4"] = (1, 1)      # any column (take_cols)
+COLUMN_SPLITS = ("q_cols", "ffn_cols", "cols")
 CODE_GROUPS = {"FP8": (FP8_GROUP, 1, fp8_to_bf16), "NVFP4": (NVFP4_GROUP, 2, nvfp4_to_bf16)}   # group, codes a byte
 
 
@@ -64,7 +65,7 @@ def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = 
     """This rank's part of t for a split kind (see ShardLayout.span); None or one rank: all of t."""
     if kind is None or layout.world == 1:
         return t
-    axis, start, stop = layout.span(kind)
+    axis, start, stop = _span(t, kind, layout, name)
     if axis == 1:
         return take_cols(t, start, stop, name)
     part = take_rows(t, start, stop)
@@ -74,13 +75,20 @@ def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = 
 def check_shardable(tensors: dict, splits: dict[str, str], layout: ShardLayout) -> None:
     """Raises the ValueError shard_tensor would, for every split weight, without cutting anything."""
     for name, t in tensors.items():
-        kind = splits.get(split_key(name))
+        kind = split_kind(name, t, splits)
         if kind is None or layout.world == 1:
             continue
-        axis, start, stop = layout.span(kind)
+        axis, start, stop = _span(t, kind, layout, name)
         problem = _column_split_problem(t, start, stop, name) if axis == 1 else None
         if problem:
             raise ValueError(problem)
+
+
+def _span(t: QTensor, kind: str, layout: ShardLayout, name: str) -> tuple[int, int, int]:
+    try:
+        return layout.span(kind, tuple(t.shape))
+    except ValueError as e:
+        raise ValueError(f"{e}: {name} has shape {tuple(t.shape)}") from None
 
 
 def _column_split_problem(t: QTensor, start: int, stop: int, name: str) -> str | None:
@@ -94,7 +102,15 @@ def _column_split_problem(t: QTensor, start: int, stop: int, name: str) -> str |
     return None
 
 
+def split_kind(name: str, t: QTensor, splits: dict[str, str]) -> str | None:
+    """How the stored tensor `name` splits (splits: tensor kind -> ShardLayout split); None: whole on
+    every rank, as is a row-parallel layer's bias (1-D under a column split), added after the all-reduce."""
+    kind = splits.get(split_key(name))
+    return None if kind in COLUMN_SPLITS and len(t.shape) == 1 else kind
+
+
 def split_key(name: str) -> str:
-    """'blk.3.attn_q.weight' -> 'attn_q'; 'token_embd.weight' -> 'token_embd'."""
-    parts = name.split(".")
+    """'blk.3.attn_q.weight' -> 'attn_q'; 'token_embd.weight' -> 'token_embd'; a routed expert's
+    'blk.3.ffn_up_exps.7.weight' -> 'ffn_up_exps'."""
+    parts = [p for p in name.split(".") if not p.isdigit()]
     return parts[-2] if len(parts) >= 2 else name

@@ -1,6 +1,7 @@
 """DeepSeek-V3 (transformers' DeepseekV3ForCausalLM): multi-head latent attention (MLA) over a KV
 cache of one latent row a token, dense gated MLPs in the first first_k_dense_replace layers and a
-mixture of experts after them. Runs on one rank, on a backend with the MLA and MoE ops (NumPy, CUDA)."""
+mixture of experts after them. On a backend with the MLA and MoE ops (NumPy, CUDA); over
+tensor-parallel ranks as vLLM splits it (TP_SPLITS)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,13 +9,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import ModelConfig
-from ..dist.layout import ShardLayout
+from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
-from .moe import GatedMLP, MoE, graphs_capture, load_mlp, load_moe, mlp_shapes, moe_shapes
+from .moe import MLP_TP_SPLITS, GatedMLP, MoE, graphs_capture, load_mlp, load_moe, mlp_shapes, moe_shapes
 from .rope import attention_factor, inv_freq, yarn_mscale
 from .weights import check_shapes, weight_loader
 
-TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
+# How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
+# MLA by query head (an equal number a rank): q / q_b and kv_b (W_UK, W_UV) rows, the output's
+# columns, then an all-reduce; the latent (q_a, kv_a_mqa, their norms) computed and cached whole on
+# every rank. The MLPs as moe.py says; vocab-parallel embedding and LM head.
+TP_SPLITS = {"attn_q": "rows", "attn_q_b": "rows", "attn_kv_b": "rows", "attn_output": "cols", **MLP_TP_SPLITS,
+             "token_embd": "vocab_rows", "output": "vocab_rows"}
 
 
 @dataclass
@@ -84,9 +90,14 @@ def weight_shapes(c: ModelConfig) -> dict[str, tuple]:
     return shapes
 
 
-def weight_load(ops):
-    """load(name, tensor) -> the backend's weight; kv_b_proj in the form its mla_attention takes."""
-    return lambda name, t: ops.mla_weight(t) if name.endswith("attn_kv_b.weight") else ops.weight(t)
+def weight_load(ops, tp: TensorParallel | None = None):
+    """load(name, tensor) -> the backend's weight (tp: this rank's shard of it); kv_b_proj in the
+    form its mla_attention takes."""
+    def load(name, t):
+        if tp is not None:
+            t = tp.shard(name, t, TP_SPLITS)
+        return ops.mla_weight(t) if name.endswith("attn_kv_b.weight") else ops.weight(t)
+    return load
 
 
 def load_layer(w, config: ModelConfig, p: str, dense: bool) -> DeepseekLayer:
@@ -116,11 +127,12 @@ class DeepseekV3Model:
                      f"qk_rope_head_dim {c.rope_dim}, v_head_dim {m.v_head_dim}, intermediate {c.intermediate_size}, "
                      f"{e.n_routed_experts} experts of {e.moe_intermediate_size}")
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
+    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp: TensorParallel | None = None):
         self.config, self.ops = config, ops
-        self.layout = ShardLayout.of(config)   # one rank: every head, one (latent) KV head
+        self.tp = tp or TensorParallel.single(config)
+        self.layout = self.tp.layout   # this rank's query heads, one (latent) KV head, vocabulary rows
 
-        w = weight_loader(tensors, weight_load(ops))
+        w = weight_loader(tensors, weight_load(ops, self.tp))
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")
@@ -142,7 +154,7 @@ class DeepseekV3Model:
         """(final hidden states, the last layer's output before the final norm): [N, hidden] each;
         the multi-token-prediction layer reads the second."""
         ops, c = self.ops, self.config
-        x, residual = ops.embedding(self.embed, input_ids), None
+        x, residual = self.tp.embedding(ops, self.embed, input_ids), None
         for layer, (cache, _) in zip(self.layers, kv_caches):   # no V pages (KV_VALUES)
             x, residual = self.decoder_layer(layer, x, residual, positions, meta, cache)
         return ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
@@ -157,7 +169,7 @@ class DeepseekV3Model:
             h, residual = ops.add_rms_norm(x, residual, layer.attn_norm, c.rms_eps)
         x = self._attention(layer.attn, h, positions, meta, cache)
         h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
-        return layer.mlp(ops, h), residual
+        return self.tp.all_reduce(layer.mlp(ops, h)), residual
 
     def _attention(self, a: MLAttention, h, positions, meta, cache):
         ops, c, m = self.ops, self.config, self.config.mla
@@ -166,13 +178,13 @@ class DeepseekV3Model:
         else:
             q_a, kv = ops.linears(h, [a.wq_a, a.wkv_a], [a.bq_a, a.bkv_a])
             q = ops.linear(ops.rms_norm(q_a, a.q_a_norm, c.rms_eps), a.wq)
-        q = q.reshape(len(h), c.num_heads, m.qk_nope_head_dim + c.rope_dim)
+        q = q.reshape(len(h), self.layout.num_heads, m.qk_nope_head_dim + c.rope_dim)
         if self.q_rope_scale != 1.0:
             q[..., m.qk_nope_head_dim:] *= self.q_rope_scale
         c_kv = ops.rms_norm(kv[:, :m.kv_lora_rank], a.kv_a_norm, c.rms_eps)
         out = ops.mla_attention(q, c_kv, kv[:, m.kv_lora_rank:], positions, self.inv_freq, c.rope_interleaved,
                                 a.wkv_b, cache, meta, self.scale)
-        return ops.linear(out, a.wo, a.bo)
+        return self.tp.row_parallel_linear(ops, out, a.wo, a.bo)
 
     def compute_logits(self, hidden):
-        return self.ops.linear(hidden, self.lm_head)
+        return self.tp.logits(self.ops, self.ops.linear(hidden, self.lm_head))

@@ -6,6 +6,14 @@ from dataclasses import dataclass
 
 from ..config import MoEConfig, SparseMoEConfig
 
+# How gated MLPs and mixtures of experts split over tensor-parallel ranks (dist/layout.py), vLLM's
+# way: every MLP's intermediate columns (a dense MLP's, each routed expert's, the shared experts')
+# cut evenly, gate and up by rows, down by columns, so a rank's MLP output (routed + shared) is a
+# partial sum the model all-reduces once. Routers, score biases and shared-expert gates are whole on
+# every rank: each routes every token the same way.
+MLP_TP_SPLITS = {f"ffn_{part}{kind}": "cols" if part == "down" else "rows"
+                 for part in ("gate", "up", "down") for kind in ("", "_exps", "_shexp")}
+
 
 @dataclass
 class GatedMLP:
