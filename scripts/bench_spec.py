@@ -6,7 +6,7 @@ bandwidth (CUDA: above 1 only when drafts are kept). --temperature samples (seed
 tokens still equal the plain run's) where drafts mostly fail. Prints one JSON object.
 
     python scripts/bench_spec.py MODEL [--device cuda] [--k 2 4 6] [--max-tokens 128] [--draft-model PATH] [--mtp]
-        [--temperature 0.8 --seed 1]
+        [--temperature 0.8 --seed 1] [--adaptive on|off|both]
 """
 import argparse
 import json
@@ -101,6 +101,9 @@ def main() -> None:
     ap.add_argument("--prompt-lookup-max", type=bench_args.count(), default=4)
     ap.add_argument("--draft-model", help="also draft with this model (same vocabulary) at each --k")
     ap.add_argument("--mtp", action="store_true", help="also draft with the model's MTP layer (DeepSeek-V3) at each --k")
+    ap.add_argument("--adaptive", default="on", choices=("on", "off", "both"),
+                    help="adaptive drafting (spec/adaptive.py); off: every step drafts k; both: each run twice, "
+                         "the second under a name ending in _fixed")
     args = ap.parse_args()
     args.device = bench_args.device(ap, args.device)
     if args.prompt_lookup_min > args.prompt_lookup_max:
@@ -115,17 +118,18 @@ def main() -> None:
            "copy_bandwidth_GB_s": round(bw / 1e9, 1) if bw else None,
            "plain": {k: ({kk: vv for kk, vv in v.items() if kk != "token_ids"} if isinstance(v, dict) else v)
                      for k, v in plain.items()}}
+    policies = {"on": [("", True)], "off": [("", False)], "both": [("", True), ("_fixed", False)]}[args.adaptive]
     for k in args.k:
-        spec = dict(speculative_method="ngram", num_speculative_tokens=k, prompt_lookup_min=args.prompt_lookup_min,
-                    prompt_lookup_max=args.prompt_lookup_max)
-        out[f"ngram_k{k}"] = run(args.model, args, spec, bw, baseline=plain, ap=ap)
+        specs = {f"ngram_k{k}": dict(speculative_method="ngram", prompt_lookup_min=args.prompt_lookup_min,
+                                     prompt_lookup_max=args.prompt_lookup_max)}
         if args.draft_model:
-            spec = dict(speculative_method="draft_model", speculative_model=args.draft_model,
-                        num_speculative_tokens=k)
-            out[f"draft_model_k{k}"] = run(args.model, args, spec, bw, baseline=plain, ap=ap)
+            specs[f"draft_model_k{k}"] = dict(speculative_method="draft_model", speculative_model=args.draft_model)
         if args.mtp:
-            out[f"mtp_k{k}"] = run(args.model, args, dict(speculative_method="mtp", num_speculative_tokens=k), bw,
-                                   baseline=plain, ap=ap)
+            specs[f"mtp_k{k}"] = dict(speculative_method="mtp")
+        for name, spec in specs.items():
+            for suffix, adaptive in policies:
+                out[name + suffix] = run(args.model, args, dict(spec, num_speculative_tokens=k,
+                                                                speculative_adaptive=adaptive), bw, baseline=plain, ap=ap)
     print(json.dumps(out))
 
 
