@@ -6,9 +6,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from pocketcupy.config import ModelConfig
+from pocketcupy.config import GatedDeltaNetConfig, ModelConfig
 from pocketcupy.dist.layout import ShardLayout
-from pocketcupy.dist.shard import BLOCKS, check_shardable, pad_rows, shard_tensor, take_cols, take_rows
+from pocketcupy.dist.shard import BLOCKS, check_shardable, pad_rows, shard_tensor, split_kind, take_cols, take_rows
 from pocketcupy.loader import load_checkpoint
 from pocketcupy.loader.gguf import SUPPORTED_TYPES
 from pocketcupy.models.llama import TP_SPLITS
@@ -154,3 +154,41 @@ def test_rank_shards_of_a_gguf_are_cut_from_the_memory_map(smollm2_gguf):
     one = ShardLayout.of(ck.config)
     assert shard_tensor(down, "ffn_cols", one) is down                        # one rank: the tensor itself
     assert dataclasses.astuple(one)[3:5] == ((0, 9), (0, 3))
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["grouped", "tiled"])
+def test_deltanet_shards_by_key_head(tiled):
+    """A Gated DeltaNet of 4 key heads of 16, 2 value heads of 32 each, over 2 ranks: each rank's q,
+    k and v rows of [q; k; v], and out_proj's value columns; in llama.cpp's tiled head order (value
+    head j of key head k at head j * 4 + k) one piece a value head of a key head, joined as Q8_0
+    blocks."""
+    gdn = GatedDeltaNetConfig(("linear_attention", "full_attention"), 4, 16, 32, 4, 8, out_proj_tiled=tiled)
+    cfg = dataclasses.replace(llama_config(), gdn=gdn)
+    qkv, out = make_tensor("Q4_K", 2 * 64 + 256, 256), make_tensor("Q8_0", 16, 256, seed=1)
+    full_qkv, full_out = qkv.dequantize(), out.dequantize()
+    heads = full_out.reshape(16, 2, 4, 32) if tiled else full_out.reshape(16, 4, 2, 32).transpose(0, 2, 1, 3)
+    for rank in range(2):
+        lay = ShardLayout.of(cfg, rank, 2)
+        assert lay.deltanet.key_heads == (2 * rank, 2 * rank + 2) and lay.deltanet.conv_dim == 192
+        part = shard_tensor(qkv, "gdn_qkv_rows", lay)
+        rows = np.r_[32 * rank:32 * rank + 32, 64 + 32 * rank:96 + 32 * rank, 128 + 128 * rank:256 + 128 * rank]
+        assert part.qtype == "Q4_K" and np.array_equal(part.dequantize(), full_qkv[rows])
+        part = shard_tensor(out, "gdn_out_cols", lay, "blk.0.ssm_out.weight")
+        want = heads[:, :, 2 * rank:2 * rank + 2]        # [row, value head of a key head, key head, value dim]
+        if not tiled:
+            want = want.transpose(0, 2, 1, 3)
+        assert part.qtype == "Q8_0" and np.array_equal(part.dequantize(), want.reshape(16, 128))
+    with pytest.raises(ValueError, match="tensor_parallel_size: 8 ranks cannot share the model's 4 linear-attention"):
+        ShardLayout.of(cfg, 0, 8)
+
+
+def test_split_kind_by_name_tail_then_kind():
+    """A name's last two parts (layer and expert numbers skipped) win where a model maps them; else its
+    kind, a 1-D bias under a column split staying whole."""
+    w, b = make_tensor("F32", 4, 8), make_tensor("F32", 1, 4)
+    b = dataclasses.replace(b, shape=(4,), data=b.data[0])
+    splits = {"attn_output": "q_cols", "ffn_down_exps": "cols", "ffn_down_exps.bias": "rows"}
+    assert split_kind("blk.1.attn_output.weight", w, splits) == "q_cols"
+    assert split_kind("blk.1.attn_output.bias", b, splits) is None
+    assert split_kind("blk.1.ffn_down_exps.7.weight", w, splits) == "cols"
+    assert split_kind("blk.1.ffn_down_exps.7.bias", b, splits) == "rows"

@@ -1,6 +1,6 @@
 """Tensor parallelism: a model split over ranks (one GPU each, or processes on the CPU).
 
-layout.py   which heads / MLP columns / vocabulary rows a rank holds (and which sizes divide)
+layout.py   which heads (attention, Gated DeltaNet) / MLP columns / vocabulary rows a rank holds
 shard.py    a rank's part of a stored weight, cut from the memory map before it is materialised
 parallel.py what the model calls: shards, all-reduce after row-parallel layers, vocab-parallel
             embedding and LM head (identities on one rank)

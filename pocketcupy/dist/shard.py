@@ -17,7 +17,7 @@ from .layout import ShardLayout
 
 BLOCKS = {name: (per_block, nbytes) for name, per_block, nbytes in GGML_TYPES.values()}
 BLOCKS["FP8"] = BLOCKS["NVFP4"] = (1, 1)      # any column (take_cols)
-COLUMN_SPLITS = ("q_cols", "ffn_cols", "cols")
+COLUMN_SPLITS = ("q_cols", "ffn_cols", "cols", "gdn_out_cols")
 CODE_GROUPS = {"FP8": (FP8_GROUP, 1, fp8_to_bf16), "NVFP4": (NVFP4_GROUP, 2, nvfp4_to_bf16)}   # group, codes a byte
 
 
@@ -62,31 +62,43 @@ def pad_rows(t: QTensor, rows: int) -> QTensor:
 
 
 def shard_tensor(t: QTensor, kind: str | None, layout: ShardLayout, name: str = "weight") -> QTensor:
-    """This rank's part of t for a split kind (see ShardLayout.span); None or one rank: all of t."""
+    """This rank's part of t for a split kind (see ShardLayout.spans); None or one rank: all of t."""
     if kind is None or layout.world == 1:
         return t
-    axis, start, stop = _span(t, kind, layout, name)
-    if axis == 1:
-        return take_cols(t, start, stop, name)
-    part = take_rows(t, start, stop)
-    return pad_rows(part, layout.vocab_shard) if kind == "vocab_rows" else part
+    spans = _spans(t, kind, layout, name)
+    parts = [take_cols(t, start, stop, name) if axis == 1 else take_rows(t, start, stop) for axis, start, stop in spans]
+    if len(parts) > 1:
+        return join(parts, spans[0][0])
+    return pad_rows(parts[0], layout.vocab_shard) if kind == "vocab_rows" else parts[0]
+
+
+def join(parts: list[QTensor], axis: int) -> QTensor:
+    """Pieces of one weight (rows, or columns of whole blocks) side by side along axis: copied; as
+    float32 where the pieces came out in different formats (a column piece off the FP8 groups)."""
+    if len({p.qtype for p in parts}) > 1:
+        parts = [QTensor("F32", p.shape, p.dequantize()) for p in parts]
+    shape = list(parts[0].shape)
+    shape[axis] = sum(p.shape[axis] for p in parts)
+    scales = None if parts[0].scales is None else np.concatenate([p.scales for p in parts], axis)
+    return replace(parts[0], shape=tuple(shape), data=np.concatenate([p.data for p in parts], axis), scales=scales)
 
 
 def check_shardable(tensors: dict, splits: dict[str, str], layout: ShardLayout) -> None:
-    """Raises the ValueError shard_tensor would, for every split weight, without cutting anything."""
+    """Raises the ValueError shard_tensor would, for every split weight and every piece of it, without
+    cutting anything."""
     for name, t in tensors.items():
         kind = split_kind(name, t, splits)
         if kind is None or layout.world == 1:
             continue
-        axis, start, stop = _span(t, kind, layout, name)
-        problem = _column_split_problem(t, start, stop, name) if axis == 1 else None
-        if problem:
-            raise ValueError(problem)
+        for axis, start, stop in _spans(t, kind, layout, name):
+            problem = _column_split_problem(t, start, stop, name) if axis == 1 else None
+            if problem:
+                raise ValueError(problem)
 
 
-def _span(t: QTensor, kind: str, layout: ShardLayout, name: str) -> tuple[int, int, int]:
+def _spans(t: QTensor, kind: str, layout: ShardLayout, name: str) -> list[tuple[int, int, int]]:
     try:
-        return layout.span(kind, tuple(t.shape))
+        return layout.spans(kind, tuple(t.shape))
     except ValueError as e:
         raise ValueError(f"{e}: {name} has shape {tuple(t.shape)}") from None
 
@@ -102,9 +114,14 @@ def _column_split_problem(t: QTensor, start: int, stop: int, name: str) -> str |
     return None
 
 
-def split_kind(name: str, t: QTensor, splits: dict[str, str]) -> str | None:
-    """How the stored tensor `name` splits (splits: tensor kind -> ShardLayout split); None: whole on
-    every rank, as is a row-parallel layer's bias (1-D under a column split), added after the all-reduce."""
+def split_kind(name: str, t: QTensor, splits: dict[str, str | None]) -> str | None:
+    """How the stored tensor `name` splits (splits: tensor kind -> ShardLayout split): by its last two
+    name parts where splits has them ('attn_output.bias': None, whole), else by its kind (split_key);
+    None: whole on every rank, as is a row-parallel layer's bias (1-D under a column split, not mapped
+    by name), added after the all-reduce."""
+    tail = ".".join(_name_parts(name)[-2:])
+    if tail in splits:
+        return splits[tail]
     kind = splits.get(split_key(name))
     return None if kind in COLUMN_SPLITS and len(t.shape) == 1 else kind
 
@@ -112,5 +129,10 @@ def split_kind(name: str, t: QTensor, splits: dict[str, str]) -> str | None:
 def split_key(name: str) -> str:
     """'blk.3.attn_q.weight' -> 'attn_q'; 'token_embd.weight' -> 'token_embd'; a routed expert's
     'blk.3.ffn_up_exps.7.weight' -> 'ffn_up_exps'."""
-    parts = [p for p in name.split(".") if not p.isdigit()]
+    parts = _name_parts(name)
     return parts[-2] if len(parts) >= 2 else name
+
+
+def _name_parts(name: str) -> list[str]:
+    """A stored name's parts less the layer and expert numbers."""
+    return [p for p in name.split(".") if not p.isdigit()]
