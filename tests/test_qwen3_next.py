@@ -191,11 +191,6 @@ def test_config_and_names(tmp_path):
     assert c.moe.norm_topk_prob and all(c.moe.is_sparse(i) for i in range(4))
 
 
-def test_tensor_parallel_refused(tmp_path):
-    with pytest.raises(ValueError, match="tensor_parallel_size: architecture 'qwen3_next' runs on one rank only"):
-        Engine(write_checkpoint(tmp_path, "q3n_moe"), device="cpu", progress=False, tensor_parallel_size=2)
-
-
 class OracleDrafts:
     """Drafts the tokens each request is known to draw (expected: prompt -> output), the second one
     made wrong every other step: steps keep all their drafts, or one and reject the rest."""

@@ -65,10 +65,13 @@ def start_ranks(args, ckpt, device: str) -> "RankGroup | None":
         return None
     from ..models.registry import model_class
 
-    splits = model_class(ckpt.config).TP_SPLITS
+    cls = model_class(ckpt.config)
+    splits = cls.TP_SPLITS
     if splits is None:
         raise ValueError(f"tensor_parallel_size: architecture {ckpt.config.architecture!r} runs on one rank only "
                          f"for now, got {world}")
+    if hasattr(cls, "check_tensor_parallel"):    # what a model of this class cannot split yet
+        cls.check_tensor_parallel(ckpt.config, world)
     for r in range(world):
         check_shardable(ckpt.tensors, splits, ShardLayout.of(ckpt.config, r, world))
     if device == "cuda":
@@ -302,6 +305,14 @@ class GroupRunner:
     def execute(self, out, feed=None, sample_params=None):
         """sample_params is not passed on: rank 0's graphs keep the sampler outside, so that every
         rank captures the same graphs (a capture runs the forward's collectives once)."""
+        return self._on_every_rank(out, lambda: self.runner.execute(out, feed))
+
+    def roll_back(self, out, kept) -> None:
+        """ModelRunner.roll_back on every rank: the kept tokens run again through the collectives."""
+        self._on_every_rank(RollBack(out, kept), lambda: self.runner.roll_back(out, kept))
+
+    def _on_every_rank(self, message, run):
+        """Sends message (what the other ranks run) to every rank, then runs rank 0's part."""
         g = self.group
         if g.failure is not None:
             g.fail(g.failure.rank)   # returns once the other ranks are stopped
@@ -309,11 +320,18 @@ class GroupRunner:
         if g.closing:
             raise RuntimeError("the engine is closed: its tensor-parallel ranks have stopped")
         try:
-            g.comm.broadcast_object(out)
-            return self.runner.execute(out, feed)
+            g.comm.broadcast_object(message)
+            return run()
         except RankFailedError as e:
             g.fail(e.rank, e.reason)
             raise (g.failure or e) from None
         except BaseException as e:
             g.fail(0, f"{type(e).__name__}: {e}")
             raise
+
+
+@dataclasses.dataclass
+class RollBack:
+    """A step message: roll back the recurrent state of a verification step (ModelRunner.roll_back)."""
+    out: object
+    kept: dict

@@ -12,6 +12,7 @@ import traceback
 
 from ..engine import Engine
 from .comm import CpuCommunicator, PipeChannel
+from .group import RollBack
 from .layout import ShardLayout
 from .parallel import TensorParallel
 
@@ -43,8 +44,11 @@ class RankEngine(Engine):
         if num_blocks is None:
             return
         runner = self._make_runner(num_blocks)
-        while (out := self.comm.broadcast_object()) is not None:
-            runner.execute(out)
+        while (msg := self.comm.broadcast_object()) is not None:
+            if isinstance(msg, RollBack):
+                runner.roll_back(msg.out, msg.kept)
+            else:
+                runner.execute(msg)
 
 
 def run_rank(rank: int, args, conn, status, nccl_uid) -> None:

@@ -2,7 +2,10 @@
 Qwen3_5MoeForCausalLM): a hybrid of Gated DeltaNet layers (linear
 attention: a causal conv and the gated delta rule over a recurrent state per sequence, kept in the
 runner's state slots) and gated full-attention layers over the paged KV cache, with MoE or dense
-MLPs. Runs on one rank, on a backend with the Gated DeltaNet and MoE ops."""
+MLPs, on a backend with the Gated DeltaNet and MoE ops. Split over tensor-parallel ranks as vLLM
+does (dense MLPs only for now): gated attention by KV group, the Gated DeltaNet by key head with
+its value heads (each rank keeps the conv and recurrent states of its own heads), the MLP by
+column, the vocabulary in shards."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,13 +13,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config import GatedDeltaNetConfig, ModelConfig
-from ..dist.layout import ShardLayout
+from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
 from .moe import GatedMLP, SparseMoE, graphs_capture, load_mlp, load_sparse_moe, mlp_shapes, sparse_moe_shapes
 from .rope import inv_freq
 from .weights import check_shapes, weight_loader
 
-TP_SPLITS = None    # not split over tensor-parallel ranks (dist.group refuses more than one)
+# How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
+# attn_output.bias is whole on every rank, added once after the all-reduce (row_parallel_linear).
+TP_SPLITS = {"attn_q": "q_gate_rows", "attn_k": "kv_rows", "attn_v": "kv_rows", "attn_output": "q_cols",
+             "attn_output.bias": None, "ssm_in_qkvz": "gdn_qkvz_rows", "ssm_in_ba": "gdn_ba_rows",
+             "ssm_in_qkv": "gdn_qkv_rows", "ssm_conv1d": "gdn_qkv_rows", "ssm_in_z": "gdn_z_rows",
+             "ssm_in_b": "gdn_heads", "ssm_in_a": "gdn_heads", "ssm": "gdn_heads", "ssm_out": "gdn_out_cols",
+             "ffn_gate": "ffn_rows", "ffn_up": "ffn_rows", "ffn_down": "ffn_cols",
+             "token_embd": "vocab_rows", "output": "vocab_rows"}
 # Qwen3.5 stores the DeltaNet's input projections apart, in_proj_qkv / _z / _b / _a, in [q; k; v] order
 SPLIT_PROJECTIONS = ("qwen3_5", "qwen3_5_moe")
 # RMSNorms whose stored weight w scales by 1 + w (zero-centred): folded into 1 + w at load
@@ -99,6 +109,13 @@ class Qwen3NextModel:
     TP_SPLITS = TP_SPLITS
 
     @staticmethod
+    def check_tensor_parallel(config: ModelConfig, world: int) -> None:
+        """Before any rank starts: the mixtures of experts are not split yet."""
+        if world > 1 and config.moe is not None and any(config.moe.is_sparse(i) for i in range(config.num_layers)):
+            raise ValueError(f"tensor_parallel_size: {config.architecture!r} with mixture-of-experts layers: MoE "
+                             f"layers run on one rank only for now, got {world}")
+
+    @staticmethod
     def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
         c, g = config, config.gdn
         check_shapes(tensors, weight_shapes(c), c.num_layers,
@@ -107,17 +124,18 @@ class Qwen3NextModel:
                      f"{g.linear_num_key_heads} key heads of {g.linear_key_head_dim} and {g.linear_num_value_heads} "
                      f"value heads of {g.linear_value_head_dim}, conv kernel {g.linear_conv_kernel_dim}")
 
-    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp=None):
+    def __init__(self, config: ModelConfig, tensors: dict[str, QTensor], ops, tp: TensorParallel | None = None):
         self.config, self.ops = config, ops
-        self.layout = ShardLayout.of(config)   # one rank: every head
+        self.tp = tp or TensorParallel.single(config)
+        self.layout = self.tp.layout   # this rank's heads, DeltaNet heads, MLP columns, vocabulary rows
 
         def load(name, t):
             if name.endswith(ZERO_CENTRED):
                 t = QTensor("F32", t.shape, 1 + t.dequantize())
             return ops.weight(t)
 
-        w = weight_loader(tensors, load)
-        raw = weight_loader(tensors, lambda _, t: t)     # the stored QTensor
+        raw = weight_loader(tensors, lambda name, t: self.tp.shard(name, t, TP_SPLITS))   # this rank's QTensor
+        w = weight_loader(tensors, lambda name, t: load(name, self.tp.shard(name, t, TP_SPLITS)))
         self.embed = w("token_embd.weight")
         self.lm_head = self.embed if config.tie_word_embeddings else w("output.weight")
         self.final_norm = w("output_norm.weight")
@@ -141,7 +159,7 @@ class Qwen3NextModel:
 
     def _load_deltanet(self, w, raw, p: str) -> GatedDeltaNet:
         g: GatedDeltaNetConfig = self.config.gdn
-        hk, ratio = g.linear_num_key_heads, g.linear_num_value_heads // g.linear_num_key_heads
+        hk, ratio = self.layout.deltanet.num_key, g.linear_num_value_heads // g.linear_num_key_heads   # this rank's
         dk, rdv = g.linear_key_head_dim, ratio * g.linear_value_head_dim
 
         def rows(names, order=None):
@@ -167,17 +185,18 @@ class Qwen3NextModel:
     @property
     def state_shapes(self) -> list[tuple[tuple, tuple]]:
         """Per Gated DeltaNet layer, one sequence's conv state [conv_dim, kernel - 1] and recurrent
-        state [value heads, key dim, value dim] (the runner keeps them, ModelRunner.states)."""
-        g = self.config.gdn
-        one = ((g.conv_dim, g.linear_conv_kernel_dim - 1),
-               (g.linear_num_value_heads, g.linear_key_head_dim, g.linear_value_head_dim))
+        state [value heads, key dim, value dim] of this rank's heads (the runner keeps them,
+        ModelRunner.states)."""
+        g, d = self.config.gdn, self.layout.deltanet
+        one = ((d.conv_dim, g.linear_conv_kernel_dim - 1),
+               (d.num_value, g.linear_key_head_dim, g.linear_value_head_dim))
         return [one] * g.layer_types.count("linear_attention")
 
     def forward(self, input_ids, positions, meta, kv_caches, states):
         """input_ids, positions [N] (flat batch) -> final hidden states [N, hidden]. kv_caches: the
         full-attention layers' pages; states: the StateSlots of the Gated DeltaNet layers."""
         ops, c = self.ops, self.config
-        x = ops.embedding(self.embed, input_ids)
+        x = self.tp.embedding(ops, self.embed, input_ids)
         residual = None
         caches, recurrent = iter(kv_caches), iter(states.layers)
         for layer in self.layers:
@@ -190,7 +209,7 @@ class Qwen3NextModel:
             else:
                 x = self._deltanet(layer.mixer, h, meta, *next(recurrent), states.rows)
             h, residual = ops.add_rms_norm(x, residual, layer.ffn_norm, c.rms_eps)
-            x = layer.mlp(ops, h)
+            x = self.tp.all_reduce(layer.mlp(ops, h))
         h, _ = ops.add_rms_norm(x, residual, self.final_norm, c.rms_eps)
         return h
 
@@ -198,30 +217,31 @@ class Qwen3NextModel:
         """Attention with q/k norms, rope on the first rope_dim dims of each head, and the output
         times sigmoid of the gate q_proj computes beside each head's query."""
         ops, c, n = self.ops, self.config, len(h)
-        hd, heads = c.head_dim, c.num_heads
+        hd, heads, kv_heads = c.head_dim, self.layout.num_heads, self.layout.num_kv_heads
         qg = ops.linear(h, a.wq, a.bq).reshape(n, heads, 2 * hd)
         q = ops.rms_norm(qg[..., :hd], a.q_norm, c.rms_eps)
-        k = ops.rms_norm(ops.linear(h, a.wk, a.bk).reshape(n, c.num_kv_heads, hd), a.k_norm, c.rms_eps)
-        v = ops.linear(h, a.wv, a.bv).reshape(n, c.num_kv_heads, hd)
+        k = ops.rms_norm(ops.linear(h, a.wk, a.bk).reshape(n, kv_heads, hd), a.k_norm, c.rms_eps)
+        v = ops.linear(h, a.wv, a.bv).reshape(n, kv_heads, hd)
         out = ops.rope_attention(q, k, v, positions, self.inv_freq, False, k_cache, v_cache, meta, self.scale)
         out = ops.sigmoid_mul(qg[..., hd:].reshape(n, heads * hd), out.reshape(n, heads * hd))
-        return ops.linear(out, a.wo, a.bo)
+        return self.tp.row_parallel_linear(ops, out, a.wo, a.bo)
 
     def _deltanet(self, d: GatedDeltaNet, h, meta, conv_states, recurrent_states, slots):
         """Gated DeltaNet: [q; k; v] through the causal conv (SiLU), the gated delta rule, then the
         RMSNorm of each value head's output times SiLU(z), and out_proj."""
         ops, c, g, n = self.ops, self.config, self.config.gdn, len(h)
-        hv, dv = g.linear_num_value_heads, g.linear_value_head_dim
+        heads = self.layout.deltanet            # this rank's key heads and their value heads
+        hv, dv, conv_dim = heads.num_value, g.linear_value_head_dim, heads.conv_dim
         qkvz, ba = ops.linears(h, [d.w_qkvz, d.w_ba])
-        qkv = ops.causal_conv1d_silu(qkvz[:, :g.conv_dim], d.conv, conv_states, slots, meta.query_start)
-        kd = g.linear_num_key_heads * g.linear_key_head_dim
+        qkv = ops.causal_conv1d_silu(qkvz[:, :conv_dim], d.conv, conv_states, slots, meta.query_start)
+        kd = heads.num_key * g.linear_key_head_dim
         q, k = (qkv[:, j * kd:(j + 1) * kd].reshape(n, -1, g.linear_key_head_dim) for j in (0, 1))
         out = ops.gated_delta_rule(q, k, qkv[:, 2 * kd:].reshape(n, hv, dv), ba[:, :hv], ba[:, hv:], d.a_log,
                                    d.dt_bias, recurrent_states, slots, meta.query_start)
-        out = ops.silu_mul(qkvz[:, g.conv_dim:].reshape(n, hv, dv), ops.rms_norm(out, d.norm, c.rms_eps))
+        out = ops.silu_mul(qkvz[:, conv_dim:].reshape(n, hv, dv), ops.rms_norm(out, d.norm, c.rms_eps))
         if g.out_proj_tiled:      # the heads into out_proj's order: [key head, value head of it] -> transposed
-            out = out.reshape(n, g.linear_num_key_heads, -1, dv).transpose(0, 2, 1, 3)
-        return ops.linear(out.reshape(n, hv * dv), d.w_out)
+            out = out.reshape(n, heads.num_key, -1, dv).transpose(0, 2, 1, 3)
+        return self.tp.all_reduce(ops.linear(out.reshape(n, hv * dv), d.w_out))
 
     def compute_logits(self, hidden):
-        return self.ops.linear(hidden, self.lm_head)
+        return self.tp.logits(self.ops, self.ops.linear(hidden, self.lm_head))
