@@ -1,9 +1,9 @@
-"""Qwen3-Next / Qwen3.5 (dense MLPs) at tensor_parallel_size 2 on the CPU: greedy tokens and
-logprobs equal one rank's for the tiny safetensors checkpoints (in_proj_qkvz stored per key head;
-Qwen3.5's projections apart) and Qwen3.5's GGUF (out_proj's value heads tiled), each rank keeping
-the recurrent state of its own heads; a batch with preemption and one with speculative decoding
-(the state rolled back on every rank) equal each request alone; what cannot split is refused before
-any rank starts."""
+"""Qwen3-Next / Qwen3.5 at tensor_parallel_size 2 on the CPU: greedy tokens and logprobs equal one
+rank's for the tiny safetensors checkpoints (in_proj_qkvz stored per key head; Qwen3.5's
+projections apart), dense and MoE (each expert's and the shared expert's columns split), and GGUFs
+(Qwen3.5's out_proj value heads tiled), each rank keeping the recurrent state of its own heads; a
+batch with preemption and one with speculative decoding (the state rolled back on every rank) equal
+each request alone; what cannot split is refused before any rank starts."""
 import multiprocessing as mp
 
 import pytest
@@ -32,17 +32,22 @@ def dense_qwen3_next(folder) -> str:
 def checkpoints(tmp_path_factory):
     d = tmp_path_factory.mktemp("tp_q3n")
     return {"qwen3_next": dense_qwen3_next(d / "q3n"), "qwen3_5": write_checkpoint(d / "q35", "q35_dense"),
-            "qwen35_gguf_f16": write_gguf(d / "q35.gguf", "q35_dense", "F16")}
+            "qwen35_gguf_f16": write_gguf(d / "q35.gguf", "q35_dense", "F16"),
+            "qwen3_next_moe": write_checkpoint(d / "q3n_moe", "q3n_moe"),
+            "qwen35_moe": write_checkpoint(d / "q35_moe", "q35_moe"),
+            "qwen3_next_moe_gguf_f16": write_gguf(d / "q3n_moe.gguf", "q3n_moe", "F16")}
 
 
 def engine(path, tp, **kw):
     return Engine(path, device="cpu", progress=False, tensor_parallel_size=tp, **kw)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5", "qwen35_gguf_f16"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5", "qwen35_gguf_f16", "qwen3_next_moe", "qwen35_moe",
+                                  "qwen3_next_moe_gguf_f16"])
 def test_two_ranks_equal_one(checkpoints, name):
     """Three prompts batched (three state slots); rank 0's conv and recurrent states hold its half
-    of the DeltaNet heads (1 key head, 2 value heads), its KV cache 1 of the 2 KV heads."""
+    of the DeltaNet heads (1 key head, 2 value heads), its KV cache 1 of the 2 KV heads; in the MoE
+    variants its 16 of each expert's 32 columns and 24 of the shared expert's 48, the router whole."""
     path, prompts = checkpoints[name], [GREEDY_PROMPT, PROMPTS[1], PROMPTS[2]]
     want = engine(path, 1).generate(prompts, PARAMS)
     eng = engine(path, 2, max_num_seqs=4)
@@ -50,6 +55,11 @@ def test_two_ranks_equal_one(checkpoints, name):
         conv, state = eng.runner.states.layers[0]
         assert conv.shape == (4, 64, 3) and state.shape == (4, 2, 16, 16)
         assert eng.runner.kv_caches[0][0].shape[2] == 1
+        if "moe" in name:
+            moe = eng.runner.model.layers[0].mlp
+            assert [w.shape for w in (moe.w_gate[7], moe.w_down[7], moe.shared.w_up, moe.shared.w_down)] == [
+                (16, 64), (64, 16), (24, 64), (64, 24)]
+            assert moe.router.shape == (8, 64) and moe.shared_gate.shape == (1, 64)
         got = eng.generate(prompts, PARAMS)
     finally:
         eng.close()
@@ -80,17 +90,15 @@ def test_preempted_batch_equals_alone(checkpoints, spec):
 
 
 @pytest.mark.parametrize("make, tp, match", [
-    (lambda d: write_checkpoint(d, "q3n_moe"), 2,
-     r"tensor_parallel_size: 'qwen3_next' with mixture-of-experts layers: MoE layers run on one rank only for now, "
-     "got 2"),
-    (lambda d: write_checkpoint(d, "q35_moe"), 2, "'qwen3_5_moe' with mixture-of-experts layers"),
-    (lambda d: write_gguf(d / "moe.gguf", "q3n_moe"), 2, "'qwen3_next' with mixture-of-experts layers"),
+    # each expert's columns 0:16 and 16:32 on the two ranks: inside a Q8_0 block
+    (lambda d: write_gguf(d / "moe.gguf", "q3n_moe", "Q8_0"), 2,
+     r"tensor_parallel_size: blk\.0\.ffn_down_exps\.0\.weight \(Q8_0, 32-value blocks\) cannot be split at column 16"),
     (lambda d: write_checkpoint(d, "q35_dense"), 4,
      "tensor_parallel_size: 4 ranks cannot share the model's 2 linear-attention key heads"),
     # out_proj's columns in tiled head order: rank 1's value heads at columns 16:32 and 48:64, inside Q8_0 blocks
     (lambda d: write_gguf(d / "q8.gguf", "q35_dense", "Q8_0"), 2,
      r"tensor_parallel_size: blk\.0\.ssm_out\.weight \(Q8_0, 32-value blocks\) cannot be split at column 16"),
-], ids=["q3n_moe", "q35_moe", "q3n_moe_gguf", "key_heads", "q35_q8_0_gguf"])
+], ids=["q3n_moe_q8_0_gguf", "key_heads", "q35_q8_0_gguf"])
 def test_refused_before_any_rank_starts(tmp_path, make, tp, match):
     path = make(tmp_path)
     before = set(mp.active_children())

@@ -65,13 +65,10 @@ def start_ranks(args, ckpt, device: str) -> "RankGroup | None":
         return None
     from ..models.registry import model_class
 
-    cls = model_class(ckpt.config)
-    splits = cls.TP_SPLITS
+    splits = model_class(ckpt.config).TP_SPLITS
     if splits is None:
         raise ValueError(f"tensor_parallel_size: architecture {ckpt.config.architecture!r} runs on one rank only "
                          f"for now, got {world}")
-    if hasattr(cls, "check_tensor_parallel"):    # what a model of this class cannot split yet
-        cls.check_tensor_parallel(ckpt.config, world)
     for r in range(world):
         check_shardable(ckpt.tensors, splits, ShardLayout.of(ckpt.config, r, world))
     if device == "cuda":

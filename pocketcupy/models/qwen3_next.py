@@ -3,9 +3,9 @@ Qwen3_5MoeForCausalLM): a hybrid of Gated DeltaNet layers (linear
 attention: a causal conv and the gated delta rule over a recurrent state per sequence, kept in the
 runner's state slots) and gated full-attention layers over the paged KV cache, with MoE or dense
 MLPs, on a backend with the Gated DeltaNet and MoE ops. Split over tensor-parallel ranks as vLLM
-does (dense MLPs only for now): gated attention by KV group, the Gated DeltaNet by key head with
-its value heads (each rank keeps the conv and recurrent states of its own heads), the MLP by
-column, the vocabulary in shards."""
+does: gated attention by KV group, the Gated DeltaNet by key head with its value heads (each rank
+keeps the conv and recurrent states of its own heads), a dense MLP's and each expert's columns
+(moe.MLP_TP_SPLITS), the vocabulary in shards."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +15,8 @@ import numpy as np
 from ..config import GatedDeltaNetConfig, ModelConfig
 from ..dist.parallel import TensorParallel
 from ..quant.qtensor import QTensor
-from .moe import GatedMLP, SparseMoE, graphs_capture, load_mlp, load_sparse_moe, mlp_shapes, sparse_moe_shapes
+from .moe import (MLP_TP_SPLITS, GatedMLP, SparseMoE, graphs_capture, load_mlp, load_sparse_moe, mlp_shapes,
+                  sparse_moe_shapes)
 from .rope import inv_freq
 from .weights import check_shapes, weight_loader
 
@@ -25,8 +26,7 @@ TP_SPLITS = {"attn_q": "q_gate_rows", "attn_k": "kv_rows", "attn_v": "kv_rows", 
              "attn_output.bias": None, "ssm_in_qkvz": "gdn_qkvz_rows", "ssm_in_ba": "gdn_ba_rows",
              "ssm_in_qkv": "gdn_qkv_rows", "ssm_conv1d": "gdn_qkv_rows", "ssm_in_z": "gdn_z_rows",
              "ssm_in_b": "gdn_heads", "ssm_in_a": "gdn_heads", "ssm": "gdn_heads", "ssm_out": "gdn_out_cols",
-             "ffn_gate": "ffn_rows", "ffn_up": "ffn_rows", "ffn_down": "ffn_cols",
-             "token_embd": "vocab_rows", "output": "vocab_rows"}
+             **MLP_TP_SPLITS, "token_embd": "vocab_rows", "output": "vocab_rows"}
 # Qwen3.5 stores the DeltaNet's input projections apart, in_proj_qkv / _z / _b / _a, in [q; k; v] order
 SPLIT_PROJECTIONS = ("qwen3_5", "qwen3_5_moe")
 # RMSNorms whose stored weight w scales by 1 + w (zero-centred): folded into 1 + w at load
@@ -107,13 +107,6 @@ def regroup(groups: int, sizes: list[int]) -> np.ndarray:
 
 class Qwen3NextModel:
     TP_SPLITS = TP_SPLITS
-
-    @staticmethod
-    def check_tensor_parallel(config: ModelConfig, world: int) -> None:
-        """Before any rank starts: the mixtures of experts are not split yet."""
-        if world > 1 and config.moe is not None and any(config.moe.is_sparse(i) for i in range(config.num_layers)):
-            raise ValueError(f"tensor_parallel_size: {config.architecture!r} with mixture-of-experts layers: MoE "
-                             f"layers run on one rank only for now, got {world}")
 
     @staticmethod
     def check_weights(config: ModelConfig, tensors: dict[str, QTensor]) -> None:
