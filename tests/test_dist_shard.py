@@ -182,13 +182,13 @@ def test_deltanet_shards_by_key_head(tiled):
         ShardLayout.of(cfg, 0, 8)
 
 
-def test_split_kind_by_name_tail_then_kind():
-    """A name's last two parts (layer and expert numbers skipped) win where a model maps them; else its
-    kind, a 1-D bias under a column split staying whole."""
+def test_split_kind_of_experts_and_row_parallel_biases():
+    """A name's kind skips layer and expert numbers; a 1-D bias under a column split stays whole."""
     w, b = make_tensor("F32", 4, 8), make_tensor("F32", 1, 4)
     b = dataclasses.replace(b, shape=(4,), data=b.data[0])
-    splits = {"attn_output": "q_cols", "ffn_down_exps": "cols", "ffn_down_exps.bias": "rows"}
+    splits = {"attn_output": "q_cols", "ffn_down_exps": "cols", "ffn_up_exps": "rows"}
     assert split_kind("blk.1.attn_output.weight", w, splits) == "q_cols"
     assert split_kind("blk.1.attn_output.bias", b, splits) is None
     assert split_kind("blk.1.ffn_down_exps.7.weight", w, splits) == "cols"
-    assert split_kind("blk.1.ffn_down_exps.7.bias", b, splits) == "rows"
+    assert split_kind("blk.1.ffn_down_exps.7.bias", b, splits) is None
+    assert split_kind("blk.1.ffn_up_exps.7.bias", b, splits) == "rows"

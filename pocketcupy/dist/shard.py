@@ -114,14 +114,9 @@ def _column_split_problem(t: QTensor, start: int, stop: int, name: str) -> str |
     return None
 
 
-def split_kind(name: str, t: QTensor, splits: dict[str, str | None]) -> str | None:
-    """How the stored tensor `name` splits (splits: tensor kind -> ShardLayout split): by its last two
-    name parts where splits has them ('attn_output.bias': None, whole), else by its kind (split_key);
-    None: whole on every rank, as is a row-parallel layer's bias (1-D under a column split, not mapped
-    by name), added after the all-reduce."""
-    tail = ".".join(_name_parts(name)[-2:])
-    if tail in splits:
-        return splits[tail]
+def split_kind(name: str, t: QTensor, splits: dict[str, str]) -> str | None:
+    """How the stored tensor `name` splits (splits: tensor kind -> ShardLayout split); None: whole on
+    every rank, as is a row-parallel layer's bias (1-D under a column split), added after the all-reduce."""
     kind = splits.get(split_key(name))
     return None if kind in COLUMN_SPLITS and len(t.shape) == 1 else kind
 
@@ -129,10 +124,5 @@ def split_kind(name: str, t: QTensor, splits: dict[str, str | None]) -> str | No
 def split_key(name: str) -> str:
     """'blk.3.attn_q.weight' -> 'attn_q'; 'token_embd.weight' -> 'token_embd'; a routed expert's
     'blk.3.ffn_up_exps.7.weight' -> 'ffn_up_exps'."""
-    parts = _name_parts(name)
+    parts = [p for p in name.split(".") if not p.isdigit()]
     return parts[-2] if len(parts) >= 2 else name
-
-
-def _name_parts(name: str) -> list[str]:
-    """A stored name's parts less the layer and expert numbers."""
-    return [p for p in name.split(".") if not p.isdigit()]

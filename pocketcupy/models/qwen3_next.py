@@ -21,9 +21,9 @@ from .rope import inv_freq
 from .weights import check_shapes, weight_loader
 
 # How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
-# attn_output.bias is whole on every rank, added once after the all-reduce (row_parallel_linear).
+# attn_output.bias is whole on every rank (shard.split_kind), added once after the all-reduce.
 TP_SPLITS = {"attn_q": "q_gate_rows", "attn_k": "kv_rows", "attn_v": "kv_rows", "attn_output": "q_cols",
-             "attn_output.bias": None, "ssm_in_qkvz": "gdn_qkvz_rows", "ssm_in_ba": "gdn_ba_rows",
+             "ssm_in_qkvz": "gdn_qkvz_rows", "ssm_in_ba": "gdn_ba_rows",
              "ssm_in_qkv": "gdn_qkv_rows", "ssm_conv1d": "gdn_qkv_rows", "ssm_in_z": "gdn_z_rows",
              "ssm_in_b": "gdn_heads", "ssm_in_a": "gdn_heads", "ssm": "gdn_heads", "ssm_out": "gdn_out_cols",
              **MLP_TP_SPLITS, "token_embd": "vocab_rows", "output": "vocab_rows"}
