@@ -148,9 +148,6 @@ class EngineArgs:
         if self.speculative_model is not None and (not isinstance(self.speculative_model, str)
                                                    or not self.speculative_model):
             raise ValueError(f"speculative_model: must be a path, got {self.speculative_model!r}")
-        if self.speculative_method == "mtp" and self.tensor_parallel_size > 1:
-            raise ValueError("speculative_method: 'mtp' runs on one rank only for now, not with "
-                             f"tensor_parallel_size={self.tensor_parallel_size}")
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min: {self.prompt_lookup_min} exceeds prompt_lookup_max "
                              f"{self.prompt_lookup_max}")

@@ -3,6 +3,7 @@ the runners and the draft proposer (a part of Engine; tensor-parallel worker ran
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 from .progress import ProgressDict
@@ -105,9 +106,17 @@ class EngineBuild:
                                       a.max_num_batched_tokens)
         if a.speculative_method == "mtp":
             from .spec import MTPProposer
-            return MTPProposer(self.mtp_model, self.ops, num_blocks, a.block_size, a.kv_cache_dtype,
-                               a.num_speculative_tokens, self.scheduler.reserve_slots)
+            drafter = self._make_mtp_drafter(num_blocks)
+            # at more than one rank: each plan sent to every rank, whose parts of the MTP layer run with rank 0's
+            run = None if self.ranks is None else functools.partial(self.runner.run_drafts, drafter)
+            return MTPProposer(drafter, a.num_speculative_tokens, self.scheduler.reserve_slots, run)
         return None
+
+    def _make_mtp_drafter(self, num_blocks: int):
+        """The MTP layer's forwards over its K/V pages (on every rank: dist/worker.py)."""
+        from .spec.mtp import MTPDrafter
+
+        return MTPDrafter(self.mtp_model, self.ops, num_blocks, self.args.block_size, self.args.kv_cache_dtype)
 
     def _make_ops(self):
         if self.device == "cpu":

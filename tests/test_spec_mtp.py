@@ -3,7 +3,8 @@ on the tiny random checkpoints of tests/deepseek_checkpoints.py: the MTP layer's
 against a plain NumPy computation from the checkpoint's tensors (itself checked against
 transformers' logits), every request's tokens equal to plain decoding's (greedy, seeded sampling,
 batched with preemption and prefix caching), nearly every draft kept where the MTP layer guesses the
-model's greedy tokens (bigram_tensors), its K/V in the block size, the refused cases, and on CUDA."""
+model's greedy tokens (bigram_tensors), at 2 tensor-parallel ranks, its K/V in the block size, the
+refused cases, and on CUDA."""
 import numpy as np
 import pytest
 
@@ -302,11 +303,29 @@ def test_refused_without_mtp_layers(tmp_path):
         engine(missing, **MTP)
 
 
-def test_refused_with_tensor_parallel():
-    with pytest.raises(ValueError, match="speculative_method: 'mtp' runs on one rank only for now, not with "
-                                         "tensor_parallel_size=2"):
-        EngineArgs(**MTP, tensor_parallel_size=2)
-    EngineArgs(**MTP, device="cuda")
+def test_at_two_ranks_the_drafts_of_one_rank(bigram):
+    """At tensor_parallel_size=2 every rank runs its part of the MTP layer (heads, experts' columns,
+    vocab-parallel embedding and head) in step with rank 0: the greedy tokens of plain one-rank
+    decoding, and the drafts and kept drafts of one-rank MTP, alone and for a batch (every step
+    drafts: speculative_adaptive off)."""
+    _, folder = bigram
+    p = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    batch = [GREEDY_PROMPT, BATCH[1], BATCH[4]]
+    plain = engine(folder)
+    want = [[o.outputs[0].token_ids for o in plain.generate(prompts, p)] for prompts in ([GREEDY_PROMPT], batch)]
+    counters = ("spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens")
+    runs = []
+    for tp in (1, 2):
+        e = engine(folder, tensor_parallel_size=tp, speculative_adaptive=False, **MTP)
+        try:
+            for prompts, tokens in zip(([GREEDY_PROMPT], batch), want):
+                assert [o.outputs[0].token_ids for o in e.generate(prompts, p)] == tokens
+                runs.append({k: e.stats()[k] for k in counters})
+        finally:
+            e.close()
+    assert runs[2:] == runs[:2]
+    drafted, kept = runs[1]["spec_num_draft_tokens"], runs[1]["spec_num_accepted_tokens"]
+    assert drafted >= 30 and kept >= 0.9 * drafted
 
 
 @pytest.mark.gpu

@@ -308,6 +308,11 @@ class GroupRunner:
         """ModelRunner.roll_back on every rank: the kept tokens run again through the collectives."""
         self._on_every_rank(RollBack(out, kept), lambda: self.runner.roll_back(out, kept))
 
+    def run_drafts(self, drafter, plan):
+        """MTPDrafter.run(plan) on every rank (the plan is the message): the MTP layer's forwards and their
+        collectives in step; the drafts, alike on every rank, rank 0's returned."""
+        return self._on_every_rank(plan, lambda: drafter.run(plan))
+
     def _on_every_rank(self, message, run):
         """Sends message (what the other ranks run) to every rank, then runs rank 0's part."""
         g = self.group

@@ -11,6 +11,7 @@ import threading
 import traceback
 
 from ..engine import Engine
+from ..spec.mtp import MTPPlan
 from .comm import CpuCommunicator, PipeChannel
 from .group import RollBack
 from .layout import ShardLayout
@@ -34,21 +35,27 @@ class RankEngine(Engine):
             self.comm = NcclCommunicator(channel, nccl_uid, rank)   # before loading: rank 0 waits for it
         else:
             self.comm = CpuCommunicator(channel)
-        ckpt = load_checkpoint(args.model)
+        ckpt = load_checkpoint(args.model, mtp=args.speculative_method == "mtp")
         self.model_path, self.config = ckpt.path, ckpt.config
         self._load_shard(ckpt, TensorParallel(ShardLayout.of(ckpt.config, rank, args.tensor_parallel_size),
                                               self.comm))
+        self.mtp_model = self._load_mtp_model(ckpt)   # its shard, with the target's
 
     def serve(self) -> None:
         num_blocks = self.comm.broadcast_object()
         if num_blocks is None:
             return
         runner = self._make_runner(num_blocks)
+        drafter = None if self.mtp_model is None else self._make_mtp_drafter(num_blocks)
         while (msg := self.comm.broadcast_object()) is not None:
             if isinstance(msg, RollBack):
                 runner.roll_back(msg.out, msg.kept)
+            elif isinstance(msg, MTPPlan):
+                drafter.run(msg)
             else:
-                runner.execute(msg)
+                hidden = runner.execute(msg).pre_norm_hidden
+                if hidden is not None:   # as rank 0's proposer takes it, for the MTP layer's next plan
+                    drafter.take(hidden)
 
 
 def run_rank(rank: int, args, conn, status, nccl_uid) -> None:

@@ -7,7 +7,9 @@ final norm), and its logits guess the token at p + 2:
     logits = head(shared_head_norm(y))
 
 y, in place of the target's hidden state, feeds its next guess. The embedding (and, where the
-checkpoint has no shared_head.head, the head) is the target's."""
+checkpoint has no shared_head.head, the head) is the target's. Over tensor-parallel ranks it is
+split as the target's layers (TP_SPLITS: its attention heads, experts' columns and head's vocabulary
+rows; eh_proj and the norms whole), its embedding and logits vocab-parallel."""
 from __future__ import annotations
 
 from ..config import ModelConfig
@@ -36,7 +38,7 @@ class DeepseekMTP:
         check_mtp_config(target.config)
         self.target, self.ops, self.config, self.layout = target, ops, target.config, target.layout
 
-        load = weight_loader(tensors, weight_load(ops))
+        load = weight_loader(tensors, weight_load(ops, target.tp))
 
         def w(name, required=True):
             try:
@@ -58,7 +60,7 @@ class DeepseekMTP:
         y [N, hidden_size]."""
         ops, c = self.ops, self.config
         xp = ops.xp
-        emb = ops.embedding(self.target.embed, input_ids)
+        emb = self.target.tp.embedding(ops, self.target.embed, input_ids)
         emb = xp.where((positions == 0)[:, None], xp.zeros_like(emb), emb)
         x = ops.linear(xp.concatenate([ops.rms_norm(emb, self.enorm, c.rms_eps),
                                        ops.rms_norm(hidden, self.hnorm, c.rms_eps)], axis=-1), self.eh_proj)
@@ -66,4 +68,5 @@ class DeepseekMTP:
         return x + residual
 
     def compute_logits(self, y):
-        return self.ops.linear(self.ops.rms_norm(y, self.head_norm, self.config.rms_eps), self.head)
+        ops = self.ops
+        return self.target.tp.logits(ops, ops.linear(ops.rms_norm(y, self.head_norm, self.config.rms_eps), self.head))

@@ -18,9 +18,10 @@ from .weights import check_shapes, weight_loader
 # How each weight is split over tensor-parallel ranks (dist/layout.py); the others are replicated.
 # MLA by query head (an equal number a rank): q / q_b and kv_b (W_UK, W_UV) rows, the output's
 # columns, then an all-reduce; the latent (q_a, kv_a_mqa, their norms) computed and cached whole on
-# every rank. The MLPs as moe.py says; vocab-parallel embedding and LM head.
+# every rank. The MLPs as moe.py says; vocab-parallel embedding and LM heads (the model's, and a
+# multi-token-prediction layer's own, whose decoder layer splits as the others).
 TP_SPLITS = {"attn_q": "rows", "attn_q_b": "rows", "attn_kv_b": "rows", "attn_output": "cols", **MLP_TP_SPLITS,
-             "token_embd": "vocab_rows", "output": "vocab_rows"}
+             "token_embd": "vocab_rows", "output": "vocab_rows", "shared_head_head": "vocab_rows"}
 
 
 @dataclass
