@@ -73,7 +73,8 @@ class EngineArgs:
     tensor_parallel_size: int = _opt(1, "ranks the model is split over (one GPU each; processes on the CPU)")
     quant_activations: str = _opt("auto", "quantized linears' activations: 'auto', 'q8' or 'f32' (quant/act_q8.py)")
     async_scheduling: str = _opt("auto", "launch step N+1 before step N's tokens reach the host: 'auto' (on for "
-                                         "CUDA on one rank), 'on' or 'off'")
+                                         "CUDA on one rank), 'on' or 'off'; with speculative decoding only "
+                                         "after steps at which no request drafts")
     speculative_method: str = _opt("none", "'none', 'ngram', 'draft_model' or 'mtp' (the checkpoint's multi-token-"
                                            "prediction layer; 'deepseek_mtp' too): draft tokens verified in one "
                                            "forward (spec/)")
@@ -151,9 +152,6 @@ class EngineArgs:
         if self.prompt_lookup_min > self.prompt_lookup_max:
             raise ValueError(f"prompt_lookup_min: {self.prompt_lookup_min} exceeds prompt_lookup_max "
                              f"{self.prompt_lookup_max}")
-        if self.speculative_method != "none" and self.async_scheduling == "on":
-            raise ValueError("async_scheduling: 'on' cannot be combined with speculative decoding (the next step's "
-                             "draft tokens need this step's tokens on the host)")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
 

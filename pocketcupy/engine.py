@@ -138,9 +138,9 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
         self._lock = EngineLock()
         self.proposer = self._make_proposer(num_blocks)
         self.drafting = AdaptiveDrafting(args.num_speculative_tokens, adaptive=args.speculative_adaptive)
+        # with a proposer, a step stays in flight only where no request drafts at the next (EngineSpec._plan_drafts)
         self._async = args.async_scheduling == "on" or (
-            args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None
-            and self.proposer is None)
+            args.async_scheduling == "auto" and self.device == "cuda" and self.ranks is None)
         self._inflight: LaunchedStep | None = None   # async scheduling: the step whose tokens are awaited
         self._ids = itertools.count()
         self._rng = make_generator(args.seed)
@@ -495,13 +495,19 @@ class Engine(EngineBuild, EngineOutputs, EngineSpec):
             self.runner.execute(sched_out)   # nothing to compute: the runner frees what ended requests held
         if prev is not None:   # (unless _launch resolved it before sampling: late binding)
             self._resolve(prev, touched)
-        if cur is not None and cur.seqs and self._async and not cur.sync:
+        in_flight = cur is not None and bool(cur.seqs) and self._async and not cur.sync
+        plan = None   # with a proposer: each sequence that may draft at the next step, and how many
+        if in_flight and self.proposer is not None:   # planned before this step's tokens are known
+            plan = self._plan_drafts(touched, cur)
+            in_flight = plan is not None and not any(k for _, k in plan)
+        if in_flight:
             self._inflight = cur
         elif cur is not None:
             self._resolve(cur, touched)
-        if self.proposer is not None:
+        if self.proposer is not None:   # (a step left in flight: what it cost the engine, the device overlapping)
             self._time_step(sched_out, time.perf_counter() - t0)
-            self._propose(touched.values())
+            if not in_flight:
+                self._propose(touched.values(), plan)
 
     def _forget(self, g: RequestGroup) -> None:
         """A finished request's id and sequence ids freed (unless a new request holds them already)."""

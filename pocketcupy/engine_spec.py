@@ -92,21 +92,43 @@ class EngineSpec:
             self.drafting.cost.step(sum(len(item.token_ids) for item in items),
                                     sum(item.num_draft for item in items), seconds)
 
-    def _propose(self, groups) -> None:
-        """Draft tokens for the next step of each sequence that just got its token, as many as its
-        acceptance makes worth verifying (spec/adaptive.py); a structured output's are cut where its
-        grammar would refuse them."""
-        decoding = [s for g in groups for s in g.seqs if s.req.status == RequestStatus.RUNNING
-                    and s.req.num_computed_tokens == s.req.num_tokens - 1]
-        ks = [self.drafting.num_drafts(s.req, len(decoding)) for s in decoding]
-        ready = [s for s, k in zip(decoding, ks) if k]
-        ks = [k for k in ks if k]
+    def _plan_drafts(self, touched: dict, cur) -> list | None:
+        """For a step that async scheduling would leave in flight (cur): each sequence that may draft
+        at the next step and its number of drafts, decided before the step's tokens are known (the
+        step stays in flight where none drafts). None where the step must be resolved at once: a
+        proposer that reads every step's tokens (MTP), or a request still holding drafts of an earlier
+        step (a verification never runs while a step is in flight)."""
+        if self.proposer.resolves_every_step or any(r.draft_token_ids for r in self.scheduler.running):
+            return None
+        return self._drafts_wanted({**touched, **{id(s.group): s.group for s in cur.seqs}}.values())
+
+    def _drafts_wanted(self, groups) -> list:
+        """(sequence, number of drafts) of each sequence of groups at the decode point (which got its
+        token, known or pending, this step), as many as its acceptance makes worth verifying
+        (spec/adaptive.py: called once a step)."""
+        decoding = [s for g in groups for s in g.seqs if _decoding(s)]
+        return [(s, self.drafting.num_drafts(s.req, len(decoding))) for s in decoding]
+
+    def _propose(self, groups, plan: list | None = None) -> None:
+        """Draft tokens for the next step of each sequence that just got its token, as many as plan
+        says (_drafts_wanted's, made now where None); a structured output's are cut where its grammar
+        would refuse them."""
+        plan = self._drafts_wanted(groups) if plan is None else plan
+        ready = [(s, k) for s, k in plan if k and _decoding(s)]   # (a planned one may have finished since)
         t0 = time.perf_counter()
-        self.proposer.propose([s.req for s in ready], ks)
-        self.drafting.cost.proposed(sum(len(s.req.draft_token_ids) for s in ready), time.perf_counter() - t0)
-        for s in ready:
+        self.proposer.propose([s.req for s, _ in ready], [k for _, k in ready])
+        self.drafting.cost.proposed(sum(len(s.req.draft_token_ids) for s, _ in ready), time.perf_counter() - t0)
+        for s, _ in ready:
             if s.matcher is not None and s.req.draft_token_ids:
                 s.req.draft_token_ids = s.req.draft_token_ids[:s.matcher.valid_prefix(s.req.draft_token_ids)]
+
+
+def _decoding(s: SequenceState) -> bool:
+    """Whether the sequence runs at the decode point with tokens still to come (its last token,
+    known or pending, not computed yet)."""
+    r = s.req
+    return r.status == RequestStatus.RUNNING and r.num_computed_tokens == r.num_tokens - 1 \
+        and r.num_output_tokens < r.max_tokens
 
 
 def _greedy_alone(s: SequenceState) -> bool:

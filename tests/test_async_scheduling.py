@@ -9,6 +9,7 @@ import pytest
 from pocketcupy import Engine, SamplingParams
 from pocketcupy.sched.request import PENDING_TOKEN
 
+from .test_spec_decode import assert_same
 from .test_batching_smollm2 import LONG_PREFIX, MAX_TOKENS, PROMPTS, alone, greedy, reference, run  # noqa: F401
 
 
@@ -232,3 +233,61 @@ def test_thinking_budget_alone_binds_late(smollm2_engine, async_on):
     assert async_on.generate(prompt, params)[0].outputs[0].token_ids == want
     close = list(smollm2_engine.thinking_markers[1])
     assert want[2:2 + len(close)] == close
+
+
+# --- with speculative decoding: a step stays in flight when no request drafts at the next one ----------
+COUNT = "Count: 1, 2, 3, 4, 5, 6,"   # n-gram drafts that fail: adaptive drafting stops them, then probes
+
+
+def trace_steps(eng, requests, abort_id=None, abort_after=0):
+    """steps_aborting's run, traced: each step() as "D" (it verified drafts), "f" (it left the next step
+    in flight) or "." (resolved at once). Returns the final outputs of requests and the trace."""
+    for rid, prompt, params in requests:
+        eng.add_request(rid, prompt, params)
+    final, trace = {}, ""
+    while eng.has_unfinished_requests():
+        drafts = eng.stats()["spec_num_drafts"]
+        for out in eng.step():
+            if out.finished:
+                final[out.request_id] = out
+        trace += "D" if eng.stats()["spec_num_drafts"] > drafts else "f" if eng._inflight is not None else "."
+        if abort_id in eng._seqs and len(eng._seqs[abort_id].output.token_ids) >= abort_after:
+            eng.abort_request(abort_id)
+    return [final[rid] for rid, _, _ in requests], trace
+
+
+def assert_switched(trace: str) -> None:
+    """Drafts verified, and steps left in flight after them (adaptive drafting stopped the drafts)."""
+    assert "D" in trace and "f" in trace[trace.index("D"):], trace
+
+
+def test_ngram_drafts_stop_and_steps_go_in_flight(smollm2_gguf, smollm2_engine):
+    """n-gram drafts that fail, with adaptive drafting: once it stops them a step stays in flight (no
+    request drafts at the next) as without a proposer; the steps before a draft or a probe are resolved
+    at once to draft from their tokens; the tokens are plain decoding's (seeded: the mixed batch below)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    eng = engine(smollm2_gguf, "on", speculative_method="ngram", num_speculative_tokens=3)
+    got, trace = trace_steps(eng, [("count", COUNT, params)])
+    assert_same(got, smollm2_engine.generate(COUNT, params))
+    assert_switched(trace)
+    assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
+
+
+def test_ngram_mixed_batch_with_stops_and_an_abort(smollm2_gguf, smollm2_engine):
+    """Requests that draft beside ones that do not, ending by stop string, stop token, max_tokens and an
+    abort: every output is plain decoding's (the aborted one its first tokens)."""
+    requests = [("stop", "Name three colours:", SamplingParams(temperature=0, max_tokens=30, stop=[","])),
+                ("stop-id", "Count: 1, 2, 3,", SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[28])),
+                ("seeded", "Once upon a time", SamplingParams(temperature=0.9, seed=11, max_tokens=10, logprobs=1,
+                                                              ignore_eos=True)),
+                ("abort", "Repeat after me: la la la", SamplingParams(temperature=0, max_tokens=12,
+                                                                      ignore_eos=True))]
+    want = smollm2_engine.generate([p for _, p, _ in requests], [sp for _, _, sp in requests])
+    eng = engine(smollm2_gguf, "on", speculative_method="ngram", num_speculative_tokens=3)
+    got, trace = trace_steps(eng, requests, "abort", 4)
+    assert_same(got[:-1], want[:-1])
+    assert [o.outputs[0].finish_reason for o in got] == ["stop", "stop", "length", "abort"]
+    aborted, full = got[-1].outputs[0].token_ids, want[-1].outputs[0].token_ids
+    assert len(aborted) >= 4 and aborted == full[:len(aborted)] and PENDING_TOKEN not in aborted
+    assert "D" in trace and "f" in trace, trace
+    assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0

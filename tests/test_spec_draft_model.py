@@ -143,3 +143,18 @@ def test_bad_draft_settings(smollm2_gguf):
         drafting(smollm2_gguf, f"{FIXTURES}/tiny_llama")
     with pytest.raises(ValueError, match="^speculative_model: /nonexistent.gguf does not exist$"):  # was "model: "
         drafting(smollm2_gguf, "/nonexistent.gguf")
+
+
+def test_async_scheduling_while_drafts_stop(smollm2_gguf, random_draft, plain):
+    """async_scheduling "on" with a draft model whose drafts fail: once adaptive drafting stops them,
+    steps stay in flight (none drafts at the next), and the tokens, greedy and seeded, are unchanged."""
+    from .test_async_scheduling import COUNT, assert_switched, trace_steps
+
+    e = engine(smollm2_gguf, speculative_method="draft_model", speculative_model=random_draft,
+               num_speculative_tokens=3, async_scheduling="on")
+    for params in (SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                   SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True)):
+        got, trace = trace_steps(e, [("count", COUNT, params)])
+        assert_same(got, plain.generate(COUNT, params))
+        assert_switched(trace)
+    assert e.stats()["kv_blocks_used"] == 0

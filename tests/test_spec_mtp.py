@@ -373,3 +373,17 @@ def test_without_its_own_head_the_models(tmp_path):
     e.generate(GREEDY_PROMPT, greedy(16))
     s = e.stats()
     assert s["spec_num_draft_tokens"] >= 9 and s["spec_num_accepted_tokens"] == s["spec_num_draft_tokens"]
+
+
+def test_async_scheduling_resolves_every_mtp_step(variant):
+    """async_scheduling "on" with MTP drafts: the MTP layer catches up on each step's tokens when it
+    proposes, so every step is resolved at once (none left in flight), and the tokens are plain decoding's."""
+    from .test_async_scheduling import trace_steps
+
+    _, folder = variant
+    params = [SamplingParams(temperature=0.8, seed=7 + i, max_tokens=m, ignore_eos=True) if i % 2 else greedy(m)
+              for i, m in enumerate(MAX_TOKENS)]
+    e = engine(folder, async_scheduling="on", **MTP)
+    got, trace = trace_steps(e, [(f"r{i}", p, sp) for i, (p, sp) in enumerate(zip(BATCH, params))])
+    assert_same(got, engine(folder).generate(BATCH, params))
+    assert "D" in trace and "f" not in trace, trace

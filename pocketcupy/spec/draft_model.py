@@ -11,6 +11,8 @@ from ..sched.request import Request
 
 
 class DraftModelProposer:
+    resolves_every_step = False   # (catches up on every token not seen yet when it is called)
+
     def __init__(self, runner, argmax_rows, num_speculative_tokens: int, max_len: int, reserve_slots,
                  max_tokens_per_forward: int):
         """runner: the draft model's ModelRunner (its own KV pages, as many blocks as the target's);

@@ -92,6 +92,11 @@ class MTPDrafter:
 
 
 class MTPProposer:
+    # its propose catches the MTP layer up on each step's positions, the last one with the step's own
+    # token: so the engine resolves every step at once (a step left in flight would have to be caught
+    # up on later, beside the next one's rows of the same request, into blocks freed meanwhile)
+    resolves_every_step = True
+
     def __init__(self, drafter: MTPDrafter, num_speculative_tokens: int, reserve_slots, run=None):
         """reserve_slots(req, n) -> bool: room in the request's blocks for n tokens past its computed
         ones; run(plan) -> drafts: drafter.run, on every rank at tensor_parallel_size > 1."""

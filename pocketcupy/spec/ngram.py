@@ -12,6 +12,8 @@ from ..sched.request import Request
 
 
 class NgramProposer:
+    resolves_every_step = False   # (proposes from the tokens known when it is called: Engine._step)
+
     def __init__(self, num_speculative_tokens: int, n_min: int, n_max: int):
         self.k, self.n_min, self.n_max = num_speculative_tokens, n_min, n_max
 
