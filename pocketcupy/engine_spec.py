@@ -119,6 +119,8 @@ class EngineSpec:
         self.proposer.propose([s.req for s, _ in ready], [k for _, k in ready])
         self.drafting.cost.proposed(sum(len(s.req.draft_token_ids) for s, _ in ready), time.perf_counter() - t0)
         for s, _ in ready:
+            if self._async:   # (where a proposal that finds nothing costs a step's overlap)
+                self.drafting.found(s.req, bool(s.req.draft_token_ids))
             if s.matcher is not None and s.req.draft_token_ids:
                 s.req.draft_token_ids = s.req.draft_token_ids[:s.matcher.valid_prefix(s.req.draft_token_ids)]
 

@@ -273,6 +273,17 @@ def test_ngram_drafts_stop_and_steps_go_in_flight(smollm2_gguf, smollm2_engine):
     assert not eng.has_unfinished_requests() and eng.stats()["kv_blocks_used"] == 0
 
 
+def test_ngram_requests_whose_text_does_not_repeat_leave_steps_in_flight(smollm2_gguf, smollm2_engine):
+    """Where the n-gram proposer finds nothing, the request rests before it is asked again, so most steps
+    stay in flight (before: 6 and 1 of 33); the tokens are plain decoding's."""
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    eng = engine(smollm2_gguf, "on", speculative_method="ngram", num_speculative_tokens=3)
+    for prompt in ("Why is the sky blue? Answer in a paragraph.", "Write a short poem about autumn leaves."):
+        got, trace = trace_steps(eng, [("q", prompt, params)])
+        assert_same(got, smollm2_engine.generate(prompt, params))
+        assert trace.count("f") >= len(trace) // 2, trace
+
+
 def test_ngram_mixed_batch_with_stops_and_an_abort(smollm2_gguf, smollm2_engine):
     """Requests that draft beside ones that do not, ending by stop string, stop token, max_tokens and an
     abort: every output is plain decoding's (the aborted one its first tokens)."""

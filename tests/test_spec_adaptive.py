@@ -61,6 +61,19 @@ def test_failing_drafts_stop_and_probe_ever_more_rarely():
     assert sum(got) == 37
 
 
+def test_proposals_that_find_nothing_rest_ever_longer():
+    """Under async scheduling, each proposal that found no drafts: 1, 2, 4, then 8 steps without asking
+    (the request's drafts, when asked, unchanged); the first drafts found end the rests."""
+    p, r = policy(0.02), Request("a", [1], 400)
+    asked = []
+    for step in range(40):
+        k = p.num_drafts(r)
+        if k:
+            asked.append(step)
+            p.found(r, step >= 30)
+    assert asked == [0, 2, 5, 10, 19, 28, 37, 38, 39]   # found from step 30 on: asked at 37, then every step
+
+
 def test_probes_kept_bring_the_drafts_back():
     p, r = policy(0.45), Request("a", [1], 400)
     steps(p, r, 40, lambda k: 0)

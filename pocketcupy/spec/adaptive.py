@@ -23,6 +23,11 @@ that failed, up to probe_max; a probe that is kept is followed by another at onc
 starts repeating gets its drafts back at once (no probes where even drafts all kept would not pay:
 a draft model as costly as the target).
 
+Under async scheduling a request whose proposer found no drafts (n-gram drafts of text that does not
+repeat) rests 1, 2, 4, then at most rest_max steps before it is proposed for again (found(): back to
+no rest at the first drafts found): a step after which some request would draft must be resolved at
+once, so asking at every step would keep every step synchronous for proposals that find nothing.
+
 Only the number of drafts changes: what a request draws is what it draws without them."""
 from __future__ import annotations
 
@@ -39,17 +44,21 @@ class _Drafting:
     interval: int             # steps without drafts before the next probe
     idle: int = 0             # steps without drafts since the last verification
     probing: bool = False
+    unmatched: int = 0        # proposals in a row that found no drafts
+    rest: int = 0             # steps left before the proposer is asked again (after such proposals)
 
 
 class AdaptiveDrafting:
     def __init__(self, max_drafts: int, cost: StepCost | None = None, decay: float = 0.1, prior: float = 0.8,
-                 probe_min: int = 4, probe_max: int = 64, min_cost: float = 0.01, adaptive: bool = True):
+                 probe_min: int = 4, probe_max: int = 64, min_cost: float = 0.01, adaptive: bool = True,
+                 rest_max: int = 8):
         """decay: a verification's weight in the moving averages; prior: the acceptance a request
         starts with at each depth; min_cost: the least cost of a draft token (drafts that keep
-        nothing never pay); adaptive False: every request drafts max_drafts at every step."""
+        nothing never pay); adaptive False: every request drafts max_drafts at every step; rest_max:
+        the longest rest after proposals that found no drafts (found())."""
         self.max_drafts, self.cost, self.adaptive = max_drafts, cost or StepCost(), adaptive
         self.decay, self.prior, self.min_cost = decay, prior, min_cost
-        self.probe_min, self.probe_max = probe_min, probe_max
+        self.probe_min, self.probe_max, self.rest_max = probe_min, probe_max, rest_max
         self._state: weakref.WeakKeyDictionary[Request, _Drafting] = weakref.WeakKeyDictionary()
 
     def _get(self, req: Request) -> _Drafting:
@@ -78,6 +87,9 @@ class AdaptiveDrafting:
         if not self.cost.timed_plain():   # a decode step without drafts first, to weigh drafts against
             return 0
         st = self._get(req)
+        if st.rest:
+            st.rest -= 1
+            return 0
         k = self.best_drafts(st.acceptance, batch)
         if k:
             return k
@@ -87,6 +99,13 @@ class AdaptiveDrafting:
         st.idle += 1
         st.probing = st.idle > st.interval
         return probe if st.probing else 0
+
+    def found(self, req: Request, any_drafts: bool) -> None:
+        """The proposer, asked for req's drafts under async scheduling, found some or none (then req
+        rests before it is asked again, twice as long after each such proposal, up to rest_max)."""
+        st = self._get(req)
+        st.unmatched = 0 if any_drafts else st.unmatched + 1
+        st.rest = min(1 << (st.unmatched - 1), self.rest_max) if st.unmatched else 0
 
     def record(self, req: Request, num_draft: int, num_kept: int) -> None:
         """A verification of num_draft drafts of req kept num_kept of them."""
