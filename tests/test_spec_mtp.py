@@ -162,8 +162,8 @@ def test_draft_logits_match_the_formula(variant, chunks):
     name, folder = variant
     e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, speculative_adaptive=False, **chunks)
     got = []
-    compute = e.proposer.model.compute_logits
-    e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
+    compute = e.proposer.drafter.model.compute_logits
+    e.proposer.drafter.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
     first = e.generate(GREEDY_PROMPT, greedy(8))[0].outputs[0].token_ids[0]
     ref = Reference(name)
     ids = GREEDY_PROMPT + [first]
@@ -196,8 +196,8 @@ def test_prefix_hit_reads_the_rows_its_first_request_wrote(variant):
     e = engine(folder, speculative_method="mtp", num_speculative_tokens=2, block_size=4, speculative_adaptive=False)
     e.generate(BATCH[1], greedy(1))      # PREFIX + [17, 5, 9]
     got = []
-    compute = e.proposer.model.compute_logits
-    e.proposer.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
+    compute = e.proposer.drafter.model.compute_logits
+    e.proposer.drafter.model.compute_logits = lambda y: got.append(np.array(compute(y))) or got[-1]
     out = e.generate(BATCH[3], greedy(3))[0]    # PREFIX + [200, 3]
     assert out.num_cached_tokens == 20
     ref = Reference(name)
@@ -258,7 +258,8 @@ def test_quantized_kv_cache(variant):
     e = engine(folder, kv_cache_dtype="int8", **MTP)
     out = e.generate(BATCH, [greedy(m) for m in MAX_TOKENS])
     assert [len(o.outputs[0].token_ids) for o in out] == MAX_TOKENS
-    assert type(e.proposer.kv_cache[0]) is type(e.runner.kv_caches[0][0]) and e.stats()["spec_num_draft_tokens"] > 0
+    pages = e.proposer.drafter.kv_cache
+    assert type(pages[0]) is type(e.runner.kv_caches[0][0]) and e.stats()["spec_num_draft_tokens"] > 0
 
 
 def test_mtp_kv_counted_in_the_block_size(variant):
@@ -268,7 +269,8 @@ def test_mtp_kv_counted_in_the_block_size(variant):
     latent = 16 * 48 * 4    # a block of 16 tokens' latent rows (32 + 16), float32, K pages only
     assert alone._kv_block_bytes() == 3 * latent and mtp._kv_block_bytes() == 4 * latent
     assert mtp.scheduler.num_blocks_total == mem // (4 * latent) - 1
-    assert mtp.proposer.kv_cache[0].shape == mtp.runner.kv_caches[0][0].shape and mtp.proposer.kv_cache[1] is None
+    pages = mtp.proposer.drafter.kv_cache
+    assert pages[0].shape == mtp.runner.kv_caches[0][0].shape and pages[1] is None
 
 
 def test_loaded_only_when_asked(tmp_path):

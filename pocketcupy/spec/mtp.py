@@ -101,7 +101,6 @@ class MTPProposer:
         """reserve_slots(req, n) -> bool: room in the request's blocks for n tokens past its computed
         ones; run(plan) -> drafts: drafter.run, on every rank at tensor_parallel_size > 1."""
         self.drafter, self.k, self.reserve_slots = drafter, num_speculative_tokens, reserve_slots
-        self.model, self.kv_cache = drafter.model, drafter.kv_cache
         self.run = run or drafter.run
         # the steps since the last propose: (request, its scheduled item, the item's first row in their
         # hidden states, which the drafter holds)
